@@ -1,0 +1,1 @@
+"""Reading LAION-style filelists and streaming decoded images."""

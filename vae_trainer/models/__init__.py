@@ -1,0 +1,1 @@
+"""Networks: the ppdiffusers AutoencoderKL, discriminators, LPIPS and the FID InceptionV3."""
