@@ -1,0 +1,33 @@
+"""Train an AutoencoderKL with LPIPS and a PatchGAN using the PaddleNLP Trainer.
+
+    python train_vae_trainer.py --file_list data/filelist/demo.filelist.list \
+        --vae_config_file configs/vae_tiny.json --resolution 64 --max_steps 1000 --device cpu
+
+Flags: `python train_vae_trainer.py --help` (the same as train_vae_no_trainer.py).
+"""
+
+import sys
+
+from vae_trainer import checkpoint as ckpt
+from vae_trainer.arguments import parse_arguments
+from vae_trainer.build import build_components, seed_training, setup_runtime
+from vae_trainer.trainer import VAETrainer
+
+
+def main(argv=None):
+    model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    setup_runtime(training_args)
+    parts = build_components(model_args, loss_args, training_args)
+    trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args)
+    seed_training(training_args.seed)
+    resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.monitor.close()
+    vae_dir, _ = ckpt.export_final(training_args.output_dir, parts.model.vae, parts.model.discriminator,
+                                   parts.discriminator_config)
+    if trainer.is_world_process_zero():
+        print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

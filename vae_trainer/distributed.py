@@ -1,0 +1,47 @@
+"""Process-group set-up and the gradient all-reduce used by both drivers.
+
+Why not `paddle.DataParallel`: its reducer assumes one forward and one backward over one set of
+parameters per step. A GAN step breaks that (the discriminator runs frozen in the VAE's backward and
+trainable in its own; the adaptive weight calls `paddle.grad`; two optimizers step), and with the
+Trainer's default `find_unused_parameters=False` the VAE weights silently drift apart across ranks.
+Instead each rank accumulates local gradients and, once per optimizer step, averages them with
+`fused_allreduce_gradients` (bucketed all-reduce; the same call the PaddleNLP Trainer uses for its own
+no-sync path). Micro-steps of gradient accumulation therefore never communicate.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+
+
+def init_distributed() -> None:
+    """Join the process group when launched with several processes (idempotent)."""
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1 and not dist.is_initialized():
+        dist.init_parallel_env()
+
+
+def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
+    """Average the gradients of `parameters` over all ranks (no-op on one process)."""
+    if world_size() > 1:
+        fused_allreduce_gradients([p for p in parameters if not p.stop_gradient], None)
+
+
+def broadcast_parameters(layer: paddle.nn.Layer) -> None:
+    """Make every rank start from rank 0's weights and buffers."""
+    if world_size() > 1:
+        for tensor in list(layer.parameters()) + list(layer.buffers()):
+            dist.broadcast(tensor, src=0)
+

@@ -1,0 +1,42 @@
+"""The trainable state of a run in one Layer: the VAE, its discriminator and the output log-variance.
+
+One container so that a checkpoint's `model_state.pdparams` holds every trained weight (and nothing
+frozen: LPIPS is kept outside), and so that the PaddleNLP Trainer has a single `model` to manage.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import paddle
+from ppdiffusers import AutoencoderKL
+
+
+class VAEWithDiscriminator(paddle.nn.Layer):
+    def __init__(self, vae: AutoencoderKL, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
+                 learn_logvar: bool = False):
+        super().__init__()
+        self.vae = vae
+        self.discriminator = discriminator
+        # LDM's learnable output log-variance. Unlike LDM, when learnable it IS in the VAE optimizer.
+        self.logvar = self.create_parameter(
+            shape=[], dtype="float32", default_initializer=paddle.nn.initializer.Constant(logvar_init)
+        )
+        self.logvar.stop_gradient = not learn_logvar
+
+    def vae_parameters(self) -> List[paddle.Tensor]:
+        """What the VAE optimizer updates: the autoencoder, plus the log-variance when learnable."""
+        params = list(self.vae.parameters())
+        if not self.logvar.stop_gradient:
+            params.append(self.logvar)
+        return params
+
+    def discriminator_parameters(self) -> List[paddle.Tensor]:
+        return list(self.discriminator.parameters())
+
+    def forward(self, x: paddle.Tensor, sample_posterior: bool = True) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """One VAE forward: reconstruction and the posterior's mean and log-variance."""
+        posterior = self.vae.encode(x).latent_dist
+        z = posterior.sample() if sample_posterior else posterior.mode()
+        recon = self.vae.decode(z).sample
+        return recon, posterior.mean, posterior.logvar

@@ -1,0 +1,254 @@
+"""The FID InceptionV3 feature extractor: a Paddle port of pytorch-fid's ``InceptionV3([3])``.
+
+pytorch-fid (``use_fid_inception=True``) builds torchvision's Inception3 and patches it to match
+TensorFlow's FID graph: the average pools inside InceptionA/C/E ignore padded zeros
+(``count_include_pad=False``, Paddle's ``exclusive=True``) and the last InceptionE block uses a max
+pool. Parameter names here equal torchvision's, with Paddle's BatchNorm buffer names, so weights
+convert by renaming (see ``convert_torch_state_dict`` and ``scripts/convert_inception_weights.py``).
+
+Input convention: images in **[-1, 1]** (the VAE's range), NCHW, any size. pytorch-fid takes [0, 1]
+and computes ``2x - 1`` itself after resizing; both steps are linear, so feeding ``2x - 1`` here gives
+the same features. Inputs are resized to 299x299 bilinearly with ``align_corners=False`` and no
+antialiasing, as pytorch-fid does. Output: [B, 2048] final average-pool features.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+FID_INPUT_SIZE = 299
+FID_FEATURE_DIM = 2048
+# torchvision/TensorFlow Inception BatchNorm epsilon (Paddle's default is 1e-5).
+BATCH_NORM_EPSILON = 0.001
+
+
+class BasicConv2d(nn.Layer):
+    """Conv (no bias) -> BatchNorm -> ReLU, torchvision's Inception unit."""
+
+    def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
+        super().__init__()
+        self.conv = nn.Conv2D(in_channels, out_channels, bias_attr=False, **conv_kwargs)
+        self.bn = nn.BatchNorm2D(out_channels, epsilon=BATCH_NORM_EPSILON)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+def _avg_pool_without_padding(x: paddle.Tensor) -> paddle.Tensor:
+    # TensorFlow's average pool does not count the padded zeros (pytorch-fid's FID patch).
+    return F.avg_pool2d(x, kernel_size=3, stride=1, padding=1, exclusive=True)
+
+
+class FIDInceptionA(nn.Layer):
+    def __init__(self, in_channels: int, pool_features: int) -> None:
+        super().__init__()
+        self.branch1x1 = BasicConv2d(in_channels, 64, kernel_size=1)
+        self.branch5x5_1 = BasicConv2d(in_channels, 48, kernel_size=1)
+        self.branch5x5_2 = BasicConv2d(48, 64, kernel_size=5, padding=2)
+        self.branch3x3dbl_1 = BasicConv2d(in_channels, 64, kernel_size=1)
+        self.branch3x3dbl_2 = BasicConv2d(64, 96, kernel_size=3, padding=1)
+        self.branch3x3dbl_3 = BasicConv2d(96, 96, kernel_size=3, padding=1)
+        self.branch_pool = BasicConv2d(in_channels, pool_features, kernel_size=1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        branch5x5 = self.branch5x5_2(self.branch5x5_1(x))
+        branch3x3dbl = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
+        branch_pool = self.branch_pool(_avg_pool_without_padding(x))
+        return paddle.concat([self.branch1x1(x), branch5x5, branch3x3dbl, branch_pool], axis=1)
+
+
+class InceptionB(nn.Layer):
+    """Grid reduction 35 -> 17 (unchanged by the FID patches)."""
+
+    def __init__(self, in_channels: int) -> None:
+        super().__init__()
+        self.branch3x3 = BasicConv2d(in_channels, 384, kernel_size=3, stride=2)
+        self.branch3x3dbl_1 = BasicConv2d(in_channels, 64, kernel_size=1)
+        self.branch3x3dbl_2 = BasicConv2d(64, 96, kernel_size=3, padding=1)
+        self.branch3x3dbl_3 = BasicConv2d(96, 96, kernel_size=3, stride=2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        branch3x3dbl = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
+        branch_pool = F.max_pool2d(x, kernel_size=3, stride=2)
+        return paddle.concat([self.branch3x3(x), branch3x3dbl, branch_pool], axis=1)
+
+
+class FIDInceptionC(nn.Layer):
+    def __init__(self, in_channels: int, channels_7x7: int) -> None:
+        super().__init__()
+        c7 = channels_7x7
+        self.branch1x1 = BasicConv2d(in_channels, 192, kernel_size=1)
+        self.branch7x7_1 = BasicConv2d(in_channels, c7, kernel_size=1)
+        self.branch7x7_2 = BasicConv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7_3 = BasicConv2d(c7, 192, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_1 = BasicConv2d(in_channels, c7, kernel_size=1)
+        self.branch7x7dbl_2 = BasicConv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_3 = BasicConv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7dbl_4 = BasicConv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_5 = BasicConv2d(c7, 192, kernel_size=(1, 7), padding=(0, 3))
+        self.branch_pool = BasicConv2d(in_channels, 192, kernel_size=1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        branch7x7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
+        branch7x7dbl = x
+        for layer in (
+            self.branch7x7dbl_1,
+            self.branch7x7dbl_2,
+            self.branch7x7dbl_3,
+            self.branch7x7dbl_4,
+            self.branch7x7dbl_5,
+        ):
+            branch7x7dbl = layer(branch7x7dbl)
+        branch_pool = self.branch_pool(_avg_pool_without_padding(x))
+        return paddle.concat([self.branch1x1(x), branch7x7, branch7x7dbl, branch_pool], axis=1)
+
+
+class InceptionD(nn.Layer):
+    """Grid reduction 17 -> 8 (unchanged by the FID patches)."""
+
+    def __init__(self, in_channels: int) -> None:
+        super().__init__()
+        self.branch3x3_1 = BasicConv2d(in_channels, 192, kernel_size=1)
+        self.branch3x3_2 = BasicConv2d(192, 320, kernel_size=3, stride=2)
+        self.branch7x7x3_1 = BasicConv2d(in_channels, 192, kernel_size=1)
+        self.branch7x7x3_2 = BasicConv2d(192, 192, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7x3_3 = BasicConv2d(192, 192, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7x3_4 = BasicConv2d(192, 192, kernel_size=3, stride=2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        branch3x3 = self.branch3x3_2(self.branch3x3_1(x))
+        branch7x7x3 = x
+        for layer in (
+            self.branch7x7x3_1,
+            self.branch7x7x3_2,
+            self.branch7x7x3_3,
+            self.branch7x7x3_4,
+        ):
+            branch7x7x3 = layer(branch7x7x3)
+        branch_pool = F.max_pool2d(x, kernel_size=3, stride=2)
+        return paddle.concat([branch3x3, branch7x7x3, branch_pool], axis=1)
+
+
+class FIDInceptionE(nn.Layer):
+    """InceptionE; ``max_pool=True`` is the FID graph's last block (Mixed_7c), which max-pools."""
+
+    def __init__(self, in_channels: int, max_pool: bool) -> None:
+        super().__init__()
+        self.max_pool = max_pool
+        self.branch1x1 = BasicConv2d(in_channels, 320, kernel_size=1)
+        self.branch3x3_1 = BasicConv2d(in_channels, 384, kernel_size=1)
+        self.branch3x3_2a = BasicConv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
+        self.branch3x3_2b = BasicConv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
+        self.branch3x3dbl_1 = BasicConv2d(in_channels, 448, kernel_size=1)
+        self.branch3x3dbl_2 = BasicConv2d(448, 384, kernel_size=3, padding=1)
+        self.branch3x3dbl_3a = BasicConv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
+        self.branch3x3dbl_3b = BasicConv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
+        self.branch_pool = BasicConv2d(in_channels, 192, kernel_size=1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        branch3x3 = self.branch3x3_1(x)
+        branch3x3 = paddle.concat([self.branch3x3_2a(branch3x3), self.branch3x3_2b(branch3x3)], 1)
+        branch3x3dbl = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
+        branch3x3dbl = paddle.concat(
+            [self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl)], axis=1
+        )
+        if self.max_pool:
+            pooled = F.max_pool2d(x, kernel_size=3, stride=1, padding=1)
+        else:
+            pooled = _avg_pool_without_padding(x)
+        branch_pool = self.branch_pool(pooled)
+        return paddle.concat([self.branch1x1(x), branch3x3, branch3x3dbl, branch_pool], axis=1)
+
+
+class FIDInceptionV3(nn.Layer):
+    """pytorch-fid's ``InceptionV3([3])`` (FID weights variant): [-1, 1] images -> [B, 2048]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.Conv2d_1a_3x3 = BasicConv2d(3, 32, kernel_size=3, stride=2)
+        self.Conv2d_2a_3x3 = BasicConv2d(32, 32, kernel_size=3)
+        self.Conv2d_2b_3x3 = BasicConv2d(32, 64, kernel_size=3, padding=1)
+        self.Conv2d_3b_1x1 = BasicConv2d(64, 80, kernel_size=1)
+        self.Conv2d_4a_3x3 = BasicConv2d(80, 192, kernel_size=3)
+        self.Mixed_5b = FIDInceptionA(192, pool_features=32)
+        self.Mixed_5c = FIDInceptionA(256, pool_features=64)
+        self.Mixed_5d = FIDInceptionA(288, pool_features=64)
+        self.Mixed_6a = InceptionB(288)
+        self.Mixed_6b = FIDInceptionC(768, channels_7x7=128)
+        self.Mixed_6c = FIDInceptionC(768, channels_7x7=160)
+        self.Mixed_6d = FIDInceptionC(768, channels_7x7=160)
+        self.Mixed_6e = FIDInceptionC(768, channels_7x7=192)
+        self.Mixed_7a = InceptionD(768)
+        self.Mixed_7b = FIDInceptionE(1280, max_pool=False)
+        self.Mixed_7c = FIDInceptionE(2048, max_pool=True)
+
+    def forward(self, images: paddle.Tensor) -> paddle.Tensor:
+        x = F.interpolate(
+            images.astype("float32"),
+            size=[FID_INPUT_SIZE, FID_INPUT_SIZE],
+            mode="bilinear",
+            align_corners=False,
+        )
+        x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
+        x = F.max_pool2d(x, kernel_size=3, stride=2)
+        x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
+        x = F.max_pool2d(x, kernel_size=3, stride=2)
+        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b):
+            x = block(x)
+        for block in (self.Mixed_6c, self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b):
+            x = block(x)
+        x = self.Mixed_7c(x)
+        return F.adaptive_avg_pool2d(x, output_size=1).flatten(start_axis=1)
+
+
+# torch BatchNorm buffer names -> Paddle BatchNorm2D names.
+_BATCH_NORM_RENAMES = {"running_mean": "_mean", "running_var": "_variance"}
+# Entries of the published torch file that the feature extractor does not use: the 1008-way
+# classifier head (FID reads the pool features before it) and torch's BN step counters.
+_UNUSED_TORCH_KEYS = ("fc.", "AuxLogits.")
+_UNUSED_TORCH_SUFFIXES = ("num_batches_tracked",)
+
+
+def convert_torch_state_dict(torch_state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Map pytorch-fid's Inception3 state dict (as numpy arrays) to ``FIDInceptionV3`` names.
+
+    The feature extractor has only convolutions (OIHW in both frameworks) and BatchNorms, so the
+    conversion is a rename of the BN buffers and a drop of the unused classifier; there is no
+    Linear weight to transpose.
+    """
+    converted = {}
+    for name, value in torch_state.items():
+        if name.startswith(_UNUSED_TORCH_KEYS) or name.endswith(_UNUSED_TORCH_SUFFIXES):
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        converted[f"{prefix}.{_BATCH_NORM_RENAMES.get(leaf, leaf)}"] = np.asarray(value)
+    return converted
+
+
+def load_fid_inception(weights_path: str | os.PathLike) -> FIDInceptionV3:
+    """Build ``FIDInceptionV3`` in eval mode with weights from a converted ``.pdparams`` file.
+
+    Raises if any parameter is missing, unexpected, or has the wrong shape, so a wrong file cannot
+    silently give meaningless FIDs.
+    """
+    model = FIDInceptionV3()
+    state = paddle.load(str(weights_path))
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{weights_path}: missing keys {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, tensor in expected.items():
+        if list(state[name].shape) != list(tensor.shape):
+            raise ValueError(f"{weights_path}: {name} has shape {state[name].shape}, "
+                             f"expected {tensor.shape}")
+    model.set_state_dict(state)
+    for parameter in model.parameters():
+        parameter.stop_gradient = True  # a fixed feature extractor, never trained
+    model.eval()
+    return model

@@ -1,0 +1,120 @@
+"""Training telemetry shared by both drivers: VisualDL scalars and image grids, throughput, console lines.
+
+The step returns detached tensors; they are summed here and turned into Python numbers only at
+logging steps (one device sync per logging interval, not per step). Only rank 0 writes.
+
+Scalars (VisualDL tags): loss/{total,pixel,perceptual,nll,kl,generator,discriminator},
+gan/{adaptive_weight,logits_real,logits_fake}, train/{learning_rate,disc_learning_rate,logvar},
+perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb}.
+Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from typing import Dict, Optional
+
+import numpy as np
+import paddle
+
+logger = logging.getLogger("vae_trainer")
+
+
+def peak_memory_gb() -> float:
+    """Peak memory of this process: device memory on GPU, resident set size on CPU."""
+    if paddle.device.is_compiled_with_cuda() and "gpu" in paddle.get_device():
+        return paddle.device.cuda.max_memory_allocated() / 2**30
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return kb / 2**20 if sys.platform.startswith("linux") else kb / 2**30
+
+
+class TrainMonitor:
+    def __init__(self, args, global_batch_size: int, is_main_process: bool):
+        self.args = args
+        self.global_batch_size = global_batch_size
+        self.is_main = is_main_process
+        report_to = args.report_to or []
+        self.writer = None
+        if is_main_process and ("visualdl" in report_to or "all" in report_to):
+            from visualdl import LogWriter
+
+            self.writer = LogWriter(logdir=args.logging_dir)
+        self._sums: Dict[str, paddle.Tensor] = {}
+        self._counts: Dict[str, int] = {}
+        self._window_start = time.perf_counter()
+        self._window_steps = 0
+        self._data_seconds = 0.0
+        self._last_step_end: Optional[float] = None
+
+    # --- timing: the drivers call these around every micro-step
+    def micro_step_begin(self) -> None:
+        now = time.perf_counter()
+        if self._last_step_end is not None:
+            self._data_seconds += now - self._last_step_end  # waiting for the next batch
+
+    def micro_step_end(self, logs: Dict[str, paddle.Tensor]) -> None:
+        for name, value in logs.items():
+            self._sums[name] = self._sums[name] + value if name in self._sums else value
+            self._counts[name] = self._counts.get(name, 0) + 1
+        self._last_step_end = time.perf_counter()
+
+    def optimizer_step_end(self, step: int, learning_rate: float, step_fn=None) -> Optional[Dict[str, float]]:
+        """Call after optimizer step `step` (1-based). Returns the logged numbers at logging steps."""
+        self._window_steps += 1
+        if step_fn is not None and self.args.image_logging_steps > 0 and step % self.args.image_logging_steps == 0:
+            self.log_images(step, step_fn.last_inputs, step_fn.last_reconstructions)
+        if step % self.args.logging_steps != 0 and step != self.args.max_steps:
+            return None
+        scalars = {name: (total / self._counts[name]).item() for name, total in self._sums.items()}
+        scalars["train/learning_rate"] = learning_rate
+        scalars.update(self._throughput())
+        self._write(step, scalars)
+        self._sums, self._counts = {}, {}
+        return scalars
+
+    def _throughput(self) -> Dict[str, float]:
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        per_step = elapsed / max(self._window_steps, 1)
+        data = self._data_seconds / max(self._window_steps, 1)
+        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
+        return {
+            "perf/images_per_second": self.global_batch_size / per_step,
+            "perf/seconds_per_step": per_step,
+            "perf/data_seconds_per_step": data,
+            "perf/compute_seconds_per_step": per_step - data,
+            "perf/peak_memory_gb": peak_memory_gb(),
+        }
+
+    def _write(self, step: int, scalars: Dict[str, float]) -> None:
+        if self.writer is not None:
+            for name, value in scalars.items():
+                self.writer.add_scalar(tag=name, value=value, step=step)
+            self.writer.flush()
+
+    def log_images(self, step: int, inputs: paddle.Tensor, recons: paddle.Tensor, tag: str = "reconstructions") -> None:
+        if self.writer is None:
+            return
+        from .evaluation import make_grid
+
+        grid = make_grid(inputs, recons, self.args.num_logged_images)
+        self.writer.add_image(tag=tag, img=np.asarray(grid), step=step)
+        self.writer.flush()
+
+    def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
+        """Write extra numbers (evaluation metrics, latent statistics) at `step`."""
+        self._write(step, scalars)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def format_scalars(scalars: Dict[str, float]) -> str:
+    """A compact console line: the losses first, then throughput."""
+    keys = ["loss/total", "loss/pixel", "loss/perceptual", "loss/kl", "loss/generator", "loss/discriminator",
+            "train/learning_rate", "perf/images_per_second"]
+    parts = [f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys if k in scalars]
+    return " ".join(parts)

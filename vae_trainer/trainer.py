@@ -1,0 +1,102 @@
+"""The PaddleNLP Trainer subclass (train_vae_trainer.py).
+
+The Trainer keeps its own loop, progress bar, VAE optimizer step, LR schedule, clipping and
+`--save_steps` timing. We replace the pieces a two-optimizer GAN needs:
+- `create_optimizer_and_scheduler`: both optimizers from `optim.py` (the loop builds the same ones);
+- `training_step`: the shared `TrainStep` (which also steps the discriminator on the last micro-step);
+- `_wrap_model`: no `paddle.DataParallel` (see distributed.py); the step all-reduces gradients itself;
+- `get_train_dataloader`: our streaming reader, resumed at the saved data position;
+- `_save_checkpoint` / `_load_from_checkpoint` / `_load_optimizer_and_scheduler`: `checkpoint.py`, so the
+  discriminator, its optimizer, RNG states and data position are saved and restored too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from paddlenlp.trainer import Trainer
+
+from . import checkpoint as ckpt
+from .data.dataset import StreamPosition, build_train_dataloader
+from .distributed import rank, world_size
+from .optim import build_disc_optimizer, build_vae_optimizer
+from .step import TrainStep
+from .train_logging import TrainMonitor
+
+logger = logging.getLogger("vae_trainer")
+
+
+class VAETrainer(Trainer):
+    def __init__(self, model, args, components, data_args, loss_args):
+        report_to = args.report_to
+        args.report_to = []  # VisualDL is written by TrainMonitor, shared with the loop
+        args.ignore_data_skip = True  # the stream resumes at its saved position instead of replaying
+        super().__init__(model=model, args=args)
+        args.report_to = report_to
+        self.components, self.data_args, self.loss_args = components, data_args, loss_args
+        self.resume_rank_state: Optional[dict] = None
+        self.position = StreamPosition(None)
+        self.micro_steps = 0
+        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
+        self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
+
+    # ---- building
+    def create_optimizer_and_scheduler(self, num_training_steps: int):
+        self.optimizer, self.lr_scheduler = build_vae_optimizer(self.args, self.model)
+        self.disc_optimizer, self.disc_scheduler = build_disc_optimizer(self.args, self.model, self.loss_args.disc_start)
+        self.train_step = TrainStep(self.model, self.components.lpips, self.loss_args, self.disc_optimizer,
+                                    self.disc_scheduler, self.args.gradient_accumulation_steps)
+
+    def _wrap_model(self, model, training=True):
+        return model
+
+    def get_train_dataloader(self):
+        data_state = self.resume_rank_state["data"] if self.resume_rank_state else None
+        self.position = StreamPosition(data_state)
+        d = self.data_args
+        return build_train_dataloader(
+            d.file_list, d.resolution, self.args.per_device_train_batch_size, self.args.dataloader_num_workers,
+            self.args.seed, rank(), world_size(), resume_state=data_state, image_column=d.image_column,
+            random_flip=d.random_flip, random_crop=d.random_crop, min_image_size=d.min_image_size,
+        )
+
+    # ---- the step
+    def training_step(self, model, inputs):
+        self.micro_steps += 1
+        last = self.micro_steps % self.args.gradient_accumulation_steps == 0
+        self.monitor.micro_step_begin()
+        logs = self.train_step(inputs["pixel_values"], self.state.global_step, last)
+        self.position.update(inputs["position"])
+        self.monitor.micro_step_end(logs)
+        if last:  # the Trainer steps the VAE optimizer right after this returns
+            scalars = self.monitor.optimizer_step_end(self.state.global_step + 1, self.optimizer.get_lr(), self.train_step)
+            if scalars is not None:
+                self.state.log_history.append({"step": self.state.global_step + 1, **scalars})
+        return logs["loss/total"] / self.args.gradient_accumulation_steps
+
+    # ---- checkpoints
+    def _stateful(self) -> dict:
+        return {
+            "optimizer.pdopt": self.optimizer, "scheduler.pdparams": self.lr_scheduler,
+            "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
+        }
+
+    def _save_checkpoint(self, model, metrics=None):
+        rank_state = {"rng": ckpt.rng_state(), "data": self.position.state_dict()}
+        ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
+                             stateful=self._stateful(), trainer_state=self.state, rank_state=rank_state,
+                             save_total_limit=self.args.save_total_limit)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint=None):
+        if resume_from_checkpoint is None:
+            return
+        ckpt.load_model_state(resume_from_checkpoint, self.model)
+        self.resume_rank_state = ckpt.load_rank_state(resume_from_checkpoint)
+        logger.info("resuming from %s", resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        ckpt.load_stateful(checkpoint, self._stateful())
+        ckpt.set_rng_state(self.resume_rank_state["rng"])
