@@ -31,7 +31,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .distributed import rank, world_size
+from .distributed import assert_parameters_in_sync, rank, world_size
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,12 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     paddle.set_rng_state(state["paddle"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+
+
+def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
+    """This rank's share of a checkpoint; also verifies that all ranks hold the same weights."""
+    fingerprint = assert_parameters_in_sync(model)
+    return {"rng": rng_state(), "data": position.state_dict(), "parameter_fingerprint": fingerprint}
 
 
 def save_checkpoint(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+import numpy as np
+
 import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
@@ -45,3 +47,34 @@ def broadcast_parameters(layer: paddle.nn.Layer) -> None:
         for tensor in list(layer.parameters()) + list(layer.buffers()):
             dist.broadcast(tensor, src=0)
 
+
+
+def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
+    """Per trainable parameter, float64 sum and absolute sum: equal on two ranks iff their weights agree.
+
+    Non-trainable state (BatchNorm running statistics) is left out: like any data-parallel BatchNorm
+    without SyncBatchNorm it is per rank, and it does not influence training-mode forwards.
+    """
+    with paddle.no_grad():
+        values = [(p.astype("float64").sum().item(), p.astype("float64").abs().sum().item())
+                  for _, p in _trainable(layer)]
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def assert_parameters_in_sync(layer: paddle.nn.Layer) -> np.ndarray:
+    """Raise if any parameter differs across ranks: drift must never be silent. Returns this rank's fingerprint."""
+    fingerprint = parameter_fingerprint(layer)
+    if world_size() > 1:
+        gathered = []
+        dist.all_gather(gathered, paddle.to_tensor(fingerprint))
+        names = [n for n, _ in _trainable(layer)]
+        for other_rank, other in enumerate(gathered):
+            differs = np.nonzero(other.numpy() != fingerprint)[0]
+            if differs.size:
+                bad = sorted({names[i // 2] for i in differs})[:5]
+                raise RuntimeError(f"parameters differ between rank {rank()} and rank {other_rank}: {bad} ...")
+    return fingerprint
+
+
+def _trainable(layer: paddle.nn.Layer):
+    return [(n, p) for n, p in layer.named_parameters() if not p.stop_gradient]

@@ -53,7 +53,8 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         image_column=data_args.image_column, random_flip=data_args.random_flip,
         random_crop=data_args.random_crop, min_image_size=data_args.min_image_size,
     )
-    position = StreamPosition(rank_state["data"] if rank_state else None)
+    position = StreamPosition.from_state(rank_state["data"]) if rank_state else StreamPosition(
+        args.dataloader_num_workers, world_size())
     if rank_state:
         ckpt.set_rng_state(rank_state["rng"])
     step_fn = TrainStep(model, parts.lpips, loss_args, disc_optimizer, disc_scheduler, args.gradient_accumulation_steps)
@@ -82,9 +83,9 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
             state.log_history.append({"step": state.global_step, **scalars})
             progress.set_postfix_str(format_scalars(scalars))
         if args.save_steps > 0 and state.global_step % args.save_steps == 0:
-            rank_state = {"rng": ckpt.rng_state(), "data": position.state_dict()}
             ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=stateful,
-                                 trainer_state=state, rank_state=rank_state, save_total_limit=args.save_total_limit)
+                                 trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
+                                 save_total_limit=args.save_total_limit)
     progress.close()
     monitor.close()
     vae_dir, disc_dir = ckpt.export_final(args.output_dir, model.vae, model.discriminator, parts.discriminator_config)

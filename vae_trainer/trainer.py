@@ -36,7 +36,7 @@ class VAETrainer(Trainer):
         args.report_to = report_to
         self.components, self.data_args, self.loss_args = components, data_args, loss_args
         self.resume_rank_state: Optional[dict] = None
-        self.position = StreamPosition(None)
+        self.position = None
         self.micro_steps = 0
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
@@ -53,7 +53,8 @@ class VAETrainer(Trainer):
 
     def get_train_dataloader(self):
         data_state = self.resume_rank_state["data"] if self.resume_rank_state else None
-        self.position = StreamPosition(data_state)
+        self.position = (StreamPosition.from_state(data_state) if data_state
+                         else StreamPosition(self.args.dataloader_num_workers, world_size()))
         d = self.data_args
         return build_train_dataloader(
             d.file_list, d.resolution, self.args.per_device_train_batch_size, self.args.dataloader_num_workers,
@@ -83,9 +84,9 @@ class VAETrainer(Trainer):
         }
 
     def _save_checkpoint(self, model, metrics=None):
-        rank_state = {"rng": ckpt.rng_state(), "data": self.position.state_dict()}
         ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
-                             stateful=self._stateful(), trainer_state=self.state, rank_state=rank_state,
+                             stateful=self._stateful(), trainer_state=self.state,
+                             rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit)
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):

@@ -1,0 +1,68 @@
+"""Shared fixtures: a small LAION-style dataset of real photographs, and a runner for the entry points."""
+
+import base64
+import gzip
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _photos():
+    import skimage.data
+
+    return [skimage.data.astronaut(), skimage.data.chelsea(), skimage.data.coffee(), skimage.data.rocket()]
+
+
+@pytest.fixture(scope="session")
+def photo_filelist(tmp_path_factory) -> str:
+    """A .filelist.list over 4 gzip parts of 48 random JPEG crops of real photos."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    photos, lines = _photos(), []
+    for k in range(48):
+        photo = photos[k % len(photos)]
+        size = int(rng.integers(64, 128))
+        y, x = rng.integers(0, photo.shape[0] - size), rng.integers(0, photo.shape[1] - size)
+        buffer = io.BytesIO()
+        Image.fromarray(photo[y : y + size, x : x + size]).save(buffer, "JPEG", quality=90)
+        lines.append(f"crop {k}\t-\t{base64.b64encode(buffer.getvalue()).decode()}\n")
+    for part in range(4):
+        with gzip.open(root / f"part-{part:05d}.gz", "wt") as f:
+            f.writelines(lines[part::4])
+    (root / "train.filelist").write_text("".join(f"part-{p:05d}.gz\n" for p in range(4)))
+    (root / "train.filelist.list").write_text("train.filelist 1.0\n")
+    return str(root / "train.filelist.list")
+
+
+def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run train_vae_(no_)trainer.py as a user would, optionally under paddle.distributed.launch on CPU."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    command = [sys.executable]
+    if nproc > 1:
+        command += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir)]
+    command += [os.path.join(REPO, script), *map(str, args)]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        logs = ""
+        if log_dir is not None and os.path.isdir(log_dir):
+            for name in sorted(os.listdir(log_dir)):
+                logs += f"\n--- {name}\n" + open(os.path.join(log_dir, name)).read()[-4000:]
+        raise AssertionError(f"{script} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}{logs}")
+    return result
+
+
+def read_scalars(logdir: str, tag: str) -> dict:
+    """{step: value} of one VisualDL scalar tag."""
+    from visualdl import LogReader
+
+    files = [f for f in os.listdir(logdir) if f.startswith("vdlrecords")]
+    assert len(files) == 1, files
+    reader = LogReader(file_path=os.path.join(logdir, files[0]))
+    return {record.id: record.value for record in reader.get_data("scalar", tag)}

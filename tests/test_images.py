@@ -1,0 +1,170 @@
+"""Tests of vae_trainer.data.images: base64 tolerance, mode conversions, size limits, preprocessing."""
+
+import base64
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+from skimage import data as skdata
+
+from vae_trainer.data.images import BadImage, decode_base64, decode_image, preprocess
+
+LIMIT = 4096 * 4096
+
+
+def _encode(image, fmt="PNG", **options):
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _half(data):
+    return data[: len(data) // 2]
+
+
+def _png16(array):
+    """A 16-bit PNG (grey, grey+alpha, RGB or RGBA) written by hand: PIL cannot write 16-bit colour."""
+    height, width = array.shape[:2]
+    channels = 1 if array.ndim == 2 else array.shape[2]
+    colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+    rows = b"".join(b"\x00" + array[y].astype(">u2").tobytes() for y in range(height))
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def test_base64_variants_all_decode():
+    payload = bytes(range(256)) * 3 + b"\xfb\xff"  # contains bytes that map to + and / in base64
+    standard = base64.b64encode(payload)
+    assert b"+" in standard or b"/" in standard
+    urlsafe_unpadded = base64.urlsafe_b64encode(payload).rstrip(b"=")
+    wrapped = b"\n".join(standard[i : i + 76] for i in range(0, len(standard), 76)) + b" \r\n"
+    for field in (standard, standard.decode(), urlsafe_unpadded, wrapped):
+        assert decode_base64(field) == payload
+
+
+@pytest.mark.parametrize("field", [b"not base64 at all!!", b"A", b"", "ü€"])
+def test_base64_garbage_is_bad_image(field):
+    with pytest.raises(BadImage) as error:
+        decode_base64(field)
+    assert error.value.reason == "base64"
+
+
+def test_rgb_jpeg_roundtrip_close():
+    photo = Image.fromarray(skdata.astronaut()[:64, :48])
+    decoded = decode_image(_encode(photo, "JPEG", quality=95), LIMIT)
+    assert decoded.mode == "RGB" and decoded.size == (48, 64)
+    assert np.abs(np.asarray(decoded, np.int16) - np.asarray(photo, np.int16)).mean() < 4
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped():
+    grey = np.array([[0, 1000, 32896, 65535]], np.uint16)
+    decoded = np.asarray(decode_image(_png16(grey), LIMIT))
+    expected = np.rint(grey / 257.0).astype(np.uint8)  # 0, 4, 128, 255
+    assert decoded.shape == (1, 4, 3)
+    np.testing.assert_array_equal(decoded, np.repeat(expected[..., None], 3, axis=2))
+
+
+def test_sixteen_bit_rgba_composites_on_white():
+    rgba = np.array([[[65535, 0, 0, 65535], [0, 0, 65535, 0], [0, 0, 0, 32896]]], np.uint16)
+    decoded = np.asarray(decode_image(_png16(rgba), LIMIT)).astype(int)
+    assert decoded[0, 0].tolist() == [255, 0, 0]  # opaque red stays red
+    assert decoded[0, 1].tolist() == [255, 255, 255]  # fully transparent blue becomes white
+    assert np.all(np.abs(decoded[0, 2] - 127) <= 1)  # half-transparent black -> mid grey
+
+
+def test_cmyk_becomes_rgb():
+    cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # no cyan, full magenta+yellow = red
+    for encoded in (_encode(cmyk, "JPEG", quality=100), _encode(cmyk, "TIFF")):
+        pixel = np.asarray(decode_image(encoded, LIMIT))[4, 4].astype(int)
+        assert np.all(np.abs(pixel - [255, 0, 0]) <= 3)
+
+
+def test_la_and_palette_transparency_composite_on_white():
+    la = Image.new("LA", (4, 4), (0, 0))  # black, fully transparent
+    la.putpixel((0, 0), (0, 255))
+    decoded = np.asarray(decode_image(_encode(la), LIMIT))
+    assert decoded[0, 0].tolist() == [0, 0, 0] and decoded[1, 1].tolist() == [255, 255, 255]
+    palette = Image.new("P", (4, 4), 1)
+    palette.putpalette([0, 255, 0, 10, 20, 30] + [0] * 762)
+    palette.putpixel((0, 0), 0)
+    decoded = np.asarray(decode_image(_encode(palette, transparency=1), LIMIT))
+    assert decoded[0, 0].tolist() == [0, 255, 0] and decoded[2, 2].tolist() == [255, 255, 255]
+
+
+def test_grayscale_is_replicated():
+    grey = Image.fromarray(np.array([[0, 100], [200, 255]], np.uint8), mode="L")
+    decoded = np.asarray(decode_image(_encode(grey), LIMIT))
+    np.testing.assert_array_equal(decoded[..., 1], np.array([[0, 100], [200, 255]]))
+    np.testing.assert_array_equal(decoded[..., 0], decoded[..., 2])
+
+
+def test_exif_orientation_is_applied():
+    image = Image.new("RGB", (40, 20), (255, 0, 0))
+    image.paste((0, 0, 255), (0, 0, 20, 20))  # left half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # display rotated 90 degrees clockwise
+    decoded = decode_image(_encode(image, "JPEG", quality=95, exif=exif), LIMIT)
+    assert decoded.size == (20, 40)
+    top = np.asarray(decoded)[5, 10].astype(int)  # blue left half is now on top
+    assert top[2] > 200 and top[0] < 60
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: b"GIF89a but not really", "not_image"),
+        (lambda: b"plain text", "not_image"),
+        (lambda: _half(_encode(Image.fromarray(skdata.astronaut()[:64, :64]), "JPEG")), "truncated"),
+        (lambda: _half(_encode(Image.fromarray(skdata.astronaut()[:64, :64]), "PNG")), "truncated"),
+    ],
+)
+def test_unusable_data_is_bad_image(make, reason):
+    with pytest.raises(BadImage) as error:
+        decode_image(make(), LIMIT)
+    assert error.value.reason == reason
+
+
+def test_size_limits_are_checked_from_the_header():
+    big = _encode(Image.new("L", (300, 200)))
+    with pytest.raises(BadImage) as error:
+        decode_image(big, max_pixels=300 * 200 - 1)
+    assert error.value.reason == "too_large"
+    assert decode_image(big, max_pixels=300 * 200).size == (300, 200)
+    with pytest.raises(BadImage) as error:
+        decode_image(big, LIMIT, min_size=201)
+    assert error.value.reason == "too_small"
+
+
+def test_preprocess_centre_crop_shape_and_range():
+    # 80x40 image: left quarter black, middle half grey ramp, right quarter white.
+    pixels = np.zeros((40, 80, 3), np.uint8)
+    pixels[:, 60:] = 255
+    image = Image.fromarray(pixels)
+    out = preprocess(image, 20, rng=None, random_flip=True)
+    assert out.shape == (3, 20, 20) and out.dtype == np.float32
+    assert out.min() >= -1.0 and out.max() <= 1.0
+    # resized to 40x20; centre crop covers x in [10, 30): the black/white edge (x=30) is just outside.
+    assert np.allclose(out[:, :, :8], -1.0, atol=0.02) and out[:, :, 19].max() < 0
+
+
+def test_preprocess_random_crop_and_flip_follow_the_rng():
+    image = Image.fromarray(skdata.astronaut()[:, :256])  # 512 x 256 -> resized to 64 x 32
+    crops = {preprocess(image, 32, np.random.default_rng(seed), False).tobytes() for seed in range(12)}
+    assert len(crops) > 3  # different vertical offsets
+    first = preprocess(image, 32, np.random.default_rng(5), True)
+    again = preprocess(image, 32, np.random.default_rng(5), True)
+    np.testing.assert_array_equal(first, again)
+    flips = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        plain = preprocess(image, 32, np.random.default_rng(seed), False)
+        flipped = preprocess(image, 32, rng, True)
+        flips.append(np.array_equal(flipped, plain[:, :, ::-1]) and not np.array_equal(flipped, plain))
+    assert 8 <= sum(flips) <= 32  # about half flipped

@@ -1,0 +1,81 @@
+"""The loss math in vae_trainer/losses.py, checked against numpy and against autograd by hand."""
+
+import numpy as np
+import paddle
+import pytest
+from ppdiffusers.models.vae import DiagonalGaussianDistribution
+
+from vae_trainer import losses
+
+paddle.set_device("cpu")
+
+
+def _t(a):
+    return paddle.to_tensor(np.asarray(a, dtype="float32"))
+
+
+def test_pixel_losses_match_numpy():
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, (2, 3, 4, 4)), rng.uniform(-1, 1, (2, 3, 4, 4))
+    np.testing.assert_allclose(losses.pixel_loss(_t(x), _t(y), "l1").numpy(), np.abs(x - y), rtol=1e-6)
+    np.testing.assert_allclose(losses.pixel_loss(_t(x), _t(y), "l2").numpy(), (x - y) ** 2, rtol=1e-5)
+    with pytest.raises(ValueError):
+        losses.pixel_loss(_t(x), _t(y), "l3")
+
+
+def test_kl_matches_closed_form_and_ppdiffusers():
+    rng = np.random.default_rng(1)
+    mean, logvar = rng.normal(size=(3, 4, 5, 5)), rng.normal(scale=0.5, size=(3, 4, 5, 5))
+    expected = 0.5 * np.sum(mean**2 + np.exp(logvar) - 1 - logvar, axis=(1, 2, 3))
+    got = losses.kl_loss(_t(mean), _t(logvar)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    posterior = DiagonalGaussianDistribution(_t(np.concatenate([mean, logvar], axis=1)))
+    np.testing.assert_allclose(got, posterior.kl().numpy(), rtol=1e-5)
+    # A posterior equal to the prior has zero KL.
+    assert np.abs(losses.kl_loss(_t(np.zeros((1, 4, 2, 2))), _t(np.zeros((1, 4, 2, 2)))).numpy()).max() == 0
+
+
+def test_kl_stays_finite_in_half_precision():
+    mean = paddle.full([1, 4, 2, 2], 200.0, "float16")  # 200^2 overflows nothing in float32, inf in float16
+    value = losses.kl_loss(mean, paddle.zeros([1, 4, 2, 2], "float16"))
+    assert value.dtype == paddle.float32 and np.isfinite(value.numpy()).all()
+    np.testing.assert_allclose(value.numpy(), [0.5 * 16 * 200.0**2], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["hinge", "vanilla"])
+def test_gan_losses_match_formulas(kind):
+    real, fake = np.array([2.0, 0.5, -1.0]), np.array([-2.0, 0.3, 1.5])
+    softplus = lambda v: np.log1p(np.exp(v))  # noqa: E731
+    if kind == "hinge":
+        d_expected = 0.5 * (np.maximum(0, 1 - real).mean() + np.maximum(0, 1 + fake).mean())
+        g_expected = -fake.mean()
+    else:
+        d_expected = 0.5 * (softplus(-real).mean() + softplus(fake).mean())
+        g_expected = softplus(-fake).mean()
+    assert losses.discriminator_loss(_t(real), _t(fake), kind).item() == pytest.approx(d_expected, rel=1e-6)
+    assert losses.generator_loss(_t(fake), kind).item() == pytest.approx(g_expected, rel=1e-6)
+
+
+def test_adaptive_weight_is_ratio_of_gradient_norms_and_leaves_grads_alone():
+    paddle.seed(0)
+    layer = paddle.nn.Linear(4, 3)
+    x = paddle.randn([5, 4])
+    out = layer(x)
+    nll, gan = out.square().mean(), (3.0 * out).sum()
+    w = layer.weight
+    # By hand: d nll / dW = x^T (2 out / N); d gan / dW = x^T * 3.
+    g_nll = x.numpy().T @ (2 * out.numpy() / out.size)
+    g_gan = x.numpy().T @ np.full(out.shape, 3.0)
+    expected = np.linalg.norm(g_nll) / (np.linalg.norm(g_gan) + 1e-4)
+    assert losses.adaptive_weight(nll, gan, w).item() == pytest.approx(expected, rel=1e-5)
+    assert w.grad is None  # paddle.grad does not accumulate into .grad
+
+
+def test_frozen_blocks_parameter_gradients_but_not_input_gradients():
+    disc = paddle.nn.Linear(3, 1)
+    x = paddle.randn([2, 3])
+    x.stop_gradient = False
+    with losses.frozen(disc):
+        disc(x).sum().backward()
+    assert disc.weight.grad is None and x.grad is not None
+    assert not disc.weight.stop_gradient  # restored afterwards
