@@ -29,9 +29,6 @@ torch = pytest.importorskip(
     "torch", reason="torch is needed for the reference model: pip install -r requirements-test.txt"
 )
 nn = torch.nn
-import os
-VAR_FLOOR = float(os.environ.get("VF", "0"))
-BETA = float(os.environ.get("BETA", "0"))
 
 
 def _conv(in_channels: int, out_channels: int, **kwargs) -> nn.Module:
@@ -198,17 +195,14 @@ def _randomise_and_calibrate(reference, calibration_images) -> None:
             nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
         elif isinstance(module, nn.BatchNorm2d):
             nn.init.uniform_(module.weight, 0.5, 1.5)
-            nn.init.normal_(module.bias, BETA, 0.2)
+            # Positive shifts keep most ReLUs open: a random BN network with half its units
+            # off is chaotic enough to blow float32 rounding up past 1e-4 by itself.
+            nn.init.normal_(module.bias, 1.0, 0.2)
             module.reset_running_stats()
             module.momentum = None  # cumulative average: one pass sets the batch statistics
     reference.train()
     with torch.no_grad():
         reference(calibration_images)
-        for module in reference.modules():
-            if isinstance(module, nn.BatchNorm2d):
-                # Nearly dead channels would otherwise be divided by a tiny variance, turning
-                # float32 rounding noise into large feature differences.
-                module.running_var.clamp_(min=VAR_FLOOR)
     reference.eval()
 
 
@@ -258,10 +252,8 @@ def test_paddle_port_matches_pytorch_fid_features(converted_weights):
         features = model(paddle.to_tensor(images_01 * 2 - 1)).numpy()
 
     assert features.shape == (2, 2048)
-    print("reference features: mean", expected.mean(), "std", expected.std())
     assert expected.std() > 0.1, "reference features collapsed; the comparison would be vacuous"
     assert np.abs(features[0] - features[1]).max() > 0.1, "the two photos must give distinct features"
-    print("MAXDIFF", np.abs(features - expected).max(), "mean|f|", np.abs(expected).mean())
     np.testing.assert_allclose(features, expected, rtol=0, atol=1e-4)
 
 
