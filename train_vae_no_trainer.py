@@ -10,12 +10,18 @@ import sys
 
 from vae_trainer.arguments import parse_arguments
 from vae_trainer.distributed import rank
+from vae_trainer.checkpoint import list_checkpoints
 from vae_trainer.loop import train
+from vae_trainer.step import NonFiniteError
 
 
 def main(argv=None):
     model_args, data_args, loss_args, training_args = parse_arguments(argv)
-    outputs = train(model_args, data_args, loss_args, training_args)
+    try:
+        outputs = train(model_args, data_args, loss_args, training_args)
+    except NonFiniteError as error:
+        latest = list_checkpoints(training_args.output_dir)[-1][1]
+        sys.exit(f"error: {error} Last good weights: {latest}")
     if rank() == 0:
         print(f"VAE saved to {outputs['vae']}\nVisualDL logs: {outputs['logs']}")
 

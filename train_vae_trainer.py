@@ -11,6 +11,7 @@ import sys
 from vae_trainer import checkpoint as ckpt
 from vae_trainer.arguments import parse_arguments
 from vae_trainer.build import build_components, seed_training, setup_runtime
+from vae_trainer.step import NonFiniteError
 from vae_trainer.trainer import VAETrainer
 
 
@@ -21,10 +22,14 @@ def main(argv=None):
     trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args)
     seed_training(training_args.seed)
     resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.monitor.close()
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except NonFiniteError as error:
+        sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
+    finally:
+        trainer.monitor.close()
     vae_dir, _ = ckpt.export_final(training_args.output_dir, parts.model.vae, parts.model.discriminator,
-                                   parts.discriminator_config)
+                                   parts.discriminator_config, ema=trainer.run.ema)
     if trainer.is_world_process_zero():
         print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")
 

@@ -13,14 +13,23 @@ and `train_vae_no_trainer.py` accept exactly the same flags with the same meanin
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
+from .recipes import apply_recipe, flags_given
+
 DISC_LOSSES = ("hinge", "vanilla")
+GEN_LOSSES = ("hinge", "vanilla", "relative_hinge")
 PIXEL_LOSSES = ("l1", "l2")
+PIXEL_LOSS_MASKS = ("none", "lowpass")
+LOSS_BALANCING = ("none", "gradnorm")
+GRADNORM_SCOPES = ("sample", "global")
+DISC_TYPES = ("patch", "vgg")
 
 
 @dataclass
@@ -35,7 +44,11 @@ class ModelArguments:
     subfolder: Optional[str] = field(
         default=None, metadata={"help": "Subfolder of --pretrained_model_name_or_path that holds the VAE, e.g. 'vae'."}
     )
-    disc_type: str = field(default="patch", metadata={"help": "Discriminator type: 'patch' (PatchGAN)."})
+    disc_type: str = field(
+        default="patch",
+        metadata={"help": "Discriminator type: 'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from "
+                          "--lpips_weights with a trained conv head per stage; --disc_base_channels = head width)."},
+    )
     disc_norm: str = field(
         default="batch", metadata={"help": "PatchGAN normalisation: batch, group, spectral_group or none."}
     )
@@ -44,6 +57,11 @@ class ModelArguments:
     lpips_weights: Optional[str] = field(
         default=None,
         metadata={"help": "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."},
+    )
+    posterior_std: float = field(
+        default=0.0,
+        metadata={"help": "Constant variance: if > 0, ignore the encoder's log-variance and sample z = mean + "
+                          "posterior_std * noise (pair with --kl_weight 0 and --latent_penalty_weight). 0: off."},
     )
 
 
@@ -81,6 +99,41 @@ class LossArguments:
     sample_posterior: bool = field(
         default=True, metadata={"help": "Decode a posterior sample (true) or the posterior mean (false) in training."}
     )
+    recipe: Optional[str] = field(
+        default=None,
+        metadata={"help": "Preset of the flags below: 'ldm' or 'balanced' (see docs/techniques.md). "
+                          "Flags given explicitly on the command line win over the recipe."},
+    )
+    pixel_weight: float = field(default=1.0, metadata={"help": "Weight of the pixel term."})
+    pixel_loss_pool: int = field(
+        default=1, metadata={"help": "Take the pixel loss between KxK area-downsampled images (1: full resolution)."}
+    )
+    pixel_loss_mask: str = field(
+        default="none", metadata={"help": "'lowpass': apply the pixel loss only where the input image is smooth."}
+    )
+    pixel_loss_mask_threshold: float = field(
+        default=0.5, metadata={"help": "Low-pass mask: keep pixels whose inverted, normalised edge energy is >= this."}
+    )
+    latent_penalty_weight: float = field(
+        default=0.0, metadata={"help": "Weight of mean(z_mean^2), the latent-magnitude penalty (for --posterior_std)."}
+    )
+    loss_balancing: str = field(
+        default="none",
+        metadata={"help": "'gradnorm': every branch's gradient into the reconstruction is rescaled to norm = its "
+                          "weight (pixel_weight, perceptual_weight, disc_weight); replaces the adaptive weight."},
+    )
+    gradnorm_scope: str = field(
+        default="sample", metadata={"help": "gradnorm: normalise per 'sample' or over the 'global' batch (all ranks)."}
+    )
+    gen_loss: Optional[str] = field(
+        default=None,
+        metadata={"help": "Generator's GAN loss: hinge, vanilla or relative_hinge (default: same as --disc_loss)."},
+    )
+    relative_hinge_margin: float = field(
+        default=0.1, metadata={"help": "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin))."}
+    )
+    lecam_weight: float = field(default=0.0, metadata={"help": "Weight of the LeCAM regulariser of the discriminator."})
+    lecam_decay: float = field(default=0.99, metadata={"help": "EMA decay of LeCAM's D(real) and D(fake) means."})
 
 
 @dataclass
@@ -109,6 +162,13 @@ class VAETrainingArguments(TrainingArguments):
         default=200, metadata={"help": "Log a grid of inputs and reconstructions every N steps (0 disables)."}
     )
     num_logged_images: int = field(default=4, metadata={"help": "Images in each logged reconstruction grid."})
+    use_ema: bool = field(default=False, metadata={"help": "Keep an EMA of the VAE weights; export it as OUTPUT_DIR/vae."})
+    ema_decay: float = field(
+        default=0.9999, metadata={"help": "EMA decay; warm-up: min(ema_decay, (1 + t) / (10 + t)) at step t."}
+    )
+    max_consecutive_nonfinite_steps: int = field(
+        default=5, metadata={"help": "Stop (after saving) when this many optimizer steps in a row are non-finite."}
+    )
 
     def __post_init__(self):
         if self.logging_dir is None:  # a fixed place users and tests can find, not a dated folder
@@ -131,6 +191,28 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
         raise ValueError(f"--pixel_loss must be one of {PIXEL_LOSSES}, got {loss_args.pixel_loss!r}")
     if loss_args.disc_loss not in DISC_LOSSES:
         raise ValueError(f"--disc_loss must be one of {DISC_LOSSES}, got {loss_args.disc_loss!r}")
+    _validate_techniques(model_args, loss_args)
+
+
+def _check_choice(flag: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise ValueError(f"--{flag} must be one of {choices}, got {value!r}")
+
+
+def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -> None:
+    """The options of docs/techniques.md."""
+    _check_choice("disc_type", model_args.disc_type, DISC_TYPES)
+    _check_choice("pixel_loss_mask", loss_args.pixel_loss_mask, PIXEL_LOSS_MASKS)
+    _check_choice("loss_balancing", loss_args.loss_balancing, LOSS_BALANCING)
+    _check_choice("gradnorm_scope", loss_args.gradnorm_scope, GRADNORM_SCOPES)
+    if loss_args.gen_loss is not None:
+        _check_choice("gen_loss", loss_args.gen_loss, GEN_LOSSES)
+    if loss_args.pixel_loss_pool < 1:
+        raise ValueError("--pixel_loss_pool must be >= 1")
+    if model_args.posterior_std < 0:
+        raise ValueError("--posterior_std must be >= 0 (0 keeps the encoder's variance)")
+    if loss_args.loss_balancing == "gradnorm" and loss_args.learn_logvar:
+        raise ValueError("--learn_logvar has no effect under --loss_balancing gradnorm (the nll is not used)")
 
 
 def parse_arguments(
@@ -138,9 +220,14 @@ def parse_arguments(
 ) -> Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]:
     """Parse flags (or a single .json file of them) into the four argument dataclasses."""
     parser = PdArgumentParser(ALL_ARGUMENT_CLASSES)
+    parser.allow_abbrev = False  # an abbreviated flag would not be recognised as explicit by the recipes
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         model_args, data_args, loss_args, training_args = parser.parse_json_file(json_file=argv[0])
+        with open(argv[0]) as handle:
+            explicit = set(json.load(handle))
     else:
         model_args, data_args, loss_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+        explicit = flags_given(sys.argv[1:] if argv is None else argv)
+    apply_recipe((model_args, data_args, loss_args, training_args), explicit)
     validate(model_args, data_args, loss_args)
     return model_args, data_args, loss_args, training_args

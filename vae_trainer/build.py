@@ -22,6 +22,9 @@ from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import build_discriminator, convert_batchnorm_to_sync
 from .models.lpips import LPIPS
 from .models.vae import build_vae
+from .optim import build_disc_optimizer, build_vae_optimizer
+from .precision import Precision, setup_precision
+from .step import TrainStep
 
 logger = logging.getLogger("vae_trainer")
 
@@ -57,13 +60,58 @@ def build_components(model_args, loss_args, training_args) -> Components:
         "num_layers": model_args.disc_num_layers,
         "base_channels": model_args.disc_base_channels,
     }
+    if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
+        disc_config["weights_path"] = model_args.lpips_weights
     discriminator = build_discriminator(**disc_config)
     if world_size() > 1 and model_args.disc_norm == "batch":
         discriminator = convert_batchnorm_to_sync(discriminator)
-    model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar)
+    model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
+                                 posterior_std=model_args.posterior_std)
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     return Components(model=model, lpips=lpips, discriminator_config=disc_config)
+
+
+@dataclass
+class TrainingParts:
+    """Optimizers, schedules, precision, EMA and the step: what a driver needs besides the model and data."""
+
+    vae_optimizer: Any
+    vae_scheduler: Any
+    disc_optimizer: Any
+    disc_scheduler: Any
+    precision: Precision
+    ema: Any
+    step: TrainStep
+
+    def stateful(self) -> Dict[str, Any]:
+        """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
+        out = {
+            "optimizer.pdopt": self.vae_optimizer, "scheduler.pdparams": self.vae_scheduler,
+            "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
+            **self.precision.stateful(),
+        }
+        if self.ema is not None:
+            out["ema.pdparams"] = self.ema
+        return out
+
+
+def build_training(components: Components, loss_args, training_args) -> TrainingParts:
+    """Precision first (O2 decorates the weights), then optimizers over them, the EMA and the step."""
+    model = components.model
+    precision = setup_precision(training_args, model)
+    vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
+    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
+    ema = None
+    if training_args.use_ema:
+        from ppdiffusers.training_utils import EMAModel
+
+        ema = EMAModel(model.vae.parameters(), decay=training_args.ema_decay)
+        ema.to(dtype=paddle.float32)  # averages of many small updates need float32 even under O2
+    step = TrainStep(model, components.lpips, loss_args, vae_optimizer, disc_optimizer, disc_scheduler,
+                     training_args.gradient_accumulation_steps, precision, ema,
+                     training_args.max_consecutive_nonfinite_steps)
+    return TrainingParts(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 
 def seed_training(seed: int) -> None:

@@ -11,11 +11,14 @@
 
 Names follow the PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
 finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
-most a `.tmp` folder, which `latest` never picks and the next save removes. Assumes OUTPUT_DIR is on a
-file system that all ranks share (one node, or a shared mount across nodes).
+most a `.tmp` folder, which `latest` never picks and the next save removes. A checkpoint is deleted
+(rotation, or re-saving a step) by first renaming it to `checkpoint-N.old`, so a kill during the deletion
+never leaves a half-deleted folder that still looks complete. Assumes OUTPUT_DIR is on a file system
+that all ranks share (one node, or a shared mount across nodes).
 
 At the end, `export_final` writes `OUTPUT_DIR/vae/` (ppdiffusers `save_pretrained`, loadable with
-`AutoencoderKL.from_pretrained`) and `OUTPUT_DIR/discriminator/`.
+`AutoencoderKL.from_pretrained`; the EMA weights with --use_ema, the raw ones then in `vae_raw/`) and
+`OUTPUT_DIR/discriminator/`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ PREFIX = "checkpoint"
 MODEL_NAME = "model_state.pdparams"
 TRAINER_STATE_NAME = "trainer_state.json"
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
+_UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:
@@ -78,12 +82,16 @@ def _barrier() -> None:
 
 
 def rng_state() -> Dict[str, Any]:
-    return {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    # numpy's MT19937 key is uint32, a dtype paddle.load cannot turn into a tensor: store it as int64.
+    kind, key, *rest = np.random.get_state()
+    return {"paddle": paddle.get_rng_state(), "numpy": (kind, key.astype(np.int64), *rest),
+            "python": random.getstate()}
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
     paddle.set_rng_state(state["paddle"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(key).astype(np.uint32), *rest))
     random.setstate(state["python"])
 
 
@@ -112,7 +120,7 @@ def save_checkpoint(
     """
     final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"
     if rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_unfinished(output_dir)
         os.makedirs(tmp)
     _barrier()
     if rank() == 0:
@@ -124,7 +132,7 @@ def save_checkpoint(
     _barrier()
     if rank() == 0:
         if os.path.isdir(final):
-            shutil.rmtree(final)
+            delete_checkpoint(final)
         os.replace(tmp, final)
         rotate_checkpoints(output_dir, save_total_limit, keep=keep)
     _barrier()
@@ -133,16 +141,31 @@ def save_checkpoint(
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:
-    """Delete the oldest checkpoints beyond `save_total_limit`, never the one named by `keep`."""
+    """Keep the newest `save_total_limit` checkpoints, plus the one named by `keep`; delete the others."""
     if not save_total_limit or save_total_limit <= 0:
         return
-    found = [path for _, path in list_checkpoints(output_dir)]
     keep = os.path.abspath(keep) if keep else None
-    removable = [p for p in found if os.path.abspath(p) != keep]
-    excess = len(found) - save_total_limit
-    for path in removable[: max(excess, 0)]:
-        shutil.rmtree(path, ignore_errors=True)
-        logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
+    found = [path for _, path in list_checkpoints(output_dir)]
+    for path in found[:-save_total_limit]:
+        if os.path.abspath(path) != keep:
+            delete_checkpoint(path)
+            logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
+
+
+def delete_checkpoint(path: str) -> None:
+    """Rename first (atomic), then delete: a kill mid-way leaves a `.old` folder, never a half-deleted checkpoint."""
+    doomed = path + ".old"
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_unfinished(output_dir: str) -> None:
+    """Delete `.tmp` and `.old` folders left by a process killed while saving or deleting a checkpoint."""
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+        if _UNFINISHED_RE.match(name):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+            logger.info("removed unfinished %s", name)
 
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
@@ -157,7 +180,12 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{file} missing: cannot resume exactly")
-        obj.set_state_dict(paddle.load(file))
+        state = paddle.load(file)
+        # Optimizers and schedulers use set_state_dict; GradScaler and EMAModel use load_state_dict.
+        if hasattr(obj, "set_state_dict"):
+            obj.set_state_dict(state)
+        else:
+            obj.load_state_dict(state)
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:
@@ -165,18 +193,28 @@ def load_rank_state(path: str) -> Dict[str, Any]:
     file = os.path.join(path, f"rank_state_{rank()}.pdparams")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} missing: was the checkpoint written with a different number of ranks?")
-    return paddle.load(file)
+    return paddle.load(file, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
 
 
 def export_final(output_dir: str, vae, discriminator: paddle.nn.Layer, discriminator_config: Dict[str, Any],
-                 vae_config_updates: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
-    """Write OUTPUT_DIR/vae (ppdiffusers format) and OUTPUT_DIR/discriminator on rank 0."""
+                 ema=None, vae_config_updates: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+    """Write OUTPUT_DIR/vae (ppdiffusers format) and OUTPUT_DIR/discriminator on rank 0.
+
+    With an EMA, OUTPUT_DIR/vae holds the EMA weights and OUTPUT_DIR/vae_raw the raw ones.
+    """
     from .models.discriminator import save_discriminator
     from .models.vae import save_vae
+    from .step import ema_weights
 
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
     if rank() == 0:
-        save_vae(vae, vae_dir, **(vae_config_updates or {}))
+        updates = vae_config_updates or {}
+        if ema is not None:
+            save_vae(vae, os.path.join(output_dir, "vae_raw"), **updates)
+            with ema_weights(ema, vae):
+                save_vae(vae, vae_dir, **updates)
+        else:
+            save_vae(vae, vae_dir, **updates)
         save_discriminator(discriminator, discriminator_config, disc_dir)
     _barrier()
     return vae_dir, disc_dir

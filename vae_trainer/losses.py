@@ -1,6 +1,10 @@
-"""The LDM autoencoder objective, written once for both drivers.
+"""The autoencoder objectives, written once for both drivers: LDM's, and the optional techniques.
 
-VAE loss (what the VAE optimizer minimises), per micro-batch:
+Owns: the VAE loss (`vae_objective`), the discriminator loss (`discriminator_objective`), their parts
+(pixel, KL, latent penalty, GAN losses, LeCAM, adaptive weight), the low-pass pixel-loss mask and the
+gradient-normalising identity used by `--loss_balancing gradnorm`. Formulas: docs/techniques.md.
+
+VAE loss (what the VAE optimizer minimises), per micro-batch, with the default flags (LDM):
 
     rec    = mean over pixels of |x - x_hat| (or squared, --pixel_loss l2)
     p      = mean over images of LPIPS(x, x_hat)
@@ -18,17 +22,30 @@ W is the weight of the decoder's last conv. Before `--disc_start` the GAN term i
 norms are not computed at all.
 
 Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
-(halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved).
+(halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
+`lecam_weight` * LeCAM when enabled.
+
+Options (all off by default): `--pixel_weight`, `--pixel_loss_pool K`, `--pixel_loss_mask lowpass`,
+`--latent_penalty_weight`, `--gen_loss relative_hinge`, `--lecam_weight`, `--loss_balancing gradnorm`.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Tuple
 
+import numpy as np
 import paddle
+import paddle.distributed as dist
 import paddle.nn.functional as F
+from paddle.autograd import PyLayer
 
 Tensor = paddle.Tensor
+
+GRADNORM_EPS = 1e-12
+# Luma weights (ITU-R BT.601) for the grayscale image the low-pass mask is built from.
+_GRAY_WEIGHTS = (0.299, 0.587, 0.114)
+_MASK_BLUR_SIZE = 5
+_MASK_BLUR_SIGMA = 1.0
 
 
 def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
@@ -52,13 +69,119 @@ def kl_loss(mean: Tensor, logvar: Tensor) -> Tensor:
     return 0.5 * paddle.sum(mean.square() + logvar.exp() - 1.0 - logvar, axis=[1, 2, 3])
 
 
-def generator_loss(logits_fake: Tensor, kind: str = "hinge") -> Tensor:
-    """Adversarial loss of the VAE (the generator)."""
+def latent_penalty(mean: Tensor) -> Tensor:
+    """mean(z_mean^2) over all latent elements: keeps the latents' scale fixed under --posterior_std."""
+    return mean.astype("float32").square().mean()
+
+
+# ---------------------------------------------------------------- low-pass mask and pooled pixel loss
+def _high_pass_kernel() -> np.ndarray:
+    """5x5 Laplacian-like high-pass filter: 24 at the centre, -1 elsewhere (sums to 0)."""
+    kernel = -np.ones((5, 5), dtype=np.float32)
+    kernel[2, 2] = 24.0
+    return kernel
+
+
+def _gaussian_kernel(size: int, sigma: float) -> np.ndarray:
+    axis = np.arange(size, dtype=np.float64) - (size - 1) / 2
+    one_d = np.exp(-(axis**2) / (2 * sigma**2))
+    two_d = np.outer(one_d, one_d)
+    return (two_d / two_d.sum()).astype(np.float32)
+
+
+def _filter_2d(images: Tensor, kernel: np.ndarray) -> Tensor:
+    """Single-channel 'same' convolution with replicate padding (no false edges at the border)."""
+    pad = kernel.shape[0] // 2
+    weight = paddle.to_tensor(kernel[None, None])
+    return F.conv2d(F.pad(images, [pad] * 4, mode="replicate"), weight)
+
+
+def lowpass_mask(x: Tensor, threshold: float = 0.5) -> Tensor:
+    """1 where the image is smooth, 0 near edges and texture; shape [B, 1, H, W], no gradient.
+
+    gray -> 5x5 high-pass -> |.| -> Gaussian blur (5x5, sigma 1) -> divide by the per-image max
+    (so [0, 1]) -> 1 - e -> (>= threshold).
+    """
+    with paddle.no_grad():
+        x = x.astype("float32")
+        gray = sum(w * x[:, c : c + 1] for c, w in enumerate(_GRAY_WEIGHTS))
+        energy = _filter_2d(_filter_2d(gray, _high_pass_kernel()).abs(), _gaussian_kernel(_MASK_BLUR_SIZE, _MASK_BLUR_SIGMA))
+        energy = energy / (energy.amax(axis=[1, 2, 3], keepdim=True) + GRADNORM_EPS)
+        return (1.0 - energy >= threshold).astype("float32")
+
+
+def pixel_term(x: Tensor, recon: Tensor, loss_args) -> Tensor:
+    """The pixel loss as configured: optionally between K-pooled images, optionally low-pass masked.
+
+    With the mask, the loss is mean(mask * error): masked pixels count as zero error, so the term's
+    scale shrinks with the fraction of textured area instead of blowing up on busy images.
+    """
+    pool = getattr(loss_args, "pixel_loss_pool", 1)
+    if pool > 1:
+        x, recon = F.avg_pool2d(x.astype("float32"), pool), F.avg_pool2d(recon.astype("float32"), pool)
+    error = pixel_loss(x, recon, loss_args.pixel_loss)
+    if getattr(loss_args, "pixel_loss_mask", "none") == "lowpass":
+        error = error * lowpass_mask(x, loss_args.pixel_loss_mask_threshold)
+    return error.mean()
+
+
+# ---------------------------------------------------------------- gradient-normalised balancing
+def _global_norm(grad: Tensor) -> Tensor:
+    """sqrt of the squared gradient norm averaged over ranks (the local norm on one process)."""
+    squared = grad.square().sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squared)
+        squared = squared / dist.get_world_size()
+    return squared.sqrt()
+
+
+class _NormalizeGradient(PyLayer):
+    """Identity forward; backward rescales the incoming gradient to a fixed norm (see normalize_gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, target_norm: float, per_sample: bool) -> Tensor:
+        ctx.target_norm, ctx.per_sample = target_norm, per_sample
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad32 = grad.astype("float32")
+        if ctx.per_sample:
+            norm = grad32.square().sum(axis=list(range(1, grad.ndim)), keepdim=True).sqrt()
+            target = ctx.target_norm / grad.shape[0]
+        else:
+            norm, target = _global_norm(grad32), ctx.target_norm
+        return (grad32 * (target / (norm + GRADNORM_EPS))).astype(grad.dtype)
+
+
+def normalize_gradient(x: Tensor, weight: float, scope: str = "sample") -> Tensor:
+    """An identity copy of x whose backward sets the gradient's norm to `weight`.
+
+    scope "sample": every sample's gradient gets norm weight / B (the gradient of a batch mean of
+    per-sample losses with gradient norm `weight`). scope "global": the whole micro-batch's gradient
+    gets norm `weight`, the norm being the root mean square over ranks of each rank's batch norm.
+    """
+    if scope not in ("sample", "global"):
+        raise ValueError(f"unknown gradnorm scope {scope!r}")
+    return _NormalizeGradient.apply(x, float(weight), scope == "sample")
+
+
+# ---------------------------------------------------------------- adversarial losses
+def generator_loss(
+    logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None, margin: float = 0.0
+) -> Tensor:
+    """Adversarial loss of the VAE (the generator).
+
+    relative_hinge: mean(relu(D(x) - D(x_hat) - margin)), zero once the reconstruction scores within
+    `margin` of the real image; needs `logits_real` (constant for the VAE).
+    """
     logits_fake = logits_fake.astype("float32")
     if kind == "hinge":
         return -logits_fake.mean()
     if kind == "vanilla":
         return F.softplus(-logits_fake).mean()
+    if kind == "relative_hinge":
+        return F.relu(logits_real.astype("float32").detach() - logits_fake - margin).mean()
     raise ValueError(f"unknown GAN loss {kind!r}")
 
 
@@ -70,6 +193,23 @@ def discriminator_loss(logits_real: Tensor, logits_fake: Tensor, kind: str = "hi
     if kind == "vanilla":
         return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
     raise ValueError(f"unknown GAN loss {kind!r}")
+
+
+def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Tensor, ema_fake: Tensor) -> Tensor:
+    """LeCAM (Tseng et al. 2021): mean(relu(D(x) - ema_fake)^2) + mean(relu(ema_real - D(x_hat))^2)."""
+    real_term = F.relu(logits_real.astype("float32") - ema_fake).square().mean()
+    fake_term = F.relu(ema_real - logits_fake.astype("float32")).square().mean()
+    return real_term + fake_term
+
+
+def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
+    """ema = [ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means (averaged over ranks)."""
+    with paddle.no_grad():
+        means = paddle.stack([logits_real.astype("float32").mean(), logits_fake.astype("float32").mean()])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(means)
+            means = means / dist.get_world_size()
+        ema.set_value(decay * ema + (1.0 - decay) * means)
 
 
 def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
@@ -98,6 +238,27 @@ class frozen:
             p.stop_gradient = False
 
 
+# ---------------------------------------------------------------- the objectives
+def _uses_gradnorm(loss_args) -> bool:
+    return getattr(loss_args, "loss_balancing", "none") == "gradnorm"
+
+
+def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
+    kind = getattr(loss_args, "gen_loss", None) or loss_args.disc_loss
+    with frozen(discriminator):
+        logits_fake = discriminator(recon)
+        # The relative hinge compares with D(x): one more discriminator forward, no VAE forward.
+        logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None
+    return generator_loss(logits_fake, kind, logits_real, getattr(loss_args, "relative_hinge_margin", 0.0))
+
+
+def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_image: float, loss_args):
+    kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
+    penalty_weight = getattr(loss_args, "latent_penalty_weight", 0.0)
+    penalty = latent_penalty(posterior_mean) if penalty_weight > 0 else paddle.zeros([], "float32")
+    return kl, penalty, loss_args.kl_weight * kl + penalty_weight * penalty
+
+
 def vae_objective(
     x: Tensor,
     recon: Tensor,
@@ -110,21 +271,30 @@ def vae_objective(
     discriminator: Optional[paddle.nn.Layer],
     last_layer: Optional[Tensor],
     gan_active: bool,
+    grad_scale: float | Tensor = 1.0,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The VAE's loss for one micro-batch and its parts (detached) for logging."""
-    rec = pixel_loss(x, recon, loss_args.pixel_loss).mean()
+    """The VAE's loss for one micro-batch and its parts (detached) for logging.
+
+    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor) only matters under gradnorm,
+    whose backward would otherwise undo the caller's scaling of the loss.
+    """
+    if _uses_gradnorm(loss_args):
+        return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
+                                   discriminator=discriminator, gan_active=gan_active, grad_scale=grad_scale)
+    rec = pixel_term(x, recon, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, recon).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    nll = (rec + loss_args.perceptual_weight * perceptual) / logvar.exp() + logvar
+    pixel_weight = getattr(loss_args, "pixel_weight", 1.0)
+    nll = (pixel_weight * rec + loss_args.perceptual_weight * perceptual) / logvar.exp() + logvar
     pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
-    kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    loss = nll + loss_args.kl_weight * kl
+    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
+    loss = nll + latent_loss
 
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, "loss/kl": kl, "train/logvar": logvar}
+    if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
+        logs["loss/latent_penalty"] = penalty
     if gan_active:
-        with frozen(discriminator):
-            logits_fake = discriminator(recon)
-        gan = generator_loss(logits_fake, loss_args.disc_loss)
+        gan = _generator_term(x, recon, discriminator, loss_args)
         if loss_args.adaptive_disc_weight:
             d_weight = adaptive_weight(nll, gan, last_layer) * loss_args.disc_weight
         else:
@@ -135,16 +305,66 @@ def vae_objective(
     return loss, {k: v.detach() for k, v in logs.items()}
 
 
+def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,
+                        gan_active, grad_scale) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """--loss_balancing gradnorm: each branch gets its own gradient-normalised copy of the reconstruction.
+
+    The branch weights act in the backward only, so the loss value is the unweighted sum of the branch
+    losses (plus the weighted latent terms); the output log-variance and the adaptive weight are unused.
+    """
+    scope = loss_args.gradnorm_scope
+    if isinstance(grad_scale, Tensor):  # e.g. fp16 loss scale / accumulation steps
+        grad_scale = grad_scale.item()
+
+    def branch(weight: float) -> Tensor:
+        return normalize_gradient(recon, weight * grad_scale, scope)
+
+    zero = paddle.zeros([], "float32")
+    pixel_weight = getattr(loss_args, "pixel_weight", 1.0)
+    rec = pixel_term(x, branch(pixel_weight), loss_args) if pixel_weight > 0 else pixel_term(x, recon.detach(), loss_args)
+    use_lpips = lpips is not None and loss_args.perceptual_weight > 0
+    perceptual = lpips(x, branch(loss_args.perceptual_weight)).astype("float32").mean() if use_lpips else zero
+    pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
+    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
+    loss = rec + perceptual + latent_loss
+    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/kl": kl}
+    if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
+        logs["loss/latent_penalty"] = penalty
+    if gan_active:
+        gan = _generator_term(x, branch(loss_args.disc_weight), discriminator, loss_args)
+        loss = loss + gan
+        logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight, "float32")})
+    logs["loss/total"] = loss
+    return loss, {k: v.detach() for k, v in logs.items()}
+
+
 def discriminator_objective(
-    discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str
+    discriminator: paddle.nn.Layer,
+    x: Tensor,
+    recon: Tensor,
+    kind: str,
+    *,
+    lecam_weight: float = 0.0,
+    lecam_ema: Optional[Tensor] = None,
+    lecam_decay: float = 0.99,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The discriminator's loss on real images and detached reconstructions, and its logs."""
+    """The discriminator's loss on real images and detached reconstructions, and its logs.
+
+    With `lecam_weight` > 0, adds lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)]
+    (from earlier steps), then updates the EMA in place with this batch.
+    """
     logits_real = discriminator(x.detach())
     logits_fake = discriminator(recon.detach())
     loss = discriminator_loss(logits_real, logits_fake, kind)
     logs = {
-        "loss/discriminator": loss,
         "gan/logits_real": logits_real.astype("float32").mean(),
         "gan/logits_fake": logits_fake.astype("float32").mean(),
     }
+    if lecam_weight > 0:
+        previous = lecam_ema.detach().clone()  # the in-place EMA update below must not reach this loss
+        lecam = lecam_regularization(logits_real, logits_fake, previous[0], previous[1])
+        update_lecam_ema(lecam_ema, logits_real, logits_fake, lecam_decay)
+        loss = loss + lecam_weight * lecam
+        logs["gan/lecam"] = lecam
+    logs["loss/discriminator"] = loss
     return loss, {k: v.detach() for k, v in logs.items()}

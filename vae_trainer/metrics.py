@@ -114,8 +114,8 @@ def _is_distributed() -> bool:
     return paddle.distributed.is_initialized() and paddle.distributed.get_world_size() > 1
 
 
-def _all_reduce_sum(array: np.ndarray) -> np.ndarray:
-    """Sum a float64 array over ranks; a no-op in a single process."""
+def all_reduce_sum(array: np.ndarray) -> np.ndarray:
+    """Sum a float64 array over ranks (a collective); a no-op in a single process."""
     if not _is_distributed():
         return array
     tensor = paddle.to_tensor(array)
@@ -146,7 +146,7 @@ class MetricAccumulator:
         """Mean of each metric over everything seen, on all ranks together."""
         names = sorted(self._sums)  # the same order on every rank, so one all-reduce lines up
         packed = np.array([[self._sums[n], self._counts[n]] for n in names], dtype=np.float64)
-        packed = _all_reduce_sum(packed.reshape(-1, 2))
+        packed = all_reduce_sum(packed.reshape(-1, 2))
         return {name: float(total / count) for name, (total, count) in zip(names, packed)}
 
 
@@ -157,24 +157,34 @@ class FeatureStatistics:
     shards of any size be merged by summation.
     """
 
-    def __init__(self, num_features: int = 2048) -> None:
+    def __init__(self, num_features: int | None = None) -> None:
+        """``num_features`` None: taken from the first batch (2048 for FIDInceptionV3)."""
         self.num_features = num_features
         self._count = 0
-        self._sum = np.zeros(num_features, dtype=np.float64)
-        self._outer_sum = np.zeros((num_features, num_features), dtype=np.float64)
+        self._sum: np.ndarray | None = None
+        self._outer_sum: np.ndarray | None = None
 
     def update(self, features: paddle.Tensor | np.ndarray) -> None:
         """Add a batch of features, shape [B, num_features]."""
-        batch = _to_numpy64(features).reshape(-1, self.num_features)
+        batch = _to_numpy64(features)
+        batch = batch.reshape(batch.shape[0], -1)
+        if self._sum is None:
+            self.num_features = self.num_features or batch.shape[1]
+            self._sum = np.zeros(self.num_features, dtype=np.float64)
+            self._outer_sum = np.zeros((self.num_features, self.num_features), dtype=np.float64)
+        if batch.shape[1] != self.num_features:
+            raise ValueError(f"expected {self.num_features} features, got {batch.shape[1]}")
         self._count += batch.shape[0]
         self._sum += batch.sum(axis=0)
         self._outer_sum += batch.T @ batch
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) over all ranks; sigma is the unbiased covariance, as ``np.cov`` gives."""
-        count = _all_reduce_sum(np.array([self._count], dtype=np.float64))[0]
-        total = _all_reduce_sum(self._sum)
-        outer_total = _all_reduce_sum(self._outer_sum)
+        if self._sum is None:
+            raise ValueError("FeatureStatistics has seen no features")
+        count = all_reduce_sum(np.array([self._count], dtype=np.float64))[0]
+        total = all_reduce_sum(self._sum)
+        outer_total = all_reduce_sum(self._outer_sum)
         if count < 2:
             raise ValueError(f"need at least 2 feature vectors for a covariance, got {int(count)}")
         mu = total / count
@@ -212,8 +222,8 @@ class LatentStatistics:
     def _reduced(self) -> tuple[float, np.ndarray, np.ndarray]:
         if self._sum is None:
             raise ValueError("LatentStatistics has seen no latents")
-        count = _all_reduce_sum(np.array([self._count], dtype=np.float64))[0]
-        return count, _all_reduce_sum(self._sum), _all_reduce_sum(self._squared_sum)
+        count = all_reduce_sum(np.array([self._count], dtype=np.float64))[0]
+        return count, all_reduce_sum(self._sum), all_reduce_sum(self._squared_sum)
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(per-channel mean, per-channel population std) over all ranks."""

@@ -13,6 +13,24 @@ from typing import List
 import paddle
 from paddlenlp.trainer.trainer_utils import get_scheduler
 
+from .precision import uses_master_weights
+
+
+class GuardedAdamW(paddle.optimizer.AdamW):
+    """AdamW whose next `step()` can be cancelled by the training step (non-finite gradients).
+
+    Both drivers call `step()` unconditionally (the PaddleNLP Trainer does so in its own loop), so
+    cancelling here is the one place a bad step is skipped for either driver.
+    """
+
+    skip_next_step = False
+
+    def step(self):
+        if self.skip_next_step:
+            self.skip_next_step = False
+            return
+        super().step()
+
 
 def build_scheduler(args, learning_rate: float, num_training_steps: int) -> paddle.optimizer.lr.LRScheduler:
     warmup = args.warmup_steps if args.warmup_steps > 0 else int(args.warmup_ratio * num_training_steps)
@@ -27,11 +45,11 @@ def build_scheduler(args, learning_rate: float, num_training_steps: int) -> padd
     )
 
 
-def build_optimizer(args, named_parameters: List, lr_scheduler) -> paddle.optimizer.AdamW:
+def build_optimizer(args, named_parameters: List, lr_scheduler) -> GuardedAdamW:
     """AdamW over `named_parameters` [(name, param)], decaying all but biases and norm weights."""
     params = [p for _, p in named_parameters if not p.stop_gradient]
     no_decay = {p.name for n, p in named_parameters if "bias" in n or "norm" in n}
-    return paddle.optimizer.AdamW(
+    return GuardedAdamW(
         learning_rate=lr_scheduler,
         parameters=params,
         beta1=args.adam_beta1,
@@ -40,6 +58,7 @@ def build_optimizer(args, named_parameters: List, lr_scheduler) -> paddle.optimi
         weight_decay=args.weight_decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
         grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
+        multi_precision=uses_master_weights(args),
     )
 
 

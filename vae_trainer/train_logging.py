@@ -65,7 +65,7 @@ class TrainMonitor:
         """Call after optimizer step `step` (1-based). Returns the logged numbers at logging steps."""
         self._window_steps += 1
         if step_fn is not None and self.args.image_logging_steps > 0 and step % self.args.image_logging_steps == 0:
-            self.log_images(step, step_fn.last_inputs, step_fn.last_reconstructions)
+            self.log_images(step, *step_fn.images_for_logging())
         if step % self.args.logging_steps != 0 and step != self.args.max_steps:
             return None
         scalars = {name: (total / self._counts[name]).item() for name, total in self._sums.items()}

@@ -2,12 +2,14 @@
 
 The Trainer keeps its own loop, progress bar, VAE optimizer step, LR schedule, clipping and
 `--save_steps` timing. We replace the pieces a two-optimizer GAN needs:
-- `create_optimizer_and_scheduler`: both optimizers from `optim.py` (the loop builds the same ones);
+- `create_optimizer_and_scheduler`: everything from `build.build_training` (the loop builds the same);
 - `training_step`: the shared `TrainStep` (which also steps the discriminator on the last micro-step);
-- `_wrap_model`: no `paddle.DataParallel` (see distributed.py); the step all-reduces gradients itself;
+- `_wrap_model`: no `paddle.DataParallel` (see distributed.py); the step all-reduces gradients itself,
+  and mixed precision is set up by `precision.py` for both drivers;
 - `get_train_dataloader`: our streaming reader, resumed at the saved data position;
 - `_save_checkpoint` / `_load_from_checkpoint` / `_load_optimizer_and_scheduler`: `checkpoint.py`, so the
-  discriminator, its optimizer, RNG states and data position are saved and restored too.
+  discriminator, its optimizer, scalers, EMA, RNG states and data position are saved and restored too.
+After each optimizer step a callback runs the same bookkeeping as the loop (EMA, telemetry).
 """
 
 from __future__ import annotations
@@ -15,16 +17,24 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from paddlenlp.trainer import Trainer
+from paddlenlp.trainer import Trainer, TrainerCallback
 
 from . import checkpoint as ckpt
+from .build import build_training
 from .data.dataset import StreamPosition, build_train_dataloader
 from .distributed import rank, world_size
-from .optim import build_disc_optimizer, build_vae_optimizer
-from .step import TrainStep
+from .step import NonFiniteError
 from .train_logging import TrainMonitor
 
 logger = logging.getLogger("vae_trainer")
+
+
+class _AfterOptimizerStep(TrainerCallback):
+    def __init__(self, trainer: "VAETrainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.after_optimizer_step()
 
 
 class VAETrainer(Trainer):
@@ -35,18 +45,19 @@ class VAETrainer(Trainer):
         super().__init__(model=model, args=args)
         args.report_to = report_to
         self.components, self.data_args, self.loss_args = components, data_args, loss_args
+        self.run = None
         self.resume_rank_state: Optional[dict] = None
         self.position = None
         self.micro_steps = 0
+        self.learning_rate_of_step = 0.0
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
+        self.add_callback(_AfterOptimizerStep(self))
 
     # ---- building
     def create_optimizer_and_scheduler(self, num_training_steps: int):
-        self.optimizer, self.lr_scheduler = build_vae_optimizer(self.args, self.model)
-        self.disc_optimizer, self.disc_scheduler = build_disc_optimizer(self.args, self.model, self.loss_args.disc_start)
-        self.train_step = TrainStep(self.model, self.components.lpips, self.loss_args, self.disc_optimizer,
-                                    self.disc_scheduler, self.args.gradient_accumulation_steps)
+        self.run = build_training(self.components, self.loss_args, self.args)
+        self.optimizer, self.lr_scheduler = self.run.vae_optimizer, self.run.vae_scheduler
 
     def _wrap_model(self, model, training=True):
         return model
@@ -66,26 +77,28 @@ class VAETrainer(Trainer):
     def training_step(self, model, inputs):
         self.micro_steps += 1
         last = self.micro_steps % self.args.gradient_accumulation_steps == 0
+        if last:  # the Trainer steps the VAE optimizer and then the schedule right after this returns
+            self.learning_rate_of_step = self.optimizer.get_lr()
         self.monitor.micro_step_begin()
-        logs = self.train_step(inputs["pixel_values"], self.state.global_step, last)
+        try:
+            logs = self.run.step(inputs["pixel_values"], self.state.global_step, last)
+        except NonFiniteError:
+            self._save_checkpoint(model)  # the weights are those of the last good step
+            raise
         self.position.update(inputs["position"])
         self.monitor.micro_step_end(logs)
-        if last:  # the Trainer steps the VAE optimizer right after this returns
-            scalars = self.monitor.optimizer_step_end(self.state.global_step + 1, self.optimizer.get_lr(), self.train_step)
-            if scalars is not None:
-                self.state.log_history.append({"step": self.state.global_step + 1, **scalars})
         return logs["loss/total"] / self.args.gradient_accumulation_steps
 
-    # ---- checkpoints
-    def _stateful(self) -> dict:
-        return {
-            "optimizer.pdopt": self.optimizer, "scheduler.pdparams": self.lr_scheduler,
-            "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
-        }
+    def after_optimizer_step(self) -> None:
+        self.run.step.after_optimizer_step()
+        scalars = self.monitor.optimizer_step_end(self.state.global_step, self.learning_rate_of_step, self.run.step)
+        if scalars is not None:
+            self.state.log_history.append({"step": self.state.global_step, **scalars})
 
+    # ---- checkpoints
     def _save_checkpoint(self, model, metrics=None):
         ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
-                             stateful=self._stateful(), trainer_state=self.state,
+                             stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit)
 
@@ -99,5 +112,5 @@ class VAETrainer(Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        ckpt.load_stateful(checkpoint, self._stateful())
+        ckpt.load_stateful(checkpoint, self.run.stateful())
         ckpt.set_rng_state(self.resume_rank_state["rng"])

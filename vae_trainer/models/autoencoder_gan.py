@@ -2,11 +2,15 @@
 
 One container so that a checkpoint's `model_state.pdparams` holds every trained weight (and nothing
 frozen: LPIPS is kept outside), and so that the PaddleNLP Trainer has a single `model` to manage.
+It also owns the sampling of the latent (the encoder's posterior, or a constant std with
+`posterior_std` > 0) and LeCAM's EMA buffer, which must be checkpointed with the weights.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
+
+import math
 
 import paddle
 from ppdiffusers import AutoencoderKL
@@ -14,10 +18,13 @@ from ppdiffusers import AutoencoderKL
 
 class VAEWithDiscriminator(paddle.nn.Layer):
     def __init__(self, vae: AutoencoderKL, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
-                 learn_logvar: bool = False):
+                 learn_logvar: bool = False, posterior_std: float = 0.0):
         super().__init__()
         self.vae = vae
         self.discriminator = discriminator
+        self.posterior_std = posterior_std
+        # LeCAM's EMAs of [mean D(real), mean D(fake)]: a buffer so checkpoints and resume include it.
+        self.register_buffer("lecam_ema", paddle.zeros([2], dtype="float32"), persistable=True)
         # LDM's learnable output log-variance. Unlike LDM, when learnable it IS in the VAE optimizer.
         self.logvar = self.create_parameter(
             shape=[], dtype="float32", default_initializer=paddle.nn.initializer.Constant(logvar_init)
@@ -35,8 +42,17 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         return list(self.discriminator.parameters())
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """One VAE forward: reconstruction and the posterior's mean and log-variance."""
+        """One VAE forward: reconstruction and the posterior's mean and log-variance.
+
+        With `posterior_std` > 0 the encoder's log-variance is ignored: z = mean + posterior_std * noise,
+        and the returned log-variance is the constant log(posterior_std^2).
+        """
         posterior = self.vae.encode(x).latent_dist
+        if self.posterior_std > 0:
+            mean = posterior.mean
+            z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean
+            recon = self.vae.decode(z).sample
+            return recon, mean, paddle.full_like(mean, 2.0 * math.log(self.posterior_std))
         z = posterior.sample() if sample_posterior else posterior.mode()
         recon = self.vae.decode(z).sample
         return recon, posterior.mean, posterior.logvar

@@ -1,6 +1,7 @@
 """GAN discriminators for VAE training: the PatchGAN of pix2pix / taming-transformers used by LDM.
 
 Owns: `PatchDiscriminator` (NLayerDiscriminator with batch, group, spectral+group or no norm),
+`VGGFeatureDiscriminator` (frozen ImageNet VGG16 features with a trained head per stage),
 the `build_discriminator` factory (by type name, open for more types), saving/loading a
 discriminator as `config.json` + `model_state.pdparams` in its own folder, and BatchNorm ->
 SyncBatchNorm conversion for data-parallel training.
@@ -20,7 +21,7 @@ import paddle
 from paddle import nn
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
-DISCRIMINATOR_TYPES = ("patch",)
+DISCRIMINATOR_TYPES = ("patch", "vgg")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model_state.pdparams"
 
@@ -90,11 +91,48 @@ class PatchDiscriminator(nn.Layer):
         return self.main(x)
 
 
+class VGGFeatureDiscriminator(nn.Layer):
+    """Frozen ImageNet VGG16 features (the LPIPS backbone) with a small trained conv head per stage.
+
+    Each of the 5 stages (relu1_2 ... relu5_3) feeds conv3x3 -> LeakyReLU -> conv1x1 to one logit map;
+    the logits are the sum over stages of each map's spatial mean, shape [B, 1]. The last conv of
+    every head starts at zero, so training starts from D = 0 on every image. Inputs are in [-1, 1]
+    and get LPIPS' ImageNet scaling. Only the heads are trainable.
+    """
+
+    def __init__(self, head_channels: int = 64, weights_path: str | None = None) -> None:
+        super().__init__()
+        from .lpips import LPIPS_CHANNELS, LPIPS_SCALE, LPIPS_SHIFT, load_vgg16_features
+
+        self.backbone = load_vgg16_features(weights_path)  # frozen (stop_gradient) and in eval mode
+        self.register_buffer("shift", paddle.to_tensor(LPIPS_SHIFT, "float32").reshape([1, 3, 1, 1]), persistable=False)
+        self.register_buffer("scale", paddle.to_tensor(LPIPS_SCALE, "float32").reshape([1, 3, 1, 1]), persistable=False)
+        self.heads = nn.LayerList([self._head(channels, head_channels) for channels in LPIPS_CHANNELS])
+
+    @staticmethod
+    def _head(in_channels: int, width: int) -> nn.Layer:
+        hidden = nn.Conv2D(in_channels, width, 3, padding=1)
+        _init_weights(hidden)
+        last = nn.Conv2D(width, 1, 1, weight_attr=nn.initializer.Constant(0.0), bias_attr=nn.initializer.Constant(0.0))
+        return nn.Sequential(hidden, nn.LeakyReLU(_LEAKY_SLOPE), last)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Logits [B, 1] of images [B, 3, H, W] in [-1, 1]."""
+        features = self.backbone((x - self.shift.astype(x.dtype)) / self.scale.astype(x.dtype))
+        stage_logits = [head(f).mean(axis=[2, 3]) for head, f in zip(self.heads, features)]
+        return paddle.add_n(stage_logits)
+
+
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
-                        base_channels: int = 64, in_channels: int = 3) -> nn.Layer:
-    """A discriminator by type name; only "patch" exists so far."""
+                        base_channels: int = 64, in_channels: int = 3, weights_path: str | None = None) -> nn.Layer:
+    """A discriminator by type name: "patch" (PatchGAN) or "vgg" (VGG16 features + heads of width
+    base_channels, backbone weights from the LPIPS file `weights_path`; norm and num_layers unused)."""
     if disc_type == "patch":
         return PatchDiscriminator(in_channels, base_channels, num_layers, norm)
+    if disc_type == "vgg":
+        if in_channels != 3:
+            raise ValueError("the VGG16 discriminator needs RGB inputs")
+        return VGGFeatureDiscriminator(base_channels, weights_path)
     raise ValueError(f"disc_type must be one of {DISCRIMINATOR_TYPES}, got {disc_type!r}")
 
 

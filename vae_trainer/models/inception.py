@@ -192,7 +192,7 @@ class FIDInceptionV3(nn.Layer):
             images.astype("float32"),
             size=[FID_INPUT_SIZE, FID_INPUT_SIZE],
             mode="bilinear",
-            align_corners=True,
+            align_corners=False,
         )
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = F.max_pool2d(x, kernel_size=3, stride=2)

@@ -1,0 +1,145 @@
+"""Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
+
+    python scripts/eval_vae.py --vae out/checkpoint-1000 [--subfolder vae] --data data/filelist \\
+        --resolution 256 --num_images 1000 --batch_size 8 \\
+        [--sample_posterior] [--lpips_weights weights/lpips_vgg16.pdparams] \\
+        [--inception_weights weights/fid_inception_v3.pdparams] --output_dir eval_out
+
+Prints a table and writes ``metrics.json`` and ``reconstructions.png`` to ``--output_dir``.
+
+Data parallel: ``python -m paddle.distributed.launch --nproc_per_node N scripts/eval_vae.py ...``.
+Each process reads its shard of the first ``--num_images`` images; metrics are summed over
+processes, and rank 0 alone prints and writes the outputs (its own first images form the grid).
+
+LPIPS uses ``--lpips_weights`` or, when that is not given, ``weights/lpips_vgg16.pdparams`` if it
+exists (``make setup``); otherwise it is skipped. rFID needs ``--inception_weights`` (converted by
+``scripts/convert_inception_weights.py``) and is skipped with a message without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import paddle  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from vae_trainer.evaluation import EvalResult, evaluate_vae  # noqa: E402
+
+DEFAULT_LPIPS_WEIGHTS = os.path.join(REPO_ROOT, "weights", "lpips_vgg16.pdparams")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vae", required=True, help="directory saved by save_pretrained")
+    parser.add_argument("--subfolder", default=None, help="e.g. 'vae' inside a pipeline directory")
+    parser.add_argument("--data", required=True, help="filelist or image folder")
+    parser.add_argument("--resolution", type=int, default=256)
+    parser.add_argument("--num_images", type=int, default=1000, help="total over all processes")
+    parser.add_argument("--batch_size", type=int, default=8, help="per process")
+    parser.add_argument("--sample_posterior", action="store_true",
+                        help="decode a posterior sample instead of its mode")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lpips_weights", default=None)
+    parser.add_argument("--skip_lpips", action="store_true", help="do not compute LPIPS")
+    parser.add_argument("--inception_weights", default=None,
+                        help="converted FID Inception .pdparams; rFID is skipped without it")
+    parser.add_argument("--grid_images", type=int, default=8)
+    parser.add_argument("--output_dir", required=True)
+    return parser.parse_args(argv)
+
+
+def setup_device_and_parallel() -> tuple[int, int]:
+    """Pick the device, join the process group under a multi-process launch; (rank, world size)."""
+    env = paddle.distributed.ParallelEnv()
+    paddle.set_device(f"gpu:{env.device_id}" if paddle.is_compiled_with_cuda() else "cpu")
+    if env.world_size > 1:
+        paddle.distributed.init_parallel_env()
+    return env.rank, env.world_size
+
+
+def load_lpips(args: argparse.Namespace):
+    """The LPIPS layer, or None (with a message) when skipped or no weights are available."""
+    weights = args.lpips_weights or (DEFAULT_LPIPS_WEIGHTS if os.path.exists(DEFAULT_LPIPS_WEIGHTS)
+                                     else None)
+    if args.skip_lpips or weights is None:
+        print("LPIPS skipped" + ("" if args.skip_lpips else f": no {DEFAULT_LPIPS_WEIGHTS}"))
+        return None
+    from vae_trainer.models.lpips import LPIPS
+
+    return LPIPS(weights_path=weights)
+
+
+def load_inception(args: argparse.Namespace):
+    if args.inception_weights is None:
+        print("rFID skipped: pass --inception_weights (see scripts/convert_inception_weights.py)")
+        return None
+    from vae_trainer.models.inception import load_fid_inception
+
+    return load_fid_inception(args.inception_weights)
+
+
+def format_table(result: EvalResult) -> str:
+    rows = [(name, f"{value:.4f}") for name, value in sorted(result.metrics.items())]
+    rows += [
+        ("images", str(result.num_images)),
+        ("scaling_factor", f"{result.scaling_factor:.5f}"),
+        ("shift_factor", f"{result.shift_factor:.5f}"),
+        ("latent_mean", " ".join(f"{v:+.3f}" for v in result.latent_mean)),
+        ("latent_std", " ".join(f"{v:.3f}" for v in result.latent_std)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
+    os.makedirs(args.output_dir, exist_ok=True)
+    summary = {
+        "metrics": result.metrics,
+        "num_images": result.num_images,
+        "latent_mean": result.latent_mean,
+        "latent_std": result.latent_std,
+        "scaling_factor": result.scaling_factor,
+        "shift_factor": result.shift_factor,
+        "settings": vars(args),
+    }
+    with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
+
+
+def main(argv: list[str] | None = None) -> EvalResult:
+    args = parse_args(argv)
+    rank, world_size = setup_device_and_parallel()
+    from ppdiffusers import AutoencoderKL
+    from vae_trainer.data.dataset import build_eval_dataloader  # written alongside; import late
+
+    vae = AutoencoderKL.from_pretrained(args.vae, subfolder=args.subfolder)
+    dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
+                                       world_size, args.num_images)
+    result = evaluate_vae(
+        vae,
+        dataloader,
+        lpips=load_lpips(args),
+        inception=load_inception(args),
+        # A cap per process, in case the loader does not stop at its share of num_images.
+        num_images=math.ceil(args.num_images / world_size),
+        sample_posterior=args.sample_posterior,
+        seed=args.seed,
+        grid_images=args.grid_images,
+    )
+    if rank == 0:
+        print(format_table(result))
+        write_outputs(result, args)
+        print(f"wrote metrics.json and reconstructions.png to {args.output_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Evaluate an AutoencoderKL on a set of images: PSNR, SSIM, LPIPS, rFID and latent statistics.
+
+This module owns the evaluation loop and the reconstruction image grid; the metric math is in
+``vae_trainer.metrics``. It takes any iterable of batches (tensors, or dicts with
+``"pixel_values"`` as ``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
+
+Data parallel: each rank evaluates its own shard and the accumulators sum over ranks, so every rank
+returns the same metrics. Every rank must call ``evaluate_vae`` (the final reduction is a
+collective) with the same optional models (``lpips``/``inception`` both set or both None on all
+ranks). The reconstruction grid is taken from the calling rank's first images.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+
+from vae_trainer.metrics import (
+    FeatureStatistics,
+    LatentStatistics,
+    MetricAccumulator,
+    all_reduce_sum,
+    frechet_distance,
+    psnr,
+    ssim,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    """What ``evaluate_vae`` measured; ``grid`` is uint8 HxWx3, inputs above reconstructions."""
+
+    metrics: dict[str, float]
+    latent_mean: list[float]
+    latent_std: list[float]
+    scaling_factor: float
+    shift_factor: float
+    num_images: int
+    grid: np.ndarray
+
+
+def _to_uint8_images(images: paddle.Tensor | np.ndarray) -> np.ndarray:
+    """[-1, 1] NCHW -> uint8 NHWC, rounding to the nearest level."""
+    if isinstance(images, paddle.Tensor):
+        images = images.astype("float32").numpy()
+    scaled = (np.clip(images, -1.0, 1.0) + 1.0) * 127.5
+    return np.round(scaled).astype(np.uint8).transpose(0, 2, 3, 1)
+
+
+def make_grid(
+    inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray, max_images: int = 8
+) -> np.ndarray:
+    """Two-row uint8 image grid (HxWx3): the first ``max_images`` inputs over their reconstructions.
+
+    Both are NCHW in [-1, 1] (values outside are clipped). Usable for files and for VisualDL.
+    """
+    top = _to_uint8_images(inputs[:max_images])
+    bottom = _to_uint8_images(recons[:max_images])
+    rows = [np.concatenate(list(row), axis=1) for row in (top, bottom)]
+    return np.concatenate(rows, axis=0)
+
+
+def _pixel_values(batch: Any) -> paddle.Tensor:
+    if isinstance(batch, dict):
+        batch = batch["pixel_values"]
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    if not isinstance(batch, paddle.Tensor):
+        batch = paddle.to_tensor(np.asarray(batch))
+    return batch.astype("float32")
+
+
+def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[paddle.Tensor]:
+    """Pixel tensors from ``batches``, the last one trimmed so at most ``num_images`` come out."""
+    remaining = num_images
+    for batch in batches:
+        if remaining is not None and remaining <= 0:
+            return
+        pixels = _pixel_values(batch)
+        if remaining is not None:
+            pixels = pixels[:remaining]
+            remaining -= pixels.shape[0]
+        yield pixels
+
+
+def _encode(vae, pixels: paddle.Tensor, rng: np.random.Generator | None) -> paddle.Tensor:
+    """Posterior mode, or a sample when ``rng`` is given.
+
+    Sampling draws its noise from ``rng`` rather than Paddle's global generator, so an evaluation
+    is reproducible and does not shift the random stream of a training run that calls it.
+    """
+    posterior = vae.encode(pixels).latent_dist
+    if rng is None:
+        return posterior.mode()
+    noise = rng.standard_normal(posterior.mean.shape).astype(np.float32)
+    return posterior.mean + posterior.std * paddle.to_tensor(noise).astype(posterior.mean.dtype)
+
+
+class _Evaluation:
+    """Accumulators for one evaluation pass (one instance per call of ``evaluate_vae``)."""
+
+    def __init__(self, lpips, inception, grid_images: int) -> None:
+        self.lpips = lpips
+        self.inception = inception
+        self.grid_images = grid_images
+        self.metrics = MetricAccumulator()
+        self.latents = LatentStatistics()
+        self.real_features = FeatureStatistics() if inception is not None else None
+        self.recon_features = FeatureStatistics() if inception is not None else None
+        self.grid_inputs: list[np.ndarray] = []
+        self.grid_recons: list[np.ndarray] = []
+        self.count = 0
+
+    def add(self, pixels: paddle.Tensor, latents: paddle.Tensor, recons: paddle.Tensor) -> None:
+        self.count += pixels.shape[0]
+        self.latents.update(latents)
+        self.metrics.update("psnr", psnr(pixels, recons))
+        self.metrics.update("ssim", ssim(pixels, recons))
+        if self.lpips is not None:
+            self.metrics.update("lpips", self.lpips(pixels, recons).reshape([-1]))
+        if self.inception is not None:
+            self.real_features.update(self.inception(pixels))
+            self.recon_features.update(self.inception(recons))
+        self._keep_for_grid(pixels, recons)
+
+    def _keep_for_grid(self, pixels: paddle.Tensor, recons: paddle.Tensor) -> None:
+        missing = self.grid_images - sum(len(images) for images in self.grid_inputs)
+        if missing > 0:
+            self.grid_inputs.append(pixels[:missing].numpy())
+            self.grid_recons.append(recons[:missing].numpy())
+
+    def result(self) -> EvalResult:
+        metrics = self.metrics.compute()
+        if self.inception is not None:
+            metrics["rfid"] = frechet_distance(*self.real_features.compute(),
+                                               *self.recon_features.compute())
+        latent_mean, latent_std = self.latents.compute()
+        scaling_factor, shift_factor = self.latents.suggested_factors()
+        total = int(all_reduce_sum(np.array([self.count], dtype=np.float64))[0])
+        return EvalResult(
+            metrics=metrics,
+            latent_mean=latent_mean.tolist(),
+            latent_std=latent_std.tolist(),
+            scaling_factor=scaling_factor,
+            shift_factor=shift_factor,
+            num_images=total,
+            grid=make_grid(np.concatenate(self.grid_inputs), np.concatenate(self.grid_recons),
+                           self.grid_images),
+        )
+
+
+def evaluate_vae(
+    vae: paddle.nn.Layer,
+    batches: Iterable[Any],
+    lpips: paddle.nn.Layer | None = None,
+    inception: paddle.nn.Layer | None = None,
+    num_images: int | None = None,
+    sample_posterior: bool = False,
+    seed: int = 0,
+    grid_images: int = 8,
+) -> EvalResult:
+    """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
+
+    Reconstructions use the posterior mode (or a sample, noise seeded by ``seed`` + rank) and are
+    clamped to [-1, 1] before scoring. PSNR and SSIM always; LPIPS when ``lpips`` is given
+    (``lpips(x, y) -> [B]``); "rfid" when ``inception`` is given (a ``FIDInceptionV3``, or any layer
+    mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message. With 2048-d
+    features the final matrix square root takes from seconds to a minute on CPU. Latent statistics describe the latents
+    that were decoded (raw, before any scaling factor). ``num_images`` caps the images this process
+    evaluates; ``EvalResult.num_images`` is the total over all ranks. The VAE's train/eval mode is
+    restored afterwards.
+    """
+    if inception is None:
+        logger.info("rFID skipped: no Inception model given (needs converted FID Inception weights)")
+    rank = paddle.distributed.get_rank() if paddle.distributed.is_initialized() else 0
+    rng = np.random.default_rng(seed + rank) if sample_posterior else None
+    for metric_network in (lpips, inception):
+        if metric_network is not None:
+            metric_network.eval()  # fixed feature networks: never batch statistics
+    evaluation = _Evaluation(lpips, inception, grid_images)
+    was_training = vae.training
+    vae.eval()
+    try:
+        with paddle.no_grad():
+            for pixels in _capped_batches(batches, num_images):
+                latents = _encode(vae, pixels, rng)
+                recons = vae.decode(latents).sample.astype("float32").clip(-1.0, 1.0)
+                evaluation.add(pixels, latents, recons)
+    finally:
+        if was_training:
+            vae.train()
+    if evaluation.count == 0:
+        raise ValueError("evaluate_vae got no images")
+    return evaluation.result()
