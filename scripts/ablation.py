@@ -77,7 +77,7 @@ def train_and_evaluate(args: argparse.Namespace, name: str, lpips: LPIPS) -> Dic
 
     vae = AutoencoderKL.from_pretrained(outputs["vae"])
     batches = build_eval_dataloader(args.eval_file_list, args.resolution, 8, 0, 1, None)
-    result = evaluate_vae(vae, batches, lpips=lpips, grid_images=0)
+    result = evaluate_vae(vae, batches, lpips=lpips)
     return {metric: result.metrics[metric] for metric in METRICS} | {"images": result.num_images}
 
 

@@ -27,12 +27,17 @@ def crash_args(file_list, output_dir, **overrides):
 
 
 def save_in_progress(output_dir: str):
-    """Step N of a `checkpoint-N.tmp` that is newer than at least one complete checkpoint, else None."""
+    """Step N of a `checkpoint-N.tmp` that already holds files and is newer than a complete checkpoint, else None."""
     complete = [step for step, _ in ckpt.list_checkpoints(output_dir)]
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) and complete else []
     pending = [int(n[len("checkpoint-"):-len(".tmp")]) for n in names if n.startswith("checkpoint-") and n.endswith(".tmp")]
-    newer = [step for step in pending if complete and step > max(complete)]
-    return max(newer) if newer else None
+    for step in sorted(pending, reverse=True):
+        try:
+            if step > max(complete) and os.listdir(ckpt.checkpoint_path(output_dir, step) + ".tmp"):
+                return step  # files are being written into it
+        except FileNotFoundError:  # renamed to checkpoint-N just now
+            pass
+    return None
 
 
 def kill_during_save(driver: str, args, output_dir: str, log_path: str, attempts: int = 4, timeout: float = 60) -> int:
@@ -199,3 +204,21 @@ def test_save_checkpoint_rotates_and_cleans_up_interrupted_folders(tmp_path):
     ckpt.save_checkpoint(output_dir, 5, model=model, stateful={}, trainer_state=_State(5), rank_state={})
     assert sorted(os.listdir(os.path.join(output_dir, "checkpoint-5"))) == [
         ckpt.MODEL_NAME, "rank_state_0.pdparams", ckpt.TRAINER_STATE_NAME]
+
+
+def test_rank_state_restores_every_random_stream(tmp_path):
+    """RNG states survive save and load (numpy's uint32 key included), so a resumed run draws the same numbers."""
+    import random
+
+    paddle.set_device("cpu")
+    paddle.seed(1), np.random.seed(2), random.seed(3)
+    model = paddle.nn.Linear(2, 2)
+    path = ckpt.save_checkpoint(str(tmp_path), 1, model=model, stateful={}, trainer_state=_State(1),
+                                rank_state={"rng": ckpt.rng_state()})
+    draws = [paddle.rand([4]).numpy(), np.random.rand(4), random.random()]
+    ckpt.set_rng_state(ckpt.load_rank_state(path)["rng"])
+    again = [paddle.rand([4]).numpy(), np.random.rand(4), random.random()]
+    np.testing.assert_array_equal(draws[0], again[0])
+    np.testing.assert_array_equal(draws[1], again[1])
+    assert draws[2] == again[2]
+    assert paddle.load(os.path.join(path, "rank_state_0.pdparams"))["rng"]  # plain paddle.load works too

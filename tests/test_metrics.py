@@ -88,7 +88,9 @@ def test_psnr_and_ssim_agree_with_scikit_image(height, width):
 def test_ssim_of_identical_images_is_one_and_psnr_infinite():
     clean, _ = _pairs(32, 32)
     x = _as_nchw_tensor(clean[:2])
-    np.testing.assert_allclose(ssim(x, x).numpy(), 1.0, atol=1e-6)
+    # A full array, not the scalar 1.0: ppdiffusers sets ``np.bool = bool`` on import, which breaks
+    # numpy's scalar-broadcast branch of assert_allclose.
+    np.testing.assert_allclose(ssim(x, x).numpy(), np.ones(2), atol=1e-6)
     assert np.isinf(psnr(x, x).numpy()).all()
 
 

@@ -134,3 +134,27 @@ def test_nonfinite_step_is_skipped_for_both_networks_then_stops(tmp_path):
     step.vae_optimizer.clear_grad()
     with pytest.raises(NonFiniteError, match="2 consecutive"):
         step(bad, global_step=3, last_micro_step=True)
+
+
+def test_ema_follows_the_warmed_up_decay(tmp_path):
+    """EMA after each step = d_t * EMA + (1 - d_t) * weights, d_t = min(decay, (1 + t) / (10 + t))."""
+    from ppdiffusers.training_utils import EMAModel
+
+    model = make_model()
+    step = make_step(model, tmp_path, disc_weight=0.0, learning_rate=1e-2)
+    step.ema = EMAModel(model.vae.parameters(), decay=0.5)
+    expected = [p.numpy().astype("float64") for p in model.vae.parameters()]
+    for t in range(1, 4):
+        step(images(seed=t), global_step=t - 1, last_micro_step=True)
+        step.vae_optimizer.step()
+        step.vae_optimizer.clear_grad()
+        step.after_optimizer_step()
+        decay = min(0.5, (1 + t) / (10 + t))
+        expected = [decay * e + (1 - decay) * p.numpy() for e, p in zip(expected, model.vae.parameters())]
+    for shadow, e in zip(step.ema.shadow_params, expected):
+        np.testing.assert_allclose(shadow.numpy(), e, rtol=1e-5, atol=1e-7)
+    # Logged reconstructions use the EMA weights, and the raw weights come back afterwards.
+    raw = model.vae.decoder.conv_out.weight.numpy().copy()
+    inputs, recon = step.images_for_logging()
+    assert not np.allclose(recon.numpy(), step.last_reconstructions.numpy())
+    assert np.array_equal(model.vae.decoder.conv_out.weight.numpy(), raw)

@@ -17,15 +17,16 @@ def tiny_args(file_list, output_dir, **overrides):
         "resolution": 32, "per_device_train_batch_size": 2, "max_steps": 4, "disc_start": 2,
         "logging_steps": 1, "save_steps": 2, "image_logging_steps": 2, "seed": 7, "device": "cpu",
         "dataloader_num_workers": 0, "disc_base_channels": 8, "learning_rate": 1e-3, "disable_tqdm": "true",
+        "use_ema": "true", "ema_decay": 0.9,
     }
     args.update(overrides)
     return [item for key, value in args.items() for item in (f"--{key}", value)]
 
 
-def vae_weights(output_dir):
+def vae_weights(output_dir, folder="vae"):
     from ppdiffusers import AutoencoderKL
 
-    vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, "vae"))
+    vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, folder))
     return {k: v.numpy() for k, v in vae.state_dict().items()}
 
 
@@ -50,9 +51,10 @@ def test_both_drivers_give_the_same_losses_and_weights(runs):
     a = read_scalars(os.path.join(trainer, "logs"), "loss/discriminator")
     b = read_scalars(os.path.join(loop, "logs"), "loss/discriminator")
     assert sorted(a) == [3, 4] and a == pytest.approx(b, rel=1e-6)
-    wa, wb = vae_weights(trainer), vae_weights(loop)
-    for name in wa:
-        np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+    for folder in ("vae", "vae_raw"):  # EMA and raw weights
+        wa, wb = vae_weights(trainer, folder), vae_weights(loop, folder)
+        for name in wa:
+            np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -63,7 +65,10 @@ def test_outputs_and_visualdl(runs, driver):
     vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, "vae"))
     assert vae.config.latent_channels == 4
     assert os.path.isfile(os.path.join(output_dir, "discriminator", "model_state.pdparams"))
-    assert sorted(os.listdir(output_dir)) >= ["checkpoint-2", "checkpoint-4", "discriminator", "logs", "vae"]
+    assert {"checkpoint-2", "checkpoint-4", "discriminator", "logs", "vae", "vae_raw"} <= set(os.listdir(output_dir))
+    assert os.path.isfile(os.path.join(output_dir, "checkpoint-2", "ema.pdparams"))
+    ema, raw = vae_weights(output_dir), vae_weights(output_dir, "vae_raw")
+    assert any(not np.array_equal(ema[k], raw[k]) for k in ema)  # --use_ema exports the average
     logdir = os.path.join(output_dir, "logs")
     for tag in ("loss/total", "loss/generator", "loss/discriminator", "gan/adaptive_weight", "gan/logits_real",
                 "gan/logits_fake", "train/learning_rate", "perf/images_per_second"):
@@ -88,9 +93,10 @@ def test_resume_continues_exactly(runs, photo_filelist, tmp_path, driver):
         b = read_scalars(os.path.join(resumed, "logs"), tag)
         assert sorted(b) == [3, 4]
         assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)], tag
-    wa, wb = vae_weights(straight), vae_weights(resumed)
-    for name in wa:
-        np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+    for folder in ("vae", "vae_raw"):  # the EMA is restored exactly too
+        wa, wb = vae_weights(straight, folder), vae_weights(resumed, folder)
+        for name in wa:
+            np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -107,3 +113,36 @@ def test_two_processes_stay_in_sync_and_read_different_data(photo_filelist, tmp_
     assert shards[0] and shards[1] and not shards[0] & shards[1]
     # Rank 1's own random streams differ from rank 0's (posterior noise, augmentation).
     assert not np.array_equal(states[0]["rng"]["numpy"][1], states[1]["rng"]["numpy"][1])
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_nonfinite_run_stops_with_a_checkpoint_of_the_last_good_step(photo_filelist, tmp_path, driver):
+    """A learning rate far too high makes every step non-finite after the first: the run stops cleanly."""
+    output_dir = tmp_path / "out"
+    with pytest.raises(AssertionError) as failure:
+        run_entry_point(driver, tiny_args(photo_filelist, output_dir, learning_rate=1e30, max_steps=20,
+                                          save_steps=100, max_consecutive_nonfinite_steps=2, disc_start=100))
+    message = str(failure.value)
+    assert "2 consecutive optimizer steps had non-finite" in message and "Last good weights" in message
+    checkpoints = sorted(p for p in os.listdir(output_dir) if p.startswith("checkpoint-"))
+    assert len(checkpoints) == 1
+    state = paddle.load(str(output_dir / checkpoints[0] / "model_state.pdparams"))
+    assert all(np.isfinite(v.numpy()).all() for v in state.values())
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_two_process_resume_with_accumulation_and_workers_is_exact(photo_filelist, tmp_path, driver):
+    """2 ranks x (2 micro-batches, 1 loader worker): 4 steps straight == 2 steps + resume + 2 steps."""
+    flags = dict(gradient_accumulation_steps=2, dataloader_num_workers=1, image_logging_steps=0)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_entry_point(driver, tiny_args(photo_filelist, straight, **flags), nproc=2, log_dir=tmp_path / "l1")
+    os.makedirs(resumed)
+    shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
+    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags),
+                    nproc=2, log_dir=tmp_path / "l2")
+    a, b = read_scalars(str(straight / "logs"), "loss/total"), read_scalars(str(resumed / "logs"), "loss/total")
+    assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)]
+    for r in (0, 1):
+        fa = paddle.load(str(straight / "checkpoint-4" / f"rank_state_{r}.pdparams"))["parameter_fingerprint"]
+        fb = paddle.load(str(resumed / "checkpoint-4" / f"rank_state_{r}.pdparams"))["parameter_fingerprint"]
+        assert np.array_equal(fa, fb)

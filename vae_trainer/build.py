@@ -63,7 +63,7 @@ def build_components(model_args, loss_args, training_args) -> Components:
     if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
         disc_config["weights_path"] = model_args.lpips_weights
     discriminator = build_discriminator(**disc_config)
-    if world_size() > 1 and model_args.disc_norm == "batch":
+    if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
         discriminator = convert_batchnorm_to_sync(discriminator)
     model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
                                  posterior_std=model_args.posterior_std)

@@ -71,7 +71,8 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
             logger.warning("--resume_from_checkpoint latest: no checkpoint in %s, starting from scratch", output_dir)
             return None
         return found[-1][1]
-    if not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
+    unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
+    if unfinished or not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
         raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint folder")
     return resume_from_checkpoint
 

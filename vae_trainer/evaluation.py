@@ -171,14 +171,14 @@ def evaluate_vae(
     Reconstructions use the posterior mode (or a sample, noise seeded by ``seed`` + rank) and are
     clamped to [-1, 1] before scoring. PSNR and SSIM always; LPIPS when ``lpips`` is given
     (``lpips(x, y) -> [B]``); "rfid" when ``inception`` is given (a ``FIDInceptionV3``, or any layer
-    mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message. With 2048-d
-    features the final matrix square root takes from seconds to a minute on CPU. Latent statistics describe the latents
-    that were decoded (raw, before any scaling factor). ``num_images`` caps the images this process
-    evaluates; ``EvalResult.num_images`` is the total over all ranks. The VAE's train/eval mode is
-    restored afterwards.
+    mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message; with 2048-d
+    features its final matrix square root takes seconds to a minute on CPU. Latent statistics
+    describe the latents that were decoded (raw, before any scaling factor). ``num_images`` caps
+    the images this process evaluates; ``EvalResult.num_images`` is the total over all ranks. The
+    VAE's train/eval mode is restored afterwards.
     """
     if inception is None:
-        logger.info("rFID skipped: no Inception model given (needs converted FID Inception weights)")
+        logger.info("rFID skipped: no Inception model given (needs converted FID weights)")
     rank = paddle.distributed.get_rank() if paddle.distributed.is_initialized() else 0
     rng = np.random.default_rng(seed + rank) if sample_posterior else None
     for metric_network in (lpips, inception):

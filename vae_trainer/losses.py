@@ -46,6 +46,9 @@ GRADNORM_EPS = 1e-12
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 _MASK_BLUR_SIZE = 5
 _MASK_BLUR_SIGMA = 1.0
+# Floor of the normaliser of the edge energy: without it an image with no real edge would have its
+# faint noise stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
+_MIN_EDGE_ENERGY = 1.0
 
 
 def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
@@ -99,14 +102,14 @@ def _filter_2d(images: Tensor, kernel: np.ndarray) -> Tensor:
 def lowpass_mask(x: Tensor, threshold: float = 0.5) -> Tensor:
     """1 where the image is smooth, 0 near edges and texture; shape [B, 1, H, W], no gradient.
 
-    gray -> 5x5 high-pass -> |.| -> Gaussian blur (5x5, sigma 1) -> divide by the per-image max
-    (so [0, 1]) -> 1 - e -> (>= threshold).
+    gray -> 5x5 high-pass -> |.| -> Gaussian blur (5x5, sigma 1) -> e = divide by the per-image max
+    (at least _MIN_EDGE_ENERGY, so [0, 1]) -> 1 - e -> (>= threshold).
     """
     with paddle.no_grad():
         x = x.astype("float32")
         gray = sum(w * x[:, c : c + 1] for c, w in enumerate(_GRAY_WEIGHTS))
         energy = _filter_2d(_filter_2d(gray, _high_pass_kernel()).abs(), _gaussian_kernel(_MASK_BLUR_SIZE, _MASK_BLUR_SIGMA))
-        energy = energy / (energy.amax(axis=[1, 2, 3], keepdim=True) + GRADNORM_EPS)
+        energy = energy / paddle.clip(energy.amax(axis=[1, 2, 3], keepdim=True), min=_MIN_EDGE_ENERGY)
         return (1.0 - energy >= threshold).astype("float32")
 
 

@@ -39,11 +39,16 @@ class _AfterOptimizerStep(TrainerCallback):
 
 class VAETrainer(Trainer):
     def __init__(self, model, args, components, data_args, loss_args):
-        report_to = args.report_to
-        args.report_to = []  # VisualDL is written by TrainMonitor, shared with the loop
+        # Hidden from the Trainer's __init__: VisualDL is written by TrainMonitor (shared with the loop),
+        # and mixed precision is set up by precision.py (two scalers, decoration only on GPU).
+        hidden = {"report_to": [], "fp16": False, "bf16": False}
+        saved = {name: getattr(args, name) for name in hidden}
+        for name, value in hidden.items():
+            setattr(args, name, value)
         args.ignore_data_skip = True  # the stream resumes at its saved position instead of replaying
         super().__init__(model=model, args=args)
-        args.report_to = report_to
+        for name, value in saved.items():
+            setattr(args, name, value)
         self.components, self.data_args, self.loss_args = components, data_args, loss_args
         self.run = None
         self.resume_rank_state: Optional[dict] = None
