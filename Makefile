@@ -7,14 +7,22 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 DEMO_OUT ?= outputs/demo
 
+TEST_STAMP := $(VENV)/.test-installed
+
 .PHONY: setup demo test clean-demo
 
 setup: $(STAMP) weights/lpips_vgg16.pdparams data/demo/.done
 
-$(STAMP): requirements.txt constraints.txt requirements-test.txt
+$(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -r requirements.txt -r requirements-test.txt -c constraints.txt
+	$(PIP) install -r requirements.txt -c constraints.txt
 	touch $(STAMP)
+
+# Test-only: pytest, and torch + pytorch-fid to check the FID InceptionV3 port (see requirements-test.txt).
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(PIP) install -r requirements-test.txt -c constraints.txt
+	$(PIP) install --no-deps pytorch-fid==0.3.0
+	touch $(TEST_STAMP)
 
 weights/lpips_vgg16.pdparams: $(STAMP) scripts/convert_lpips_weights.py
 	$(BIN)/python scripts/convert_lpips_weights.py --output $@
@@ -26,7 +34,7 @@ data/demo/.done: $(STAMP) scripts/prepare_demo_data.py scripts/make_parts.py scr
 demo: setup
 	bash scripts/run_demo.sh $(DEMO_OUT)
 
-test: setup
+test: setup $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 clean-demo:

@@ -10,7 +10,7 @@ import sys
 
 from vae_trainer import checkpoint as ckpt
 from vae_trainer.arguments import parse_arguments
-from vae_trainer.build import build_components, seed_training, setup_runtime
+from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime
 from vae_trainer.step import NonFiniteError
 from vae_trainer.trainer import VAETrainer
 
@@ -19,7 +19,8 @@ def main(argv=None):
     model_args, data_args, loss_args, training_args = parse_arguments(argv)
     setup_runtime(training_args)
     parts = build_components(model_args, loss_args, training_args)
-    trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args)
+    evaluator = build_evaluator(data_args, training_args, parts)
+    trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
     seed_training(training_args.seed)
     resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
     try:
@@ -28,8 +29,9 @@ def main(argv=None):
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:
         trainer.monitor.close()
-    vae_dir, _ = ckpt.export_final(training_args.output_dir, parts.model.vae, parts.model.discriminator,
-                                   parts.discriminator_config, ema=trainer.run.ema)
+    vae, ema = parts.model.vae, trainer.run.ema
+    vae_dir, _ = ckpt.export_final(training_args.output_dir, vae, parts.model.discriminator, parts.discriminator_config,
+                                   ema=ema, vae_config_updates=evaluator.latent_config(vae, ema))
     if trainer.is_world_process_zero():
         print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")
 

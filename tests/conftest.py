@@ -41,6 +41,20 @@ def photo_filelist(tmp_path_factory) -> str:
     return str(root / "train.filelist.list")
 
 
+@pytest.fixture(scope="session")
+def held_out_folder(tmp_path_factory) -> str:
+    """A folder of 6 PNG tiles of photos that photo_filelist never uses."""
+    import skimage.data
+
+    root = tmp_path_factory.mktemp("held_out")
+    photos = [np.asarray(Image.open(os.path.join(os.path.dirname(skimage.data.__file__), name)).convert("RGB"))
+              for name in ("motorcycle_left.png", "hubble_deep_field.jpg")]
+    for k, photo in enumerate(photos):
+        for j in range(3):
+            Image.fromarray(photo[j * 96 : j * 96 + 96, 100:196]).save(root / f"tile_{k}_{j}.png")
+    return str(root)
+
+
 def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run train_vae_(no_)trainer.py as a user would, optionally under paddle.distributed.launch on CPU."""
     env = {**os.environ, "PYTHONPATH": REPO}

@@ -11,6 +11,10 @@ from conftest import read_scalars, run_entry_point
 DRIVERS = ["train_vae_trainer.py", "train_vae_no_trainer.py"]
 
 
+def EVAL_FLAGS(folder):
+    return {"eval_file_list": folder, "eval_steps": 2, "eval_num_images": 6, "metric_for_best_model": "psnr"}
+
+
 def tiny_args(file_list, output_dir, **overrides):
     args = {
         "file_list": file_list, "vae_config_file": "configs/vae_micro.json", "output_dir": output_dir,
@@ -31,21 +35,21 @@ def vae_weights(output_dir, folder="vae"):
 
 
 @pytest.fixture(scope="module")
-def runs(photo_filelist, tmp_path_factory):
-    """One 4-step run per driver with identical flags."""
+def runs(photo_filelist, held_out_folder, tmp_path_factory):
+    """One 4-step run per driver with identical flags, evaluating on held-out photos every 2 steps."""
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, tiny_args(photo_filelist, output_dir))
+        run_entry_point(driver, tiny_args(photo_filelist, output_dir, **EVAL_FLAGS(held_out_folder)))
         out[driver] = output_dir
     return out
 
 
 def test_both_drivers_give_the_same_losses_and_weights(runs):
     trainer, loop = runs[DRIVERS[0]], runs[DRIVERS[1]]
-    for tag in ("loss/total", "loss/pixel", "loss/perceptual", "loss/kl"):
+    for tag in ("loss/total", "loss/pixel", "loss/perceptual", "loss/kl", "eval/psnr", "eval/lpips"):
         a, b = read_scalars(os.path.join(trainer, "logs"), tag), read_scalars(os.path.join(loop, "logs"), tag)
-        assert sorted(a) == [1, 2, 3, 4]
+        assert sorted(a) == ([1, 2, 3, 4] if tag.startswith("loss") else [2, 4])
         np.testing.assert_allclose([a[s] for s in sorted(a)], [b[s] for s in sorted(a)], rtol=1e-6)
     # The GAN is on from step 3 (global_step 2): its losses exist only there, identically.
     a = read_scalars(os.path.join(trainer, "logs"), "loss/discriminator")
@@ -78,16 +82,42 @@ def test_outputs_and_visualdl(runs, driver):
     reader = LogReader(file_path=os.path.join(logdir, [f for f in os.listdir(logdir) if f.startswith("vdl")][0]))
     images = reader.get_data("image", "reconstructions")
     assert [r.id for r in images] == [2, 4]
+    assert [r.id for r in reader.get_data("image", "eval/reconstructions")] == [2, 4]
+    for tag in ("eval/psnr", "eval/ssim", "eval/lpips", "eval/latent_mean_0", "eval/latent_std_3"):
+        assert sorted(read_scalars(logdir, tag)) == [2, 4], tag
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_resume_continues_exactly(runs, photo_filelist, tmp_path, driver):
+def test_best_checkpoint_and_latent_scaling_factor(runs, held_out_folder, driver):
+    import json
+
+    from ppdiffusers import AutoencoderKL
+
+    from vae_trainer.data.dataset import build_eval_dataloader
+    from vae_trainer.evaluation import evaluate_vae
+
+    output_dir = runs[driver]
+    psnr = read_scalars(os.path.join(output_dir, "logs"), "eval/psnr")
+    state = json.load(open(os.path.join(output_dir, "checkpoint-4", "trainer_state.json")))
+    best_step = max(psnr, key=psnr.get)
+    assert state["best_metric"] == pytest.approx(psnr[best_step], rel=1e-6)
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{best_step}")
+    # The exported config carries 1/std of the latents of the exported (EMA) weights on the eval set.
+    vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, "vae"))
+    result = evaluate_vae(vae, build_eval_dataloader(held_out_folder, 32, 8, 0, 1, 6))
+    assert vae.config.scaling_factor == pytest.approx(result.scaling_factor, rel=1e-5)
+    assert vae.config.scaling_factor != pytest.approx(0.18215, rel=1e-3)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_resume_continues_exactly(runs, photo_filelist, held_out_folder, tmp_path, driver):
     """checkpoint-2 of a 4-step run, resumed, reproduces steps 3-4 and the final weights bit for bit."""
     straight = runs[driver]
     resumed = str(tmp_path / "resumed")
     os.makedirs(resumed)
     shutil.copytree(os.path.join(straight, "checkpoint-2"), os.path.join(resumed, "checkpoint-2"))
-    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest"))
+    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
+                                      **EVAL_FLAGS(held_out_folder)))
     for tag in ("loss/total", "loss/discriminator"):
         a = read_scalars(os.path.join(straight, "logs"), tag)
         b = read_scalars(os.path.join(resumed, "logs"), tag)

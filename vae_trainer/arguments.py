@@ -79,6 +79,10 @@ class DataArguments:
         default=None, metadata={"help": "Held-out filelist or image folder for evaluation during training."}
     )
     eval_num_images: int = field(default=64, metadata={"help": "Number of held-out images evaluated per evaluation."})
+    inception_weights: Optional[str] = field(
+        default=None,
+        metadata={"help": "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) to add rFID to evaluations."},
+    )
 
 
 @dataclass

@@ -20,7 +20,7 @@ from paddlenlp.trainer.trainer_utils import set_seed
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import build_discriminator, convert_batchnorm_to_sync
-from .models.lpips import LPIPS
+from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, setup_precision
@@ -34,6 +34,7 @@ class Components:
     model: VAEWithDiscriminator
     lpips: Optional[LPIPS]
     discriminator_config: Dict[str, Any]
+    lpips_weights: Optional[str] = None
 
 
 def setup_runtime(training_args) -> None:
@@ -69,7 +70,8 @@ def build_components(model_args, loss_args, training_args) -> Components:
                                  posterior_std=model_args.posterior_std)
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
-    return Components(model=model, lpips=lpips, discriminator_config=disc_config)
+    return Components(model=model, lpips=lpips, discriminator_config=disc_config,
+                      lpips_weights=model_args.lpips_weights)
 
 
 @dataclass
@@ -112,6 +114,18 @@ def build_training(components: Components, loss_args, training_args) -> Training
                      training_args.gradient_accumulation_steps, precision, ema,
                      training_args.max_consecutive_nonfinite_steps)
     return TrainingParts(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
+
+
+def build_evaluator(data_args, training_args, components: Components):
+    """The in-training evaluator: LPIPS (the training one, or loaded for evaluation) and optional rFID."""
+    from .evaluation import TrainingEvaluator
+    from .models.inception import load_fid_inception
+
+    lpips = components.lpips
+    if lpips is None and os.path.isfile(components.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
+        lpips = LPIPS(components.lpips_weights)
+    inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
+    return TrainingEvaluator(data_args, training_args, lpips, inception)
 
 
 def seed_training(seed: int) -> None:

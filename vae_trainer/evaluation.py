@@ -12,6 +12,7 @@ ranks). The reconstruction grid is taken from the calling rank's first images.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -199,3 +200,74 @@ def evaluate_vae(
     if evaluation.count == 0:
         raise ValueError("evaluate_vae got no images")
     return evaluation.result()
+
+
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
+
+
+class TrainingEvaluator:
+    """Evaluation during training, the same in both drivers.
+
+    Every --eval_steps (and at the end) it evaluates --eval_num_images held-out images from
+    --eval_file_list with the EMA weights when --use_ema, logs `eval/*` scalars, per-channel latent
+    statistics and a reconstruction grid to VisualDL, and tracks the best value of
+    --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
+    """
+
+    def __init__(self, data_args, args, lpips=None, inception=None):
+        self.data_args, self.args = data_args, args
+        self.lpips, self.inception = lpips, inception
+        self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        if self.metric is not None and self.metric not in HIGHER_IS_BETTER:
+            raise ValueError(f"--metric_for_best_model must be one of {sorted(HIGHER_IS_BETTER)}, got {self.metric!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.data_args.eval_file_list) and self.args.eval_steps is not None and self.args.eval_steps > 0
+
+    def due(self, step: int) -> bool:
+        return self.enabled and (step % self.args.eval_steps == 0 or step == self.args.max_steps)
+
+    def evaluate(self, vae, ema=None, path: str | None = None) -> EvalResult:
+        """Evaluate `vae` (with EMA weights if given) on `path` (default: --eval_file_list)."""
+        from vae_trainer.data.dataset import build_eval_dataloader
+        from vae_trainer.distributed import rank, world_size
+        from vae_trainer.step import ema_weights
+
+        loader = build_eval_dataloader(path or self.data_args.eval_file_list, self.data_args.resolution,
+                                       self.args.per_device_eval_batch_size, rank(), world_size(),
+                                       self.data_args.eval_num_images)
+        context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
+        with context:
+            return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
+                                grid_images=self.args.num_logged_images)
+
+    def latent_config(self, vae, ema=None) -> dict:
+        """`scaling_factor` (and `shift_factor` for VAEs that use one, e.g. FLUX) measured on the eval set
+        (or the first --eval_num_images training images), to write into the exported VAE config."""
+        result = self.evaluate(vae, ema, path=self.data_args.eval_file_list or self.data_args.file_list)
+        updates = {"scaling_factor": result.scaling_factor}
+        if vae.config.get("shift_factor") is not None:
+            updates["shift_factor"] = result.shift_factor
+        logger.info("latent statistics over %d images: %s", result.num_images, updates)
+        return updates
+
+    def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
+        """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""
+        result = self.evaluate(vae, ema)
+        scalars = {f"eval/{name}": value for name, value in result.metrics.items()}
+        scalars.update({f"eval/latent_mean_{c}": m for c, m in enumerate(result.latent_mean)})
+        scalars.update({f"eval/latent_std_{c}": s for c, s in enumerate(result.latent_std)})
+        scalars["eval/suggested_scaling_factor"] = result.scaling_factor
+        monitor.log_scalars(step, scalars)
+        monitor.log_grid(step, result.grid, tag="eval/reconstructions")
+        trainer_state.log_history.append({"step": step, **scalars})
+        logger.info("eval at step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+        if self.metric is None or self.metric not in result.metrics:
+            return False
+        value = result.metrics[self.metric]
+        best = trainer_state.best_metric
+        better = best is None or (value > best if HIGHER_IS_BETTER[self.metric] else value < best)
+        if better:
+            trainer_state.best_metric = value
+        return better

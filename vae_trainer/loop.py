@@ -14,7 +14,7 @@ from paddlenlp.trainer import TrainerState
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .build import build_components, build_training, seed_training, setup_runtime
+from .build import build_components, build_evaluator, build_training, seed_training, setup_runtime
 from .data.dataset import StreamPosition, build_train_dataloader
 from .distributed import rank, world_size
 from .step import NonFiniteError
@@ -29,6 +29,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     parts = build_components(model_args, loss_args, args)
     model = parts.model
     run = build_training(parts, loss_args, args)
+    evaluator = build_evaluator(data_args, args, parts)
     state = TrainerState(max_steps=args.max_steps)
     resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
     rank_state: Optional[dict] = None
@@ -56,10 +57,15 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     progress = tqdm(total=args.max_steps, initial=state.global_step, disable=rank() != 0 or args.disable_tqdm,
                     desc="train", dynamic_ncols=True)
 
+    saved_at = [None]
+
     def save() -> None:
+        if saved_at[0] == state.global_step:
+            return
         ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
-                             save_total_limit=args.save_total_limit)
+                             save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint)
+        saved_at[0] = state.global_step
 
     batches = iter(dataloader)
     try:
@@ -82,6 +88,9 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
             if scalars is not None:
                 state.log_history.append({"step": state.global_step, **scalars})
                 progress.set_postfix_str(format_scalars(scalars))
+            if evaluator.due(state.global_step) and evaluator.run(state.global_step, model.vae, run.ema, monitor, state):
+                state.best_model_checkpoint = ckpt.checkpoint_path(args.output_dir, state.global_step)
+                save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
                 save()
     except NonFiniteError:
@@ -90,6 +99,6 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     finally:
         progress.close()
         monitor.close()
-    vae_dir, disc_dir = ckpt.export_final(args.output_dir, model.vae, model.discriminator,
-                                          parts.discriminator_config, ema=run.ema)
+    vae_dir, disc_dir = ckpt.export_final(args.output_dir, model.vae, model.discriminator, parts.discriminator_config,
+                                          ema=run.ema, vae_config_updates=evaluator.latent_config(model.vae, run.ema))
     return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}

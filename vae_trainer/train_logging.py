@@ -99,9 +99,13 @@ class TrainMonitor:
             return
         from .evaluation import make_grid
 
-        grid = make_grid(inputs, recons, self.args.num_logged_images)
-        self.writer.add_image(tag=tag, img=np.asarray(grid), step=step)
-        self.writer.flush()
+        self.log_grid(step, make_grid(inputs, recons, self.args.num_logged_images), tag)
+
+    def log_grid(self, step: int, grid: np.ndarray, tag: str) -> None:
+        """An image (uint8 HxWx3) to VisualDL."""
+        if self.writer is not None:
+            self.writer.add_image(tag=tag, img=np.asarray(grid), step=step)
+            self.writer.flush()
 
     def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
         """Write extra numbers (evaluation metrics, latent statistics) at `step`."""

@@ -38,7 +38,7 @@ class _AfterOptimizerStep(TrainerCallback):
 
 
 class VAETrainer(Trainer):
-    def __init__(self, model, args, components, data_args, loss_args):
+    def __init__(self, model, args, components, data_args, loss_args, evaluator):
         # Hidden from the Trainer's __init__: VisualDL is written by TrainMonitor (shared with the loop),
         # and mixed precision is set up by precision.py (two scalers, decoration only on GPU).
         hidden = {"report_to": [], "fp16": False, "bf16": False}
@@ -49,7 +49,8 @@ class VAETrainer(Trainer):
         super().__init__(model=model, args=args)
         for name, value in saved.items():
             setattr(args, name, value)
-        self.components, self.data_args, self.loss_args = components, data_args, loss_args
+        self.components, self.data_args, self.loss_args, self.evaluator = components, data_args, loss_args, evaluator
+        self.saved_at_step = None
         self.run = None
         self.resume_rank_state: Optional[dict] = None
         self.position = None
@@ -99,13 +100,20 @@ class VAETrainer(Trainer):
         scalars = self.monitor.optimizer_step_end(self.state.global_step, self.learning_rate_of_step, self.run.step)
         if scalars is not None:
             self.state.log_history.append({"step": self.state.global_step, **scalars})
+        step = self.state.global_step
+        if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.run.ema, self.monitor, self.state):
+            self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
+            self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation
 
     # ---- checkpoints
     def _save_checkpoint(self, model, metrics=None):
+        if self.saved_at_step == self.state.global_step:
+            return
         ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
                              stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
-                             save_total_limit=self.args.save_total_limit)
+                             save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint)
+        self.saved_at_step = self.state.global_step
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         if resume_from_checkpoint is None:
