@@ -32,12 +32,13 @@ from PIL import Image  # noqa: E402
 
 from vae_trainer.evaluation import EvalResult, evaluate_vae  # noqa: E402
 
-DEFAULT_LPIPS_WEIGHTS = os.path.join(REPO_ROOT, "weights", "lpips_vgg16.pdparams")
+from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vae", required=True, help="directory saved by save_pretrained")
+    parser.add_argument("--vae", required=True,
+                        help="directory saved by save_pretrained, or a config JSON (an untrained baseline)")
     parser.add_argument("--subfolder", default=None, help="e.g. 'vae' inside a pipeline directory")
     parser.add_argument("--data", required=True, help="filelist or image folder")
     parser.add_argument("--resolution", type=int, default=256)
@@ -62,6 +63,16 @@ def setup_device_and_parallel() -> tuple[int, int]:
     if env.world_size > 1:
         paddle.distributed.init_parallel_env()
     return env.rank, env.world_size
+
+
+def load_vae(args: argparse.Namespace):
+    """A saved VAE folder (local only), or a config JSON for an untrained baseline seeded by --seed."""
+    from vae_trainer.models.vae import build_vae
+
+    if args.vae.endswith(".json"):
+        paddle.seed(args.seed)
+        return build_vae(vae_config_file=args.vae)
+    return build_vae(pretrained_model_name_or_path=args.vae, subfolder=args.subfolder)
 
 
 def load_lpips(args: argparse.Namespace):
@@ -117,10 +128,9 @@ def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> EvalResult:
     args = parse_args(argv)
     rank, world_size = setup_device_and_parallel()
-    from ppdiffusers import AutoencoderKL
     from vae_trainer.data.dataset import build_eval_dataloader  # written alongside; import late
 
-    vae = AutoencoderKL.from_pretrained(args.vae, subfolder=args.subfolder)
+    vae = load_vae(args)
     dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
                                        world_size, args.num_images)
     result = evaluate_vae(
