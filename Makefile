@@ -6,6 +6,9 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 DEMO_OUT ?= outputs/demo
+# The Paddle wheel: CPU by default; e.g. PADDLE=paddlepaddle-gpu==3.3.1 (with PIP_EXTRA_INDEX_URL set to
+# Paddle's package index for your CUDA version) on a GPU machine.
+PADDLE ?= paddlepaddle==3.3.1
 
 TEST_STAMP := $(VENV)/.test-installed
 
@@ -15,7 +18,7 @@ setup: $(STAMP) weights/lpips_vgg16.pdparams data/demo/.done
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -r requirements.txt -c constraints.txt
+	$(PIP) install "$(PADDLE)" -r requirements.txt -c constraints.txt
 	touch $(STAMP)
 
 # Test-only: pytest, and torch + pytorch-fid to check the FID InceptionV3 port (see requirements-test.txt).

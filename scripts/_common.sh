@@ -16,3 +16,16 @@ COMMON_ARGS=(
   --logging_steps 50 --image_logging_steps 500 --save_steps 2000 --save_total_limit 3
   --dataloader_num_workers 4 --seed 42
 )
+
+# launch single|multi SCRIPT [flags...]: one process, or paddle.distributed.launch over GPUs / CPU processes / nodes.
+launch() {
+  local mode=$1 script=$2; shift 2
+  local device=${DEVICE:-gpu}
+  if [ "$mode" = single ]; then
+    exec "$PYTHON" "$script" "${COMMON_ARGS[@]}" --device "$device" "$@"
+  fi
+  local launcher=(-m paddle.distributed.launch --log_dir "$OUTPUT_DIR/launch_logs")
+  if [ "$device" = cpu ]; then launcher+=(--nproc_per_node "${NPROC:-2}"); else launcher+=(--gpus "$GPUS"); fi
+  if [ -n "${NNODES:-}" ]; then launcher+=(--nnodes "$NNODES" --rank "${NODE_RANK:-0}" --master "$MASTER"); fi
+  exec "$PYTHON" "${launcher[@]}" "$script" "${COMMON_ARGS[@]}" --device "$device" "$@"
+}

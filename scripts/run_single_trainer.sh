@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# One process (one GPU, or the CPU with DEVICE=cpu). See scripts/_common.sh for the knobs.
+# One process: one GPU (default), or the CPU with DEVICE=cpu. Knobs: scripts/_common.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
-DEVICE=${DEVICE:-gpu}
-exec "$PYTHON" train_vae_trainer.py "${COMMON_ARGS[@]}" --device "$DEVICE" "$@"
+launch single train_vae_trainer.py "$@"

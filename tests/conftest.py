@@ -80,3 +80,31 @@ def read_scalars(logdir: str, tag: str) -> dict:
     assert len(files) == 1, files
     reader = LogReader(file_path=os.path.join(logdir, files[0]))
     return {record.id: record.value for record in reader.get_data("scalar", tag)}
+
+
+DRIVERS = ["train_vae_trainer.py", "train_vae_no_trainer.py"]
+
+
+def EVAL_FLAGS(folder):
+    """Evaluation during training on a held-out folder every 2 steps."""
+    return {"eval_file_list": folder, "eval_steps": 2, "eval_num_images": 6, "metric_for_best_model": "psnr"}
+
+
+def tiny_args(file_list, output_dir, **overrides):
+    """Command-line flags for a few steps of the micro VAE at 32 px on CPU (with the GAN from step 3)."""
+    args = {
+        "file_list": file_list, "vae_config_file": "configs/vae_micro.json", "output_dir": output_dir,
+        "resolution": 32, "per_device_train_batch_size": 2, "max_steps": 4, "disc_start": 2,
+        "logging_steps": 1, "save_steps": 2, "image_logging_steps": 2, "seed": 7, "device": "cpu",
+        "dataloader_num_workers": 0, "disc_base_channels": 8, "learning_rate": 1e-3, "disable_tqdm": "true",
+        "use_ema": "true", "ema_decay": 0.9,
+    }
+    args.update(overrides)
+    return [item for key, value in args.items() for item in (f"--{key}", value)]
+
+
+def vae_weights(output_dir, folder="vae"):
+    from ppdiffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, folder))
+    return {k: v.numpy() for k, v in vae.state_dict().items()}

@@ -11,8 +11,7 @@ import time
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO, run_entry_point
-from test_train_e2e import DRIVERS, tiny_args, vae_weights
+from conftest import DRIVERS, REPO, run_entry_point, tiny_args, vae_weights
 
 from vae_trainer import checkpoint as ckpt
 

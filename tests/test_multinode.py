@@ -13,8 +13,7 @@ import sys
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO, read_scalars
-from test_train_e2e import DRIVERS, tiny_args
+from conftest import DRIVERS, REPO, read_scalars, tiny_args
 
 NODES = 2
 TIMEOUT = 240  # seconds for one two-node run; a hang (e.g. a node that never joins) fails instead of blocking

@@ -5,8 +5,7 @@ import os
 
 import paddle
 import pytest
-from conftest import run_entry_point
-from test_train_e2e import tiny_args
+from conftest import run_entry_point, tiny_args
 
 from vae_trainer.arguments import VAETrainingArguments
 from vae_trainer.precision import setup_precision

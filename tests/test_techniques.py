@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import types
 
 import numpy as np
 import paddle

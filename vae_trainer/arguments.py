@@ -9,6 +9,9 @@ and `train_vae_no_trainer.py` accept exactly the same flags with the same meanin
 - `VAETrainingArguments`: PaddleNLP's `TrainingArguments` (output dir, batch size, LR, steps, saving,
   seed, device, report_to, fp16/bf16, recompute, ...) with defaults suited to VAE training plus
   our own run-time options (EMA, image logging, discriminator LR).
+
+`parse_arguments` applies a `--recipe` preset (recipes.py) to every Model/Loss field the user did not
+give explicitly, then `validate`s.
 """
 
 from __future__ import annotations

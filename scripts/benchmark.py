@@ -1,0 +1,316 @@
+"""CPU benchmark of the training step: seconds per optimizer step, images/s, peak memory, parameters.
+
+    python scripts/benchmark.py                      # vae_tiny 64 px b4 and vae_micro 32 px b8, 1 and 2 threads
+    python scripts/benchmark.py --configs configs/sd_vae.json --resolution 64 --batch_size 1 --threads 2
+
+For every setting (config, resolution, batch size, threads) a fresh worker process (this script with
+--worker) builds the real components with `build_components` / `build_training` (GAN active from step 0,
+LPIPS on, default PatchGAN), runs warm-up steps, then times optimizer steps of two schemes, interleaved
+step by step so that load from other processes hits both alike:
+
+- "one forward" (ours): `TrainStep` plus the VAE optimizer step, exactly as `vae_trainer.loop` runs it;
+- "two forwards": `two_forward_step` below, the scheme of the public ppdiffusers / taming-style VAE
+  trainers, which run the VAE a second time to produce reconstructions for the discriminator update.
+
+One process per setting because the thread count must be in the environment before Paddle is imported,
+and because peak RSS (`ru_maxrss`) is a high-water mark of the whole process.
+
+Threads: Paddle 3.3.1 forces OMP_NUM_THREADS=1 when it is imported unless it is already set, and its
+dygraph CPU kernels take their threads from OpenMP; FLAGS_paddle_num_threads (environment variable or
+paddle.set_flags) does not add compute threads in dygraph. So the worker's environment gets both
+OMP_NUM_THREADS and FLAGS_paddle_num_threads, and the worker reports how many of its threads did work.
+
+Timed: the optimizer step only (batches are prepared beforehand), median over the timed steps.
+Prints a markdown table; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DEFAULT_SETTINGS = [("configs/vae_tiny.json", 64, 4), ("configs/vae_micro.json", 32, 8)]
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field")  # shipped with scikit-image
+
+
+@dataclass
+class Setting:
+    config: str
+    resolution: int
+    batch_size: int
+    threads: int
+    warmup: int
+    steps: int
+    data: str
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- command line (parent process)
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", help="VAE configs (default: vae_tiny at 64 px b4, vae_micro at 32 px b8).")
+    parser.add_argument("--resolution", nargs="+", type=int,
+                        help="One value for all configs or one per config (default 64 with --configs).")
+    parser.add_argument("--batch_size", nargs="+", type=int,
+                        help="One value for all configs or one per config (default 4 with --configs).")
+    parser.add_argument("--threads", default="1,2", help="Comma-separated CPU thread counts to measure.")
+    parser.add_argument("--steps", type=int, default=6, help="Timed optimizer steps per scheme.")
+    parser.add_argument("--warmup", type=int, default=2, help="Untimed steps per scheme before timing.")
+    parser.add_argument("--data", choices=("photos", "random"), default="photos",
+                        help="Batches of crops of scikit-image photos, or uniform noise in [-1, 1].")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON of a Setting
+    parser.add_argument("--worker_output", help=argparse.SUPPRESS)  # internal: where the worker writes its result
+    return parser.parse_args(argv)
+
+
+def _per_config(values: Optional[List[int]], default: int, count: int, flag: str) -> List[int]:
+    values = values or [default]
+    if len(values) == 1:
+        return values * count
+    if len(values) != count:
+        raise SystemExit(f"--{flag}: give one value or one per config ({count})")
+    return values
+
+
+def settings_from_args(args: argparse.Namespace) -> List[Setting]:
+    if args.configs:
+        resolutions = _per_config(args.resolution, 64, len(args.configs), "resolution")
+        batch_sizes = _per_config(args.batch_size, 4, len(args.configs), "batch_size")
+        triples = list(zip(args.configs, resolutions, batch_sizes))
+    else:
+        triples = DEFAULT_SETTINGS
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    return [Setting(config, resolution, batch, threads, args.warmup, args.steps, args.data)
+            for config, resolution, batch in triples for threads in thread_counts]
+
+
+def run_in_worker(setting: Setting) -> Dict:
+    """Measure one setting in a fresh process whose environment carries the thread count."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(setting.threads), FLAGS_paddle_num_threads=str(setting.threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        output = os.path.join(tmp, "result.json")
+        command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(asdict(setting)),
+                   "--worker_output", output]
+        started = time.perf_counter()
+        process = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if process.returncode != 0 or not os.path.isfile(output):
+            return {"setting": asdict(setting), "error": process.stderr.strip().splitlines()[-3:]}
+        with open(output) as handle:
+            result = json.load(handle)
+    result["wall_seconds"] = time.perf_counter() - started
+    return result
+
+
+# ---------------------------------------------------------------- the report
+def markdown_table(results: List[Dict]) -> str:
+    header = ("| config | px | batch | threads (busy) | VAE params | D params | ours s/step | ours img/s "
+              "| two-forward s/step | two-forward img/s | speedup | peak RSS MiB |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for result in results:
+        s = result["setting"]
+        name = os.path.basename(s["config"]).removesuffix(".json")
+        if "error" in result:
+            lines.append(f"| {name} | {s['resolution']} | {s['batch_size']} | {s['threads']} | failed: "
+                         f"{' '.join(result['error'])[-120:]} |" + " |" * 8)
+            continue
+        ours, theirs = result["one_forward"], result["two_forwards"]
+        lines.append(
+            f"| {name} | {s['resolution']} | {s['batch_size']} | {s['threads']} ({result['busy_threads']}) "
+            f"| {result['vae_params'] / 1e6:.2f} M | {result['disc_params'] / 1e6:.2f} M "
+            f"| {ours['median_s']:.3f} | {s['batch_size'] / ours['median_s']:.1f} "
+            f"| {theirs['median_s']:.3f} | {s['batch_size'] / theirs['median_s']:.1f} "
+            f"| {theirs['median_s'] / ours['median_s']:.2f}x | {result['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def machine_description() -> str:
+    return f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        run_worker(Setting(**json.loads(args.worker)), args.worker_output)
+        return
+    settings = settings_from_args(args)
+    print(f"$ python scripts/benchmark.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
+    print(f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {machine_description()}; "
+          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    results = []
+    for setting in settings:
+        results.append(run_in_worker(setting))
+        done = results[-1]
+        status = "failed" if "error" in done else f"done in {done['wall_seconds']:.0f} s"
+        print(f"  {os.path.basename(setting.config)} {setting.resolution} px b{setting.batch_size} "
+              f"{setting.threads} thread(s): {status}", file=sys.stderr, flush=True)
+    print()
+    print(markdown_table(results))
+    print()
+    print(f"Median of {args.steps} timed optimizer steps per scheme after {args.warmup} warm-up steps, "
+          f"{args.data} batches; speedup = two-forward time / ours. Load average after: {os.getloadavg()[0]:.2f}.")
+
+
+# ---------------------------------------------------------------- the worker (child process)
+def make_batches(setting: Setting, count: int = 4) -> List:
+    """A few float32 [B,3,H,W] batches in [-1, 1], prepared before timing."""
+    import numpy as np
+    import paddle
+
+    rng = np.random.default_rng(setting.seed)
+    shape = (setting.batch_size, 3, setting.resolution, setting.resolution)
+    if setting.data == "random":
+        return [paddle.to_tensor(rng.uniform(-1, 1, shape).astype("float32")) for _ in range(count)]
+    from PIL import Image
+    from skimage import data as skimage_data
+
+    from vae_trainer.data.images import preprocess
+
+    photos = [Image.fromarray(getattr(skimage_data, name)()) for name in PHOTOS]
+    crops = [preprocess(photos[i % len(photos)], setting.resolution, rng, random_flip=True)
+             for i in range(count * setting.batch_size)]
+    return [paddle.to_tensor(np.stack(crops[i::count])) for i in range(count)]
+
+
+def build_run(setting: Setting, output_dir: str):
+    """Model, LPIPS, optimizers and TrainStep, built by the package exactly as the drivers build them."""
+    from vae_trainer.arguments import LossArguments, ModelArguments, VAETrainingArguments
+    from vae_trainer.build import build_components, build_training, seed_training, setup_runtime
+
+    model_args = ModelArguments(vae_config_file=os.path.join(REPO_ROOT, setting.config))
+    loss_args = LossArguments(disc_start=0)  # GAN (adaptive weight, discriminator update) from the first step
+    total_steps = 2 * (setting.warmup + setting.steps)
+    training_args = VAETrainingArguments(
+        output_dir=output_dir, report_to=[], device="cpu", max_steps=total_steps, seed=setting.seed,
+        per_device_train_batch_size=setting.batch_size, disable_tqdm=True)
+    setup_runtime(training_args)
+    components = build_components(model_args, loss_args, training_args)
+    run = build_training(components, loss_args, training_args)
+    seed_training(setting.seed)
+    return components, loss_args, run
+
+
+def one_forward_step(run, pixel_values, global_step: int) -> None:
+    """Our optimizer step, as `vae_trainer.loop.train` runs it (one micro-batch)."""
+    run.step(pixel_values, global_step, last_micro_step=True)
+    run.vae_optimizer.step()
+    run.vae_scheduler.step()
+    run.vae_optimizer.clear_grad()
+    run.step.after_optimizer_step()
+
+
+def two_forward_step(components, loss_args, run, pixel_values, global_step: int) -> None:
+    """BASELINE, not used in training: the "two VAE forwards per step" scheme of public VAE trainers.
+
+    As in ppdiffusers' examples/autoencoder/vae/train_vae.py (and taming / LDM under Lightning): for
+    optimizer 0 the VAE runs, its loss is backpropagated and the VAE optimizer steps; for optimizer 1 the
+    VAE runs AGAIN on the same batch to produce reconstructions for the discriminator loss. Their
+    `toggle_optimizer` marks the VAE weights stop_gradient for that second pass, so it records no graph:
+    the same cost as `paddle.no_grad()` here. Same losses, optimizers (with clipping) and schedules as
+    ours; no NaN guard (they have none), which only favours the baseline.
+    """
+    import paddle
+
+    from vae_trainer.losses import discriminator_objective, vae_objective
+    from vae_trainer.models.vae import decoder_last_layer
+
+    model = components.model
+    model.train()
+    recon, post_mean, post_logvar = model(pixel_values, sample_posterior=loss_args.sample_posterior)
+    loss, _ = vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
+                            lpips=components.lpips, discriminator=model.discriminator,
+                            last_layer=decoder_last_layer(model.vae), gan_active=True)
+    loss.backward()
+    run.vae_optimizer.step()
+    run.vae_scheduler.step()
+    run.vae_optimizer.clear_grad()
+
+    with paddle.no_grad():  # the second VAE forward, with the freshly updated weights
+        recon, _, _ = model(pixel_values, sample_posterior=loss_args.sample_posterior)
+    d_loss, _ = discriminator_objective(model.discriminator, pixel_values, recon, loss_args.disc_loss)
+    d_loss.backward()
+    run.disc_optimizer.step()
+    run.disc_scheduler.step()
+    run.disc_optimizer.clear_grad()
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def busy_thread_count(min_share: float = 0.1) -> Optional[int]:
+    """Threads of this process that used at least `min_share` of the busiest one's CPU time (Linux)."""
+    task_dir = "/proc/self/task"
+    if not os.path.isdir(task_dir):
+        return None
+    cpu_ticks = []
+    for task in os.listdir(task_dir):
+        with open(os.path.join(task_dir, task, "stat")) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        cpu_ticks.append(int(fields[11]) + int(fields[12]))  # utime + stime
+    busiest = max(cpu_ticks)
+    return sum(ticks >= min_share * busiest for ticks in cpu_ticks)
+
+
+def parameter_count(layer) -> int:
+    return sum(int(p.size) for p in layer.parameters())
+
+
+def timed(step: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    step()
+    return time.perf_counter() - started
+
+
+def run_worker(setting: Setting, output_path: str) -> None:
+    sys.path.insert(0, REPO_ROOT)
+    with tempfile.TemporaryDirectory() as output_dir:
+        components, loss_args, run = build_run(setting, output_dir)
+        batches = make_batches(setting)
+        schemes = {
+            "one_forward": lambda x, step: one_forward_step(run, x, step),
+            "two_forwards": lambda x, step: two_forward_step(components, loss_args, run, x, step),
+        }
+        global_step = 0
+        # Our warm-up first, so the peak RSS below is that of our step alone.
+        for name in schemes:
+            for _ in range(setting.warmup):
+                schemes[name](batches[global_step % len(batches)], global_step)
+                global_step += 1
+            if name == "one_forward":
+                rss_ours = peak_rss_mib()
+        times: Dict[str, List[float]] = {name: [] for name in schemes}
+        for _ in range(setting.steps):  # interleaved: background load hits both schemes alike
+            for name, scheme in schemes.items():
+                x, step = batches[global_step % len(batches)], global_step
+                times[name].append(timed(lambda: scheme(x, step)))
+                global_step += 1
+    model = components.model
+    result = {
+        "setting": asdict(setting),
+        "vae_params": parameter_count(model.vae),
+        "disc_params": parameter_count(model.discriminator),
+        "peak_rss_mib": rss_ours,
+        "peak_rss_mib_both": peak_rss_mib(),
+        "busy_threads": busy_thread_count(),
+        **{name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t} for name, t in times.items()},
+    }
+    with open(output_path, "w") as handle:
+        json.dump(result, handle)
+
+
+if __name__ == "__main__":
+    main()
