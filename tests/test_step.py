@@ -158,3 +158,29 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
     inputs, recon = step.images_for_logging()
     assert not np.allclose(recon.numpy(), step.last_reconstructions.numpy())
     assert np.array_equal(model.vae.decoder.conv_out.weight.numpy(), raw)
+
+
+def test_recompute_gives_the_same_gradients(tmp_path):
+    """--recompute (gradient checkpointing) trades compute for memory without changing the gradients."""
+    x = images()
+    grads = []
+    for recompute in (False, True):
+        model = make_model()
+        if recompute:
+            model.vae.enable_gradient_checkpointing()
+        step = make_step(model, tmp_path, disc_weight=0.0, sample_posterior=False)
+        step(x, global_step=0, last_micro_step=False)
+        grads.append([p.grad.numpy() for p in model.vae.parameters()])
+    for plain, checkpointed in zip(*grads):
+        np.testing.assert_allclose(checkpointed, plain, rtol=1e-5, atol=1e-7)
+
+
+def test_recompute_flag_turns_on_gradient_checkpointing(tmp_path):
+    from vae_trainer.arguments import ModelArguments
+    from vae_trainer.build import build_components
+
+    for recompute in (False, True):
+        parts = build_components(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),
+                                 LossArguments(perceptual_weight=0.0), make_args(tmp_path, recompute=recompute))
+        vae = parts.model.vae
+        assert vae.encoder.gradient_checkpointing == recompute and vae.decoder.gradient_checkpointing == recompute
