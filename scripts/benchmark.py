@@ -66,10 +66,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", nargs="+", type=int,
                         help="One value for all configs or one per config (default 4 with --configs).")
     parser.add_argument("--threads", default="1,2", help="Comma-separated CPU thread counts to measure.")
-    parser.add_argument("--steps", type=int, default=6, help="Timed optimizer steps per scheme.")
+    parser.add_argument("--steps", type=int, default=5, help="Timed optimizer steps per scheme.")
     parser.add_argument("--warmup", type=int, default=2, help="Untimed steps per scheme before timing.")
     parser.add_argument("--data", choices=("photos", "random"), default="photos",
                         help="Batches of crops of scikit-image photos, or uniform noise in [-1, 1].")
+    parser.add_argument("--json", help="Also write the raw results (per-step times) to this JSON file.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON of a Setting
     parser.add_argument("--worker_output", help=argparse.SUPPRESS)  # internal: where the worker writes its result
     return parser.parse_args(argv)
@@ -129,14 +130,23 @@ def markdown_table(results: List[Dict]) -> str:
         lines.append(
             f"| {name} | {s['resolution']} | {s['batch_size']} | {s['threads']} ({result['busy_threads']}) "
             f"| {result['vae_params'] / 1e6:.2f} M | {result['disc_params'] / 1e6:.2f} M "
-            f"| {ours['median_s']:.3f} | {s['batch_size'] / ours['median_s']:.1f} "
-            f"| {theirs['median_s']:.3f} | {s['batch_size'] / theirs['median_s']:.1f} "
-            f"| {theirs['median_s'] / ours['median_s']:.2f}x | {result['peak_rss_mib']:.0f} |")
+            f"| {ours['median_s']:.3f} | {s['batch_size'] / ours['median_s']:.2f} "
+            f"| {theirs['median_s']:.3f} | {s['batch_size'] / theirs['median_s']:.2f} "
+            f"| {result['speedup']:.2f}x | {result['peak_rss_mib']:.0f} |")
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def machine_description() -> str:
-    return f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    return f"{os.cpu_count()} CPU cores ({cpu_model()}), Python {platform.python_version()}"
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -159,7 +169,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(markdown_table(results))
     print()
     print(f"Median of {args.steps} timed optimizer steps per scheme after {args.warmup} warm-up steps, "
-          f"{args.data} batches; speedup = two-forward time / ours. Load average after: {os.getloadavg()[0]:.2f}.")
+          f"{args.data} batches; speedup = median over step pairs of two-forward time / ours. "
+          f"Load average after: {os.getloadavg()[0]:.2f}.")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
 
 
 # ---------------------------------------------------------------- the worker (child process)
@@ -307,6 +321,8 @@ def run_worker(setting: Setting, output_path: str) -> None:
         "peak_rss_mib_both": peak_rss_mib(),
         "busy_threads": busy_thread_count(),
         **{name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t} for name, t in times.items()},
+        # Ratios of adjacent steps: robust to background load that changes during the run.
+        "speedup": statistics.median(b / a for a, b in zip(times["one_forward"], times["two_forwards"])),
     }
     with open(output_path, "w") as handle:
         json.dump(result, handle)

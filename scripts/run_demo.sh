@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 OUT=${1:-outputs/demo}; shift || true
 EVAL_LIST=data/filelist/demo_eval.filelist
-STEPS=${STEPS:-150}
+STEPS=${STEPS:-200}
 
 "$PYTHON" train_vae_trainer.py \
   --file_list data/filelist/demo.filelist.list --vae_config_file configs/vae_tiny.json \
   --output_dir "$OUT" --resolution 64 --per_device_train_batch_size 4 --max_steps "$STEPS" \
-  --learning_rate 5e-4 --warmup_steps 10 --disc_start 100 --disc_norm group \
+  --learning_rate 1e-3 --warmup_steps 10 --disc_start 150 --disc_norm group \
   --use_ema true --ema_decay 0.98 \
   --eval_file_list "$EVAL_LIST" --eval_steps 50 --eval_num_images 28 --metric_for_best_model lpips \
   --logging_steps 10 --image_logging_steps 50 --save_steps 50 --save_total_limit 2 \
