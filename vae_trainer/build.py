@@ -38,17 +38,17 @@ class Components:
 
 
 def setup_runtime(training_args) -> None:
-    """Device, process group, CPU threads and readable logs."""
+    """Device, process group and readable logs.
+
+    CPU threads: Paddle sets OMP_NUM_THREADS=1 when imported unless it is already set, and
+    FLAGS_paddle_num_threads adds no compute threads in dygraph; set OMP_NUM_THREADS before launching.
+    """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     device = training_args.device
     if device == "gpu":  # under the launcher, each process drives the GPU it was given
         device = f"gpu:{paddle.distributed.ParallelEnv().device_id}"
     paddle.set_device(device)
     init_distributed()
-    if device == "cpu" and "FLAGS_paddle_num_threads" not in os.environ:
-        # Paddle's CPU default is one compute thread; give each local process its share of the cores.
-        local_processes = int(os.environ.get("PADDLE_LOCAL_SIZE", world_size()))
-        paddle.set_flags({"FLAGS_paddle_num_threads": max(1, (os.cpu_count() or 1) // max(local_processes, 1))})
 
 
 def build_components(model_args, loss_args, training_args) -> Components:

@@ -61,7 +61,9 @@ def make_grid(
     """Two-row uint8 image grid (HxWx3): the first ``max_images`` inputs over their reconstructions.
 
     Both are NCHW in [-1, 1] (values outside are clipped). Usable for files and for VisualDL.
+    At least one image is shown.
     """
+    max_images = max(1, max_images)
     top = _to_uint8_images(inputs[:max_images])
     bottom = _to_uint8_images(recons[:max_images])
     rows = [np.concatenate(list(row), axis=1) for row in (top, bottom)]
