@@ -220,7 +220,7 @@ def test_weighted_interleaving_follows_weights(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     list_a = write_filelist(tmp_path / "a" / "a.filelist", id_parts(tmp_path / "a", 2, 10, 0))
-    list_b = write_filelist(tmp_path / "b" / "b.filelist", id_parts(tmp_path / "b", 1, 7, 100))
+    write_filelist(tmp_path / "b" / "b.filelist", id_parts(tmp_path / "b", 1, 7, 100))
     listing = tmp_path / "mix.filelist.list"
     listing.write_text(f"{list_a} 1\nb/b.filelist 3\n")
     ids = stream_ids(ImageStream(str(listing), RES, seed=5), limit=1200)

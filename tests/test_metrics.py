@@ -13,7 +13,6 @@ import numpy as np
 import paddle
 import pytest
 from PIL import Image
-from scipy import linalg
 from skimage import data as skimage_data
 from skimage.filters import gaussian
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity

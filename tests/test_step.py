@@ -1,7 +1,6 @@
 """The shared training step: one VAE forward, clean discriminator gradients, GAN switch, accumulation."""
 
 import copy
-import types
 
 import numpy as np
 import paddle

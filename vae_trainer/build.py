@@ -130,6 +130,21 @@ def build_evaluator(data_args, training_args, components: Components):
     return TrainingEvaluator(data_args, training_args, lpips, inception)
 
 
+def build_train_data(data_args, training_args, data_state: Optional[dict] = None):
+    """This rank's training DataLoader (resumed at `data_state` if given) and its position tracker."""
+    from .data.dataset import StreamPosition, build_train_dataloader
+
+    loader = build_train_dataloader(
+        data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
+        training_args.dataloader_num_workers, training_args.seed, rank(), world_size(), resume_state=data_state,
+        image_column=data_args.image_column, random_flip=data_args.random_flip,
+        random_crop=data_args.random_crop, min_image_size=data_args.min_image_size,
+    )
+    position = (StreamPosition.from_state(data_state) if data_state
+                else StreamPosition(training_args.dataloader_num_workers, world_size()))
+    return loader, position
+
+
 def seed_training(seed: int) -> None:
     """Seed the random streams used while training: different on every rank, reproducible from --seed.
 

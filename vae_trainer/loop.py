@@ -14,8 +14,8 @@ from paddlenlp.trainer import TrainerState
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .build import build_components, build_evaluator, build_training, seed_training, setup_runtime
-from .data.dataset import StreamPosition, build_train_dataloader
+from .build import (build_components, build_evaluator, build_train_data, build_training, seed_training,
+                    setup_runtime)
 from .distributed import rank, world_size
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
@@ -43,13 +43,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         seed_training(args.seed)
 
     data_state = rank_state["data"] if rank_state else None
-    dataloader = build_train_dataloader(
-        data_args.file_list, data_args.resolution, args.per_device_train_batch_size, args.dataloader_num_workers,
-        args.seed, rank(), world_size(), resume_state=data_state, image_column=data_args.image_column,
-        random_flip=data_args.random_flip, random_crop=data_args.random_crop, min_image_size=data_args.min_image_size,
-    )
-    position = StreamPosition.from_state(data_state) if data_state else StreamPosition(
-        args.dataloader_num_workers, world_size())
+    dataloader, position = build_train_data(data_args, args, data_state)
     if rank_state:
         ckpt.set_rng_state(rank_state["rng"])
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()

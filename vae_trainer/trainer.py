@@ -20,8 +20,7 @@ from typing import Optional
 from paddlenlp.trainer import Trainer, TrainerCallback
 
 from . import checkpoint as ckpt
-from .build import build_training
-from .data.dataset import StreamPosition, build_train_dataloader
+from .build import build_train_data, build_training
 from .distributed import rank, world_size
 from .step import NonFiniteError
 from .train_logging import TrainMonitor
@@ -70,14 +69,8 @@ class VAETrainer(Trainer):
 
     def get_train_dataloader(self):
         data_state = self.resume_rank_state["data"] if self.resume_rank_state else None
-        self.position = (StreamPosition.from_state(data_state) if data_state
-                         else StreamPosition(self.args.dataloader_num_workers, world_size()))
-        d = self.data_args
-        return build_train_dataloader(
-            d.file_list, d.resolution, self.args.per_device_train_batch_size, self.args.dataloader_num_workers,
-            self.args.seed, rank(), world_size(), resume_state=data_state, image_column=d.image_column,
-            random_flip=d.random_flip, random_crop=d.random_crop, min_image_size=d.min_image_size,
-        )
+        loader, self.position = build_train_data(self.data_args, self.args, data_state)
+        return loader
 
     # ---- the step
     def training_step(self, model, inputs):
