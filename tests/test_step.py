@@ -183,3 +183,8 @@ def test_recompute_flag_turns_on_gradient_checkpointing(tmp_path):
                                  LossArguments(perceptual_weight=0.0), make_args(tmp_path, recompute=recompute))
         vae = parts.model.vae
         assert vae.encoder.gradient_checkpointing == recompute and vae.decoder.gradient_checkpointing == recompute
+
+
+def test_unsupported_parallelism_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="only data parallelism"):
+        make_args(tmp_path, tensor_parallel_degree=2)

@@ -178,6 +178,9 @@ class VAETrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        # Checked before PaddleNLP normalises them: our drivers implement data parallelism only.
+        if self.sharding or max(self.tensor_parallel_degree, self.pipeline_parallel_degree, self.sep_parallel_degree) > 1:
+            raise ValueError("only data parallelism is supported: drop --sharding and the *_parallel_degree flags.")
         if self.logging_dir is None:  # a fixed place users and tests can find, not a dated folder
             self.logging_dir = os.path.join(self.output_dir, "logs")
         super().__post_init__()
