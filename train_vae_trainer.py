@@ -25,6 +25,7 @@ def main(argv=None):
     resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
     try:
         trainer.train(resume_from_checkpoint=resume)
+        trainer._save_checkpoint(trainer.model)  # always a checkpoint at the end (no-op if just saved)
     except NonFiniteError as error:
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:

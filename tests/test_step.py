@@ -184,7 +184,3 @@ def test_recompute_flag_turns_on_gradient_checkpointing(tmp_path):
         vae = parts.model.vae
         assert vae.encoder.gradient_checkpointing == recompute and vae.decoder.gradient_checkpointing == recompute
 
-
-def test_unsupported_parallelism_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="only data parallelism"):
-        make_args(tmp_path, tensor_parallel_degree=2)

@@ -181,6 +181,9 @@ class VAETrainingArguments(TrainingArguments):
         # Checked before PaddleNLP normalises them: our drivers implement data parallelism only.
         if self.sharding or max(self.tensor_parallel_degree, self.pipeline_parallel_degree, self.sep_parallel_degree) > 1:
             raise ValueError("only data parallelism is supported: drop --sharding and the *_parallel_degree flags.")
+        if self.do_eval or str(self.evaluation_strategy) not in ("no", "IntervalStrategy.NO") or self.load_best_model_at_end:
+            raise ValueError("evaluation is ours: use --eval_file_list with --eval_steps (and --metric_for_best_model), "
+                             "not --do_eval / --evaluation_strategy / --load_best_model_at_end.")
         if self.logging_dir is None:  # a fixed place users and tests can find, not a dated folder
             self.logging_dir = os.path.join(self.output_dir, "logs")
         super().__post_init__()

@@ -61,20 +61,32 @@ def list_checkpoints(output_dir: str) -> List[Tuple[int, str]]:
     return sorted(found)
 
 
+_LATEST = ("latest", "true", "True")
+
+
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
-    """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None."""
+    """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None.
+
+    'latest' is decided by rank 0 and broadcast, so that every rank resumes from the same step even if
+    a shared file system shows the ranks slightly different listings.
+    """
     if resume_from_checkpoint in (None, "", "none", "None", "false", "False"):
         return None
-    if resume_from_checkpoint in ("latest", "true", "True"):
-        found = list_checkpoints(output_dir)
-        if not found:
-            logger.warning("--resume_from_checkpoint latest: no checkpoint in %s, starting from scratch", output_dir)
-            return None
-        return found[-1][1]
-    unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
-    if unfinished or not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
-        raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint folder")
-    return resume_from_checkpoint
+    if resume_from_checkpoint not in _LATEST:
+        unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
+        if unfinished or not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
+            raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint folder")
+        return resume_from_checkpoint
+    found = list_checkpoints(output_dir) if rank() == 0 else []
+    step = found[-1][0] if found else -1
+    if world_size() > 1:
+        shared = paddle.to_tensor([step], dtype="int64")
+        dist.broadcast(shared, src=0)
+        step = int(shared.item())
+    if step < 0:
+        logger.warning("--resume_from_checkpoint latest: no checkpoint in %s, starting from scratch", output_dir)
+        return None
+    return checkpoint_path(output_dir, step)
 
 
 def _barrier() -> None:
@@ -170,7 +182,13 @@ def remove_unfinished(output_dir: str) -> None:
 
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
-    missing, unexpected = model.set_state_dict(paddle.load(os.path.join(path, MODEL_NAME)))
+    """Load the weights into `model`, cast to its current dtypes (an O2 checkpoint holds float16 weights,
+    and the Trainer loads them before the model is decorated for O2)."""
+    state = paddle.load(os.path.join(path, MODEL_NAME))
+    current = model.state_dict()
+    state = {k: v.astype(current[k].dtype) if k in current and v.dtype != current[k].dtype else v
+             for k, v in state.items()}
+    missing, unexpected = model.set_state_dict(state)
     if missing or unexpected:
         raise RuntimeError(f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})")
 

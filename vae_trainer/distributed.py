@@ -41,6 +41,15 @@ def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
         fused_allreduce_gradients([p for p in parameters if not p.stop_gradient], None)
 
 
+def all_ranks_agree(flag: bool) -> bool:
+    """True only if `flag` is true on every rank (so that all ranks take the same branch)."""
+    if world_size() == 1:
+        return flag
+    value = paddle.to_tensor([1 if flag else 0], dtype="int32")
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
 def broadcast_parameters(layer: paddle.nn.Layer) -> None:
     """Make every rank start from rank 0's weights and buffers."""
     if world_size() > 1:

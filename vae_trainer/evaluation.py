@@ -199,8 +199,12 @@ def evaluate_vae(
     finally:
         if was_training:
             vae.train()
-    if evaluation.count == 0:
-        raise ValueError("evaluate_vae got no images")
+    # Decided from all ranks at once, so that an empty shard raises everywhere instead of leaving the
+    # other ranks waiting in the all-reduces of result().
+    empty_ranks = -all_reduce_sum(np.array([-1.0 if evaluation.count == 0 else 0.0]))[0]
+    if empty_ranks > 0:
+        raise ValueError(f"evaluate_vae: {int(empty_ranks)} rank(s) got no images; evaluate at least as many images "
+                         "as there are ranks")
     return evaluation.result()
 
 
@@ -220,6 +224,11 @@ class TrainingEvaluator:
         self.data_args, self.args = data_args, args
         self.lpips, self.inception = lpips, inception
         self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        from vae_trainer.distributed import world_size
+
+        if self.enabled and data_args.eval_num_images < world_size():
+            raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
+                             f"({world_size()}): every rank evaluates its share")
         if self.metric is not None and self.metric not in HIGHER_IS_BETTER:
             raise ValueError(f"--metric_for_best_model must be one of {sorted(HIGHER_IS_BETTER)}, got {self.metric!r}")
 

@@ -87,6 +87,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                 save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
                 save()
+        save()  # always a checkpoint at the end, to continue training later
     except NonFiniteError:
         save()  # the weights are those of the last good step: a checkpoint to go back to
         raise

@@ -278,8 +278,9 @@ def vae_objective(
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
     """The VAE's loss for one micro-batch and its parts (detached) for logging.
 
-    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor) only matters under gradnorm,
-    whose backward would otherwise undo the caller's scaling of the loss.
+    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor) matters under gradnorm, whose
+    backward would otherwise undo the caller's scaling of the loss, and keeps the adaptive weight's
+    gradients from underflowing in fp16.
     """
     if _uses_gradnorm(loss_args):
         return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
@@ -299,7 +300,9 @@ def vae_objective(
     if gan_active:
         gan = _generator_term(x, recon, discriminator, loss_args)
         if loss_args.adaptive_disc_weight:
-            d_weight = adaptive_weight(nll, gan, last_layer) * loss_args.disc_weight
+            # Both losses carry the fp16 loss scale so that their half-precision gradients do not
+            # underflow; the ratio is unchanged by it.
+            d_weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer) * loss_args.disc_weight
         else:
             d_weight = paddle.full([], loss_args.disc_weight, "float32")
         loss = loss + d_weight * gan

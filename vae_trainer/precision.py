@@ -24,12 +24,36 @@ import paddle
 logger = logging.getLogger("vae_trainer")
 
 
+class LossScaler(paddle.amp.GradScaler):
+    """Paddle's GradScaler with its dynamic update made safe under numpy 2.4.
+
+    Paddle 3.3.1's `_update` formats `float(self._scale)` (a 1-element tensor) when it lowers the
+    scale, which numpy 2.4 refuses: fp16 training would crash at its first overflow. Same rule here,
+    logged with `.item()`.
+    """
+
+    def _update(self):
+        if not self._enable:
+            return
+        if self._cache_found_inf:
+            self._incr_count, self._decr_count = 0, self._decr_count + 1
+            if self._decr_count == self._decr_every_n_nan_or_inf:
+                self._scale = self._scale * self._decr_ratio
+                self._decr_count = 0
+                logger.info("fp16 overflow: loss scale lowered to %g", self._scale.item())
+        else:
+            self._decr_count, self._incr_count = 0, self._incr_count + 1
+            if self._incr_count == self._incr_every_n_steps:
+                self._scale = self._scale * self._incr_ratio
+                self._incr_count = 0
+
+
 @dataclass
 class Precision:
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
-    vae_scaler: Optional[paddle.amp.GradScaler] = None
-    disc_scaler: Optional[paddle.amp.GradScaler] = None
+    vae_scaler: Optional[LossScaler] = None
+    disc_scaler: Optional[LossScaler] = None
 
     def autocast(self):
         if self.dtype is None:
@@ -72,7 +96,7 @@ def setup_precision(args, model: paddle.nn.Layer) -> Precision:
         paddle.amp.decorate(models=model, level="O2", dtype=dtype)
     scalers = {}
     if args.fp16:
-        scalers = {name: paddle.amp.GradScaler(init_loss_scaling=args.scale_loss) for name in ("vae_scaler", "disc_scaler")}
+        scalers = {name: LossScaler(init_loss_scaling=args.scale_loss) for name in ("vae_scaler", "disc_scaler")}
     return Precision(dtype=dtype, level=args.fp16_opt_level, **scalers)
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import paddle
 
-from .distributed import sync_gradients
+from .distributed import all_ranks_agree, sync_gradients
 from .losses import discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
@@ -54,6 +54,17 @@ def all_finite(tensors: List[paddle.Tensor]) -> bool:
     """One device sync: are all given tensors free of NaN and Inf?"""
     flags = [paddle.isfinite(t.astype("float32")).all() for t in tensors if t is not None]
     return bool(paddle.stack(flags).all().item()) if flags else True
+
+
+def update_scaler(scaler, found_inf: bool) -> None:
+    """Adjust an fp16 loss scale after an optimizer step we took (or skipped) ourselves.
+
+    Paddle's GradScaler.update() reads `_cache_found_inf`, which only its own step()/minimize() set;
+    we step the optimizers ourselves (after our own finite checks), so we set it from our decision.
+    """
+    if scaler is not None:
+        scaler._cache_found_inf = found_inf
+        scaler.update()
 
 
 class TrainStep:
@@ -118,52 +129,60 @@ class TrainStep:
         return logs
 
     def finish(self, global_step: int, gan_active: bool) -> Dict[str, paddle.Tensor]:
-        """End of an optimizer step: sync, unscale, guard, step the discriminator."""
-        model = self.model
+        """End of an optimizer step: sync, unscale, guard, step the discriminator.
+
+        Every decision here is taken from values that are identical on all ranks (all-reduced gradients
+        and a rank-global loss check), so all ranks always skip or step together.
+        """
+        model, precision = self.model, self.precision
         vae_params = model.vae_parameters()
         disc_params = model.discriminator_parameters() if gan_active else []
         sync_gradients(vae_params)
         sync_gradients(disc_params)
-        if self.precision.vae_scaler is not None:
-            self.precision.vae_scaler.unscale_(self.vae_optimizer)
-        if gan_active and self.precision.disc_scaler is not None:
-            self.precision.disc_scaler.unscale_(self.disc_optimizer)
+        if precision.vae_scaler is not None:
+            precision.vae_scaler.unscale_(self.vae_optimizer)
+        if gan_active and precision.disc_scaler is not None:
+            precision.disc_scaler.unscale_(self.disc_optimizer)
 
-        losses_finite = all_finite(self._window_losses)
-        grads_finite = all_finite([p.grad for p in vae_params + disc_params])
+        losses_finite = all_ranks_agree(all_finite(self._window_losses))
         self._window_losses = []
-        if losses_finite and grads_finite:
-            self.consecutive_nonfinite = 0
-            if gan_active:
-                self.disc_optimizer.step()
-                self.disc_scheduler.step()
+        vae_grads_finite = all_finite([p.grad for p in vae_params])
+        disc_grads_finite = all_finite([p.grad for p in disc_params])
+        if losses_finite and precision.vae_scaler is not None:
+            # fp16: an overflow is the loss scaler's business and cancels only that network's step.
+            step_vae, step_disc = vae_grads_finite, disc_grads_finite
+            if not (step_vae and step_disc):
+                logger.info("step %d: fp16 gradient overflow (%s), step skipped and loss scale lowered", global_step + 1,
+                            "vae" if not step_vae else "discriminator")
         else:
-            self._skip(global_step, losses_finite)
-        for scaler in (self.precision.vae_scaler, self.precision.disc_scaler if gan_active else None):
-            if scaler is not None:
-                scaler.update()
+            step_vae = step_disc = losses_finite and vae_grads_finite and disc_grads_finite
+            if not step_vae:
+                self._guard(global_step, losses_finite)
+        if step_vae and step_disc:
+            self.consecutive_nonfinite = 0
+        if not step_vae:
+            self.vae_optimizer.skip_next_step = True
+            self.nonfinite_steps += 1
+        if gan_active and step_disc:
+            self.disc_optimizer.step()
+            self.disc_scheduler.step()
+        update_scaler(precision.vae_scaler, found_inf=not step_vae)
+        if gan_active:
+            update_scaler(precision.disc_scaler, found_inf=not step_disc)
         self.disc_optimizer.clear_grad()
         return {
             "train/disc_learning_rate": paddle.full([], self.disc_optimizer.get_lr(), "float32"),
             "train/skipped_steps": paddle.full([], self.nonfinite_steps, "float32"),
         }
 
-    def _skip(self, global_step: int, losses_finite: bool) -> None:
-        """Cancel this optimizer step for both networks.
-
-        With fp16 loss scaling, overflowing gradients with finite losses are the scaler's normal
-        business (it lowers the scale); only a non-finite loss, or any non-finite gradient without a
-        scaler, counts towards the --max_consecutive_nonfinite_steps limit.
-        """
-        self.vae_optimizer.skip_next_step = True
-        self.nonfinite_steps += 1
-        if losses_finite and self.precision.vae_scaler is not None:
-            logger.info("step %d: fp16 gradient overflow, step skipped and loss scale lowered", global_step + 1)
-            return
+    def _guard(self, global_step: int, losses_finite: bool) -> None:
+        """Count a non-finite step (loss, or gradients without fp16 scaling); stop after K in a row."""
         self.consecutive_nonfinite += 1
-        logger.warning("step %d: non-finite %s, step skipped (%d in a row, %d in total)", global_step + 1,
-                       "gradients" if losses_finite else "loss", self.consecutive_nonfinite, self.nonfinite_steps)
+        logger.warning("step %d: non-finite %s, step skipped for both networks (%d in a row, %d in total)",
+                       global_step + 1, "gradients" if losses_finite else "loss", self.consecutive_nonfinite,
+                       self.nonfinite_steps + 1)
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+            self.vae_optimizer.skip_next_step = True
             raise NonFiniteError(
                 f"{self.consecutive_nonfinite} consecutive optimizer steps had non-finite losses or gradients "
                 f"(last at step {global_step + 1}); stopping. The weights are those of the last good step. "

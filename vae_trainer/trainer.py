@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import paddle
 from paddlenlp.trainer import Trainer, TrainerCallback
 
 from . import checkpoint as ckpt
@@ -86,7 +87,9 @@ class VAETrainer(Trainer):
             raise
         self.position.update(inputs["position"])
         self.monitor.micro_step_end(logs)
-        return logs["loss/total"] / self.args.gradient_accumulation_steps
+        # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
+        loss = logs["loss/total"]
+        return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss)) / self.args.gradient_accumulation_steps
 
     def after_optimizer_step(self) -> None:
         self.run.step.after_optimizer_step()
