@@ -22,7 +22,6 @@ from vae_trainer.data.dataset import (
     StreamPosition,
     build_eval_dataloader,
     build_train_dataloader,
-    data_state,
 )
 
 paddle.set_device("cpu")
@@ -284,8 +283,10 @@ def test_resume_continues_exactly(tmp_path, num_workers, world_size):
 
 
 def test_position_state_round_trip_and_layout_check(tmp_path):
-    state = data_state(np.array([[1, 0, 4], [1, 0, 6]]))
-    state = data_state(paddle.to_tensor(np.array([[0, 2, 9]], np.int64)), state)
+    position = StreamPosition()
+    position.update(np.array([[1, 0, 4], [1, 0, 6]]))
+    position.update(paddle.to_tensor(np.array([[0, 2, 9]], np.int64)))
+    state = position.state_dict()
     assert state["positions"] == {"0": [2, 9], "1": [0, 6]} and state["batches_consumed"] == 2
     tracker = StreamPosition.from_state(state)
     assert tracker.positions == {0: (2, 9), 1: (0, 6)}

@@ -60,6 +60,11 @@ class Precision:
             return contextlib.nullcontext()
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
 
+    def vae_loss_scale(self):
+        """The VAE's current fp16 loss scale: a device tensor under fp16, else the plain number 1.0
+        (so that the common case costs no tensor and no device sync)."""
+        return self.vae_scaler._scale if self.vae_scaler is not None and self.vae_scaler.is_enable() else 1.0
+
     def scale_vae(self, loss: paddle.Tensor) -> paddle.Tensor:
         return self.vae_scaler.scale(loss) if self.vae_scaler is not None else loss
 

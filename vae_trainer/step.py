@@ -109,7 +109,7 @@ class TrainStep:
                 pixel_values, recon, post_mean, post_logvar, model.logvar,
                 loss_args=self.loss_args, lpips=self.lpips, discriminator=model.discriminator,
                 last_layer=decoder_last_layer(model.vae), gan_active=gan_active,
-                grad_scale=self.precision.scale_vae(paddle.ones([], "float32")) / self.accumulation_steps,
+                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps,
             )
         self.precision.scale_vae(loss / self.accumulation_steps).backward()
         self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()  # for image logging

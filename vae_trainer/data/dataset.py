@@ -380,13 +380,6 @@ class StreamPosition:
             )
 
 
-def data_state(positions: np.ndarray | paddle.Tensor, prior_state: dict | None = None) -> dict:
-    """Functional form of :class:`StreamPosition`: `prior_state` advanced by one consumed batch."""
-    tracker = StreamPosition.from_state(prior_state) if prior_state else StreamPosition()
-    tracker.update(positions)
-    return tracker.state_dict()
-
-
 # ---------------------------------------------------------------------------------- evaluation
 
 
