@@ -21,7 +21,7 @@ $(STAMP): requirements.txt constraints.txt
 	$(PIP) install "$(PADDLE)" -r requirements.txt -c constraints.txt
 	touch $(STAMP)
 
-# Test-only: pytest, and torch + pytorch-fid to check the FID InceptionV3 port (see requirements-test.txt).
+# Test-only: pytest, torch + pytorch-fid (FID InceptionV3 port) and diffusers (PyTorch interop); see requirements-test.txt.
 $(TEST_STAMP): $(STAMP) requirements-test.txt
 	$(PIP) install -r requirements-test.txt -c constraints.txt
 	$(PIP) install --no-deps pytorch-fid==0.3.0

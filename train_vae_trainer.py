@@ -11,6 +11,7 @@ import sys
 from vae_trainer import checkpoint as ckpt
 from vae_trainer.arguments import parse_arguments
 from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime
+from vae_trainer.export import export_run
 from vae_trainer.step import NonFiniteError
 from vae_trainer.trainer import VAETrainer
 
@@ -18,7 +19,7 @@ from vae_trainer.trainer import VAETrainer
 def main(argv=None):
     model_args, data_args, loss_args, training_args = parse_arguments(argv)
     setup_runtime(training_args)
-    parts = build_components(model_args, loss_args, training_args)
+    parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
     evaluator = build_evaluator(data_args, training_args, parts)
     trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
     seed_training(training_args.seed)
@@ -30,9 +31,7 @@ def main(argv=None):
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:
         trainer.monitor.close()
-    vae, ema = parts.model.vae, trainer.run.ema
-    vae_dir, _ = ckpt.export_final(training_args.output_dir, vae, parts.model.discriminator, parts.discriminator_config,
-                                   ema=ema, vae_config_updates=evaluator.latent_config(vae, ema))
+    vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
     if trainer.is_world_process_zero():
         print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")
 

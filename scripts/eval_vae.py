@@ -1,6 +1,6 @@
 """Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
 
-    python scripts/eval_vae.py --vae out/checkpoint-1000 [--subfolder vae] --data data/filelist \\
+    python scripts/eval_vae.py --vae out/vae --data data/filelist \\
         --resolution 256 --num_images 1000 --batch_size 8 \\
         [--sample_posterior] [--lpips_weights weights/lpips_vgg16.pdparams] \\
         [--inception_weights weights/fid_inception_v3.pdparams] --output_dir eval_out
@@ -38,10 +38,13 @@ from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vae", required=True,
-                        help="directory saved by save_pretrained, or a config JSON (an untrained baseline)")
+                        help="a VAE folder (ours, ppdiffusers or PyTorch diffusers), an original single-file "
+                             "checkpoint, or a config JSON (an untrained baseline)")
     parser.add_argument("--subfolder", default=None, help="e.g. 'vae' inside a pipeline directory")
     parser.add_argument("--data", required=True, help="filelist or image folder")
     parser.add_argument("--resolution", type=int, default=256)
+    parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
+                        help="the encoder sees the images resized to HxW (a VAE trained with --input_size)")
     parser.add_argument("--num_images", type=int, default=1000, help="total over all processes")
     parser.add_argument("--batch_size", type=int, default=8, help="per process")
     parser.add_argument("--sample_posterior", action="store_true",
@@ -143,6 +146,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         sample_posterior=args.sample_posterior,
         seed=args.seed,
         grid_images=args.grid_images,
+        input_size=args.input_size,
     )
     if rank == 0:
         print(format_table(result))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import paddle
@@ -101,15 +102,171 @@ def test_decoder_last_layer_is_the_output_conv_and_receives_gradients():
     assert grad.abs().sum().item() > 0
 
 
-def test_source_errors(tmp_path):
-    with pytest.raises(ValueError, match="exactly one"):
+def test_nothing_loadable_gives_one_error_naming_the_folder_and_the_files(tmp_path):
+    with pytest.raises(ValueError, match="Give a VAE source"):
         build_vae()
-    with pytest.raises(ValueError, match="exactly one"):
-        build_vae(config_path("vae_micro"), pretrained_model_name_or_path=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="local folder"):
-        build_vae(pretrained_model_name_or_path="stabilityai/sd-vae-ft-mse")
+        build_vae(pretrained_model_name_or_path="stabilityai/sd-vae-ft-mse")  # a hub id: never downloaded
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as error:
+        build_vae(pretrained_model_name_or_path=str(tmp_path / "empty"))
+    message = str(error.value)
+    assert str(tmp_path / "empty") in message
+    for name in ("config.json", "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin",
+                 "diffusion_paddle_model.safetensors", "model_state.pdparams"):
+        assert name in message
     save_vae(build_vae(config_path("vae_micro")), str(tmp_path / "vae"))
-    with pytest.raises(FileNotFoundError, match="subfolder"):
+    with pytest.raises(FileNotFoundError, match="--subfolder vae"):
         build_vae(pretrained_model_name_or_path=str(tmp_path))  # forgot subfolder="vae"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         build_vae(str(tmp_path / "missing.json"))
+    (tmp_path / "weights_only").mkdir()
+    (tmp_path / "weights_only" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        build_vae(pretrained_model_name_or_path=str(tmp_path / "weights_only"))
+
+
+# ---- the pretrained VAEs people have, each compared with the PyTorch source model on real photos
+
+from torch_vae import (MICRO, SD_LIKE, diffusers, diffusers_to_ldm, make_torch_vae, paddle_reconstruct,  # noqa: E402
+                       photos, torch_reconstruct)
+
+
+@pytest.fixture(scope="module")
+def torch_micro(tmp_path_factory):
+    """A PyTorch diffusers micro VAE folder (seeded non-default weights, SDXL's scaling factor) and its model."""
+    folder = tmp_path_factory.mktemp("torch_micro")
+    vae = make_torch_vae(MICRO)
+    vae.save_pretrained(str(folder))
+    return str(folder), vae
+
+
+def test_pytorch_diffusers_folder_loads_and_reconstructs_like_torch(torch_micro, tmp_path):
+    folder, source = torch_micro
+    images = photos()
+    vae = build_vae(pretrained_model_name_or_path=folder)
+    np.testing.assert_allclose(paddle_reconstruct(vae, images), torch_reconstruct(source, images), atol=1e-4)
+    assert vae.config.scaling_factor == MICRO["scaling_factor"]
+    # The same folder as the 'vae' of a pipeline.
+    os.makedirs(tmp_path / "pipeline")
+    os.symlink(folder, tmp_path / "pipeline" / "vae")
+    in_pipeline = build_vae(pretrained_model_name_or_path=str(tmp_path / "pipeline"), subfolder="vae")
+    np.testing.assert_array_equal(paddle_reconstruct(in_pipeline, images), paddle_reconstruct(vae, images))
+
+
+def _write_single_file(torch_vae, path, as_ckpt=False):
+    import torch
+    from safetensors.torch import save_file
+
+    state = diffusers_to_ldm(torch_vae.state_dict(), len(torch_vae.config.up_block_types))
+    if as_ckpt:  # a whole SD checkpoint: the VAE under first_stage_model.
+        torch.save({"state_dict": {f"first_stage_model.{k}": v for k, v in state.items()}, "global_step": 1}, path)
+    else:
+        save_file(state, path)
+    return str(path)
+
+
+def test_original_single_file_loads_with_the_config_inferred_from_its_tensors(tmp_path):
+    source = make_torch_vae(SD_LIKE, seed=1)
+    source.save_pretrained(str(tmp_path / "config_only"))
+    file = _write_single_file(source, tmp_path / "vae-ft.safetensors")
+    images, expected = photos(), torch_reconstruct(source, photos())
+    # The LDM names are right: diffusers' own single-file loader reads the file back to the source model.
+    reread = diffusers().AutoencoderKL.from_single_file(file, config=str(tmp_path / "config_only"), local_files_only=True)
+    np.testing.assert_array_equal(torch_reconstruct(reread.eval(), images), expected)
+
+    vae = build_vae(pretrained_model_name_or_path=file)
+    np.testing.assert_allclose(paddle_reconstruct(vae, images), expected, atol=1e-4)
+    assert (vae.config.scaling_factor, vae.config.norm_num_groups, list(vae.config.block_out_channels)) == (0.18215, 32, [32, 32])
+    ckpt = build_vae(pretrained_model_name_or_path=_write_single_file(source, tmp_path / "sd.ckpt", as_ckpt=True))
+    np.testing.assert_allclose(paddle_reconstruct(ckpt, images), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("quant_conv", [True, False], ids=["sdxl_like", "flux_like_no_quant_conv"])
+def test_single_file_with_a_config_file_takes_its_architecture_and_scaling_factor(tmp_path, quant_conv):
+    config = dict(MICRO, use_quant_conv=quant_conv, use_post_quant_conv=quant_conv, scaling_factor=0.13025)
+    source = make_torch_vae(config, seed=2)
+    file = _write_single_file(source, tmp_path / "sdxl_vae.safetensors")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config))
+    vae = build_vae(str(config_file), pretrained_model_name_or_path=file)
+    images = photos()
+    np.testing.assert_allclose(paddle_reconstruct(vae, images), torch_reconstruct(source, images), atol=1e-4)
+    assert vae.config.scaling_factor == 0.13025 and (vae.quant_conv is None) == (not quant_conv)
+    with pytest.raises(ValueError, match="--vae_config_file"):  # SD's 32 norm groups do not fit these widths
+        build_vae(pretrained_model_name_or_path=file)
+
+
+def test_a_folder_with_both_formats_is_read_in_each_librarys_own_format(tmp_path, torch_micro):
+    """Our export holds both files; each loader must pick its own (ppdiffusers: Paddle; diffusers: PyTorch).
+    Here the two files hold DIFFERENT models, so picking the wrong one cannot go unnoticed."""
+    paddle_model = build_vae(config_path("vae_micro"))
+    folder = tmp_path / "both"
+    paddle_model.save_pretrained(str(folder))
+    torch_source = make_torch_vae(MICRO, seed=3)
+    torch_source.save_pretrained(str(tmp_path / "torch"))
+    shutil.copy(tmp_path / "torch" / "diffusion_pytorch_model.safetensors", folder)
+    images = photos()
+    np.testing.assert_array_equal(paddle_reconstruct(build_vae(pretrained_model_name_or_path=str(folder)), images),
+                                  paddle_reconstruct(paddle_model, images))
+    in_torch = diffusers().AutoencoderKL.from_pretrained(str(folder))
+    np.testing.assert_array_equal(torch_reconstruct(in_torch.eval(), images), torch_reconstruct(torch_source, images))
+
+
+def test_ignore_keys_leave_those_weights_at_the_seeded_fresh_initialisation(torch_micro):
+    folder, _ = torch_micro
+    full = build_vae(pretrained_model_name_or_path=folder).state_dict()
+    paddle.seed(11)
+    partial = build_vae(pretrained_model_name_or_path=folder, ignore_keys=["decoder."]).state_dict()
+    paddle.seed(11)
+    fresh = AutoencoderKL.from_config(AutoencoderKL.load_config(folder)).state_dict()
+    assert any(k.startswith("decoder.") for k in full)
+    for key, value in partial.items():
+        expected = fresh[key] if key.startswith("decoder.") else full[key]
+        np.testing.assert_array_equal(value.numpy(), expected.numpy(), err_msg=key)
+        if key.startswith("decoder.") and key.endswith("conv1.weight"):
+            assert not np.array_equal(value.numpy(), full[key].numpy())
+
+
+def test_another_architecture_takes_what_fits_and_needs_ignore_keys_for_the_rest(torch_micro, tmp_path):
+    folder, _ = torch_micro
+    # The reference trainer's recipe: SD's encoder, a decoder with one more up block (super-resolution).
+    wider = dict(MICRO, up_block_types=["UpDecoderBlock2D"] * 3, up_block_out_channels=[8, 16, 16])
+    config_file = tmp_path / "f2_encoder_f4_decoder.json"
+    config_file.write_text(json.dumps(wider))
+    with pytest.raises(ValueError, match="--ignore_keys"):
+        build_vae(str(config_file), pretrained_model_name_or_path=folder)
+    vae = build_vae(str(config_file), pretrained_model_name_or_path=folder, ignore_keys=["decoder."])
+    full = build_vae(pretrained_model_name_or_path=folder).state_dict()
+    for key, value in vae.state_dict().items():
+        if not key.startswith("decoder."):
+            np.testing.assert_array_equal(value.numpy(), full[key].numpy(), err_msg=key)
+    assert len(vae.decoder.up_blocks) == 3
+
+
+def test_init_from_ckpt_loads_weights_from_a_checkpoint_or_a_weight_file(torch_micro, tmp_path):
+    folder, source = torch_micro
+    images = photos()
+    expected = torch_reconstruct(source, images)
+    # A PyTorch diffusers weight file, converted to Paddle's layout.
+    from_torch_file = build_vae(config_path("vae_micro"),
+                                init_from_ckpt=os.path.join(folder, "diffusion_pytorch_model.safetensors"))
+    np.testing.assert_allclose(paddle_reconstruct(from_torch_file, images), expected, atol=1e-4)
+    # Our checkpoint's model_state.pdparams holds the VAE under "vae." beside the discriminator.
+    checkpoint = tmp_path / "checkpoint-7"
+    checkpoint.mkdir()
+    state = {f"vae.{k}": v for k, v in from_torch_file.state_dict().items()}
+    state["discriminator.main.0.weight"] = paddle.zeros([1])
+    paddle.save(state, str(checkpoint / "model_state.pdparams"))
+    for path in (checkpoint, checkpoint / "model_state.pdparams"):
+        loaded = build_vae(config_path("vae_micro"), init_from_ckpt=str(path))
+        np.testing.assert_array_equal(paddle_reconstruct(loaded, images), paddle_reconstruct(from_torch_file, images))
+    paddle.seed(5)
+    keeps_decoder = build_vae(config_path("vae_micro"), init_from_ckpt=str(checkpoint), ignore_keys=["decoder."])
+    paddle.seed(5)
+    fresh = build_vae(config_path("vae_micro"))
+    np.testing.assert_array_equal(keeps_decoder.decoder.conv_out.weight.numpy(), fresh.decoder.conv_out.weight.numpy())
+    np.testing.assert_array_equal(keeps_decoder.encoder.conv_in.weight.numpy(),
+                                  from_torch_file.encoder.conv_in.weight.numpy())
+    with pytest.raises(FileNotFoundError, match="init_from_ckpt"):
+        build_vae(config_path("vae_micro"), init_from_ckpt=str(tmp_path / "nothing"))

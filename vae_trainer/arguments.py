@@ -42,10 +42,51 @@ class ModelArguments:
         metadata={"help": "AutoencoderKL config JSON (ppdiffusers format) to train from scratch, e.g. configs/vae_tiny.json."},
     )
     pretrained_model_name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "Local folder of a pretrained AutoencoderKL (or a pipeline with --subfolder vae)."}
+        default=None,
+        metadata={"help": "Pretrained VAE to fine-tune, local only: a ppdiffusers or PyTorch diffusers folder "
+                          "(config.json + weights; a pipeline folder with --subfolder vae), or an original LDM/SD/SDXL "
+                          "single-file checkpoint (.safetensors/.ckpt). A single file's config is inferred from its "
+                          "tensors with SD's scaling_factor 0.18215; also give --vae_config_file (e.g. "
+                          "configs/sdxl_vae.json, configs/flux_vae.json) to set it. With a folder, --vae_config_file "
+                          "replaces the architecture (load what fits; see --ignore_keys)."},
     )
     subfolder: Optional[str] = field(
         default=None, metadata={"help": "Subfolder of --pretrained_model_name_or_path that holds the VAE, e.g. 'vae'."}
+    )
+    ignore_keys: Optional[List[str]] = field(
+        default=None,
+        metadata={"help": "Weight-name prefixes NOT loaded from --pretrained_model_name_or_path / --init_from_ckpt, "
+                          "e.g. 'decoder.' to re-initialise the decoder (seeded by --seed)."},
+    )
+    init_from_ckpt: Optional[str] = field(
+        default=None,
+        metadata={"help": "Load VAE weights only (no optimizer, schedule or step) from a checkpoint-N folder (or its "
+                          "model_state.pdparams) or a VAE weight file (diffusion_paddle_model.safetensors, "
+                          "model_state.pdparams, diffusion_pytorch_model.safetensors/.bin). Without "
+                          "--vae_config_file / --pretrained_model_name_or_path the checkpoint's vae_config.json is used."},
+    )
+    freeze_encoder: bool = field(
+        default=False,
+        metadata={"help": "Freeze the encoder and quant_conv (out of the optimizer, no graph): decoder-only "
+                          "fine-tuning, the latent space stays bit-identical."},
+    )
+    input_size: Optional[List[int]] = field(
+        default=None,
+        metadata={"help": "H W: the encoder sees the image bilinearly downsized to HxW while the loss compares the "
+                          "--resolution target (a super-resolving decoder; needs a decoder with more up blocks)."},
+    )
+    scaling_factor: Optional[str] = field(
+        default=None,
+        metadata={"help": "Latent scale written to the exported vae/config.json: 'keep' (the VAE's own scaling_factor "
+                          "and shift_factor), 'measure' (from posterior statistics, see --latent_stats_num_images) or "
+                          "a number. Default: keep when fine-tuning --pretrained_model_name_or_path with its encoder "
+                          "loaded, measure otherwise."},
+    )
+    discriminator_path: Optional[str] = field(
+        default=None,
+        metadata={"help": "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a checkpoint-N "
+                          "folder); its type and norm must match --disc_type/--disc_norm/--disc_num_layers/"
+                          "--disc_base_channels."},
     )
     disc_type: str = field(
         default="patch",
@@ -82,6 +123,12 @@ class DataArguments:
         default=None, metadata={"help": "Held-out filelist or image folder for evaluation during training."}
     )
     eval_num_images: int = field(default=64, metadata={"help": "Number of held-out images evaluated per evaluation."})
+    latent_stats_num_images: Optional[int] = field(
+        default=None,
+        metadata={"help": "Images (from --eval_file_list, else --file_list) over which the latent statistics and a "
+                          "measured scaling factor are computed at export (default: --eval_num_images; the last "
+                          "evaluation is reused when it covered the same images with the same weights)."},
+    )
     inception_weights: Optional[str] = field(
         default=None,
         metadata={"help": "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) to add rFID to evaluations."},
@@ -165,6 +212,11 @@ class VAETrainingArguments(TrainingArguments):
     disc_learning_rate: Optional[float] = field(
         default=None, metadata={"help": "Peak learning rate of the discriminator (default: --learning_rate)."}
     )
+    scale_lr: bool = field(
+        default=False,
+        metadata={"help": "Multiply --learning_rate (and --disc_learning_rate) by the global batch: per-device batch x "
+                          "gradient accumulation x processes (LDM's rule; the reference trainer's ngpu x batch_size)."},
+    )
     image_logging_steps: int = field(
         default=200, metadata={"help": "Log a grid of inputs and reconstructions every N steps (0 disables)."}
     )
@@ -196,8 +248,7 @@ ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainin
 
 def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments) -> None:
     """Reject contradictory or unknown choices before anything expensive is built."""
-    if (model_args.vae_config_file is None) == (model_args.pretrained_model_name_or_path is None):
-        raise ValueError("Give exactly one of --vae_config_file and --pretrained_model_name_or_path.")
+    _validate_vae_source(model_args)
     if data_args.file_list is None:
         raise ValueError("--file_list is required (a .filelist.list or .filelist).")
     if loss_args.pixel_loss not in PIXEL_LOSSES:
@@ -205,6 +256,20 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
     if loss_args.disc_loss not in DISC_LOSSES:
         raise ValueError(f"--disc_loss must be one of {DISC_LOSSES}, got {loss_args.disc_loss!r}")
     _validate_techniques(model_args, loss_args)
+
+
+def _validate_vae_source(model_args: ModelArguments) -> None:
+    """Which VAE, loaded how (models/vae.py): the fine-tuning flags of docs and README "Fine-tune"."""
+    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
+                         "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
+    if model_args.ignore_keys and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        raise ValueError("--ignore_keys needs --pretrained_model_name_or_path or --init_from_ckpt (weights to skip).")
+    if model_args.input_size is not None and (len(model_args.input_size) != 2 or min(model_args.input_size) < 1):
+        raise ValueError(f"--input_size takes two positive numbers H W, got {model_args.input_size}")
+    from .latent_scale import scaling_factor_mode
+
+    scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
 
 
 def _check_choice(flag: str, value, choices: Sequence) -> None:

@@ -19,9 +19,10 @@ from paddlenlp.trainer.trainer_utils import set_seed
 
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.discriminator import build_discriminator, convert_batchnorm_to_sync
+from .checkpoint import checkpoint_vae_config, read_discriminator
+from .models.discriminator import build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.vae import build_vae
+from .models.vae import build_vae, check_reconstruction_size
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, setup_precision
 from .step import TrainStep
@@ -35,6 +36,8 @@ class Components:
     lpips: Optional[LPIPS]
     discriminator_config: Dict[str, Any]
     lpips_weights: Optional[str] = None
+    scaling_factor_mode: Any = "measure"  # latent_scale.scaling_factor_mode: "keep", "measure" or a number
+    resolution: Optional[int] = None
 
 
 def setup_runtime(training_args) -> None:
@@ -51,10 +54,18 @@ def setup_runtime(training_args) -> None:
     init_distributed()
 
 
-def build_components(model_args, loss_args, training_args) -> Components:
-    """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank."""
+def build_components(model_args, loss_args, training_args, resolution: Optional[int] = None) -> Components:
+    """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank.
+
+    `resolution` (--resolution), when given, is checked against what the decoder returns (--input_size)."""
+    from .latent_scale import scaling_factor_mode
+
     set_seed(training_args.seed)
-    vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder)
+    vae = build_vae(model_args.vae_config_file or checkpoint_vae_config(model_args.init_from_ckpt),
+                    model_args.pretrained_model_name_or_path, model_args.subfolder,
+                    ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
+    if resolution is not None:
+        check_reconstruction_size(vae, model_args.input_size, resolution)
     if training_args.recompute:
         vae.enable_gradient_checkpointing()
     disc_config = {
@@ -66,14 +77,18 @@ def build_components(model_args, loss_args, training_args) -> Components:
     if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
         disc_config["weights_path"] = model_args.lpips_weights
     discriminator = build_discriminator(**disc_config)
+    if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
+        init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
     if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
         discriminator = convert_batchnorm_to_sync(discriminator)
     model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
-                                 posterior_std=model_args.posterior_std)
+                                 posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
+                                 input_size=model_args.input_size)
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     return Components(model=model, lpips=lpips, discriminator_config=disc_config,
-                      lpips_weights=model_args.lpips_weights)
+                      lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode(model_args),
+                      resolution=resolution)
 
 
 @dataclass
@@ -127,7 +142,7 @@ def build_evaluator(data_args, training_args, components: Components):
     if lpips is None and os.path.isfile(components.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
         lpips = LPIPS(components.lpips_weights)
     inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
-    return TrainingEvaluator(data_args, training_args, lpips, inception)
+    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=components.model.input_size)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):

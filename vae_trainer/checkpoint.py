@@ -8,6 +8,9 @@
     <name>.pdparams            any further state a driver registers (e.g. EMA weights)
     trainer_state.json         PaddleNLP TrainerState (global_step, best metric, log history)
     rank_state_R.pdparams      per rank: RNG states (paddle, numpy, random) and the data position
+    vae_config.json            the VAE's AutoencoderKL config     discriminator_config.json  its build kwargs
+    export_config.json         what an export needs beyond weights (posterior_std, scaling-factor mode,
+                               input_size): `scripts/export_vae.py` turns any checkpoint into a VAE folder
 
 Names follow the PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
 finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
@@ -16,13 +19,13 @@ most a `.tmp` folder, which `latest` never picks and the next save removes. A ch
 never leaves a half-deleted folder that still looks complete. Assumes OUTPUT_DIR is on a file system
 that all ranks share (one node, or a shared mount across nodes).
 
-At the end, `export_final` writes `OUTPUT_DIR/vae/` (ppdiffusers `save_pretrained`, loadable with
-`AutoencoderKL.from_pretrained`; the EMA weights with --use_ema, the raw ones then in `vae_raw/`) and
-`OUTPUT_DIR/discriminator/`.
+The three JSON files are written by this version and are not needed to resume (older checkpoints resume
+as before). The final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -41,6 +44,9 @@ logger = logging.getLogger(__name__)
 PREFIX = "checkpoint"
 MODEL_NAME = "model_state.pdparams"
 TRAINER_STATE_NAME = "trainer_state.json"
+VAE_CONFIG_NAME = "vae_config.json"
+DISCRIMINATOR_CONFIG_NAME = "discriminator_config.json"
+EXPORT_CONFIG_NAME = "export_config.json"
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 
@@ -124,11 +130,13 @@ def save_checkpoint(
     rank_state: Dict[str, Any],
     save_total_limit: Optional[int] = None,
     keep: Optional[str] = None,
+    configs: Optional[Dict[str, dict]] = None,
 ) -> str:
     """Write checkpoint-`step` atomically from all ranks; return its path.
 
     `stateful` maps a file name (e.g. "optimizer.pdopt") to anything with `state_dict()`; rank 0 writes
-    those, the model and `trainer_state` (a PaddleNLP TrainerState). Every rank writes its `rank_state`.
+    those, the model, `trainer_state` (a PaddleNLP TrainerState) and `configs` (file name -> JSON-able
+    dict, e.g. `export.checkpoint_configs`). Every rank writes its `rank_state`.
     `keep` names a checkpoint that rotation must not delete (the best one).
     """
     final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"
@@ -141,6 +149,9 @@ def save_checkpoint(
         for name, obj in stateful.items():
             paddle.save(obj.state_dict(), os.path.join(tmp, name))
         trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
+        for name, config in (configs or {}).items():
+            with open(os.path.join(tmp, name), "w") as handle:
+                json.dump(config, handle, indent=2, sort_keys=True)
     paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
     _barrier()
     if rank() == 0:
@@ -215,25 +226,32 @@ def load_rank_state(path: str) -> Dict[str, Any]:
     return paddle.load(file, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
 
 
-def export_final(output_dir: str, vae, discriminator: paddle.nn.Layer, discriminator_config: Dict[str, Any],
-                 ema=None, vae_config_updates: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
-    """Write OUTPUT_DIR/vae (ppdiffusers format) and OUTPUT_DIR/discriminator on rank 0.
+def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
+    """The vae_config.json of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
+    if not path:
+        return None
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config = os.path.join(folder, VAE_CONFIG_NAME)
+    return config if os.path.isfile(config) else None
 
-    With an EMA, OUTPUT_DIR/vae holds the EMA weights and OUTPUT_DIR/vae_raw the raw ones.
-    """
-    from .models.discriminator import save_discriminator
-    from .models.vae import save_vae
-    from .step import ema_weights
 
-    vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
-    if rank() == 0:
-        updates = vae_config_updates or {}
-        if ema is not None:
-            save_vae(vae, os.path.join(output_dir, "vae_raw"), **updates)
-            with ema_weights(ema, vae):
-                save_vae(vae, vae_dir, **updates)
-        else:
-            save_vae(vae, vae_dir, **updates)
-        save_discriminator(discriminator, discriminator_config, disc_dir)
-    _barrier()
-    return vae_dir, disc_dir
+def read_json(path: str) -> Dict[str, Any]:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def read_discriminator(path: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """(config, weights, source) of a discriminator saved as OUTPUT_DIR/discriminator (config.json +
+    model_state.pdparams) or inside a checkpoint-N (discriminator_config.json + its `discriminator.` weights)."""
+    from .models.discriminator import CONFIG_NAME, WEIGHTS_NAME
+
+    if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(os.path.join(path, MODEL_NAME)):
+        prefix = "discriminator."
+        state = paddle.load(os.path.join(path, MODEL_NAME))
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        return read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)), state, path
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
+        return read_json(os.path.join(path, CONFIG_NAME)), paddle.load(os.path.join(path, WEIGHTS_NAME)), path
+    raise FileNotFoundError(
+        f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
+        f"{WEIGHTS_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME})")

@@ -1,7 +1,8 @@
 """Evaluate an AutoencoderKL on a set of images: PSNR, SSIM, LPIPS, rFID and latent statistics.
 
-This module owns the evaluation loop and the reconstruction image grid; the metric math is in
-``vae_trainer.metrics``. It takes any iterable of batches (tensors, or dicts with
+This module owns the evaluation loop, the encoder-only latent measurement (``measure_latents``) and the
+reconstruction image grid; the metric math is in ``vae_trainer.metrics``. Latent statistics are those
+of posterior samples, computed exactly in expectation from the posterior means and variances. It takes any iterable of batches (tensors, or dicts with
 ``"pixel_values"`` as ``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
 
 Data parallel: each rank evaluates its own shard and the accumulators sum over ranks, so every rank
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,16 +36,30 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class EvalResult:
-    """What ``evaluate_vae`` measured; ``grid`` is uint8 HxWx3, inputs above reconstructions."""
+class LatentStats:
+    """Per-channel statistics of posterior samples and the suggested factors (``LatentStatistics``)."""
 
-    metrics: dict[str, float]
     latent_mean: list[float]
     latent_std: list[float]
     scaling_factor: float
     shift_factor: float
     num_images: int
-    grid: np.ndarray
+
+    @classmethod
+    def from_statistics(cls, statistics: LatentStatistics, count: int) -> "LatentStats":
+        """Reduce over ranks (a collective); ``count`` is this rank's number of images."""
+        mean, std = statistics.compute()
+        scaling_factor, shift_factor = statistics.suggested_factors()
+        total = int(all_reduce_sum(np.array([count], dtype=np.float64))[0])
+        return cls(mean.tolist(), std.tolist(), scaling_factor, shift_factor, total)
+
+
+@dataclass
+class EvalResult(LatentStats):
+    """What ``evaluate_vae`` measured; ``grid`` is uint8 HxWx3, inputs above reconstructions."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    grid: np.ndarray | None = None
 
 
 def _to_uint8_images(images: paddle.Tensor | np.ndarray) -> np.ndarray:
@@ -93,17 +108,28 @@ def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[
         yield pixels
 
 
-def _encode(vae, pixels: paddle.Tensor, rng: np.random.Generator | None) -> paddle.Tensor:
+def _posterior(vae, pixels: paddle.Tensor, input_size: list[int] | None):
+    """The posterior of ``pixels``, the encoder seeing them bilinearly resized to ``input_size`` if given
+    (a super-resolving decoder, as trained with --input_size)."""
+    if input_size is not None:
+        pixels = paddle.nn.functional.interpolate(pixels, size=list(input_size), mode="bilinear", align_corners=False)
+    return vae.encode(pixels).latent_dist
+
+
+def _latent(posterior, rng: np.random.Generator | None) -> paddle.Tensor:
     """Posterior mode, or a sample when ``rng`` is given.
 
     Sampling draws its noise from ``rng`` rather than Paddle's global generator, so an evaluation
     is reproducible and does not shift the random stream of a training run that calls it.
     """
-    posterior = vae.encode(pixels).latent_dist
     if rng is None:
         return posterior.mode()
     noise = rng.standard_normal(posterior.mean.shape).astype(np.float32)
     return posterior.mean + posterior.std * paddle.to_tensor(noise).astype(posterior.mean.dtype)
+
+
+def _add_posterior(statistics: LatentStatistics, posterior) -> None:
+    statistics.update(posterior.mean.astype("float32"), posterior.var.astype("float32"))
 
 
 class _Evaluation:
@@ -121,9 +147,9 @@ class _Evaluation:
         self.grid_recons: list[np.ndarray] = []
         self.count = 0
 
-    def add(self, pixels: paddle.Tensor, latents: paddle.Tensor, recons: paddle.Tensor) -> None:
+    def add(self, pixels: paddle.Tensor, posterior, recons: paddle.Tensor) -> None:
         self.count += pixels.shape[0]
-        self.latents.update(latents)
+        _add_posterior(self.latents, posterior)
         self.metrics.update("psnr", psnr(pixels, recons))
         self.metrics.update("ssim", ssim(pixels, recons))
         if self.lpips is not None:
@@ -144,16 +170,10 @@ class _Evaluation:
         if self.inception is not None:
             metrics["rfid"] = frechet_distance(*self.real_features.compute(),
                                                *self.recon_features.compute())
-        latent_mean, latent_std = self.latents.compute()
-        scaling_factor, shift_factor = self.latents.suggested_factors()
-        total = int(all_reduce_sum(np.array([self.count], dtype=np.float64))[0])
+        latents = LatentStats.from_statistics(self.latents, self.count)
         return EvalResult(
+            **vars(latents),
             metrics=metrics,
-            latent_mean=latent_mean.tolist(),
-            latent_std=latent_std.tolist(),
-            scaling_factor=scaling_factor,
-            shift_factor=shift_factor,
-            num_images=total,
             grid=make_grid(np.concatenate(self.grid_inputs), np.concatenate(self.grid_recons),
                            self.grid_images),
         )
@@ -168,6 +188,7 @@ def evaluate_vae(
     sample_posterior: bool = False,
     seed: int = 0,
     grid_images: int = 8,
+    input_size: list[int] | None = None,
 ) -> EvalResult:
     """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
 
@@ -176,7 +197,9 @@ def evaluate_vae(
     (``lpips(x, y) -> [B]``); "rfid" when ``inception`` is given (a ``FIDInceptionV3``, or any layer
     mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message; with 2048-d
     features its final matrix square root takes seconds to a minute on CPU. Latent statistics
-    describe the latents that were decoded (raw, before any scaling factor). ``num_images`` caps
+    are those of posterior samples (exact expectation from the posterior means and variances; raw,
+    before any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
+    (--input_size). ``num_images`` caps
     the images this process evaluates; ``EvalResult.num_images`` is the total over all ranks. The
     VAE's train/eval mode is restored afterwards.
     """
@@ -193,19 +216,43 @@ def evaluate_vae(
     try:
         with paddle.no_grad():
             for pixels in _capped_batches(batches, num_images):
-                latents = _encode(vae, pixels, rng)
-                recons = vae.decode(latents).sample.astype("float32").clip(-1.0, 1.0)
-                evaluation.add(pixels, latents, recons)
+                posterior = _posterior(vae, pixels, input_size)
+                recons = vae.decode(_latent(posterior, rng)).sample.astype("float32").clip(-1.0, 1.0)
+                evaluation.add(pixels, posterior, recons)
     finally:
         if was_training:
             vae.train()
-    # Decided from all ranks at once, so that an empty shard raises everywhere instead of leaving the
-    # other ranks waiting in the all-reduces of result().
-    empty_ranks = -all_reduce_sum(np.array([-1.0 if evaluation.count == 0 else 0.0]))[0]
-    if empty_ranks > 0:
-        raise ValueError(f"evaluate_vae: {int(empty_ranks)} rank(s) got no images; evaluate at least as many images "
-                         "as there are ranks")
+    _check_no_empty_rank("evaluate_vae", evaluation.count)
     return evaluation.result()
+
+
+def _check_no_empty_rank(what: str, count: int) -> None:
+    # Decided from all ranks at once, so that an empty shard raises everywhere instead of leaving the
+    # other ranks waiting in the all-reduces that follow.
+    empty_ranks = -all_reduce_sum(np.array([-1.0 if count == 0 else 0.0]))[0]
+    if empty_ranks > 0:
+        raise ValueError(f"{what}: {int(empty_ranks)} rank(s) got no images; use at least as many images "
+                         "as there are ranks")
+
+
+def measure_latents(
+    vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None, input_size: list[int] | None = None
+) -> LatentStats:
+    """Latent statistics of ``batches`` from the encoder alone (no decoder, LPIPS or rFID): what a scaling
+    factor needs. Collective like ``evaluate_vae``; the VAE's train/eval mode is restored."""
+    statistics, count = LatentStatistics(), 0
+    was_training = vae.training
+    vae.eval()
+    try:
+        with paddle.no_grad():
+            for pixels in _capped_batches(batches, num_images):
+                _add_posterior(statistics, _posterior(vae, pixels, input_size))
+                count += pixels.shape[0]
+    finally:
+        if was_training:
+            vae.train()
+    _check_no_empty_rank("measure_latents", count)
+    return LatentStats.from_statistics(statistics, count)
 
 
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
@@ -218,12 +265,15 @@ class TrainingEvaluator:
     --eval_file_list with the EMA weights when --use_ema, logs `eval/*` scalars, per-channel latent
     statistics and a reconstruction grid to VisualDL, and tracks the best value of
     --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
+    It keeps its last result, which the export reuses for the latent statistics (`latent_stats`).
     """
 
-    def __init__(self, data_args, args, lpips=None, inception=None):
+    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None):
         self.data_args, self.args = data_args, args
         self.lpips, self.inception = lpips, inception
+        self.input_size = input_size
         self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        self.last: tuple[int, EvalResult] | None = None  # (step, result) of the last evaluation
         from vae_trainer.distributed import world_size
 
         if self.enabled and data_args.eval_num_images < world_size():
@@ -239,33 +289,48 @@ class TrainingEvaluator:
     def due(self, step: int) -> bool:
         return self.enabled and (step % self.args.eval_steps == 0 or step == self.args.max_steps)
 
-    def evaluate(self, vae, ema=None, path: str | None = None) -> EvalResult:
-        """Evaluate `vae` (with EMA weights if given) on `path` (default: --eval_file_list)."""
+    def _loader(self, path: str, num_images: int):
         from vae_trainer.data.dataset import build_eval_dataloader
         from vae_trainer.distributed import rank, world_size
+
+        return build_eval_dataloader(path, self.data_args.resolution, self.args.per_device_eval_batch_size, rank(),
+                                     world_size(), num_images)
+
+    def evaluate(self, vae, ema=None) -> EvalResult:
+        """Evaluate `vae` (with EMA weights if given) on --eval_file_list."""
         from vae_trainer.step import ema_weights
 
-        loader = build_eval_dataloader(path or self.data_args.eval_file_list, self.data_args.resolution,
-                                       self.args.per_device_eval_batch_size, rank(), world_size(),
-                                       self.data_args.eval_num_images)
+        loader = self._loader(self.data_args.eval_file_list, self.data_args.eval_num_images)
         context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
         with context:
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
-                                grid_images=self.args.num_logged_images)
+                                grid_images=self.args.num_logged_images, input_size=self.input_size)
 
-    def latent_config(self, vae, ema=None) -> dict:
-        """`scaling_factor` (and `shift_factor` for VAEs that use one, e.g. FLUX) measured on the eval set
-        (or the first --eval_num_images training images), to write into the exported VAE config."""
-        result = self.evaluate(vae, ema, path=self.data_args.eval_file_list or self.data_args.file_list)
-        updates = {"scaling_factor": result.scaling_factor}
-        if vae.config.get("shift_factor") is not None:
-            updates["shift_factor"] = result.shift_factor
-        logger.info("latent statistics over %d images: %s", result.num_images, updates)
-        return updates
+    def evaluated_at(self, step: int) -> bool:
+        """Did an evaluation measure the weights of `step` on the images the export's statistics use?"""
+        wanted = self.data_args.latent_stats_num_images
+        return (self.last is not None and self.last[0] == step
+                and (wanted is None or wanted == self.data_args.eval_num_images))
+
+    def latent_stats(self, vae, ema, step: int) -> tuple[LatentStats, str]:
+        """Latent statistics of the weights of `step` (the EMA's if given) and where they come from: the
+        evaluation of that step when there was one (no extra work), else an encoder-only pass over
+        --latent_stats_num_images images of --eval_file_list (or of the training --file_list)."""
+        if self.evaluated_at(step):
+            return self.last[1], f"the evaluation at step {step}"
+        from vae_trainer.step import ema_weights
+
+        path = self.data_args.eval_file_list or self.data_args.file_list
+        num_images = self.data_args.latent_stats_num_images or self.data_args.eval_num_images
+        context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
+        with context:
+            stats = measure_latents(vae, self._loader(path, num_images), num_images, self.input_size)
+        return stats, f"an encoder-only pass over {stats.num_images} images of {path}"
 
     def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
         """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""
         result = self.evaluate(vae, ema)
+        self.last = (step, result)
         scalars = {f"eval/{name}": value for name, value in result.metrics.items()}
         scalars.update({f"eval/latent_mean_{c}": m for c, m in enumerate(result.latent_mean)})
         scalars.update({f"eval/latent_std_{c}": s for c, s in enumerate(result.latent_std)})

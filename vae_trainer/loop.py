@@ -17,6 +17,7 @@ from . import checkpoint as ckpt
 from .build import (build_components, build_evaluator, build_train_data, build_training, seed_training,
                     setup_runtime)
 from .distributed import rank, world_size
+from .export import checkpoint_configs, export_run
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
 
@@ -26,7 +27,7 @@ logger = logging.getLogger("vae_trainer")
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     setup_runtime(args)
-    parts = build_components(model_args, loss_args, args)
+    parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
     model = parts.model
     run = build_training(parts, loss_args, args)
     evaluator = build_evaluator(data_args, args, parts)
@@ -58,7 +59,8 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
             return
         ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
-                             save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint)
+                             save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
+                             configs=checkpoint_configs(parts))
         saved_at[0] = state.global_step
 
     batches = iter(dataloader)
@@ -94,6 +96,5 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     finally:
         progress.close()
         monitor.close()
-    vae_dir, disc_dir = ckpt.export_final(args.output_dir, model.vae, model.discriminator, parts.discriminator_config,
-                                          ema=run.ema, vae_config_updates=evaluator.latent_config(model.vae, run.ema))
+    vae_dir, disc_dir = export_run(args.output_dir, parts, run.ema, evaluator, state.global_step)
     return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}

@@ -192,6 +192,12 @@ class FeatureStatistics:
         return mu, sigma
 
 
+def _per_channel(values: paddle.Tensor | np.ndarray) -> np.ndarray:
+    """[B, C, h, w] -> [C, B*h*w] float64."""
+    values = _to_numpy64(values)
+    return np.moveaxis(values, 1, 0).reshape(values.shape[1], -1)
+
+
 class LatentStatistics:
     """Per-channel mean and standard deviation of latents [B, C, h, w] over a whole set.
 
@@ -201,6 +207,10 @@ class LatentStatistics:
     shift 0). ``scaling_factor = 1 / global std`` and ``shift_factor = global mean``, both over all
     channels and positions. The shift is reported even for SD-style use so that a far-from-zero
     latent mean is visible.
+
+    Given the posterior variances with the means (``update(means, variances)``), the statistics are
+    those of posterior samples z ~ N(mean, variance), exactly in expectation: E[z^2] = mean^2 + variance,
+    so per channel Var[z] = variance of the means + mean of the variances, without sampling noise.
     """
 
     def __init__(self) -> None:
@@ -208,16 +218,17 @@ class LatentStatistics:
         self._sum: np.ndarray | None = None
         self._squared_sum: np.ndarray | None = None
 
-    def update(self, latents: paddle.Tensor | np.ndarray) -> None:
-        """Add a batch of latents, shape [B, C, h, w]."""
-        values = _to_numpy64(latents)
-        per_channel = np.moveaxis(values, 1, 0).reshape(values.shape[1], -1)
+    def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
+        """Add a batch of latents, shape [B, C, h, w] (posterior means when ``variances`` are given)."""
+        per_channel = _per_channel(latents)
         if self._sum is None:
             self._sum = np.zeros(per_channel.shape[0])
             self._squared_sum = np.zeros(per_channel.shape[0])
         self._count += per_channel.shape[1]
         self._sum += per_channel.sum(axis=1)
         self._squared_sum += (per_channel**2).sum(axis=1)
+        if variances is not None:
+            self._squared_sum += _per_channel(variances).sum(axis=1)
 
     def _reduced(self) -> tuple[float, np.ndarray, np.ndarray]:
         if self._sum is None:

@@ -3,7 +3,8 @@
 AdamW (betas from --adam_beta1/--adam_beta2, LDM uses 0.5/0.9), no weight decay on biases and norms,
 global-norm clipping (--max_grad_norm), and PaddleNLP's `get_scheduler` (--lr_scheduler_type with
 --warmup_steps / --warmup_ratio). The discriminator's schedule starts counting at --disc_start, so its
-warm-up happens when it actually starts training.
+warm-up happens when it actually starts training. With --scale_lr both peak rates are multiplied by the
+global batch (`scaled_learning_rate`).
 """
 
 from __future__ import annotations
@@ -62,16 +63,26 @@ def build_optimizer(args, named_parameters: List, lr_scheduler) -> GuardedAdamW:
     )
 
 
+def scaled_learning_rate(args, learning_rate: float) -> float:
+    """--scale_lr: LDM's rule, lr x per-device batch x accumulation x processes (the reference trainer's
+    ngpu x batch_size x lr, which has no accumulation)."""
+    if not getattr(args, "scale_lr", False):
+        return learning_rate
+    from .distributed import world_size
+
+    return learning_rate * args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
+
+
 def build_vae_optimizer(args, model):
     """Scheduler and optimizer of the VAE (and the learnable log-variance, when enabled)."""
-    scheduler = build_scheduler(args, args.learning_rate, args.max_steps)
+    scheduler = build_scheduler(args, scaled_learning_rate(args, args.learning_rate), args.max_steps)
     named = [(n, p) for n, p in model.named_parameters() if not n.startswith("discriminator.")]
     return build_optimizer(args, named, scheduler), scheduler
 
 
 def build_disc_optimizer(args, model, disc_start: int):
     """Scheduler and optimizer of the discriminator; its schedule covers the steps after disc_start."""
-    lr = args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate
+    lr = scaled_learning_rate(args, args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate)
     scheduler = build_scheduler(args, lr, args.max_steps - min(disc_start, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.")]
     return build_optimizer(args, named, scheduler), scheduler

@@ -193,9 +193,8 @@ class TrainStep:
         """(inputs, reconstructions) of the last micro-batch; with EMA, reconstructed by the EMA weights."""
         if self.ema is None:
             return self.last_inputs, self.last_reconstructions
-        vae = self.model.vae
-        with ema_weights(self.ema, vae), paddle.no_grad():
-            recon = vae(self.last_inputs, sample_posterior=False).sample
+        with ema_weights(self.ema, self.model.vae), paddle.no_grad():  # the container: --input_size applies
+            recon = self.model(self.last_inputs, sample_posterior=False)[0]
         return self.last_inputs, recon
 
     def after_optimizer_step(self) -> None:

@@ -23,6 +23,7 @@ from paddlenlp.trainer import Trainer, TrainerCallback
 from . import checkpoint as ckpt
 from .build import build_train_data, build_training
 from .distributed import rank, world_size
+from .export import checkpoint_configs
 from .step import NonFiniteError
 from .train_logging import TrainMonitor
 
@@ -108,7 +109,8 @@ class VAETrainer(Trainer):
         ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
                              stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
-                             save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint)
+                             save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint,
+                             configs=checkpoint_configs(self.components))
         self.saved_at_step = self.state.global_step
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):

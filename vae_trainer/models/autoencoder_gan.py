@@ -3,26 +3,36 @@
 One container so that a checkpoint's `model_state.pdparams` holds every trained weight (and nothing
 frozen: LPIPS is kept outside), and so that the PaddleNLP Trainer has a single `model` to manage.
 It also owns the sampling of the latent (the encoder's posterior, or a constant std with
-`posterior_std` > 0) and LeCAM's EMA buffer, which must be checkpointed with the weights.
+`posterior_std` > 0) and LeCAM's EMA buffer, which must be checkpointed with the weights, and what the
+encoder sees: the image, or with `input_size` the image bilinearly downsized (a super-resolving decoder,
+as in the reference trainer's --input_size); with `freeze_encoder` the encoder and quant_conv are frozen
+(out of the optimizer, run without building a graph), so the latent space stays bit-identical.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
-
 import math
+from typing import List, Optional, Sequence, Tuple
 
 import paddle
+import paddle.nn.functional as F
 from ppdiffusers import AutoencoderKL
+
+from .vae import encoder_parameters
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
     def __init__(self, vae: AutoencoderKL, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
-                 learn_logvar: bool = False, posterior_std: float = 0.0):
+                 learn_logvar: bool = False, posterior_std: float = 0.0, freeze_encoder: bool = False,
+                 input_size: Optional[Sequence[int]] = None):
         super().__init__()
         self.vae = vae
         self.discriminator = discriminator
         self.posterior_std = posterior_std
+        self.input_size = [int(n) for n in input_size] if input_size else None
+        self.freeze_encoder = freeze_encoder
+        for param in encoder_parameters(vae) if freeze_encoder else []:
+            param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
         # LeCAM's EMAs of [mean D(real), mean D(fake)]: a buffer so checkpoints and resume include it.
         self.register_buffer("lecam_ema", paddle.zeros([2], dtype="float32"), persistable=True)
         # LDM's learnable output log-variance. Unlike LDM, when learnable it IS in the VAE optimizer.
@@ -41,13 +51,22 @@ class VAEWithDiscriminator(paddle.nn.Layer):
     def discriminator_parameters(self) -> List[paddle.Tensor]:
         return list(self.discriminator.parameters())
 
+    def encode(self, x: paddle.Tensor):
+        """The posterior of `x` as the encoder sees it (resized to `input_size` if set); no graph when frozen."""
+        if self.input_size is not None:
+            x = F.interpolate(x, size=self.input_size, mode="bilinear", align_corners=False)
+        if self.freeze_encoder:
+            with paddle.no_grad():
+                return self.vae.encode(x).latent_dist
+        return self.vae.encode(x).latent_dist
+
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """One VAE forward: reconstruction and the posterior's mean and log-variance.
 
         With `posterior_std` > 0 the encoder's log-variance is ignored: z = mean + posterior_std * noise,
         and the returned log-variance is the constant log(posterior_std^2).
         """
-        posterior = self.vae.encode(x).latent_dist
+        posterior = self.encode(x)
         if self.posterior_std > 0:
             mean = posterior.mean
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean

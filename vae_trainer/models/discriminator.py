@@ -3,7 +3,8 @@
 Owns: `PatchDiscriminator` (NLayerDiscriminator with batch, group, spectral+group or no norm),
 `VGGFeatureDiscriminator` (frozen ImageNet VGG16 features with a trained head per stage),
 the `build_discriminator` factory (by type name, open for more types), saving/loading a
-discriminator as `config.json` + `model_state.pdparams` in its own folder, and BatchNorm ->
+discriminator as `config.json` + `model_state.pdparams` in its own folder, starting one from a saved
+one (`init_discriminator_from`, --discriminator_path), and BatchNorm ->
 SyncBatchNorm conversion for data-parallel training.
 
 Spectral norm uses `paddle.nn.utils.spectral_norm` (checked on paddle 3.3.1 dygraph: its power
@@ -153,6 +154,26 @@ def load_discriminator(directory: str) -> nn.Layer:
     if missing or unexpected:
         raise KeyError(f"{directory}: missing {missing}, unexpected {unexpected}")
     return disc
+
+
+# What must agree between a saved discriminator and this run's flags, per type (the flag to change in brackets).
+_MATCHING_FIELDS = {"patch": {"norm": "--disc_norm", "num_layers": "--disc_num_layers",
+                              "base_channels": "--disc_base_channels"},
+                    "vgg": {"base_channels": "--disc_base_channels"}}
+
+
+def init_discriminator_from(disc: nn.Layer, config: dict, saved_config: dict, state: dict, source: str) -> None:
+    """Start `disc` (built from `config`) from a saved discriminator (`saved_config`, weights `state`), after
+    checking that both are the same kind of network: a clear error names the flags that differ."""
+    fields = {"disc_type": "--disc_type", **_MATCHING_FIELDS.get(config.get("disc_type", "patch"), {})}
+    differing = [f"{flag} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
+                 for key, flag in fields.items() if saved_config.get(key) != config.get(key)]
+    if differing:
+        raise ValueError(f"--discriminator_path {source} holds a different discriminator: {'; '.join(differing)}. "
+                         "Pass the same flags as the run that trained it, or drop --discriminator_path.")
+    missing, unexpected = disc.set_state_dict(state)
+    if missing or unexpected:
+        raise ValueError(f"--discriminator_path {source}: weights do not match (missing {missing}, unexpected {unexpected})")
 
 
 def convert_batchnorm_to_sync(layer: nn.Layer, device: str | None = None) -> nn.Layer:

@@ -1,0 +1,132 @@
+"""What a run hands over: a VAE folder both ppdiffusers and PyTorch diffusers load as it is (real photos,
+<= 1e-4), the --posterior_std export fix, and the latent scale (keep / measure / number, latent_stats.json)."""
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import paddle
+import pytest
+from ppdiffusers import AutoencoderKL
+from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
+
+from vae_trainer.evaluation import evaluate_vae, measure_latents
+from vae_trainer.latent_scale import decide, scaling_factor_mode
+from vae_trainer.metrics import LatentStatistics
+from vae_trainer.models.vae import build_vae, save_vae
+
+paddle.set_device("cpu")
+FLUX_LIKE = dict(MICRO, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611)
+
+
+@pytest.fixture(scope="module")
+def trained_like(tmp_path_factory):
+    """A ppdiffusers VAE with non-default weights (converted from a seeded PyTorch model)."""
+    folder = tmp_path_factory.mktemp("source")
+    make_torch_vae(MICRO, seed=4).save_pretrained(str(folder))
+    return build_vae(pretrained_model_name_or_path=str(folder))
+
+
+def test_export_loads_in_ppdiffusers_and_pytorch_diffusers_with_equal_reconstructions(trained_like, tmp_path):
+    out = str(tmp_path / "vae")
+    save_vae(trained_like, out, scaling_factor=0.2, shift_factor=0.05)
+    assert {"config.json", "diffusion_paddle_model.safetensors", "diffusion_pytorch_model.safetensors"} <= set(os.listdir(out))
+    images = photos(count=4)
+    expected = paddle_reconstruct(trained_like, images)
+    in_paddle = AutoencoderKL.from_pretrained(out)
+    in_torch = diffusers().AutoencoderKL.from_pretrained(out).eval()
+    np.testing.assert_array_equal(paddle_reconstruct(in_paddle, images), expected)
+    np.testing.assert_allclose(torch_reconstruct(in_torch, images), expected, atol=1e-4)
+    for config in (in_paddle.config, in_torch.config):
+        assert (config.scaling_factor, config.shift_factor) == (0.2, 0.05)
+
+
+@pytest.mark.parametrize("config", [MICRO, FLUX_LIKE], ids=["quant_conv", "flux_like_no_quant_conv"])
+def test_posterior_std_export_samples_with_the_trained_std_after_reload(tmp_path, config):
+    vae = build_vae(pretrained_model_name_or_path=_torch_folder(tmp_path, config))
+    images = photos()
+    before = vae.encode(paddle.to_tensor(images)).latent_dist
+    assert not np.allclose(before.std.numpy(), 0.1, atol=1e-2)  # random log-variance outputs, as after training
+    save_vae(vae, str(tmp_path / "vae"), posterior_std=0.1)
+    posterior = AutoencoderKL.from_pretrained(str(tmp_path / "vae")).encode(paddle.to_tensor(images)).latent_dist
+    std = posterior.std.numpy()
+    np.testing.assert_allclose(std, np.full_like(std, 0.1), rtol=1e-6)
+    np.testing.assert_allclose(posterior.mean.numpy(), before.mean.numpy(), rtol=1e-6, atol=1e-7)
+    import torch
+
+    with torch.no_grad():
+        in_torch = diffusers().AutoencoderKL.from_pretrained(str(tmp_path / "vae")).encode(torch.from_numpy(images))
+    std = in_torch.latent_dist.std.numpy()
+    np.testing.assert_allclose(std, np.full_like(std, 0.1), rtol=1e-5)
+    # The in-memory model is given back unchanged.
+    np.testing.assert_array_equal(vae.encode(paddle.to_tensor(images)).latent_dist.std.numpy(), before.std.numpy())
+
+
+def _torch_folder(tmp_path, config):
+    folder = tmp_path / "torch_source"
+    make_torch_vae(config, seed=6).save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_latent_statistics_are_those_of_posterior_samples_exactly(trained_like):
+    images = paddle.to_tensor(photos(count=4))
+    posterior = trained_like.encode(images).latent_dist
+    mean, var = posterior.mean.numpy().astype(np.float64), posterior.var.numpy().astype(np.float64)
+    stats = measure_latents(trained_like, [images[:3], images[3:]])
+    # Per channel: E[z] = mean of the means; Var[z] = variance of the means + mean of the variances.
+    np.testing.assert_allclose(stats.latent_mean, mean.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(stats.latent_std, np.sqrt(mean.var(axis=(0, 2, 3)) + var.mean(axis=(0, 2, 3))), rtol=1e-6)
+    assert stats.scaling_factor == pytest.approx(1 / np.sqrt(mean.var() + var.mean()), rel=1e-6)
+    assert stats.shift_factor == pytest.approx(mean.mean(), rel=1e-6)
+    # ... which is what many posterior samples converge to.
+    rng = np.random.default_rng(0)
+    samples = mean[None] + np.sqrt(var)[None] * rng.standard_normal((400, *mean.shape))
+    assert stats.scaling_factor == pytest.approx(1 / samples.std(), rel=1e-2)
+    # The full evaluation reports the same statistics (so the export can reuse it), decoding the mode.
+    result = evaluate_vae(trained_like, [images])
+    np.testing.assert_allclose(result.latent_std, stats.latent_std, rtol=1e-6)
+    assert result.scaling_factor == pytest.approx(stats.scaling_factor, rel=1e-9)
+
+
+def test_latent_statistics_with_variances_equal_numpy():
+    rng = np.random.default_rng(1)
+    means, variances = rng.normal(size=(5, 3, 4, 4)), rng.uniform(0.1, 2, size=(5, 3, 4, 4))
+    statistics = LatentStatistics()
+    statistics.update(means[:2], variances[:2])
+    statistics.update(means[2:], variances[2:])
+    mean, std = statistics.compute()
+    np.testing.assert_allclose(mean, means.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(std, np.sqrt(means.var(axis=(0, 2, 3)) + variances.mean(axis=(0, 2, 3))), rtol=1e-12)
+
+
+def _args(**kw):
+    base = dict(scaling_factor=None, pretrained_model_name_or_path=None, ignore_keys=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_scaling_factor_is_kept_when_fine_tuning_and_measured_from_scratch():
+    assert scaling_factor_mode(_args(pretrained_model_name_or_path="sd/vae")) == "keep"
+    assert scaling_factor_mode(_args(pretrained_model_name_or_path="sd/vae", ignore_keys=["decoder."])) == "keep"
+    for ignored in (["encoder."], ["encoder.down_blocks.0"], ["quant_conv."], ["enc"]):
+        assert scaling_factor_mode(_args(pretrained_model_name_or_path="sd/vae", ignore_keys=ignored)) == "measure"
+    assert scaling_factor_mode(_args()) == "measure"
+    assert scaling_factor_mode(_args(pretrained_model_name_or_path="sd/vae", scaling_factor="measure")) == "measure"
+    assert scaling_factor_mode(_args(scaling_factor="0.5")) == 0.5
+    for bad in ("big", "-1"):
+        with pytest.raises(ValueError, match="--scaling_factor"):
+            scaling_factor_mode(_args(scaling_factor=bad))
+
+
+def test_decide_writes_what_the_mode_says_and_records_it():
+    stats = SimpleNamespace(scaling_factor=0.5, shift_factor=0.25, num_images=9, latent_mean=[0.1], latent_std=[2.0])
+    sd, flux = {"scaling_factor": 0.18215, "shift_factor": None}, {"scaling_factor": 0.3611, "shift_factor": 0.1159}
+    assert decide("measure", sd, stats, "x")[0] == {"scaling_factor": 0.5}  # SD-style: no shift written
+    assert decide("measure", flux, stats, "x")[0] == {"scaling_factor": 0.5, "shift_factor": 0.25}
+    updates, record = decide("keep", flux, stats, "the evaluation at step 4")
+    assert updates == {} and (record["scaling_factor"], record["shift_factor"]) == (0.3611, 0.1159)
+    assert record["measured"]["suggested_scaling_factor"] == 0.5 and "kept" in record["source"]
+    updates, record = decide("keep", sd)
+    assert updates == {} and record["measured"] is None and "not measured" in record["note"]
+    assert decide(0.7, flux)[0] == {"scaling_factor": 0.7}
+    json.dumps(record)  # the record is latent_stats.json

@@ -1,0 +1,124 @@
+"""Fine-tuning flags in the shared model/step: --freeze_encoder, --input_size, --scale_lr, --discriminator_path."""
+
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+from test_step import images, make_args
+
+from vae_trainer.arguments import LossArguments, ModelArguments
+from vae_trainer.build import build_components, build_training
+from vae_trainer.evaluation import evaluate_vae
+from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.discriminator import build_discriminator, save_discriminator
+from vae_trainer.models.vae import build_vae, check_reconstruction_size, encoder_parameters
+from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+
+paddle.set_device("cpu")
+MICRO = "configs/vae_micro.json"
+LPIPS_WEIGHTS = "weights/lpips_vgg16.pdparams"
+
+
+def components(tmp_path, loss=None, **model):
+    model = {"vae_config_file": MICRO, "disc_norm": "group", "disc_num_layers": 2, "disc_base_channels": 8, **model}
+    loss = loss or LossArguments(perceptual_weight=0.0, disc_start=0)
+    return build_components(ModelArguments(**model), loss, make_args(tmp_path, learning_rate=1e-3), resolution=32)
+
+
+def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_trains(tmp_path):
+    parts = components(tmp_path, freeze_encoder=True)
+    model, run = parts.model, build_training(parts, LossArguments(perceptual_weight=0.0, disc_start=0),
+                                             make_args(tmp_path, learning_rate=1e-3))
+    frozen = {id(p) for p in encoder_parameters(model.vae)}
+    optimized = {id(p) for p in run.vae_optimizer._parameter_list}
+    assert frozen and not frozen & optimized  # out of the optimizer ...
+    assert {id(p) for p in model.vae.decoder.parameters()} <= optimized  # ... the decoder is in it
+    probe = images(3, seed=9)
+    latents_before = model.vae.encode(probe).latent_dist.mean.numpy()
+    decoder_before = model.vae.decoder.conv_out.weight.numpy()
+    assert model.encode(probe).mean.stop_gradient  # the frozen encoder builds no graph
+    for step in range(3):
+        run.step(images(2, seed=step), global_step=step, last_micro_step=True)
+        run.vae_optimizer.step()
+        run.vae_optimizer.clear_grad()
+    np.testing.assert_array_equal(model.vae.encode(probe).latent_dist.mean.numpy(), latents_before)
+    assert all(p.grad is None for p in encoder_parameters(model.vae))
+    assert not np.array_equal(model.vae.decoder.conv_out.weight.numpy(), decoder_before)
+
+
+SUPER_RESOLVING = {  # f2 encoder, f4 decoder: 16 px in, 32 px out (the reference's f8 encoder / f16 decoder, tiny)
+    "down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 3,
+    "block_out_channels": [8, 16], "up_block_out_channels": [8, 16, 16], "layers_per_block": 1,
+    "latent_channels": 4, "norm_num_groups": 8, "sample_size": 32,
+}
+
+
+@pytest.mark.skipif(not os.path.isfile(LPIPS_WEIGHTS), reason="needs `make setup`'s LPIPS weights")
+def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discriminator(tmp_path):
+    config = tmp_path / "super.json"
+    config.write_text(json.dumps(SUPER_RESOLVING))
+    loss = LossArguments(perceptual_weight=1.0, disc_start=0, disc_weight=0.5)
+    parts = components(tmp_path, loss=loss, vae_config_file=str(config), input_size=[16, 16])
+    run = build_training(parts, loss, make_args(tmp_path, learning_rate=1e-3))
+    seen = []
+    parts.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
+    batch = images(2)
+    logs = run.step(batch, global_step=0, last_micro_step=True)
+    assert seen == [[2, 3, 16, 16]]  # the encoder saw the bilinearly downsized image ...
+    assert run.step.last_reconstructions.shape == [2, 3, 32, 32]  # ... the loss the full-resolution target
+    assert all(np.isfinite(logs[k].item()) for k in ("loss/total", "loss/perceptual", "loss/discriminator"))
+    expected = paddle.nn.functional.interpolate(batch, size=[16, 16], mode="bilinear", align_corners=False)
+    np.testing.assert_array_equal(parts.model.encode(batch).mean.numpy(),
+                                  parts.model.vae.encode(expected).latent_dist.mean.numpy())
+    result = evaluate_vae(parts.model.vae, [batch], input_size=[16, 16])  # evaluation sees it the same way
+    assert result.grid.shape == (64, 64, 3) and np.isfinite(result.metrics["psnr"])
+
+
+def test_input_size_must_give_back_the_resolution(tmp_path):
+    config = tmp_path / "super.json"
+    config.write_text(json.dumps(SUPER_RESOLVING))
+    super_resolving, plain = build_vae(str(config)), build_vae(MICRO)
+    check_reconstruction_size(super_resolving, [16, 16], 32)
+    check_reconstruction_size(plain, None, 32)
+    for vae, input_size in ((plain, [16, 16]), (super_resolving, None), (super_resolving, [24, 24])):
+        with pytest.raises(ValueError, match="--resolution"):
+            check_reconstruction_size(vae, input_size, 32)
+
+
+def test_scale_lr_multiplies_both_learning_rates_by_the_global_batch(tmp_path):
+    model = VAEWithDiscriminator(build_vae(MICRO), build_discriminator(norm="group", base_channels=8))
+    for scale, factor in ((False, 1), (True, 3 * 2)):
+        args = make_args(tmp_path, learning_rate=1e-4, disc_learning_rate=2e-4, scale_lr=scale,
+                         per_device_train_batch_size=3, gradient_accumulation_steps=2, lr_scheduler_type="constant")
+        assert build_vae_optimizer(args, model)[0].get_lr() == pytest.approx(1e-4 * factor)
+        assert build_disc_optimizer(args, model, 0)[0].get_lr() == pytest.approx(2e-4 * factor)
+
+
+def _trained_discriminator(norm="group"):
+    paddle.seed(3)
+    disc = build_discriminator(norm=norm, num_layers=2, base_channels=8)
+    with paddle.no_grad():
+        for param in disc.parameters():
+            param.set_value(param + 0.1)
+    return disc
+
+
+def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
+    disc = _trained_discriminator()
+    config = {"disc_type": "patch", "norm": "group", "num_layers": 2, "base_channels": 8}
+    save_discriminator(disc, config, str(tmp_path / "discriminator"))
+    # The same discriminator inside a checkpoint-N: discriminator_config.json + model_state.pdparams.
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / "discriminator_config.json").write_text(json.dumps(config))
+    paddle.save({f"discriminator.{k}": v for k, v in disc.state_dict().items()}, str(checkpoint / "model_state.pdparams"))
+    for path in (tmp_path / "discriminator", checkpoint):
+        started = components(tmp_path, discriminator_path=str(path)).model.discriminator
+        for key, value in disc.state_dict().items():
+            np.testing.assert_array_equal(started.state_dict()[key].numpy(), value.numpy(), err_msg=key)
+    with pytest.raises(ValueError, match="--disc_norm 'group' \\(this run: 'batch'\\)"):
+        components(tmp_path, discriminator_path=str(tmp_path / "discriminator"), disc_norm="batch")
+    with pytest.raises(FileNotFoundError, match="--discriminator_path"):
+        components(tmp_path, discriminator_path=str(tmp_path))

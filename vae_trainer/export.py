@@ -1,0 +1,66 @@
+"""What a run hands to its users: the exported VAE folders and the discriminator.
+
+At the end of training (both drivers, `export_run`), on rank 0 after the latent scale is decided on all ranks:
+    OUTPUT_DIR/vae/            the VAE (the EMA weights with --use_ema) loadable as it is by
+                               ppdiffusers and by PyTorch diffusers (models/vae.py `save_vae`),
+                               with latent_stats.json (latent_scale.py)
+    OUTPUT_DIR/vae_raw/        with --use_ema: the raw weights, same format and factors
+    OUTPUT_DIR/discriminator/  config.json + model_state.pdparams, for --discriminator_path
+With --posterior_std the exported encoder's log-variance outputs give that constant std.
+`scripts/export_vae.py` writes the same folder from any checkpoint-N, with what `checkpoint_configs`
+saves in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import paddle.distributed as dist
+
+from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
+from .distributed import rank, world_size
+from .latent_scale import latent_scale_at_export, write_latent_stats
+from .models.discriminator import save_discriminator
+from .models.vae import save_vae
+from .step import ema_weights
+
+
+def checkpoint_configs(components) -> Dict[str, dict]:
+    """The JSON files every checkpoint holds so that it can be exported on its own (scripts/export_vae.py)."""
+    model = components.model
+    mode = components.scaling_factor_mode
+    return {
+        VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
+        DISCRIMINATOR_CONFIG_NAME: components.discriminator_config,
+        EXPORT_CONFIG_NAME: {"posterior_std": model.posterior_std, "scaling_factor": mode,
+                             "input_size": model.input_size, "resolution": components.resolution},
+    }
+
+
+def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
+                      config_updates: Optional[Dict[str, Any]] = None,
+                      latent_record: Optional[Dict[str, Any]] = None) -> str:
+    """One dual-format VAE folder from `vae` (with the EMA's weights when `ema` is given)."""
+    if ema is not None:
+        with ema_weights(ema, vae):
+            return export_vae_folder(vae, out_dir, None, posterior_std, config_updates, latent_record)
+    save_vae(vae, out_dir, posterior_std=posterior_std, **(config_updates or {}))
+    if latent_record is not None:
+        write_latent_stats(out_dir, latent_record)
+    return out_dir
+
+
+def export_run(output_dir: str, components, ema, evaluator, step: int) -> Tuple[str, str]:
+    """OUTPUT_DIR/vae (+ vae_raw with an EMA) and OUTPUT_DIR/discriminator; call on every rank."""
+    model = components.model
+    updates, record = latent_scale_at_export(components.scaling_factor_mode, model.vae, ema, evaluator, step)
+    vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
+    if rank() == 0:
+        if ema is not None:
+            export_vae_folder(model.vae, os.path.join(output_dir, "vae_raw"), None, model.posterior_std, updates)
+        export_vae_folder(model.vae, vae_dir, ema, model.posterior_std, updates, record)
+        save_discriminator(model.discriminator, components.discriminator_config, disc_dir)
+    if world_size() > 1:
+        dist.barrier()
+    return vae_dir, disc_dir

@@ -1,0 +1,108 @@
+"""The latent scale written into an exported VAE: the --scaling_factor policy and `vae/latent_stats.json`.
+
+A diffusion model is trained on `(z - shift_factor) * scaling_factor` (SD: shift 0). Those numbers belong
+to the latent space, so:
+- fine-tuning a pretrained VAE whose encoder is loaded KEEPS its config's `scaling_factor` /
+  `shift_factor` (SD 0.18215, SDXL 0.13025, FLUX 0.3611 / 0.1159): a UNet/DiT trained on the old latents
+  keeps receiving what it expects;
+- training from scratch (or with the encoder re-initialised) MEASURES them: `scaling_factor = 1 / std`,
+  `shift_factor = mean` (written only for VAEs whose config has a shift_factor), over all channels of the
+  posterior samples of --latent_stats_num_images images, computed exactly in expectation from the
+  posterior means and variances (see `metrics.LatentStatistics`);
+- `--scaling_factor keep|measure|<number>` overrides (a number sets scaling_factor, shift_factor is kept).
+
+No unrequested work at export: the statistics come from the last in-training evaluation when it measured
+the exported weights on the same images; otherwise, only when the factor is measured, from an
+encoder-only pass (`evaluation.measure_latents`: no decoder, LPIPS or rFID). When the factor is kept or
+given and no evaluation ran, nothing is measured. `latent_stats.json` beside the exported VAE always says
+which factors were written, where they come from, and the measured statistics when there are some.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, Optional, Tuple, Union
+
+logger = logging.getLogger("vae_trainer")
+
+LATENT_STATS_NAME = "latent_stats.json"
+Mode = Union[str, float]  # "keep", "measure" or a number
+
+
+def _touches_encoder(prefix: str) -> bool:
+    """Does an --ignore_keys prefix leave some encoder or quant_conv weight freshly initialised?"""
+    return any(prefix.startswith(name) or name.startswith(prefix) for name in ("encoder.", "quant_conv."))
+
+
+def scaling_factor_mode(model_args) -> Mode:
+    """--scaling_factor as "keep", "measure" or a float. Default: keep when fine-tuning a pretrained VAE
+    with its encoder loaded (its latents are those a diffusion model was trained on), measure otherwise."""
+    value = model_args.scaling_factor
+    if value in (None, "", "auto"):
+        encoder_loaded = not any(_touches_encoder(p) for p in model_args.ignore_keys or ())
+        return "keep" if model_args.pretrained_model_name_or_path and encoder_loaded else "measure"
+    if value in ("keep", "measure"):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--scaling_factor must be keep, measure or a number, got {value!r}") from None
+    if not number > 0:
+        raise ValueError(f"--scaling_factor must be > 0, got {value}")
+    return number
+
+
+def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None) -> Tuple[Dict[str, float], Dict[str, Any]]:
+    """(config updates for the exported VAE, the latent_stats.json record) from the mode and, if any, the
+    measured `stats` (an `evaluation.LatentStats`). "measure" needs `stats`."""
+    uses_shift = vae_config.get("shift_factor") is not None
+    if mode == "measure":
+        if stats is None:
+            raise ValueError("measuring the scaling factor needs latent statistics")
+        updates = {"scaling_factor": stats.scaling_factor}
+        if uses_shift:
+            updates["shift_factor"] = stats.shift_factor
+        source = f"measured on {stats_source}"
+    elif mode == "keep":
+        updates, source = {}, "kept from the VAE's config"
+    else:
+        updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
+    record: Dict[str, Any] = {
+        "scaling_factor": updates.get("scaling_factor", vae_config.get("scaling_factor")),
+        "shift_factor": updates.get("shift_factor", vae_config.get("shift_factor")),
+        "source": source,
+        "measured": None,
+    }
+    if stats is not None:
+        record["measured"] = {
+            "from": stats_source, "num_images": stats.num_images,
+            "statistic": "posterior samples, exact expectation from the posterior means and variances",
+            "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
+            "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor,
+        }
+        logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
+                    "%.5g, shift_factor %.5g", stats.num_images, stats_source,
+                    [round(v, 4) for v in stats.latent_mean], [round(v, 4) for v in stats.latent_std],
+                    stats.scaling_factor, stats.shift_factor)
+    else:
+        record["note"] = ("not measured: the scaling factor was not to be measured and no evaluation ran; "
+                          "scripts/eval_vae.py measures the statistics of any VAE folder")
+    logger.info("exported scaling_factor %s, shift_factor %s (%s)", record["scaling_factor"], record["shift_factor"],
+                source)
+    return updates, record
+
+
+def latent_scale_at_export(mode: Mode, vae, ema, evaluator, step: int) -> Tuple[Dict[str, float], Dict[str, Any]]:
+    """`decide` with the statistics that cost nothing (the last evaluation of these weights) or, when the
+    factor is measured, an encoder-only pass. Call on every rank (the pass is a collective)."""
+    stats, source = None, None
+    if mode == "measure" or evaluator.evaluated_at(step):
+        stats, source = evaluator.latent_stats(vae, ema, step)
+    return decide(mode, vae.config, stats, source)
+
+
+def write_latent_stats(vae_dir: str, record: Dict[str, Any]) -> None:
+    with open(os.path.join(vae_dir, LATENT_STATS_NAME), "w") as handle:
+        json.dump(record, handle, indent=2)
