@@ -122,3 +122,27 @@ def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
         components(tmp_path, discriminator_path=str(tmp_path / "discriminator"), disc_norm="batch")
     with pytest.raises(FileNotFoundError, match="--discriminator_path"):
         components(tmp_path, discriminator_path=str(tmp_path))
+
+
+def test_init_from_ckpt_alone_takes_the_architecture_and_weights_saved_in_a_checkpoint(tmp_path):
+    from vae_trainer.export import checkpoint_configs
+
+    trained = components(tmp_path)
+    with paddle.no_grad():  # "trained": away from the initialisation that the same --seed gives again below
+        for param in trained.model.vae.parameters():
+            param.set_value(param + 0.01)
+    checkpoint = tmp_path / "checkpoint-9"
+    checkpoint.mkdir()
+    paddle.save(trained.model.state_dict(), str(checkpoint / "model_state.pdparams"))
+    for name, config in checkpoint_configs(trained).items():
+        (checkpoint / name).write_text(json.dumps(config))
+    started = build_components(ModelArguments(init_from_ckpt=str(checkpoint), disc_norm="group", disc_num_layers=2,
+                                              disc_base_channels=8),
+                               LossArguments(perceptual_weight=0.0), make_args(tmp_path), resolution=32)
+    for key, value in trained.model.vae.state_dict().items():
+        np.testing.assert_array_equal(started.model.vae.state_dict()[key].numpy(), value.numpy(), err_msg=key)
+    assert started.scaling_factor_mode == "measure"  # a from-scratch run's checkpoint: nothing to keep
+    loose_weights = tmp_path / "weights.pdparams"  # a weight file with no config beside it
+    paddle.save(trained.model.vae.state_dict(), str(loose_weights))
+    with pytest.raises(FileNotFoundError, match="--vae_config_file"):
+        build_components(ModelArguments(init_from_ckpt=str(loose_weights)), LossArguments(), make_args(tmp_path))
