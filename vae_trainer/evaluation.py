@@ -2,8 +2,9 @@
 
 This module owns the evaluation loop, the encoder-only latent measurement (``measure_latents``) and the
 reconstruction image grid; the metric math is in ``vae_trainer.metrics``. Latent statistics are those
-of posterior samples, computed exactly in expectation from the posterior means and variances. It takes any iterable of batches (tensors, or dicts with
-``"pixel_values"`` as ``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
+of posterior samples, computed exactly in expectation from the posterior means and variances. It takes
+any iterable of batches (tensors, or dicts with ``"pixel_values"`` as ``build_eval_dataloader``
+yields), all NCHW float32 in [-1, 1].
 
 Data parallel: each rank evaluates its own shard and the accumulators sum over ranks, so every rank
 returns the same metrics. Every rank must call ``evaluate_vae`` (the final reduction is a
@@ -31,6 +32,7 @@ from vae_trainer.metrics import (
     psnr,
     ssim,
 )
+from vae_trainer.models.vae import encoder_input
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +113,7 @@ def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[
 def _posterior(vae, pixels: paddle.Tensor, input_size: list[int] | None):
     """The posterior of ``pixels``, the encoder seeing them bilinearly resized to ``input_size`` if given
     (a super-resolving decoder, as trained with --input_size)."""
-    if input_size is not None:
-        pixels = paddle.nn.functional.interpolate(pixels, size=list(input_size), mode="bilinear", align_corners=False)
-    return vae.encode(pixels).latent_dist
+    return vae.encode(encoder_input(pixels, input_size)).latent_dist
 
 
 def _latent(posterior, rng: np.random.Generator | None) -> paddle.Tensor:
@@ -196,12 +196,11 @@ def evaluate_vae(
     clamped to [-1, 1] before scoring. PSNR and SSIM always; LPIPS when ``lpips`` is given
     (``lpips(x, y) -> [B]``); "rfid" when ``inception`` is given (a ``FIDInceptionV3``, or any layer
     mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message; with 2048-d
-    features its final matrix square root takes seconds to a minute on CPU. Latent statistics
-    are those of posterior samples (exact expectation from the posterior means and variances; raw,
-    before any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
-    (--input_size). ``num_images`` caps
-    the images this process evaluates; ``EvalResult.num_images`` is the total over all ranks. The
-    VAE's train/eval mode is restored afterwards.
+    features its final matrix square root takes seconds to a minute on CPU. Latent statistics are
+    those of posterior samples (exact expectation from the posterior means and variances; raw, before
+    any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
+    (--input_size). ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
+    is the total over all ranks. The VAE's train/eval mode is restored afterwards.
     """
     if inception is None:
         logger.info("rFID skipped: no Inception model given (needs converted FID weights)")

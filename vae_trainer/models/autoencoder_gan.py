@@ -15,10 +15,9 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 import paddle
-import paddle.nn.functional as F
 from ppdiffusers import AutoencoderKL
 
-from .vae import encoder_parameters
+from .vae import encoder_input, encoder_parameters
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
@@ -53,8 +52,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def encode(self, x: paddle.Tensor):
         """The posterior of `x` as the encoder sees it (resized to `input_size` if set); no graph when frozen."""
-        if self.input_size is not None:
-            x = F.interpolate(x, size=self.input_size, mode="bilinear", align_corners=False)
+        x = encoder_input(x, self.input_size)
         if self.freeze_encoder:
             with paddle.no_grad():
                 return self.vae.encode(x).latent_dist

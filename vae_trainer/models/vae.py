@@ -14,7 +14,7 @@ Owns:
   projections are transposed, so a Paddle file must never just be renamed) and a `config.json` both read.
 - The layers that training and export touch: `decoder_last_layer` (adaptive GAN weight),
   `encoder_parameters` (--freeze_encoder), `constant_posterior_std` (--posterior_std export), and
-  `check_reconstruction_size` (--input_size).
+  `encoder_input` / `check_reconstruction_size` (--input_size).
 """
 
 from __future__ import annotations
@@ -335,6 +335,14 @@ def encoder_parameters(vae: AutoencoderKL) -> List[paddle.Tensor]:
     if vae.quant_conv is not None:
         params += list(vae.quant_conv.parameters())
     return params
+
+
+def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
+    """What the encoder sees: the images, or with --input_size H W the images bilinearly resized to HxW
+    (as the reference trainer's --input_size: F.interpolate, bilinear, align_corners False)."""
+    if input_size is None:
+        return images
+    return paddle.nn.functional.interpolate(images, size=list(input_size), mode="bilinear", align_corners=False)
 
 
 def check_reconstruction_size(vae: AutoencoderKL, input_size: Optional[Sequence[int]], resolution: int) -> None:
