@@ -31,6 +31,7 @@ def main(argv=None):
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:
         trainer.monitor.close()
+    trainer.run.restore_float32(parts.model)  # O2: evaluate and export the float32 master weights
     vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
     if trainer.is_world_process_zero():
         print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")

@@ -8,7 +8,7 @@ For every setting (config, resolution, batch size, threads) a fresh worker proce
 LPIPS on, default PatchGAN), runs warm-up steps, then times optimizer steps of two schemes, interleaved
 step by step so that load from other processes hits both alike:
 
-- "one forward" (ours): `TrainStep` plus the VAE optimizer step, exactly as `vae_trainer.loop` runs it;
+- "one forward" (ours): `TrainStep.forward_backward` + `TrainStep.optimizer_step`, as `vae_trainer.loop` runs it;
 - "two forwards": `two_forward_step` below, the scheme of the public ppdiffusers / taming-style VAE
   trainers, which run the VAE a second time to produce reconstructions for the discriminator update.
 
@@ -217,11 +217,8 @@ def build_run(setting: Setting, output_dir: str):
 
 def one_forward_step(run, pixel_values, global_step: int) -> None:
     """Our optimizer step, as `vae_trainer.loop.train` runs it (one micro-batch)."""
-    run.step(pixel_values, global_step, last_micro_step=True)
-    run.vae_optimizer.step()
-    run.vae_scheduler.step()
-    run.vae_optimizer.clear_grad()
-    run.step.after_optimizer_step()
+    run.step.forward_backward(pixel_values, global_step)
+    run.step.optimizer_step(global_step)
 
 
 def two_forward_step(components, loss_args, run, pixel_values, global_step: int) -> None:
@@ -238,6 +235,7 @@ def two_forward_step(components, loss_args, run, pixel_values, global_step: int)
 
     from vae_trainer.losses import discriminator_objective, vae_objective
     from vae_trainer.models.vae import decoder_last_layer
+    from vae_trainer.optim import clip_grads, grad_norm
 
     model = components.model
     model.train()
@@ -246,6 +244,7 @@ def two_forward_step(components, loss_args, run, pixel_values, global_step: int)
                             lpips=components.lpips, discriminator=model.discriminator,
                             last_layer=decoder_last_layer(model.vae), gan_active=True)
     loss.backward()
+    clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), run.step.max_grad_norm)
     run.vae_optimizer.step()
     run.vae_scheduler.step()
     run.vae_optimizer.clear_grad()
@@ -254,6 +253,7 @@ def two_forward_step(components, loss_args, run, pixel_values, global_step: int)
         recon, _, _ = model(pixel_values, sample_posterior=loss_args.sample_posterior)
     d_loss, _ = discriminator_objective(model.discriminator, pixel_values, recon, loss_args.disc_loss)
     d_loss.backward()
+    clip_grads(model.discriminator_parameters(), grad_norm(model.discriminator_parameters()), run.step.max_grad_norm)
     run.disc_optimizer.step()
     run.disc_scheduler.step()
     run.disc_optimizer.clear_grad()

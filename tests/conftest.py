@@ -108,3 +108,37 @@ def vae_weights(output_dir, folder="vae"):
 
     vae = AutoencoderKL.from_pretrained(os.path.join(output_dir, folder))
     return {k: v.numpy() for k, v in vae.state_dict().items()}
+
+
+def enabled_scaler(scale=1024.0, min_loss_scale=1.0):
+    """A LossScaler in the state its constructor leaves it in on a GPU (on CPU it disables itself).
+
+    Its `scale()` multiplies only once an fp16 autocast has run; on CPU use `pretend_fp16_autocast()`."""
+    from collections import defaultdict
+
+    import paddle
+    from paddle.amp.grad_scaler import _refresh_optimizer_state
+
+    from vae_trainer.precision import LossScaler
+
+    scaler = LossScaler(init_loss_scaling=scale, min_loss_scale=min_loss_scale)
+    scaler._enable, scaler._use_dynamic_loss_scaling = True, True
+    scaler._incr_ratio, scaler._decr_ratio = 2.0, 0.5
+    scaler._incr_every_n_steps, scaler._decr_every_n_nan_or_inf = 2, 1
+    scaler._incr_count = scaler._decr_count = 0
+    scaler._scale, scaler.scale_value = paddle.to_tensor(np.array([scale], np.float32)), float(scale)
+    scaler._cache_found_inf = None
+    for name in ("_found_inf", "_temp_found_inf_value_false", "_temp_found_inf_fp16", "_temp_found_inf_bf16",
+                 "_temp_found_inf_fp32"):
+        setattr(scaler, name, paddle.to_tensor(np.array([0]).astype(np.bool_)))
+    scaler._optimizer_states = defaultdict(_refresh_optimizer_state)
+    return scaler
+
+
+def pretend_fp16_autocast() -> str:
+    """Make Paddle believe an fp16 autocast has run (GradScaler.scale() checks it); returns the previous dtype."""
+    from paddle.amp.auto_cast import amp_global_state
+
+    previous = amp_global_state().amp_dtype
+    amp_global_state().amp_dtype = "float16"
+    return previous

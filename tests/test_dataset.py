@@ -84,11 +84,16 @@ def stream_ids(stream, limit=None):
     return ids
 
 
+def host(value) -> np.ndarray:
+    """A batch field as a numpy array (positions come as Python ints, images as tensors)."""
+    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
+
+
 def loader_ids(loader):
     ids, shards = [], []
     for batch in loader:
         ids += ids_of(batch["pixel_values"].numpy())
-        shards += batch["position"].numpy()[:, 0].tolist()
+        shards += host(batch["position"])[:, 0].tolist()
     return ids, shards
 
 
@@ -236,7 +241,7 @@ def test_dataloader_serves_workers_in_strict_rotation(tmp_path):
     shards = []
     with time_limit(120):
         for number, batch in enumerate(loader):
-            shards.append(set(batch["position"].numpy()[:, 0].tolist()))
+            shards.append(set(host(batch["position"])[:, 0].tolist()))
             if number == 11:
                 break
     assert shards == [{k % 3} for k in range(12)]
@@ -255,7 +260,7 @@ def _resume_data(tmp_path):
 def _batches(loader, count, tracker=None):
     batches = []
     for batch in loader:
-        batch = {key: value.numpy() for key, value in batch.items()}
+        batch = {key: host(value) for key, value in batch.items()}
         if tracker is not None:
             tracker.update(batch["position"])
         batches.append(batch)

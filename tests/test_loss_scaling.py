@@ -1,53 +1,43 @@
-"""fp16 loss-scale bookkeeping of the step (GPU-only in real runs: the scaler is forced on here).
+"""fp16 loss scaling and overflow handling in the step (GPU-only in real runs: the scaler is forced on here).
 
 Also guards the numpy-2.4 crash of Paddle's own GradScaler._update (float() of a 1-element tensor)."""
-
-from collections import defaultdict
 
 import numpy as np
 import paddle
 import pytest
-from paddle.amp.grad_scaler import _refresh_optimizer_state
+from conftest import enabled_scaler, pretend_fp16_autocast
+from paddle.amp.auto_cast import amp_global_state
+from test_step import full_step, images, make_model, make_step, poison_gradient, unchanged, weights
 
-from vae_trainer.precision import LossScaler
-from vae_trainer.step import update_scaler
-
-
-def enabled_scaler(scale=1024.0):
-    """A GradScaler in the state its constructor leaves it in on a GPU (on CPU it disables itself)."""
-    scaler = LossScaler(init_loss_scaling=scale)
-    scaler._enable, scaler._use_dynamic_loss_scaling = True, True
-    scaler._incr_ratio, scaler._decr_ratio = 2.0, 0.5
-    scaler._incr_every_n_steps, scaler._decr_every_n_nan_or_inf = 2, 1
-    scaler._incr_count = scaler._decr_count = 0
-    scaler._scale = paddle.to_tensor(np.array([scale], np.float32))
-    scaler._cache_found_inf = None
-    for name in ("_found_inf", "_temp_found_inf_value_false", "_temp_found_inf_fp16", "_temp_found_inf_bf16",
-                 "_temp_found_inf_fp32"):
-        setattr(scaler, name, paddle.to_tensor(np.array([0]).astype(np.bool_)))
-    scaler._optimizer_states = defaultdict(_refresh_optimizer_state)
-    return scaler
-
-
-def test_overflow_lowers_the_scale_and_good_steps_raise_it():
-    scaler = enabled_scaler()
-    update_scaler(scaler, found_inf=True)
-    assert scaler._scale.item() == 512.0
-    update_scaler(scaler, found_inf=False)
-    update_scaler(scaler, found_inf=False)
-    assert scaler._scale.item() == 1024.0  # doubled after incr_every_n_steps good steps
-    update_scaler(None, found_inf=True)  # no scaler (fp32/bf16): nothing to do
+from vae_trainer.precision import LossScaler, Precision
+from vae_trainer.step import NonFiniteError
 
 
 @pytest.fixture
 def fp16_state():
     """scale() only scales after an fp16 autocast has run (on a GPU); pretend one has."""
-    from paddle.amp.auto_cast import amp_global_state
-
-    previous = amp_global_state().amp_dtype
-    amp_global_state().amp_dtype = "float16"
+    previous = pretend_fp16_autocast()
     yield
     amp_global_state().amp_dtype = previous
+
+
+def test_overflow_lowers_the_scale_down_to_its_floor_and_good_steps_raise_it():
+    scaler = enabled_scaler(scale=4.0, min_loss_scale=2.0)
+    scaler.update_after(found_inf=True)
+    assert scaler.scale_value == 2.0 and scaler._scale.item() == 2.0
+    scaler.update_after(found_inf=True)  # at the floor: stays
+    assert scaler.scale_value == 2.0 and scaler._scale.item() == 2.0
+    scaler.update_after(found_inf=False)
+    scaler.update_after(found_inf=False)
+    assert scaler.scale_value == 4.0 and scaler._scale.item() == 4.0  # doubled after incr_every_n_steps good steps
+
+
+def test_the_host_scale_survives_a_checkpoint():
+    saved = enabled_scaler(scale=1024.0)
+    saved.update_after(found_inf=True)
+    restored = enabled_scaler(scale=65536.0)
+    restored.load_state_dict(saved.state_dict())
+    assert restored.scale_value == 512.0 and restored._scale.item() == 512.0
 
 
 def test_unscale_then_our_update_applies_true_gradients_once(fp16_state):
@@ -61,5 +51,62 @@ def test_unscale_then_our_update_applies_true_gradients_once(fp16_state):
     scaler.unscale_(optimizer)
     assert np.allclose(layer.weight.grad.numpy(), 1.0)
     optimizer.step()
-    update_scaler(scaler, found_inf=False)
+    scaler.update_after(found_inf=False)
     assert np.allclose(layer.weight.numpy(), before - 1.0)
+
+
+def fp16_step(model, tmp_path, vae_scale=8.0, disc_scale=8.0, min_loss_scale=2.0, **kw):
+    precision = Precision(vae_scaler=enabled_scaler(vae_scale, min_loss_scale),
+                          disc_scaler=enabled_scaler(disc_scale, min_loss_scale))
+    return make_step(model, tmp_path, precision=precision, **kw)
+
+
+def test_vae_overflows_are_counted_skipped_alone_and_stop_the_run(tmp_path, fp16_state):
+    """Finite losses, infinite VAE gradients at every step: only the VAE's step is skipped, its scale halves
+    down to --min_loss_scale and stays there, and --max_consecutive_overflow_steps stops the run, instead of
+    skipping forever while the scale sinks to zero."""
+    model = make_model()
+    step = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=1)
+    poison_gradient(model.vae.encoder.conv_in.weight)
+    vae_before, disc_before = weights(model.vae), weights(model.discriminator)
+    report = full_step(step, images(), global_step=0)
+    assert report["train/overflow_steps"] == 1 and report["train/skipped_steps"] == 0  # not the NaN guard's
+    assert report["train/loss_scale"] == 4.0 and report["train/disc_loss_scale"] == 8.0
+    assert unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)
+    report = full_step(step, images(seed=1), global_step=1)
+    assert report["train/overflow_steps"] == 2 and report["train/loss_scale"] == 2.0
+    with pytest.raises(NonFiniteError, match="3 consecutive optimizer steps had fp16 gradient overflow in the vae"):
+        full_step(step, images(seed=2), global_step=2)
+    assert step.precision.vae_scaler.scale_value == 2.0  # the floor
+    assert unchanged(model.vae, vae_before)
+
+
+def test_a_nan_loss_under_fp16_is_the_nan_guards_not_an_overflow(tmp_path, fp16_state):
+    model = make_model()
+    step = fp16_step(model, tmp_path)
+    before = weights(model)
+    bad = images()
+    bad[0, 0, 0, 0] = float("nan")
+    report = full_step(step, bad, global_step=0)
+    assert report["train/skipped_steps"] == 1 and report["train/overflow_steps"] == 0
+    assert report["train/disc_overflow_steps"] == 0 and unchanged(model, before)
+
+
+def test_an_overflowing_adaptive_weight_skips_the_gan_term_and_is_counted(tmp_path, fp16_state):
+    """A VAE loss scale so large that the scaled gradients overflow float32: the adaptive weight is not finite,
+    the GAN term of the micro-batch is skipped (the loss stays finite), and the step counts it."""
+    model = make_model()
+    step = fp16_step(model, tmp_path, vae_scale=3e38)
+    logs = step.forward_backward(images(), global_step=0)
+    assert logs["gan/adaptive_weight_overflow"].item() == 1.0 and logs["gan/adaptive_weight"].item() == 0.0
+    assert np.isfinite(logs["loss/total"].item())
+    report = step.optimizer_step(global_step=0)
+    assert report["train/skipped_gan_terms"] == 1 and report["train/skipped_steps"] == 0
+
+
+def test_scaler_without_autocast_stays_disabled_on_cpu(tmp_path):
+    """On CPU the real LossScaler disables itself: fp16 flags then train in float32 with a scale of 1."""
+    scaler = LossScaler(init_loss_scaling=1024.0)
+    assert not scaler.is_enable() and scaler.scale_value == 1.0
+    precision = Precision(dtype="float16", vae_scaler=scaler, disc_scaler=LossScaler(1024.0))
+    assert not precision.scales_losses and precision.loss_scales() == {"vae": 1.0, "discriminator": 1.0}

@@ -71,6 +71,42 @@ def test_adaptive_weight_is_ratio_of_gradient_norms_and_leaves_grads_alone():
     assert w.grad is None  # paddle.grad does not accumulate into .grad
 
 
+def test_adaptive_weight_is_nan_when_a_gradient_norm_overflows_not_clipped_to_its_maximum():
+    layer = paddle.nn.Linear(4, 3)
+    out = layer(paddle.ones([5, 4]))
+    nll, gan = out.square().mean(), out.sum()
+    assert np.isfinite(losses.adaptive_weight(nll, gan, layer.weight).item())
+    # nll's gradient overflows: inf / finite would be clipped to max_weight (1e4), a huge GAN weight.
+    assert np.isnan(losses.adaptive_weight(nll * 3e38, gan, layer.weight).item())
+    # gan's gradient overflows: finite / inf would be 0 by accident.
+    assert np.isnan(losses.adaptive_weight(nll, gan * 3e38, layer.weight).item())
+
+
+def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
+    """fp16: the adaptive weight's gradients carry the loss scale; if they overflow, the micro-batch's loss is
+    the loss without the GAN term (finite) and the overflow is flagged for the step to count."""
+    from vae_trainer.arguments import LossArguments
+
+    paddle.seed(0)
+    x = paddle.uniform([2, 3, 8, 8], min=-1, max=1)
+    decoder = paddle.nn.Conv2D(3, 3, 3, padding=1)
+    discriminator = paddle.nn.Conv2D(3, 1, 3)
+    recon = decoder(x)
+    mean, logvar = paddle.zeros([2, 4, 2, 2]), paddle.zeros([2, 4, 2, 2])
+    args = LossArguments(perceptual_weight=0.0, disc_start=0)
+    results = {}
+    for grad_scale in (1.0, 3e38):
+        results[grad_scale] = losses.vae_objective(
+            x, recon, mean, logvar, paddle.zeros([]), loss_args=args, lpips=None, discriminator=discriminator,
+            last_layer=decoder.weight, gan_active=True, grad_scale=grad_scale)
+    (loss, logs), (loss_skipped, logs_skipped) = results[1.0], results[3e38]
+    assert logs["gan/adaptive_weight_overflow"].item() == 0 and logs["gan/adaptive_weight"].item() > 0
+    assert logs_skipped["gan/adaptive_weight_overflow"].item() == 1 and logs_skipped["gan/adaptive_weight"].item() == 0
+    without_gan = logs["loss/nll"].item() + args.kl_weight * logs["loss/kl"].item()
+    assert loss_skipped.item() == pytest.approx(without_gan, rel=1e-6)
+    assert loss.item() != pytest.approx(without_gan, rel=1e-6)
+
+
 def test_frozen_blocks_parameter_gradients_but_not_input_gradients():
     disc = paddle.nn.Linear(3, 1)
     x = paddle.randn([2, 3])

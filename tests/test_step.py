@@ -1,4 +1,5 @@
-"""The shared training step: one VAE forward, clean discriminator gradients, GAN switch, accumulation."""
+"""The shared training step: one VAE forward, clean gradients for both networks, GAN switch, accumulation,
+the NaN guard (non-finite loss or gradients), EMA."""
 
 import copy
 
@@ -7,21 +8,21 @@ import paddle
 import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.losses import discriminator_objective
+from vae_trainer.losses import discriminator_objective, vae_objective
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
-from vae_trainer.models.vae import build_vae
+from vae_trainer.models.vae import build_vae, decoder_last_layer
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
-from vae_trainer.step import NonFiniteError, TrainStep
+from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep
 
 paddle.set_device("cpu")
 MICRO = "configs/vae_micro.json"
 
 
-def make_model(learn_logvar=False, seed=0):
+def make_model(learn_logvar=False, seed=0, norm="group"):
     paddle.seed(seed)
     vae = build_vae(MICRO)
-    disc = build_discriminator(norm="group", num_layers=2, base_channels=8)
+    disc = build_discriminator(norm=norm, num_layers=2, base_channels=8)
     return VAEWithDiscriminator(vae, disc, learn_logvar=learn_logvar)
 
 
@@ -29,14 +30,30 @@ def make_args(tmp_path, **kw):
     return VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], **kw)
 
 
-def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e-4, **loss_kw):
+def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e-4, precision=None, max_overflow=25,
+              **loss_kw):
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, **loss_kw}
     loss_args = LossArguments(**loss_kw)
     args = make_args(tmp_path, learning_rate=learning_rate)
-    vae_opt, _ = build_vae_optimizer(args, model)
+    vae_opt, vae_sched = build_vae_optimizer(args, model)
     disc_opt, disc_sched = build_disc_optimizer(args, model, loss_args.disc_start)
-    return TrainStep(model, None, loss_args, vae_opt, disc_opt, disc_sched, accumulation,
-                     max_consecutive_nonfinite=max_nonfinite)
+    return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation, precision,
+                     max_grad_norm=args.max_grad_norm, guard=NonFiniteGuard(max_nonfinite, max_overflow))
+
+
+def full_step(step, x, global_step):
+    """One micro-batch and its optimizer step, as the drivers run them (accumulation 1)."""
+    logs = step.forward_backward(x, global_step)
+    return {**logs, **step.optimizer_step(global_step)}
+
+
+def weights(layer):
+    return [p.numpy().copy() for p in layer.parameters()]
+
+
+def unchanged(layer, before):
+    # (np.testing's array asserts break on 0-d arrays once ppdiffusers has patched np.bool; compare directly)
+    return all(np.array_equal(p.numpy(), w) for p, w in zip(layer.parameters(), before))
 
 
 def images(n=2, seed=0, size=32):
@@ -53,48 +70,89 @@ def test_one_vae_forward_per_step_even_with_gan(tmp_path):
     model = make_model()
     step = make_step(model, tmp_path)
     enc, dec = count_calls(model.vae.encoder), count_calls(model.vae.decoder)
-    logs = step(images(), global_step=0, last_micro_step=True)
+    logs = full_step(step, images(), global_step=0)
     assert len(enc) == 1 and len(dec) == 1
     assert "loss/generator" in logs and "loss/discriminator" in logs and "gan/adaptive_weight" in logs
 
 
-def test_discriminator_gradient_is_exactly_its_own_loss_gradient(tmp_path):
-    """The generator pass must not leak gradients into the discriminator."""
-    model = make_model()
+@pytest.mark.parametrize("norm", ["batch", "group"])  # batch: the default PatchGAN
+def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
+    """The generator pass leaks nothing into the discriminator, the discriminator's loss nothing into the VAE.
+
+    With BatchNorm both networks' gradients depend on the discriminator normalising with batch statistics
+    (train mode) in every pass; the generator pass also moves its running statistics, which a train-mode
+    forward never uses. The reference computes each loss on its own, on a copy of the model.
+    """
+    model = make_model(norm=norm)
+    assert any(isinstance(m, paddle.nn.BatchNorm2D) for m in model.discriminator.sublayers()) == (norm == "batch")
     reference = copy.deepcopy(model)
     step = make_step(model, tmp_path)
     x = images()
     paddle.seed(5)
-    step(x, global_step=0, last_micro_step=False)  # no optimizer step, gradients stay in .grad
+    step.forward_backward(x, global_step=0)  # no optimizer step: the gradients stay in .grad
     paddle.seed(5)  # same posterior sample
-    recon, _, _ = reference(x)
+    recon, mean, logvar = reference(x)
+    vae_loss, _ = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
+                                discriminator=reference.discriminator, last_layer=decoder_last_layer(reference.vae),
+                                gan_active=True)
+    vae_loss.backward()
+    assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
     d_loss, _ = discriminator_objective(reference.discriminator, x, recon, "hinge")
     d_loss.backward()
-    for p, q in zip(model.discriminator.parameters(), reference.discriminator.parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7)
+    for network in ("vae", "discriminator"):
+        ours, theirs = getattr(model, network).parameters(), getattr(reference, network).parameters()
+        for p, q in zip(ours, theirs):
+            if q.grad is None:
+                assert p.grad is None
+                continue
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=network)
 
 
 def test_gan_is_off_before_disc_start(tmp_path):
     model = make_model()
     step = make_step(model, tmp_path, disc_start=5)
-    before = [p.numpy().copy() for p in model.discriminator.parameters()]
-    logs = step(images(), global_step=4, last_micro_step=True)
+    before = weights(model.discriminator)
+    logs = step.forward_backward(images(), global_step=4)
     assert "loss/generator" not in logs and "gan/adaptive_weight" not in logs
     assert all(p.grad is None for p in model.discriminator.parameters())
-    for p, b in zip(model.discriminator.parameters(), before):
-        np.testing.assert_array_equal(p.numpy(), b)
-    logs = step(images(), global_step=5, last_micro_step=True)
+    report = step.optimizer_step(global_step=4)
+    assert unchanged(model.discriminator, before) and "train/disc_grad_norm" not in report
+    assert step.disc_scheduler.last_epoch == 0  # its schedule starts at disc_start
+    logs = full_step(step, images(), global_step=5)
     assert "loss/generator" in logs
-    assert any(not np.array_equal(p.numpy(), b) for p, b in zip(model.discriminator.parameters(), before))
+    assert not unchanged(model.discriminator, before) and step.disc_scheduler.last_epoch == 1
 
 
 def test_learnable_logvar_is_optimized(tmp_path):
     for learn in (True, False):
         model = make_model(learn_logvar=learn)
         step = make_step(model, tmp_path, disc_weight=0.0, learning_rate=1e-2)
-        step(images(), global_step=0, last_micro_step=True)
-        step.vae_optimizer.step()
+        full_step(step, images(), global_step=0)
         assert (model.logvar.item() != 0.0) == learn
+
+
+def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path):
+    """The block: both optimizers step once (with clipped gradients), both schedules advance, grads are cleared."""
+    model = make_model()
+    step = make_step(model, tmp_path, learning_rate=1e-3)
+    step.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
+    vae_before, disc_before = weights(model.vae), weights(model.discriminator)
+    step.forward_backward(images(), global_step=0)
+    grads = {id(p): p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
+    report = step.optimizer_step(global_step=0)
+    norm = report["train/grad_norm"].item()
+    expected = np.sqrt(sum(np.square(grads[id(p)].astype(np.float64)).sum() for p in model.vae_parameters()
+                           if id(p) in grads))
+    assert norm == pytest.approx(expected, rel=1e-4) and norm > 1e-3
+    assert not unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)
+    assert step.vae_scheduler.last_epoch == 1 and step.disc_scheduler.last_epoch == 1
+    assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())
+    # Adam's first step moves each weight by about lr whatever the gradient's scale; the clipped gradient
+    # is what the optimizer holds as its first moment: (1 - beta1) * g * max_norm / norm.
+    moment = step.vae_optimizer._accumulators["moment1"]
+    weight = model.vae.decoder.conv_out.weight
+    np.testing.assert_allclose(moment[weight.name].numpy(), (1 - 0.5) * grads[id(weight)] * 1e-3 / norm,
+                               rtol=1e-4, atol=1e-12)
 
 
 def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
@@ -104,35 +162,57 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
     for accumulation in (1, 2):
         model = make_model()
         step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3)
-        chunks = paddle.split(x, accumulation)
-        for i, chunk in enumerate(chunks):
-            step(chunk, global_step=0, last_micro_step=i == accumulation - 1)
+        for chunk in paddle.split(x, accumulation):
+            step.forward_backward(chunk, global_step=0)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])
     for full, accumulated in zip(*grads):
         np.testing.assert_allclose(accumulated, full, rtol=1e-4, atol=1e-7)
 
 
-def test_nonfinite_step_is_skipped_for_both_networks_then_stops(tmp_path):
+def poison_gradient(param):
+    """Make `param`'s gradient infinite from now on, leaving every loss finite."""
+    return param.register_hook(lambda grad: grad + float("inf"))
+
+
+def test_nan_loss_skips_the_step_for_both_networks_then_stops(tmp_path):
     model = make_model()
     step = make_step(model, tmp_path, max_nonfinite=2)
-    weights = [p.numpy().copy() for p in model.parameters()]
+    before = weights(model)
     bad = images()
     bad[0, 0, 0, 0] = float("nan")
-    logs = step(bad, global_step=0, last_micro_step=True)
-    step.vae_optimizer.step()  # what the drivers do next: cancelled by the guard
-    step.vae_optimizer.clear_grad()
-    assert logs["train/skipped_steps"].item() == 1
-    # (np.testing's array asserts break on 0-d arrays once ppdiffusers has patched np.bool; compare directly)
-    assert all(np.array_equal(p.numpy(), w) for p, w in zip(model.parameters(), weights))
+    report = full_step(step, bad, global_step=0)
+    assert report["train/skipped_steps"] == 1 and unchanged(model, before)
     # A good step in between resets the consecutive count and does update the weights.
-    step(images(), global_step=1, last_micro_step=True)
-    step.vae_optimizer.step()
-    assert not np.array_equal(model.vae.decoder.conv_out.weight.numpy(), weights[0])
-    step.vae_optimizer.clear_grad()
-    step(bad, global_step=2, last_micro_step=True)
-    step.vae_optimizer.clear_grad()
+    full_step(step, images(), global_step=1)
+    assert not unchanged(model.vae, before)
+    full_step(step, bad, global_step=2)
     with pytest.raises(NonFiniteError, match="2 consecutive"):
-        step(bad, global_step=3, last_micro_step=True)
+        full_step(step, bad, global_step=3)
+
+
+@pytest.mark.parametrize("network", ["vae", "discriminator"])
+def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_path, network):
+    """Finite losses, one infinite gradient (in either network): nothing is updated, the skip is counted,
+    and the run stops after --max_consecutive_nonfinite_steps such steps."""
+    model = make_model()
+    step = make_step(model, tmp_path, max_nonfinite=2)
+    first_layer = model.vae.encoder.conv_in if network == "vae" else model.discriminator.sublayers()[1]
+    hook = poison_gradient(first_layer.weight)
+    before, vae_before, disc_before = weights(model), weights(model.vae), weights(model.discriminator)
+    logs = step.forward_backward(images(), global_step=0)
+    assert np.isfinite(logs["loss/total"].item()) and np.isfinite(logs["loss/discriminator"].item())
+    report = step.optimizer_step(global_step=0)
+    assert report["train/skipped_steps"] == 1 and unchanged(model, before)
+    assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())  # nothing carried over
+    assert step.vae_scheduler.last_epoch == 1  # the schedule follows the step counter
+    with pytest.raises(NonFiniteError, match="2 consecutive"):
+        full_step(step, images(), global_step=1)
+    assert unchanged(model, before)
+    hook.remove()  # and start again, as after a resume: fresh gradients and counters
+    step.vae_optimizer.clear_grad(), step.disc_optimizer.clear_grad()
+    step.guard.consecutive_nonfinite = 0
+    full_step(step, images(), global_step=2)
+    assert not unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)
 
 
 def test_ema_follows_the_warmed_up_decay(tmp_path):
@@ -144,10 +224,7 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
     step.ema = EMAModel(model.vae.parameters(), decay=0.5)
     expected = [p.numpy().astype("float64") for p in model.vae.parameters()]
     for t in range(1, 4):
-        step(images(seed=t), global_step=t - 1, last_micro_step=True)
-        step.vae_optimizer.step()
-        step.vae_optimizer.clear_grad()
-        step.after_optimizer_step()
+        full_step(step, images(seed=t), global_step=t - 1)
         decay = min(0.5, (1 + t) / (10 + t))
         expected = [decay * e + (1 - decay) * p.numpy() for e, p in zip(expected, model.vae.parameters())]
     for shadow, e in zip(step.ema.shadow_params, expected):
@@ -168,7 +245,7 @@ def test_recompute_gives_the_same_gradients(tmp_path):
         if recompute:
             model.vae.enable_gradient_checkpointing()
         step = make_step(model, tmp_path, disc_weight=0.0, sample_posterior=False)
-        step(x, global_step=0, last_micro_step=False)
+        step.forward_backward(x, global_step=0)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])
     for plain, checkpointed in zip(*grads):
         np.testing.assert_allclose(checkpointed, plain, rtol=1e-5, atol=1e-7)

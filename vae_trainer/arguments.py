@@ -228,6 +228,15 @@ class VAETrainingArguments(TrainingArguments):
     max_consecutive_nonfinite_steps: int = field(
         default=5, metadata={"help": "Stop (after saving) when this many optimizer steps in a row are non-finite."}
     )
+    max_consecutive_overflow_steps: int = field(
+        default=25,
+        metadata={"help": "fp16: stop (after saving) when one network's gradients overflow in this many optimizer "
+                          "steps in a row (each such step is skipped and halves its loss scale; from --scale_loss "
+                          "32768 down to --min_loss_scale 1 takes 15)."},
+    )
+    min_loss_scale: float = field(
+        default=1.0, metadata={"help": "fp16: the dynamic loss scale is never lowered below this."}
+    )
 
     def __post_init__(self):
         # Checked before PaddleNLP normalises them: our drivers implement data parallelism only.

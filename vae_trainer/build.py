@@ -24,8 +24,8 @@ from .models.discriminator import build_discriminator, convert_batchnorm_to_sync
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import build_vae, check_reconstruction_size
 from .optim import build_disc_optimizer, build_vae_optimizer
-from .precision import Precision, setup_precision
-from .step import TrainStep
+from .precision import Precision, restore_float32, setup_precision
+from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
 
@@ -124,6 +124,11 @@ class TrainingParts:
             out["ema.pdparams"] = self.ema
         return out
 
+    def restore_float32(self, model: paddle.nn.Layer) -> None:
+        """After training, before the final evaluation and export: O2 weights back to float32, from the
+        optimizers' master weights (a no-op for float32 and O1 runs)."""
+        restore_float32(model, [self.vae_optimizer, self.disc_optimizer])
+
 
 def build_training(components: Components, loss_args, training_args) -> TrainingParts:
     """Precision first (O2 decorates the weights), then optimizers over them, the EMA and the step."""
@@ -137,9 +142,9 @@ def build_training(components: Components, loss_args, training_args) -> Training
 
         ema = EMAModel(model.vae.parameters(), decay=training_args.ema_decay)
         ema.to(dtype=paddle.float32)  # averages of many small updates need float32 even under O2
-    step = TrainStep(model, components.lpips, loss_args, vae_optimizer, disc_optimizer, disc_scheduler,
-                     training_args.gradient_accumulation_steps, precision, ema,
-                     training_args.max_consecutive_nonfinite_steps)
+    guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
+    step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
+                     training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard)
     return TrainingParts(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 

@@ -41,13 +41,11 @@ def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
         fused_allreduce_gradients([p for p in parameters if not p.stop_gradient], None)
 
 
-def all_ranks_agree(flag: bool) -> bool:
-    """True only if `flag` is true on every rank (so that all ranks take the same branch)."""
-    if world_size() == 1:
-        return flag
-    value = paddle.to_tensor([1 if flag else 0], dtype="int32")
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())
+def sum_over_ranks(value: paddle.Tensor) -> paddle.Tensor:
+    """`value` summed over all ranks, staying on the device (no host read; unchanged on one process)."""
+    if world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
 
 
 def broadcast_parameters(layer: paddle.nn.Layer) -> None:

@@ -33,6 +33,7 @@ from vae_trainer.metrics import (
     ssim,
 )
 from vae_trainer.models.vae import encoder_input
+from vae_trainer.precision import half_precision_autocast
 
 logger = logging.getLogger(__name__)
 
@@ -215,9 +216,10 @@ def evaluate_vae(
     try:
         with paddle.no_grad():
             for pixels in _capped_batches(batches, num_images):
-                posterior = _posterior(vae, pixels, input_size)
-                recons = vae.decode(_latent(posterior, rng)).sample.astype("float32").clip(-1.0, 1.0)
-                evaluation.add(pixels, posterior, recons)
+                with half_precision_autocast(vae):  # O2: float32 images into half-precision weights
+                    posterior = _posterior(vae, pixels, input_size)
+                    recons = vae.decode(_latent(posterior, rng)).sample
+                evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0))
     finally:
         if was_training:
             vae.train()

@@ -1,7 +1,8 @@
 """The plain training loop (train_vae_no_trainer.py): the whole run on one screen, nothing hidden.
 
-It drives the same `TrainStep`, optimizers, schedules, checkpoints and telemetry as the Trainer
-subclass, in the same order, so the two entry points produce the same numbers.
+It drives the same `TrainStep` (`forward_backward` per micro-batch, then `optimizer_step`, which updates
+both networks and their schedules), checkpoints and telemetry as the Trainer subclass, in the same
+order, so the two entry points produce the same numbers.
 """
 
 from __future__ import annotations
@@ -66,21 +67,18 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     batches = iter(dataloader)
     try:
         while state.global_step < args.max_steps:
-            for micro in range(args.gradient_accumulation_steps):
+            for _ in range(args.gradient_accumulation_steps):
                 batch = next(batches)
                 monitor.micro_step_begin()
-                logs = run.step(batch["pixel_values"], state.global_step, micro == args.gradient_accumulation_steps - 1)
+                logs = run.step.forward_backward(batch["pixel_values"], state.global_step)
                 position.update(batch["position"])
                 monitor.micro_step_end(logs)
-            learning_rate = run.vae_optimizer.get_lr()
-            run.vae_optimizer.step()  # a no-op when the step's NaN guard cancelled it
-            run.vae_scheduler.step()
-            run.vae_optimizer.clear_grad()
+            # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
+            report = run.step.optimizer_step(state.global_step)
             state.global_step += 1
-            run.step.after_optimizer_step()
             progress.update(1)
 
-            scalars = monitor.optimizer_step_end(state.global_step, learning_rate, run.step)
+            scalars = monitor.optimizer_step_end(state.global_step, report, run.step.images_for_logging)
             if scalars is not None:
                 state.log_history.append({"step": state.global_step, **scalars})
                 progress.set_postfix_str(format_scalars(scalars))
@@ -96,5 +94,6 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     finally:
         progress.close()
         monitor.close()
+    run.restore_float32(model)  # O2: evaluate and export the float32 master weights
     vae_dir, disc_dir = export_run(args.output_dir, parts, run.ema, evaluator, state.global_step)
     return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}

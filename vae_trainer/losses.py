@@ -218,12 +218,17 @@ def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, deca
 def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
     """||d nll / dW|| / ||d gan / dW|| at the decoder's last layer (taming's calculate_adaptive_weight).
 
-    Uses `paddle.grad`, which leaves `.grad` untouched, so the real backward afterwards is unaffected.
+    NaN when either gradient norm is not finite (an fp16 overflow of the scaled gradients): the caller
+    then skips the GAN term (clipping would turn an infinite ratio into `max_weight`). Uses `paddle.grad`,
+    which leaves `.grad` untouched, so the real backward afterwards is unaffected.
     """
     nll_grad = paddle.grad(nll, last_layer, retain_graph=True)[0]
     gan_grad = paddle.grad(gan, last_layer, retain_graph=True)[0]
-    weight = paddle.linalg.norm(nll_grad.astype("float32")) / (paddle.linalg.norm(gan_grad.astype("float32")) + 1e-4)
-    return paddle.clip(weight, 0.0, max_weight).detach()
+    nll_norm = paddle.linalg.norm(nll_grad.astype("float32"))
+    gan_norm = paddle.linalg.norm(gan_grad.astype("float32"))
+    weight = paddle.clip(nll_norm / (gan_norm + 1e-4), 0.0, max_weight)
+    finite = paddle.isfinite(nll_norm) & paddle.isfinite(gan_norm)
+    return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
 
 
 class frozen:
@@ -302,7 +307,12 @@ def vae_objective(
         if loss_args.adaptive_disc_weight:
             # Both losses carry the fp16 loss scale so that their half-precision gradients do not
             # underflow; the ratio is unchanged by it.
-            d_weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer) * loss_args.disc_weight
+            weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer)
+            # An overflow skips the GAN term of this micro-batch (weight 0) instead of making the loss
+            # NaN; counted by the step (`gan/adaptive_weight_overflow`, no host read here).
+            overflow = ~paddle.isfinite(weight)
+            d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
+            logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
         else:
             d_weight = paddle.full([], loss_args.disc_weight, "float32")
         loss = loss + d_weight * gan

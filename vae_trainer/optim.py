@@ -1,36 +1,23 @@
-"""Optimizers and LR schedules for the VAE and the discriminator, built the same way by both drivers.
+"""Optimizers, LR schedules and gradient clipping for the VAE and the discriminator, the same in both drivers.
 
-AdamW (betas from --adam_beta1/--adam_beta2, LDM uses 0.5/0.9), no weight decay on biases and norms,
-global-norm clipping (--max_grad_norm), and PaddleNLP's `get_scheduler` (--lr_scheduler_type with
---warmup_steps / --warmup_ratio). The discriminator's schedule starts counting at --disc_start, so its
-warm-up happens when it actually starts training. With --scale_lr both peak rates are multiplied by the
-global batch (`scaled_learning_rate`).
+AdamW (betas from --adam_beta1/--adam_beta2, LDM uses 0.5/0.9), no weight decay on biases and norms, and
+PaddleNLP's `get_scheduler` (--lr_scheduler_type with --warmup_steps / --warmup_ratio). The discriminator's
+schedule starts counting at --disc_start, so its warm-up happens when it actually starts training. With
+--scale_lr both peak rates are multiplied by the global batch (`scaled_learning_rate`).
+
+Clipping (--max_grad_norm, per network) is not the optimizer's `grad_clip`: the training step calls
+`grad_norm` once, uses that norm for its finite check, then `clip_grads` with it, then `optimizer.step()`
+(step.py), so the order is visible in one place and the norm is computed once.
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 import paddle
 from paddlenlp.trainer.trainer_utils import get_scheduler
 
 from .precision import uses_master_weights
-
-
-class GuardedAdamW(paddle.optimizer.AdamW):
-    """AdamW whose next `step()` can be cancelled by the training step (non-finite gradients).
-
-    Both drivers call `step()` unconditionally (the PaddleNLP Trainer does so in its own loop), so
-    cancelling here is the one place a bad step is skipped for either driver.
-    """
-
-    skip_next_step = False
-
-    def step(self):
-        if self.skip_next_step:
-            self.skip_next_step = False
-            return
-        super().step()
 
 
 def build_scheduler(args, learning_rate: float, num_training_steps: int) -> paddle.optimizer.lr.LRScheduler:
@@ -46,11 +33,11 @@ def build_scheduler(args, learning_rate: float, num_training_steps: int) -> padd
     )
 
 
-def build_optimizer(args, named_parameters: List, lr_scheduler) -> GuardedAdamW:
+def build_optimizer(args, named_parameters: List, lr_scheduler) -> paddle.optimizer.AdamW:
     """AdamW over `named_parameters` [(name, param)], decaying all but biases and norm weights."""
     params = [p for _, p in named_parameters if not p.stop_gradient]
     no_decay = {p.name for n, p in named_parameters if "bias" in n or "norm" in n}
-    return GuardedAdamW(
+    return paddle.optimizer.AdamW(
         learning_rate=lr_scheduler,
         parameters=params,
         beta1=args.adam_beta1,
@@ -58,7 +45,6 @@ def build_optimizer(args, named_parameters: List, lr_scheduler) -> GuardedAdamW:
         epsilon=args.adam_epsilon,
         weight_decay=args.weight_decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
         multi_precision=uses_master_weights(args),
     )
 
@@ -86,3 +72,29 @@ def build_disc_optimizer(args, model, disc_start: int):
     scheduler = build_scheduler(args, lr, args.max_steps - min(disc_start, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.")]
     return build_optimizer(args, named, scheduler), scheduler
+
+
+@paddle.no_grad()
+def grad_norm(parameters: Sequence[paddle.Tensor]) -> paddle.Tensor:
+    """Global L2 norm of the gradients of `parameters` (a 0-d float32 tensor on the device; no host sync).
+
+    Squares are summed in float32, so half-precision gradients (O2) do not overflow the norm; it is
+    non-finite exactly when some gradient is (or when the norm itself exceeds float32, ~1.8e19).
+    `paddle.nn.utils.clip_grad_norm_` takes each norm in the gradient's own dtype, which overflows in fp16.
+    """
+    squares = [p.grad.astype("float32").square().sum() for p in parameters if p.grad is not None]
+    if not squares:
+        return paddle.zeros([], "float32")
+    return paddle.stack(squares).sum().sqrt()
+
+
+@paddle.no_grad()
+def clip_grads(parameters: Sequence[paddle.Tensor], norm: paddle.Tensor, max_norm: float) -> None:
+    """Scale the gradients in place so that their global norm (`norm`, from `grad_norm`) is at most
+    `max_norm`; the rule of `paddle.nn.ClipGradByGlobalNorm`. `max_norm` <= 0 disables clipping."""
+    if max_norm <= 0:
+        return
+    scale = max_norm / paddle.clip(norm, min=max_norm)
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.multiply_(scale.astype(p.grad.dtype))

@@ -1,15 +1,22 @@
-"""Mixed precision: autocast, fp16 loss scaling (one scaler per network) and O2 decoration.
+"""Mixed precision: autocast, fp16 loss scaling (one scaler per network), O2 weights in and out of training.
 
 --fp16 / --bf16 with --fp16_opt_level O1 (autocast, float32 weights) or O2 (half-precision weights with
 float32 master weights in the optimizers: `multi_precision`). fp16 uses dynamic loss scaling with
 SEPARATE scalers for the VAE and the discriminator, so an overflow in one network's backward does not
-skip or rescale the other's update. bf16 needs no scaling. LPIPS normalises in float32 and the KL is
-computed in float32 (losses.py), so neither overflows in half precision.
+skip or rescale the other's update. The scale never drops below --min_loss_scale (a run whose gradients
+stay non-finite is stopped by the step's --max_consecutive_overflow_steps instead of training on
+gradients scaled to zero). bf16 needs no scaling. LPIPS normalises in float32 and the KL is computed in
+float32 (losses.py), so neither overflows in half precision.
+
+Outside the training step the weights' dtype decides: `half_precision_autocast(layer)` runs evaluation and
+image logging of an O2 (half-precision) VAE under O2 autocast, so float32 images meet float16 weights
+correctly; `restore_float32` puts the optimizers' float32 master weights back into the model after O2
+training, so the final evaluation and the export are float32.
 
 On CPU Paddle does no autocast (`auto_cast` is a no-op there and GradScaler disables itself), and
 half-precision conv kernels do not exist, so O2 decoration is skipped: the flags run in float32 with a
 warning. Only the GPU does real mixed precision; that path follows Paddle's AMP documentation and has
-been exercised only on CPU here.
+been exercised only on CPU here (tests force the scaler on).
 """
 
 from __future__ import annotations
@@ -17,20 +24,36 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Iterable, Optional
 
 import paddle
 
 logger = logging.getLogger("vae_trainer")
 
+HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
+
 
 class LossScaler(paddle.amp.GradScaler):
-    """Paddle's GradScaler with its dynamic update made safe under numpy 2.4.
+    """Paddle's GradScaler, updated from the training step's own overflow decision, with a floor.
 
-    Paddle 3.3.1's `_update` formats `float(self._scale)` (a 1-element tensor) when it lowers the
-    scale, which numpy 2.4 refuses: fp16 training would crash at its first overflow. Same rule here,
-    logged with `.item()`.
+    - `update_after(found_inf)`: GradScaler.update() reads `_cache_found_inf`, which only its own
+      step()/minimize() set; the training step steps the optimizers itself, after its own finite check.
+    - The scale never goes below `min_loss_scale`.
+    - `scale_value` is the scale as a Python float: the step decides overflows on the host, so the new
+      scale is known there without reading the device (no host sync for logging or the floor).
+    - Paddle 3.3.1's `_update` formats `float(self._scale)` (a 1-element tensor) when it lowers the
+      scale, which numpy 2.4 refuses: fp16 training would crash at its first overflow. Not here.
     """
+
+    def __init__(self, init_loss_scaling: float, min_loss_scale: float = 1.0):
+        super().__init__(init_loss_scaling=init_loss_scaling)
+        self.min_loss_scale = float(min_loss_scale)
+        self.scale_value = float(init_loss_scaling) if self._enable else 1.0
+
+    def update_after(self, found_inf: bool) -> None:
+        """Adjust the scale after an optimizer step we took (found_inf False) or skipped (True)."""
+        self._cache_found_inf = found_inf
+        self.update()
 
     def _update(self):
         if not self._enable:
@@ -38,14 +61,26 @@ class LossScaler(paddle.amp.GradScaler):
         if self._cache_found_inf:
             self._incr_count, self._decr_count = 0, self._decr_count + 1
             if self._decr_count == self._decr_every_n_nan_or_inf:
-                self._scale = self._scale * self._decr_ratio
                 self._decr_count = 0
-                logger.info("fp16 overflow: loss scale lowered to %g", self._scale.item())
+                lowered = max(self.scale_value * self._decr_ratio, self.min_loss_scale)
+                if lowered != self.scale_value:
+                    logger.info("fp16 overflow: loss scale lowered to %g", lowered)
+                self._set_scale(lowered)
         else:
             self._decr_count, self._incr_count = 0, self._incr_count + 1
             if self._incr_count == self._incr_every_n_steps:
-                self._scale = self._scale * self._incr_ratio
                 self._incr_count = 0
+                self._set_scale(self.scale_value * self._incr_ratio)
+
+    def _set_scale(self, value: float) -> None:
+        if value != self.scale_value:  # a fill on the device, only when the scale changes
+            self.scale_value = value
+            self._scale = paddle.full([1], value, "float32")
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        if self._enable:
+            self.scale_value = float(self._init_loss_scaling)
 
 
 @dataclass
@@ -55,21 +90,46 @@ class Precision:
     vae_scaler: Optional[LossScaler] = None
     disc_scaler: Optional[LossScaler] = None
 
+    @property
+    def scales_losses(self) -> bool:
+        """fp16 with loss scaling: non-finite gradients with finite losses are overflows, not errors."""
+        return self.vae_scaler is not None and self.vae_scaler.is_enable()
+
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
 
-    def vae_loss_scale(self):
-        """The VAE's current fp16 loss scale: a device tensor under fp16, else the plain number 1.0
-        (so that the common case costs no tensor and no device sync)."""
-        return self.vae_scaler._scale if self.vae_scaler is not None and self.vae_scaler.is_enable() else 1.0
+    def vae_loss_scale(self) -> float:
+        """The VAE's current fp16 loss scale (1.0 without fp16), a host number."""
+        return self.vae_scaler.scale_value if self.scales_losses else 1.0
 
     def scale_vae(self, loss: paddle.Tensor) -> paddle.Tensor:
         return self.vae_scaler.scale(loss) if self.vae_scaler is not None else loss
 
     def scale_disc(self, loss: paddle.Tensor) -> paddle.Tensor:
         return self.disc_scaler.scale(loss) if self.disc_scaler is not None else loss
+
+    def unscale(self, vae_optimizer, disc_optimizer=None) -> None:
+        """Divide the gradients by their network's loss scale (disc_optimizer None: the GAN is off)."""
+        if self.vae_scaler is not None:
+            self.vae_scaler.unscale_(vae_optimizer)
+        if disc_optimizer is not None and self.disc_scaler is not None:
+            self.disc_scaler.unscale_(disc_optimizer)
+
+    def update_scales(self, vae_overflow: bool, disc_overflow: Optional[bool]) -> None:
+        """After the optimizer step: lower the scale of a network that overflowed, or count a good step.
+        disc_overflow None: the discriminator had no gradients this step (GAN off), its scale is left alone."""
+        if self.vae_scaler is not None:
+            self.vae_scaler.update_after(vae_overflow)
+        if disc_overflow is not None and self.disc_scaler is not None:
+            self.disc_scaler.update_after(disc_overflow)
+
+    def loss_scales(self) -> Dict[str, float]:
+        """The current loss scale of each network (host numbers; 1.0 without fp16 scaling)."""
+        if not self.scales_losses:
+            return {"vae": 1.0, "discriminator": 1.0}
+        return {"vae": self.vae_scaler.scale_value, "discriminator": self.disc_scaler.scale_value}
 
     def stateful(self) -> dict:
         """Checkpoint entries for the loss scalers (their scale and good-step counters)."""
@@ -91,6 +151,8 @@ def setup_precision(args, model: paddle.nn.Layer) -> Precision:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
         return Precision()
+    if args.fp16 and not args.min_loss_scale > 0:
+        raise ValueError(f"--min_loss_scale must be > 0 (got {args.min_loss_scale}): a zero scale zeroes the gradients")
     dtype = "float16" if args.fp16 else "bfloat16"
     if not on_gpu():
         logger.warning(
@@ -101,10 +163,50 @@ def setup_precision(args, model: paddle.nn.Layer) -> Precision:
         paddle.amp.decorate(models=model, level="O2", dtype=dtype)
     scalers = {}
     if args.fp16:
-        scalers = {name: LossScaler(init_loss_scaling=args.scale_loss) for name in ("vae_scaler", "disc_scaler")}
+        scalers = {name: LossScaler(init_loss_scaling=args.scale_loss, min_loss_scale=args.min_loss_scale)
+                   for name in ("vae_scaler", "disc_scaler")}
     return Precision(dtype=dtype, level=args.fp16_opt_level, **scalers)
 
 
 def uses_master_weights(args) -> bool:
     """O2 keeps half-precision weights in the model and float32 copies in the optimizer."""
     return bool(args.fp16 or args.bf16) and args.fp16_opt_level == "O2" and on_gpu()
+
+
+def half_dtype(layer: paddle.nn.Layer) -> Optional[str]:
+    """"float16" or "bfloat16" if `layer` holds half-precision weights (O2), else None."""
+    for param in layer.parameters():
+        if param.dtype in HALF_DTYPES:
+            return HALF_DTYPES[param.dtype]
+    return None
+
+
+def half_precision_autocast(layer: paddle.nn.Layer):
+    """The context for a forward of `layer` outside the training step (evaluation, image logging).
+
+    O2 weights are float16/bfloat16 while images are float32: O2 autocast casts the inputs to the
+    weights' dtype (norms stay float32); callers cast the outputs to float32. With float32 weights
+    (no mixed precision, or O1) nothing changes, and evaluation runs in float32.
+    """
+    dtype = half_dtype(layer)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return paddle.amp.auto_cast(enable=True, level="O2", dtype=dtype)
+
+
+def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
+    """After O2 training: `layer` back in float32, holding the optimizers' float32 master weights.
+
+    The half-precision weights are roundings of the master weights (`multi_precision`); evaluating and
+    exporting those would lose the precision the optimizer kept. A no-op when `layer` is float32.
+    """
+    if half_dtype(layer) is None:
+        return
+    masters = {}
+    for optimizer in optimizers:
+        masters.update(optimizer.state_dict().get("master_weights", {}))
+    names = {param.name: key for key, param in layer.named_parameters()}
+    layer.to(dtype="float32")  # in place: the same parameter objects, now float32
+    state = {names[name]: master for name, master in masters.items() if name in names}
+    layer.set_state_dict(state)
+    logger.info("O2: model cast to float32 with the optimizers' master weights (%d tensors)", len(state))

@@ -1,16 +1,31 @@
-"""The training step, shared by both drivers: one micro-batch in, gradients and a dict of scalars out.
+"""The training step, shared by both drivers: micro-batches in, both networks updated, numbers out.
 
-Per micro-batch: ONE VAE forward; the VAE loss (pixel, LPIPS, KL, adaptive GAN term) is backpropagated;
-then the discriminator loss on the *detached* reconstruction is backpropagated. Micro-steps never
-communicate. On the last micro-batch of an optimizer step (`finish`):
-  1. both networks' gradients are averaged over ranks (distributed.sync_gradients);
-  2. fp16 loss scales are removed (one scaler per network);
-  3. the NaN/Inf guard: a non-finite loss or gradient cancels this step for both networks (counted,
-     logged); K consecutive ones raise `NonFiniteError`, and the drivers save a checkpoint of the last
-     good weights before stopping;
-  4. the discriminator optimizer and its schedule step.
-The VAE optimizer step belongs to the driver (the Trainer's loop, or ours) and is the same `GuardedAdamW`
-either way, which honours the guard's cancellation. Then `after_optimizer_step` updates the EMA.
+Per micro-batch, `forward_backward`: ONE VAE forward; the VAE loss (pixel, LPIPS, KL, adaptive GAN term)
+is backpropagated; then the discriminator loss on the *detached* reconstruction is backpropagated.
+Micro-steps never communicate and never read a value back from the device.
+
+Per optimizer step, `optimizer_step`, one straight block:
+  1. all-reduce both networks' gradients over ranks (distributed.sync_gradients);
+  2. unscale them (fp16: one loss scaler per network);
+  3. gradient norms, then the finite check: ONE device-to-host read of a few counts, summed over
+     ranks, so every rank takes the same decision (`NonFiniteGuard`);
+  4. clip each network's gradients to --max_grad_norm (optim.clip_grads);
+  5. step the VAE optimizer, 6. step the discriminator optimizer (each unless its step is skipped);
+  7. both LR schedules follow the step counter (a skipped step still counts);
+  8. update the fp16 loss scales from the decision, clear both networks' gradients;
+  9. update the EMA of the VAE weights.
+The drivers call this block and step nothing themselves (trainer.py: how the PaddleNLP Trainer's own
+optimizer/scheduler calls become no-ops).
+
+Skipping, counted and logged (`NonFiniteGuard`):
+- a non-finite loss on any rank, or non-finite gradients without fp16 loss scaling, skips the step for both
+  networks; --max_consecutive_nonfinite_steps in a row raise `NonFiniteError`;
+- under fp16, non-finite gradients with finite losses are an overflow: only that network's step is
+  skipped and its loss scale lowered (not below --min_loss_scale); --max_consecutive_overflow_steps in
+  a row for one network raise `NonFiniteError` too;
+- an adaptive GAN weight that overflows skips the GAN term of that micro-batch (losses.vae_objective),
+  counted in the same host read.
+On `NonFiniteError` the drivers save a checkpoint (the weights of the last good step) and stop.
 
 The order of the two updates does not matter: the discriminator's gradients come from detached
 reconstructions and the VAE's gradients are complete before either optimizer steps.
@@ -19,15 +34,16 @@ reconstructions and the VAE's gradients are complete before either optimizer ste
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import paddle
 
-from .distributed import all_ranks_agree, sync_gradients
+from .distributed import sum_over_ranks, sync_gradients
 from .losses import discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
-from .precision import Precision
+from .optim import clip_grads, grad_norm
+from .precision import Precision, half_precision_autocast
 
 logger = logging.getLogger("vae_trainer")
 
@@ -47,24 +63,65 @@ class ema_weights:
 
 
 class NonFiniteError(RuntimeError):
-    """Too many consecutive optimizer steps with non-finite losses or gradients."""
+    """Too many consecutive optimizer steps with non-finite losses or gradients (or fp16 overflows)."""
 
 
-def all_finite(tensors: List[paddle.Tensor]) -> bool:
-    """One device sync: are all given tensors free of NaN and Inf?"""
-    flags = [paddle.isfinite(t.astype("float32")).all() for t in tensors if t is not None]
-    return bool(paddle.stack(flags).all().item()) if flags else True
+class NonFiniteGuard:
+    """Decides from rank-global counts which network steps, counts the skips, stops runs that stay broken."""
 
+    def __init__(self, max_consecutive_nonfinite: int = 5, max_consecutive_overflow: int = 25):
+        if min(max_consecutive_nonfinite, max_consecutive_overflow) < 1:
+            raise ValueError("--max_consecutive_nonfinite_steps and --max_consecutive_overflow_steps must be >= 1")
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.max_consecutive_overflow = max_consecutive_overflow
+        self.skipped_steps = 0  # steps skipped for both networks (non-finite loss or gradients)
+        self.consecutive_nonfinite = 0
+        self.overflow_steps = {"vae": 0, "discriminator": 0}  # fp16: steps of one network skipped for overflow
+        self.consecutive_overflow = {"vae": 0, "discriminator": 0}
+        self.skipped_gan_terms = 0  # micro-batches whose adaptive GAN weight overflowed
 
-def update_scaler(scaler, found_inf: bool) -> None:
-    """Adjust an fp16 loss scale after an optimizer step we took (or skipped) ourselves.
+    def decide(self, step: int, losses_finite: bool, grads_finite: Dict[str, bool], scales_losses: bool,
+               loss_scales: Dict[str, float]) -> Dict[str, bool]:
+        """{network: take its optimizer step?} for optimizer step `step` (1-based). Raises NonFiniteError."""
+        if not losses_finite or (not scales_losses and not all(grads_finite.values())):
+            self.skipped_steps += 1
+            self.consecutive_nonfinite += 1
+            what = "loss" if not losses_finite else "gradients"
+            logger.warning("step %d: non-finite %s, step skipped for both networks (%d in a row, %d in total)",
+                           step, what, self.consecutive_nonfinite, self.skipped_steps)
+            if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+                raise NonFiniteError(
+                    f"{self.consecutive_nonfinite} consecutive optimizer steps had non-finite losses or gradients "
+                    f"(last at step {step}); stopping. The weights are those of the last good step. Lower "
+                    "--learning_rate, check the data, or resume from an earlier checkpoint.")
+            return {name: False for name in grads_finite}
+        self.consecutive_nonfinite = 0
+        for name, finite in grads_finite.items():  # fp16: an overflow is that network's business only
+            if finite:
+                self.consecutive_overflow[name] = 0
+                continue
+            self.overflow_steps[name] += 1
+            self.consecutive_overflow[name] += 1
+            logger.warning("step %d: fp16 overflow in the %s's gradients (loss scale %g): its step is skipped "
+                           "(%d in a row)", step, name, loss_scales[name], self.consecutive_overflow[name])
+            if self.consecutive_overflow[name] >= self.max_consecutive_overflow:
+                raise NonFiniteError(
+                    f"{self.consecutive_overflow[name]} consecutive optimizer steps had fp16 gradient overflow in "
+                    f"the {name} (last at step {step}, loss scale {loss_scales[name]:g}; it is not lowered below "
+                    "--min_loss_scale); stopping. The weights are those of the last good step. Try --bf16, a "
+                    "lower --learning_rate, or resume from an earlier checkpoint.")
+        return dict(grads_finite)
 
-    Paddle's GradScaler.update() reads `_cache_found_inf`, which only its own step()/minimize() set;
-    we step the optimizers ourselves (after our own finite checks), so we set it from our decision.
-    """
-    if scaler is not None:
-        scaler._cache_found_inf = found_inf
-        scaler.update()
+    def count_gan_overflows(self, step: int, count: int) -> None:
+        if count:
+            self.skipped_gan_terms += count
+            logger.warning("step %d: the adaptive GAN weight overflowed in %d micro-batch(es); their GAN term was "
+                           "skipped (%d in total)", step, count, self.skipped_gan_terms)
+
+    def counters(self) -> Dict[str, float]:
+        return {"train/skipped_steps": self.skipped_steps, "train/overflow_steps": self.overflow_steps["vae"],
+                "train/disc_overflow_steps": self.overflow_steps["discriminator"],
+                "train/skipped_gan_terms": self.skipped_gan_terms}
 
 
 class TrainStep:
@@ -74,33 +131,34 @@ class TrainStep:
         lpips: Optional[paddle.nn.Layer],
         loss_args,
         vae_optimizer,
+        vae_scheduler,
         disc_optimizer,
         disc_scheduler,
         accumulation_steps: int = 1,
         precision: Optional[Precision] = None,
         ema=None,
-        max_consecutive_nonfinite: int = 5,
+        max_grad_norm: float = 0.0,
+        guard: Optional[NonFiniteGuard] = None,
     ):
         self.model = model
         self.lpips = lpips
         self.loss_args = loss_args
-        self.vae_optimizer = vae_optimizer
-        self.disc_optimizer = disc_optimizer
-        self.disc_scheduler = disc_scheduler
+        self.vae_optimizer, self.vae_scheduler = vae_optimizer, vae_scheduler
+        self.disc_optimizer, self.disc_scheduler = disc_optimizer, disc_scheduler
         self.accumulation_steps = accumulation_steps
         self.precision = precision or Precision()
         self.ema = ema
-        self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self.nonfinite_steps = 0  # total skipped steps (logged)
-        self.consecutive_nonfinite = 0
-        self._window_losses: List[paddle.Tensor] = []
+        self.max_grad_norm = max_grad_norm
+        self.guard = guard or NonFiniteGuard()
+        self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
+        self._window_gan_overflows: List[paddle.Tensor] = []
 
     def gan_active(self, global_step: int) -> bool:
         """The GAN terms (and the discriminator's training) start at --disc_start."""
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
-    def __call__(self, pixel_values: paddle.Tensor, global_step: int, last_micro_step: bool) -> Dict[str, paddle.Tensor]:
-        """Forward and backward for one micro-batch; on the last one, `finish` the optimizer step."""
+    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int) -> Dict[str, paddle.Tensor]:
+        """One micro-batch: forward, both losses, both backwards. Returns detached device scalars to log."""
         model, gan_active = self.model, self.gan_active(global_step)
         model.train()
         with self.precision.autocast():
@@ -114,6 +172,8 @@ class TrainStep:
         self.precision.scale_vae(loss / self.accumulation_steps).backward()
         self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()  # for image logging
         self._window_losses.append(logs["loss/total"])
+        if "gan/adaptive_weight_overflow" in logs:
+            self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
 
         if gan_active:
             with self.precision.autocast():
@@ -123,81 +183,75 @@ class TrainStep:
             self.precision.scale_disc(d_loss / self.accumulation_steps).backward()
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
-
-        if last_micro_step:
-            logs.update(self.finish(global_step, gan_active))
         return logs
 
-    def finish(self, global_step: int, gan_active: bool) -> Dict[str, paddle.Tensor]:
-        """End of an optimizer step: sync, unscale, guard, step the discriminator.
+    def optimizer_step(self, global_step: int) -> Dict[str, object]:
+        """The update after the last micro-batch of optimizer step `global_step` (0-based).
 
-        Every decision here is taken from values that are identical on all ranks (all-reduced gradients
-        and a rank-global loss check), so all ranks always skip or step together.
+        Returns this step's values for logging: learning rates, skip counters and loss scales (host
+        numbers) and the gradient norms (device scalars, read only when logged).
         """
-        model, precision = self.model, self.precision
-        vae_params = model.vae_parameters()
-        disc_params = model.discriminator_parameters() if gan_active else []
-        sync_gradients(vae_params)
-        sync_gradients(disc_params)
-        if precision.vae_scaler is not None:
-            precision.vae_scaler.unscale_(self.vae_optimizer)
-        if gan_active and precision.disc_scaler is not None:
-            precision.disc_scaler.unscale_(self.disc_optimizer)
+        gan = self.gan_active(global_step)
+        vae_params = self.model.vae_parameters()
+        disc_params = self.model.discriminator_parameters() if gan else []
+        report = {"train/learning_rate": self.vae_optimizer.get_lr(),
+                  "train/disc_learning_rate": self.disc_optimizer.get_lr()}
 
-        losses_finite = all_ranks_agree(all_finite(self._window_losses))
-        self._window_losses = []
-        vae_grads_finite = all_finite([p.grad for p in vae_params])
-        disc_grads_finite = all_finite([p.grad for p in disc_params])
-        if losses_finite and precision.vae_scaler is not None:
-            # fp16: an overflow is the loss scaler's business and cancels only that network's step.
-            step_vae, step_disc = vae_grads_finite, disc_grads_finite
-            if not (step_vae and step_disc):
-                logger.info("step %d: fp16 gradient overflow (%s), step skipped and loss scale lowered", global_step + 1,
-                            "vae" if not step_vae else "discriminator")
-        else:
-            step_vae = step_disc = losses_finite and vae_grads_finite and disc_grads_finite
-            if not step_vae:
-                self._guard(global_step, losses_finite)
-        if step_vae and step_disc:
-            self.consecutive_nonfinite = 0
-        if not step_vae:
-            self.vae_optimizer.skip_next_step = True
-            self.nonfinite_steps += 1
-        if gan_active and step_disc:
-            self.disc_optimizer.step()
+        sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
+        self.precision.unscale(self.vae_optimizer, self.disc_optimizer if gan else None)  # 2. unscale
+        vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
+        losses_finite, vae_finite, disc_finite, gan_overflows = self._read_checks(vae_norm, disc_norm)  # 3.
+        self.guard.count_gan_overflows(global_step + 1, gan_overflows)
+        take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
+                                 self.precision.scales_losses, self.precision.loss_scales())
+        if take["vae"]:
+            clip_grads(vae_params, vae_norm, self.max_grad_norm)                          # 4. clip
+            self.vae_optimizer.step()                                                     # 5. VAE update
+        if gan and take["discriminator"]:
+            clip_grads(disc_params, disc_norm, self.max_grad_norm)
+            self.disc_optimizer.step()                                                    # 6. D update
+        self.vae_scheduler.step()                                                         # 7. schedules
+        if gan:
             self.disc_scheduler.step()
-        update_scaler(precision.vae_scaler, found_inf=not step_vae)
-        if gan_active:
-            update_scaler(precision.disc_scaler, found_inf=not step_disc)
+        self.precision.update_scales(not take["vae"], (not take["discriminator"]) if gan else None)  # 8.
+        self.vae_optimizer.clear_grad()
         self.disc_optimizer.clear_grad()
-        return {
-            "train/disc_learning_rate": paddle.full([], self.disc_optimizer.get_lr(), "float32"),
-            "train/skipped_steps": paddle.full([], self.nonfinite_steps, "float32"),
-        }
+        if self.ema is not None:                                                          # 9. EMA
+            self.ema.step(self.model.vae.parameters())
 
-    def _guard(self, global_step: int, losses_finite: bool) -> None:
-        """Count a non-finite step (loss, or gradients without fp16 scaling); stop after K in a row."""
-        self.consecutive_nonfinite += 1
-        logger.warning("step %d: non-finite %s, step skipped for both networks (%d in a row, %d in total)",
-                       global_step + 1, "gradients" if losses_finite else "loss", self.consecutive_nonfinite,
-                       self.nonfinite_steps + 1)
-        if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
-            self.vae_optimizer.skip_next_step = True
-            raise NonFiniteError(
-                f"{self.consecutive_nonfinite} consecutive optimizer steps had non-finite losses or gradients "
-                f"(last at step {global_step + 1}); stopping. The weights are those of the last good step. "
-                "Lower --learning_rate, check the data, or resume from an earlier checkpoint."
-            )
+        report["train/grad_norm"] = vae_norm
+        if gan:
+            report["train/disc_grad_norm"] = disc_norm
+        report.update(self.guard.counters())
+        if self.precision.scales_losses:
+            scales = self.precision.loss_scales()
+            report.update({"train/loss_scale": scales["vae"], "train/disc_loss_scale": scales["discriminator"]})
+        return report
 
-    def images_for_logging(self):
-        """(inputs, reconstructions) of the last micro-batch; with EMA, reconstructed by the EMA weights."""
+    def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int]:
+        """THE host sync of an optimizer step: (all losses finite on every rank, VAE gradients finite,
+        discriminator gradients finite, GAN terms skipped for overflow on all ranks), from one read of
+        a few numbers summed over ranks. Gradients are already all-reduced (a non-finite value on one
+        rank is non-finite on all); losses are per rank, hence the sum."""
+        losses = paddle.stack(self._window_losses).astype("float32")
+        gan_overflows = (paddle.stack(self._window_gan_overflows).sum() if self._window_gan_overflows
+                         else paddle.zeros([], "float32"))
+        self._window_losses, self._window_gan_overflows = [], []
+        bad = paddle.stack([
+            (~paddle.isfinite(losses)).any().astype("float32"),
+            (~paddle.isfinite(vae_norm)).astype("float32"),
+            (~paddle.isfinite(disc_norm)).astype("float32"),
+            gan_overflows.astype("float32"),
+        ])
+        bad_losses, bad_vae, bad_disc, overflows = sum_over_ranks(bad).numpy().tolist()
+        return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows)
+
+    def images_for_logging(self) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """(inputs, reconstructions) of the last micro-batch; with EMA, reconstructed by the EMA weights.
+        Call it only on the rank that writes images: with EMA it runs a VAE forward."""
         if self.ema is None:
             return self.last_inputs, self.last_reconstructions
-        with ema_weights(self.ema, self.model.vae), paddle.no_grad():  # the container: --input_size applies
+        # The container, so that --input_size applies; O2: float32 images into half-precision weights.
+        with ema_weights(self.ema, self.model.vae), paddle.no_grad(), half_precision_autocast(self.model.vae):
             recon = self.model(self.last_inputs, sample_posterior=False)[0]
-        return self.last_inputs, recon
-
-    def after_optimizer_step(self) -> None:
-        """After the VAE optimizer stepped: update the EMA of the VAE weights."""
-        if self.ema is not None:
-            self.ema.step(self.model.vae.parameters())
+        return self.last_inputs, recon.astype("float32")

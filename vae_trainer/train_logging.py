@@ -1,10 +1,15 @@
 """Training telemetry shared by both drivers: VisualDL scalars and image grids, throughput, console lines.
 
-The step returns detached tensors; they are summed here and turned into Python numbers only at
-logging steps (one device sync per logging interval, not per step). Only rank 0 writes.
+Each micro-step's detached device scalars are summed here on the device and averaged over the logging
+window; each optimizer step's report (learning rates, counters: host numbers; gradient norms: device
+scalars) is logged as of the logging step. All device values of a logging step come to the host in ONE
+read, and none between logging steps. Only rank 0 writes, and only rank 0 asks for the image grid (with
+EMA it costs a VAE forward).
 
 Scalars (VisualDL tags): loss/{total,pixel,perceptual,nll,kl,generator,discriminator},
-gan/{adaptive_weight,logits_real,logits_fake}, train/{learning_rate,disc_learning_rate,logvar},
+gan/{adaptive_weight,adaptive_weight_overflow,logits_real,logits_fake},
+train/{learning_rate,disc_learning_rate,logvar,grad_norm,disc_grad_norm,skipped_steps,overflow_steps,
+disc_overflow_steps,skipped_gan_terms,loss_scale,disc_loss_scale},
 perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb}.
 Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
 """
@@ -15,7 +20,7 @@ import logging
 import resource
 import sys
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -61,15 +66,23 @@ class TrainMonitor:
             self._counts[name] = self._counts.get(name, 0) + 1
         self._last_step_end = time.perf_counter()
 
-    def optimizer_step_end(self, step: int, learning_rate: float, step_fn=None) -> Optional[Dict[str, float]]:
-        """Call after optimizer step `step` (1-based). Returns the logged numbers at logging steps."""
+    def optimizer_step_end(self, step: int, report: Dict[str, object],
+                           images: Optional[Callable[[], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
+                           ) -> Optional[Dict[str, float]]:
+        """Call after optimizer step `step` (1-based) with the step's report (TrainStep.optimizer_step) and
+        a function giving (inputs, reconstructions) for the image grid. Returns the numbers at logging steps."""
         self._window_steps += 1
-        if step_fn is not None and self.args.image_logging_steps > 0 and step % self.args.image_logging_steps == 0:
-            self.log_images(step, *step_fn.images_for_logging())
+        if images is not None and self.writer is not None and self.args.image_logging_steps > 0 \
+                and step % self.args.image_logging_steps == 0:
+            self.log_images(step, *images())
         if step % self.args.logging_steps != 0 and step != self.args.max_steps:
             return None
-        scalars = {name: (total / self._counts[name]).item() for name, total in self._sums.items()}
-        scalars["train/learning_rate"] = learning_rate
+        averages = {name: total / self._counts[name] for name, total in self._sums.items()}
+        on_device = {**averages, **{k: v for k, v in report.items() if isinstance(v, paddle.Tensor)}}
+        scalars = {k: float(v) for k, v in report.items() if not isinstance(v, paddle.Tensor)}
+        if on_device:  # the logging step's one device-to-host read
+            values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
+            scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
         self._write(step, scalars)
         self._sums, self._counts = {}, {}

@@ -1,15 +1,26 @@
 """The PaddleNLP Trainer subclass (train_vae_trainer.py).
 
-The Trainer keeps its own loop, progress bar, VAE optimizer step, LR schedule, clipping and
-`--save_steps` timing. We replace the pieces a two-optimizer GAN needs:
+The Trainer keeps its own loop, progress bar, console log and `--save_steps` timing. We replace the
+pieces a two-optimizer GAN needs:
 - `create_optimizer_and_scheduler`: everything from `build.build_training` (the loop builds the same);
-- `training_step`: the shared `TrainStep` (which also steps the discriminator on the last micro-step);
-- `_wrap_model`: no `paddle.DataParallel` (see distributed.py); the step all-reduces gradients itself,
-  and mixed precision is set up by `precision.py` for both drivers;
+- `training_step`: `TrainStep.forward_backward` on every micro-batch and, on the last one of an optimizer
+  step, `TrainStep.optimizer_step`: the one block that all-reduces, unscales, checks, clips, steps BOTH
+  optimizers and BOTH schedules, clears the gradients and updates the EMA (as the plain loop does);
+- `_wrap_model`: no `paddle.DataParallel` (see distributed.py); mixed precision is set up by
+  `precision.py` for both drivers (the Trainer's own fp16/bf16 handling is kept off);
 - `get_train_dataloader`: our streaming reader, resumed at the saved data position;
 - `_save_checkpoint` / `_load_from_checkpoint` / `_load_optimizer_and_scheduler`: `checkpoint.py`, so the
   discriminator, its optimizer, scalers, EMA, RNG states and data position are saved and restored too.
-After each optimizer step a callback runs the same bookkeeping as the loop (EMA, telemetry).
+After each optimizer step a callback runs the same bookkeeping as the loop (telemetry, evaluation).
+
+Why the Trainer does not step twice: right after a `training_step` that ends an optimizer step, the
+Trainer's `_inner_training_loop` calls `self.optimizer.step()`, `self.lr_scheduler.step()` and
+`self.optimizer.clear_grad()` itself (PaddleNLP 2.8.1; with its grad scaler off, unconditionally). It
+has no hook to replace that, so it holds `AlreadyStepped` as both its `optimizer` and its `lr_scheduler`:
+those three calls are no-ops, because `TrainStep.optimizer_step` has just done them for both networks, and
+`get_lr()` (its console "learning_rate") reads the real VAE optimizer. The real optimizers and schedules
+live in `self.run` and are what checkpoints save and load (same file names as before), so nothing else
+of the Trainer touches them.
 """
 
 from __future__ import annotations
@@ -28,6 +39,27 @@ from .step import NonFiniteError
 from .train_logging import TrainMonitor
 
 logger = logging.getLogger("vae_trainer")
+
+
+class AlreadyStepped:
+    """What the PaddleNLP Trainer holds as `optimizer` and `lr_scheduler` (see the module docstring).
+
+    step() and clear_grad() do nothing: `TrainStep.optimizer_step` already stepped both optimizers and
+    schedules and cleared the gradients. get_lr() is the real VAE optimizer's. Any other use of the
+    Trainer's optimizer fails loudly (AttributeError) rather than silently acting on a second copy.
+    """
+
+    def __init__(self, vae_optimizer):
+        self._vae_optimizer = vae_optimizer
+
+    def step(self) -> None:
+        pass
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        pass
+
+    def get_lr(self) -> float:
+        return self._vae_optimizer.get_lr()
 
 
 class _AfterOptimizerStep(TrainerCallback):
@@ -56,7 +88,7 @@ class VAETrainer(Trainer):
         self.resume_rank_state: Optional[dict] = None
         self.position = None
         self.micro_steps = 0
-        self.learning_rate_of_step = 0.0
+        self.step_report = {}
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
         self.add_callback(_AfterOptimizerStep(self))
@@ -64,7 +96,7 @@ class VAETrainer(Trainer):
     # ---- building
     def create_optimizer_and_scheduler(self, num_training_steps: int):
         self.run = build_training(self.components, self.loss_args, self.args)
-        self.optimizer, self.lr_scheduler = self.run.vae_optimizer, self.run.vae_scheduler
+        self.optimizer = self.lr_scheduler = AlreadyStepped(self.run.vae_optimizer)
 
     def _wrap_model(self, model, training=True):
         return model
@@ -76,28 +108,26 @@ class VAETrainer(Trainer):
 
     # ---- the step
     def training_step(self, model, inputs):
-        self.micro_steps += 1
-        last = self.micro_steps % self.args.gradient_accumulation_steps == 0
-        if last:  # the Trainer steps the VAE optimizer and then the schedule right after this returns
-            self.learning_rate_of_step = self.optimizer.get_lr()
         self.monitor.micro_step_begin()
-        try:
-            logs = self.run.step(inputs["pixel_values"], self.state.global_step, last)
-        except NonFiniteError:
-            self._save_checkpoint(model)  # the weights are those of the last good step
-            raise
+        logs = self.run.step.forward_backward(inputs["pixel_values"], self.state.global_step)
         self.position.update(inputs["position"])
         self.monitor.micro_step_end(logs)
+        self.micro_steps += 1
+        if self.micro_steps % self.args.gradient_accumulation_steps == 0:
+            try:  # the Trainer's optimizer/scheduler calls that follow are no-ops (AlreadyStepped)
+                self.step_report = self.run.step.optimizer_step(self.state.global_step)
+            except NonFiniteError:
+                self._save_checkpoint(model)  # the weights are those of the last good step
+                raise
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
         loss = logs["loss/total"]
         return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss)) / self.args.gradient_accumulation_steps
 
     def after_optimizer_step(self) -> None:
-        self.run.step.after_optimizer_step()
-        scalars = self.monitor.optimizer_step_end(self.state.global_step, self.learning_rate_of_step, self.run.step)
-        if scalars is not None:
-            self.state.log_history.append({"step": self.state.global_step, **scalars})
         step = self.state.global_step
+        scalars = self.monitor.optimizer_step_end(step, self.step_report, self.run.step.images_for_logging)
+        if scalars is not None:
+            self.state.log_history.append({"step": step, **scalars})
         if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.run.ema, self.monitor, self.state):
             self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation

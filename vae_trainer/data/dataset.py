@@ -443,7 +443,20 @@ def build_train_dataloader(
     stream = ImageStream(
         file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state, **stream_kwargs
     )
-    return paddle.io.DataLoader(stream, batch_size=batch_size, num_workers=num_workers, drop_last=True)
+    return paddle.io.DataLoader(stream, batch_size=batch_size, num_workers=num_workers, drop_last=True,
+                                collate_fn=collate_positions_on_host)
+
+
+def collate_positions_on_host(samples: list[dict]) -> dict:
+    """Default collation, except "position": Python ints, which the DataLoader leaves on the host.
+
+    As an array it would become a device tensor on GPU, and reading it back for the StreamPosition
+    on every micro-batch would be a device-to-host synchronisation.
+    """
+    batch = paddle.io.dataloader.collate.default_collate_fn(
+        [{k: v for k, v in sample.items() if k != "position"} for sample in samples])
+    batch["position"] = [[int(v) for v in sample["position"]] for sample in samples]
+    return batch
 
 
 def build_eval_dataloader(
