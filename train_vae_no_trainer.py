@@ -16,9 +16,14 @@ from vae_trainer.step import NonFiniteError
 
 
 def main(argv=None):
-    model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    try:
+        model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    except ValueError as error:  # refused or contradictory flags: a message, not a traceback
+        sys.exit(f"error: {error}")
     try:
         outputs = train(model_args, data_args, loss_args, training_args)
+    except FileExistsError as error:  # an --output_dir holding an earlier run (checkpoint.prepare_output_dir)
+        sys.exit(f"error: {error}")
     except NonFiniteError as error:
         latest = list_checkpoints(training_args.output_dir)[-1][1]
         sys.exit(f"error: {error} Last good weights: {latest}")

@@ -17,8 +17,15 @@ from vae_trainer.trainer import VAETrainer
 
 
 def main(argv=None):
-    model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    try:
+        model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    except ValueError as error:  # refused or contradictory flags: a message, not a traceback
+        sys.exit(f"error: {error}")
     setup_runtime(training_args)
+    try:
+        ckpt.prepare_output_dir(training_args)  # a new run never eats an earlier one
+    except FileExistsError as error:
+        sys.exit(f"error: {error}")
     parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
     evaluator = build_evaluator(data_args, training_args, parts)
     trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)

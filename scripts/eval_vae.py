@@ -5,7 +5,9 @@
         [--sample_posterior] [--lpips_weights weights/lpips_vgg16.pdparams] \\
         [--inception_weights weights/fid_inception_v3.pdparams] --output_dir eval_out
 
-Prints a table and writes ``metrics.json`` and ``reconstructions.png`` to ``--output_dir``.
+Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics, latent statistics,
+the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. PSNR and SSIM are on
+[0, 1] images with data range 1 (``vae_trainer.evaluation.EvalProtocol``).
 
 Data parallel: ``python -m paddle.distributed.launch --nproc_per_node N scripts/eval_vae.py ...``.
 Each process reads its shard of the first ``--num_images`` images; metrics are summed over
@@ -30,7 +32,7 @@ sys.path.insert(0, REPO_ROOT)
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vae_trainer.evaluation import EvalResult, evaluate_vae  # noqa: E402
+from vae_trainer.evaluation import EvalProtocol, EvalResult, evaluate_vae  # noqa: E402
 
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 
@@ -112,10 +114,16 @@ def format_table(result: EvalResult) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+def protocol_of(args: argparse.Namespace) -> EvalProtocol:
+    return EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
+                        input_size=args.input_size)
+
+
 def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
     os.makedirs(args.output_dir, exist_ok=True)
     summary = {
         "metrics": result.metrics,
+        "protocol": protocol_of(args).describe(),
         "num_images": result.num_images,
         "latent_mean": result.latent_mean,
         "latent_std": result.latent_std,
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         input_size=args.input_size,
     )
     if rank == 0:
+        print(f"protocol:\n{protocol_of(args).text()}\n")
         print(format_table(result))
         write_outputs(result, args)
         print(f"wrote metrics.json and reconstructions.png to {args.output_dir}")

@@ -1,42 +1,182 @@
-"""The shared flags: both entry points parse the same set, and contradictory flags fail before any work."""
+"""The shared flags: typed choices, --help groups, refused PaddleNLP flags, the reference scripts' aliases,
+and a sample of the allowed PaddleNLP flags having the same effect in both entry points (run for real)."""
 
+import dataclasses
+import json
+import os
+import re
 import subprocess
 import sys
+import typing
+from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
-from conftest import REPO
+from conftest import DRIVERS, REPO, read_scalars, run_entry_point, tiny_args, vae_weights
+from paddlenlp.trainer import TrainingArguments
+from paddlenlp.trainer.trainer_utils import SchedulerType
 
-from vae_trainer.arguments import parse_arguments
+from vae_trainer import arguments
+from vae_trainer.arguments import (ALIASES, GROUPS, PADDLENLP_FLAGS, PADDLENLP_GROUP, DataArguments, LossArguments,
+                                   ModelArguments, VAEArgumentParser, VAETrainingArguments, parse_arguments)
 
 BASE = ["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
         "--output_dir", "/tmp/vae_trainer_args"]
 
 
-def flags_of(script):
-    out = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True).stdout
-    return {word for word in out.split() if word.startswith("--")}
+# ---------------------------------------------------------------- --help
+def help_sections(parser) -> dict:
+    """{group title: [flags listed under it]} in the order --help shows them."""
+    sections, current = {}, None
+    for line in parser.format_help().splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+            sections[current] = []
+        elif current and line.startswith("  --"):
+            sections[current] += re.findall(r"--\w+", line.split("  ")[1])
+    return sections
 
 
-def test_both_entry_points_accept_the_same_flags():
-    trainer, loop = flags_of("train_vae_trainer.py"), flags_of("train_vae_no_trainer.py")
-    assert trainer == loop
-    for flag in ("--output_dir", "--per_device_train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
-                 "--max_steps", "--logging_steps", "--save_steps", "--save_total_limit", "--seed",
-                 "--dataloader_num_workers", "--device", "--report_to", "--file_list", "--resolution",
-                 "--vae_config_file", "--pretrained_model_name_or_path", "--disc_start", "--kl_weight",
-                 "--disc_weight", "--perceptual_weight", "--disc_loss", "--use_ema", "--eval_file_list",
-                 "--freeze_encoder", "--ignore_keys", "--input_size", "--init_from_ckpt", "--scale_lr",
-                 "--discriminator_path", "--scaling_factor", "--latent_stats_num_images"):
-        assert flag in trainer, flag
+def test_help_lists_our_groups_in_order_before_paddlenlp_and_hides_refused_flags():
+    sections = help_sections(VAEArgumentParser())
+    titles = [t for t in sections if t not in ("options", "optional arguments")]
+    assert titles == [*GROUPS.values(), PADDLENLP_GROUP]
+    where = {flag: title for title, flags in sections.items() for flag in flags}
+    expected = {
+        "--file_list": "data", "--resolution": "data", "--vae_config_file": "model", "--posterior_std": "model",
+        "--kl_weight": "loss", "--lpips_weights": "loss", "--disc_norm": "discriminator", "--disc_start": "discriminator",
+        "--lecam_weight": "discriminator", "--disc_learning_rate": "discriminator", "--eval_file_list": "evaluation",
+        "--eval_steps": "evaluation", "--metric_for_best_model": "evaluation", "--use_ema": "training",
+        "--image_logging_steps": "training", "--freeze_encoder": "model", "--init_from_ckpt": "model",
+        "--discriminator_path": "discriminator", "--scale_lr": "training",
+    }
+    for flag, group in expected.items():
+        assert where[flag] == GROUPS[group], flag
+    # Every field of ours is listed once, in one of our groups; every allowed PaddleNLP flag in PaddleNLP's group.
+    inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for cls in (ModelArguments, DataArguments, LossArguments, VAETrainingArguments):
+        for f in dataclasses.fields(cls):
+            if f.name in inherited:
+                continue
+            assert where[f"--{f.name}"] in GROUPS.values(), f.name
+    for name in PADDLENLP_FLAGS - {"eval_steps", "metric_for_best_model"}:
+        assert where[f"--{name}"] == PADDLENLP_GROUP, name
+    # Refused flags are not advertised; choices and aliases are.
+    for refused in ("--optim", "--num_train_epochs", "--save_strategy", "--logging_strategy", "--to_static",
+                    "--amp_master_grad", "--greater_is_better", "--do_train", "--sharding"):
+        assert refused not in where, refused
+    text = VAEArgumentParser().format_help()
+    assert "--pixel_loss {l1,l2}" in text and "--disc_norm {batch,group,spectral_group,none}" in text
+    assert "--lr_scheduler_type {linear,cosine,constant,constant_with_warmup,polynomial}" in text
+    assert "--max_steps MAX_STEPS, --max_train_steps MAX_STEPS" in text
+
+
+def test_a_field_added_to_a_dataclass_lands_in_its_group():
+    @dataclass
+    class MoreModelArguments(ModelArguments):
+        new_model_flag: bool = field(default=False, metadata={"help": "A flag added later."})
+
+    @dataclass
+    class MoreDataArguments(DataArguments):
+        eval_extra: int = field(default=0, metadata={"help": "x", "group": "evaluation"})
+
+    parser = VAEArgumentParser((MoreModelArguments, MoreDataArguments, LossArguments, VAETrainingArguments))
+    sections = help_sections(parser)
+    assert "--new_model_flag" in sections[GROUPS["model"]]
+    assert "--eval_extra" in sections[GROUPS["evaluation"]]
+
+
+# ---------------------------------------------------------------- typed choices
+@pytest.mark.parametrize("flag,value", [
+    ("--pixel_loss", "l3"), ("--disc_loss", "wasserstein"), ("--disc_norm", "layer"), ("--recipe", "magic"),
+    ("--gen_loss", "soft"), ("--lr_scheduler_type", "cosine_with_restarts"), ("--lr_scheduler", "piecewise_constant"),
+    ("--report_to", "wandb"), ("--report_to", "tensorboard"), ("--metric_for_best_model", "fid"),
+    ("--fp16_opt_level", "O3"), ("--loss_balancing", "softadapt"),
+])
+def test_bad_choices_fail_at_parse_time_naming_the_choices(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        parse_arguments(BASE + [flag, value])
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and value in err
+
+
+def test_choices_hold_in_code_too():
+    with pytest.raises(ValueError, match="--pixel_loss"):
+        arguments.validate(ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"),
+                           LossArguments(pixel_loss="l3"))
+
+
+# ---------------------------------------------------------------- refused PaddleNLP flags
+@pytest.mark.parametrize("extra,reason", [
+    (["--num_train_epochs", "3"], "--max_steps"),
+    (["--save_strategy", "epoch"], "--save_steps"),
+    (["--logging_strategy", "no"], "--logging_steps"),
+    (["--optim", "adafactor"], "AdamW"),
+    (["--greater_is_better", "false"], "--metric_for_best_model decides"),
+    (["--to_static", "true"], "dynamic-graph"),
+    (["--amp_master_grad", "true"], "master weights"),
+    (["--tensor_parallel_degree", "2"], "only data parallelism"),
+    (["--do_eval", "true"], "--eval_steps"),
+    (["--logging_first_step", "true"], "--logging_steps"),
+    (["--no_cuda", "true"], "--device cpu"),
+    (["--max_evaluate_steps", "3"], "--eval_steps"),
+    (["--save_on_each_node", "true"], "not honoured"),
+])
+def test_refused_paddlenlp_flags_name_the_flag_and_the_alternative(extra, reason):
+    with pytest.raises(ValueError, match="refused PaddleNLP") as refused:
+        parse_arguments(BASE + extra)
+    assert extra[0] in str(refused.value) and reason in str(refused.value)
+
+
+def _non_default(f: dataclasses.Field):
+    """A value of the field's type that differs from PaddleNLP's default."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if isinstance(default, bool) or "bool" in str(f.type):
+        return not default
+    if hasattr(f.type, "__members__"):  # an Enum: another member
+        return next(m.value for m in f.type if m.value != default)
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return default + 3
+    if "List" in str(f.type):
+        return ["x"]
+    if "int" in str(f.type):
+        return 3
+    return "x"
+
+
+def test_every_inherited_flag_outside_the_allow_list_is_refused_even_from_code():
+    refused = 0
+    for f in dataclasses.fields(TrainingArguments):
+        if not f.init or f.name in PADDLENLP_FLAGS:
+            continue
+        with pytest.raises(ValueError, match=f"--{f.name}:"):
+            VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1, **{f.name: _non_default(f)})
+        refused += 1
+    assert refused > 50  # the ~90 inherited flags minus the allow-list
+
+
+def test_refused_flags_in_a_json_args_file(tmp_path):
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"file_list": "x", "vae_config_file": "c.json", "max_steps": 1,
+                                  "output_dir": str(tmp_path), "num_train_epochs": 2}))
+    with pytest.raises(ValueError, match="--num_train_epochs"):
+        parse_arguments([str(config)])
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_each_entry_point_refuses_with_a_message_not_a_traceback(driver):
+    completed = subprocess.run([sys.executable, driver, *BASE, "--optim", "sgd"], cwd=REPO, capture_output=True,
+                               text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert completed.returncode != 0
+    assert "error: refused PaddleNLP flag(s)" in completed.stderr and "--optim: the optimizer is AdamW" in completed.stderr
+    assert "Traceback" not in completed.stderr
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--tensor_parallel_degree", "2"], "only data parallelism"),
-    (["--do_eval", "true"], "evaluation is ours"),
-    (["--disc_loss", "wasserstein"], "--disc_loss"),
     (["--ignore_keys", "decoder."], "--ignore_keys needs"),
     (["--pretrained_model_name_or_path", "/vae", "--input_size", "16"], "--input_size takes two"),
     (["--scaling_factor", "big"], "--scaling_factor must be"),
+    (["--overwrite_output_dir", "--resume_from_checkpoint", "latest"], "give one of them"),
 ])
 def test_contradictory_flags_fail_early(extra, message):
     with pytest.raises(ValueError, match=message):
@@ -57,3 +197,99 @@ def test_fine_tuning_flags_parse_with_the_reference_trainers_spelling():
     assert model_args.ignore_keys == ["decoder.", "post_quant_conv."] and model_args.input_size == [16, 16]
     assert model_args.freeze_encoder and training_args.scale_lr and data_args.latent_stats_num_images == 256
     assert (model_args.init_from_ckpt, model_args.discriminator_path) == ("/run/checkpoint-10", "/run/discriminator")
+
+
+# ---------------------------------------------------------------- the reference scripts' spellings
+def test_reference_aliases_set_our_flags_from_the_command_line_and_json(tmp_path):
+    given = {"train_batch_size": 3, "max_train_steps": 7, "adam_weight_decay": 0.05, "lr_scheduler": "cosine",
+             "lr_warmup_steps": 2, "num_workers": 1}
+    _, _, _, args = parse_arguments(BASE + [item for k, v in given.items() for item in (f"--{k}", str(v))])
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"file_list": "x", "vae_config_file": "c.json", "output_dir": str(tmp_path),
+                                  "batch_size": 3, **{k: v for k, v in given.items() if k != "train_batch_size"}}))
+    _, _, _, from_json = parse_arguments([str(config)])
+    for parsed in (args, from_json):
+        assert (parsed.per_device_train_batch_size, parsed.max_steps, parsed.weight_decay, parsed.lr_scheduler_type,
+                parsed.warmup_steps, parsed.dataloader_num_workers) == (3, 7, 0.05, SchedulerType.COSINE, 2, 1)
+    assert {alias for names in ALIASES.values() for alias in names} == {
+        "train_batch_size", "batch_size", "max_train_steps", "adam_weight_decay", "lr_scheduler", "lr_warmup_steps",
+        "num_workers"}
+
+
+def test_lr_scheduler_names_mean_what_they_mean_in_ppdiffusers():
+    """--lr_scheduler NAME gives the LR sequence of ppdiffusers.optimization.get_scheduler(NAME)."""
+    from ppdiffusers.optimization import get_scheduler
+
+    from vae_trainer.optim import build_scheduler
+
+    for name in typing.get_args(arguments.SchedulerName):
+        _, _, _, args = parse_arguments(BASE + ["--lr_scheduler", name, "--lr_warmup_steps", "3", "--max_train_steps", "10"])
+        ours = build_scheduler(args, 1.0, args.max_steps)
+        reference = get_scheduler(name, learning_rate=1.0, num_warmup_steps=3, num_training_steps=10)
+        sequence = []
+        for _ in range(12):
+            sequence.append((ours.get_lr(), reference.get_lr()))
+            ours.step(), reference.step()
+        np.testing.assert_allclose(*zip(*sequence), rtol=1e-12, err_msg=name)
+        assert len({round(a, 9) for a, _ in sequence}) > 1 or name == "constant"  # the schedule does something
+
+
+def test_logging_dir_is_relative_to_output_dir_as_in_ppdiffusers():
+    _, _, _, args = parse_arguments(BASE + ["--logging_dir", "runs"])
+    assert args.logging_dir == os.path.join("/tmp/vae_trainer_args", "runs")
+    _, _, _, args = parse_arguments(BASE + ["--logging_dir", "/abs/logs"])
+    assert args.logging_dir == "/abs/logs"
+    _, _, _, args = parse_arguments(BASE)
+    assert args.logging_dir == os.path.join("/tmp/vae_trainer_args", "logs")
+
+
+# ---------------------------------------------------------------- the same effect in both drivers
+STEPS = 3
+
+
+def reference_style_args(file_list, output_dir):
+    """A reference-script command: aliases plus a sample of the allowed PaddleNLP flags (not their defaults)."""
+    flags = tiny_args(file_list, output_dir, perceptual_weight=0, use_ema="false", image_logging_steps=0,
+                      save_steps=1, save_total_limit=1, logging_steps=1, logging_dir="runlogs", max_grad_norm=0.05,
+                      gradient_accumulation_steps=2, adam_epsilon=1e-6)
+    renamed = {"--max_steps": "--max_train_steps", "--per_device_train_batch_size": "--train_batch_size",
+               "--dataloader_num_workers": "--num_workers"}
+    flags = [renamed.get(item, item) for item in flags]
+    flags[flags.index("--max_train_steps") + 1] = STEPS
+    return flags + ["--lr_scheduler", "linear", "--lr_warmup_steps", "1", "--adam_weight_decay", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def reference_style_runs(photo_filelist, tmp_path_factory):
+    out = {}
+    for driver in DRIVERS:
+        output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
+        run_entry_point(driver, reference_style_args(photo_filelist, output_dir))
+        out[driver] = output_dir
+    return out
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_allowed_flags_and_aliases_take_effect(reference_style_runs, driver):
+    output_dir = reference_style_runs[driver]
+    logs = os.path.join(output_dir, "runlogs")  # --logging_dir, relative to --output_dir
+    assert not os.path.exists(os.path.join(output_dir, "logs"))
+    learning_rate = read_scalars(logs, "train/learning_rate")
+    # --lr_scheduler linear --lr_warmup_steps 1 over --max_train_steps 3: 0, then peak, then half the peak.
+    assert sorted(learning_rate) == [1, 2, 3]  # --logging_steps 1
+    np.testing.assert_allclose([learning_rate[s] for s in (1, 2, 3)], [0.0, 1e-3, 5e-4], rtol=1e-6)
+    # --save_steps 1 --save_total_limit 1: only the newest checkpoint remains.
+    assert sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint")) == [f"checkpoint-{STEPS}"]
+    with open(os.path.join(output_dir, f"checkpoint-{STEPS}", "trainer_state.json")) as f:
+        assert json.load(f)["global_step"] == STEPS
+
+
+def test_both_drivers_honour_the_flags_identically(reference_style_runs):
+    """Same losses and bit-identical weights: weight decay, clipping, accumulation and the schedule act alike."""
+    trainer, loop = (reference_style_runs[d] for d in DRIVERS)
+    for tag in ("loss/total", "loss/discriminator"):
+        a, b = (read_scalars(os.path.join(run, "runlogs"), tag) for run in (trainer, loop))
+        assert a and a == b, tag
+    wa, wb = vae_weights(trainer), vae_weights(loop)
+    for name in wa:
+        np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)

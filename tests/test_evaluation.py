@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -17,8 +18,8 @@ from ppdiffusers import AutoencoderKL
 from skimage import data as skimage_data
 from skimage.transform import resize
 
-from vae_trainer.evaluation import evaluate_vae, make_grid
-from vae_trainer.metrics import frechet_distance, psnr, ssim
+from vae_trainer.evaluation import EvalProtocol, evaluate_vae, make_grid
+from vae_trainer.metrics import frechet_distance, psnr, ssim, to_unit_range
 from vae_trainer.models.inception import FIDInceptionV3
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,8 +74,9 @@ def test_metrics_equal_those_computed_directly_on_the_reconstructions(vae, image
 
     assert result.num_images == 5
     assert set(result.metrics) == {"psnr", "ssim"}  # no LPIPS, no Inception given
-    assert result.metrics["psnr"] == pytest.approx(psnr(images, recons).numpy().mean(), rel=1e-5)
-    assert result.metrics["ssim"] == pytest.approx(ssim(images, recons).numpy().mean(), rel=1e-5)
+    unit_images, unit_recons = to_unit_range(images), to_unit_range(recons)
+    assert result.metrics["psnr"] == pytest.approx(psnr(unit_images, unit_recons).numpy().mean(), rel=1e-5)
+    assert result.metrics["ssim"] == pytest.approx(ssim(unit_images, unit_recons).numpy().mean(), rel=1e-5)
     # Latent statistics are those of posterior samples (exact expectation), whatever was decoded (the mode).
     posterior = vae.encode(images).latent_dist
     means, variances = posterior.mean.numpy().astype(np.float64), posterior.var.numpy().astype(np.float64)
@@ -86,11 +88,41 @@ def test_metrics_equal_those_computed_directly_on_the_reconstructions(vae, image
     np.testing.assert_array_equal(result.grid, make_grid(images[:3], recons[:3]))
 
 
+class _Brighter(paddle.nn.Layer):
+    """A stand-in VAE whose latent is the image and whose reconstruction is it `shift` brighter ([-1, 1] units)."""
+
+    def __init__(self, shift: float):
+        super().__init__()
+        self.shift = shift
+
+    def encode(self, pixels):
+        return SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: pixels))
+
+    def decode(self, latents):
+        return SimpleNamespace(sample=latents + self.shift)
+
+
+def test_reported_psnr_and_ssim_are_scikit_images_on_unit_range_images():
+    """A mid-grey photo reconstructed 0.15 too bright: SSIM ~0.96 in the field's convention, not ~0.16."""
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+    from test_metrics import mid_grey_pair
+
+    image, brighter = mid_grey_pair()
+    pixels = paddle.to_tensor(image.transpose(2, 0, 1)[None].astype(np.float32) * 2 - 1)
+    result = evaluate_vae(_Brighter(0.3), [pixels])
+    expected_ssim = structural_similarity(image, brighter, gaussian_weights=True, sigma=1.5,
+                                          use_sample_covariance=False, data_range=1.0, channel_axis=-1)
+    assert expected_ssim > 0.9
+    assert result.metrics["ssim"] == pytest.approx(expected_ssim, abs=1e-3)
+    assert result.metrics["psnr"] == pytest.approx(peak_signal_noise_ratio(image, brighter, data_range=1.0), abs=1e-3)
+
+
 def test_num_images_limits_the_count(vae, images):
     _, recons = _direct_reconstruction(vae, images[:4])
     result = evaluate_vae(vae, [images[:3], images[3:]], num_images=4)
     assert result.num_images == 4
-    assert result.metrics["psnr"] == pytest.approx(psnr(images[:4], recons).numpy().mean(), rel=1e-5)
+    assert result.metrics["psnr"] == pytest.approx(
+        psnr(to_unit_range(images[:4]), to_unit_range(recons)).numpy().mean(), rel=1e-5)
 
 
 def test_training_mode_is_restored_and_sampling_is_seeded(vae, images):
@@ -200,3 +232,13 @@ def test_eval_script_end_to_end(tmp_path, vae):
     assert grid.size == (4 * SIZE, 2 * SIZE)
     assert "psnr" in completed.stdout
     assert "LPIPS skipped" in completed.stdout and "rFID skipped" in completed.stdout
+    # The protocol is printed and recorded with the numbers.
+    protocol = EvalProtocol(resolution=SIZE)
+    assert summary["protocol"] == protocol.describe()
+    assert protocol.text() in completed.stdout
+    assert "data range 1" in summary["protocol"]["value range"] and "posterior mode" in summary["protocol"]["latents"]
+
+
+def test_the_readme_quotes_the_protocol_the_code_uses():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert EvalProtocol(resolution=256).text() in readme

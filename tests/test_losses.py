@@ -107,6 +107,46 @@ def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
     assert loss.item() != pytest.approx(without_gan, rel=1e-6)
 
 
+def _ldm_reference_loss(x, recon, mean, logvar, discriminator, last_layer, kl_weight, disc_weight):
+    """taming-transformers' LPIPSWithDiscriminator (perceptual weight 0, logvar 0), written out:
+    sums over pixel values and latent elements, mean over images, adaptive weight clamped to [0, 1e4]."""
+    batch = x.shape[0]
+    nll = (x - recon).abs().sum() / batch
+    kl = losses.kl_loss(mean, logvar).sum() / batch
+    gan = -discriminator(recon).mean()
+    nll_grad = paddle.grad(nll, last_layer, retain_graph=True)[0]
+    gan_grad = paddle.grad(gan, last_layer, retain_graph=True)[0]
+    d_weight = paddle.clip(paddle.linalg.norm(nll_grad) / (paddle.linalg.norm(gan_grad) + 1e-4), 0.0, 1e4) * disc_weight
+    return (nll + kl_weight * kl + d_weight * gan).item(), d_weight.item()
+
+
+@pytest.mark.parametrize("disc_scale,clamped", [(1.0, False), (1e-9, True)])
+def test_objective_is_ldm_objective_over_pixel_count_including_the_adaptive_weight_clamp(disc_scale, clamped):
+    """loss = LDM loss / (C*H*W) and adaptive weight = LDM's / (C*H*W), also where LDM's 1e4 clamp binds
+    (a discriminator whose gradient vanishes): the clamp must scale with the normalisation (losses.py)."""
+    from vae_trainer.arguments import LossArguments
+
+    paddle.seed(3)
+    features = paddle.randn([2, 4, 8, 8])
+    decoder_out = paddle.nn.Conv2D(4, 3, 1)  # stands in for the decoder's last layer W
+    discriminator = paddle.nn.Conv2D(3, 1, 4, stride=2)
+    discriminator.weight.set_value(discriminator.weight * disc_scale)
+    discriminator.bias.set_value(discriminator.bias * disc_scale)
+    x = paddle.uniform([2, 3, 8, 8], min=-1, max=1)
+    mean, logvar = 0.3 * paddle.randn([2, 4, 2, 2]), 0.1 * paddle.randn([2, 4, 2, 2])
+    args = LossArguments(perceptual_weight=0.0, kl_weight=1e-3, disc_weight=0.5)
+    pixel_values = 3 * 8 * 8
+
+    expected_loss, expected_weight = _ldm_reference_loss(x, decoder_out(features), mean, logvar, discriminator,
+                                                         decoder_out.weight, args.kl_weight, args.disc_weight)
+    loss, logs = losses.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
+                                      lpips=None, discriminator=discriminator, last_layer=decoder_out.weight,
+                                      gan_active=True)
+    assert (expected_weight == pytest.approx(1e4 * args.disc_weight)) == clamped  # the case is what it claims
+    assert logs["gan/adaptive_weight"].item() * pixel_values == pytest.approx(expected_weight, rel=1e-4)
+    assert loss.item() * pixel_values == pytest.approx(expected_loss, rel=1e-4)
+
+
 def test_frozen_blocks_parameter_gradients_but_not_input_gradients():
     disc = paddle.nn.Linear(3, 1)
     x = paddle.randn([2, 3])

@@ -25,6 +25,7 @@ from vae_trainer.metrics import (
     frechet_distance,
     psnr,
     ssim,
+    to_unit_range,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +53,13 @@ def _distortions(image: np.ndarray) -> list[np.ndarray]:
 
 
 def _pairs(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(clean, distorted) stacks in [-1, 1], HWC float64, three photos x three distortions."""
+    """(clean, distorted) stacks in [0, 1], HWC float64, three photos x three distortions."""
     clean, distorted = [], []
     for name in ("astronaut", "coffee", "chelsea"):
         photo = _photo(name, height, width)
         for changed in _distortions(photo):
-            clean.append(photo * 2 - 1)
-            distorted.append(changed * 2 - 1)
+            clean.append(photo)
+            distorted.append(changed)
     return np.stack(clean), np.stack(distorted)
 
 
@@ -66,15 +67,17 @@ def _as_nchw_tensor(images: np.ndarray) -> paddle.Tensor:
     return paddle.to_tensor(images.transpose(0, 3, 1, 2).astype(np.float32))
 
 
+def _skimage_ssim(a: np.ndarray, b: np.ndarray, data_range: float = 1.0) -> float:
+    return structural_similarity(a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
+                                 data_range=data_range, channel_axis=-1)
+
+
 @pytest.mark.parametrize("height,width", [(64, 64), (45, 37)])
-def test_psnr_and_ssim_agree_with_scikit_image(height, width):
+def test_psnr_and_ssim_on_unit_range_images_agree_with_scikit_image(height, width):
+    """The defaults are the field's convention: [0, 1] images, data range 1."""
     clean, distorted = _pairs(height, width)
-    expected_psnr = [peak_signal_noise_ratio(a, b, data_range=2.0) for a, b in zip(clean, distorted)]
-    expected_ssim = [
-        structural_similarity(a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
-                              data_range=2.0, channel_axis=-1)
-        for a, b in zip(clean, distorted)
-    ]
+    expected_psnr = [peak_signal_noise_ratio(a, b, data_range=1.0) for a, b in zip(clean, distorted)]
+    expected_ssim = [_skimage_ssim(a, b) for a, b in zip(clean, distorted)]
     got_psnr = psnr(_as_nchw_tensor(clean), _as_nchw_tensor(distorted)).numpy()
     got_ssim = ssim(_as_nchw_tensor(clean), _as_nchw_tensor(distorted)).numpy()
 
@@ -82,6 +85,25 @@ def test_psnr_and_ssim_agree_with_scikit_image(height, width):
     assert np.ptp(expected_ssim) > 0.2 and np.ptp(expected_psnr) > 3
     np.testing.assert_allclose(got_psnr, expected_psnr, atol=1e-3)
     np.testing.assert_allclose(got_ssim, expected_ssim, atol=1e-3)
+
+
+def mid_grey_pair(size: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    """A low-contrast mid-grey photo in [0, 1] (HWC) and its reconstruction 0.15 too bright."""
+    grey = resize(skimage_data.camera(), (size, size), anti_aliasing=True)
+    image = np.clip(0.5 + 0.1 * (grey - grey.mean()) / grey.std(), 0, 1)
+    image = np.repeat(image[..., None], 3, axis=-1)
+    return image, np.clip(image + 0.15, 0, 1)
+
+
+def test_the_two_conventions_differ_a_lot_on_a_mid_grey_image():
+    """What the [0, 1] convention is for: SSIM is not shift-invariant, so [-1, 1] scores this near 0."""
+    image, brighter = mid_grey_pair()
+    unit = _skimage_ssim(image, brighter)
+    symmetric = _skimage_ssim(2 * image - 1, 2 * brighter - 1, data_range=2.0)
+    assert unit > 0.9 and symmetric < 0.2
+    got = ssim(_as_nchw_tensor(image[None]), _as_nchw_tensor(brighter[None])).item()
+    assert got == pytest.approx(unit, abs=1e-3)
+    assert to_unit_range(paddle.to_tensor([-1.0, 0.0, 1.0])).numpy().tolist() == [0.0, 0.5, 1.0]
 
 
 def test_ssim_of_identical_images_is_one_and_psnr_infinite():

@@ -14,7 +14,9 @@ def runs(photo_filelist, held_out_folder, tmp_path_factory):
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, tiny_args(photo_filelist, output_dir, **EVAL_FLAGS(held_out_folder)))
+        result = run_entry_point(driver, tiny_args(photo_filelist, output_dir, **EVAL_FLAGS(held_out_folder)))
+        with open(os.path.join(output_dir, "console.txt"), "w") as console:
+            console.write(result.stdout + result.stderr)
         out[driver] = output_dir
     return out
 
@@ -59,6 +61,17 @@ def test_outputs_and_visualdl(runs, driver):
     assert [r.id for r in reader.get_data("image", "eval/reconstructions")] == [2, 4]
     for tag in ("eval/psnr", "eval/ssim", "eval/lpips", "eval/latent_mean_0", "eval/latent_std_3"):
         assert sorted(read_scalars(logdir, tag)) == [2, 4], tag
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_every_evaluation_states_its_protocol(runs, driver):
+    from vae_trainer.evaluation import EvalProtocol
+
+    console = open(os.path.join(runs[driver], "console.txt")).read()
+    protocol = EvalProtocol(resolution=32).text()
+    for step in (2, 4):
+        assert f"eval at step {step} on 6 images" in console
+        assert console.split(f"eval at step {step} on 6 images", 1)[1].split("protocol:\n", 1)[1].startswith(protocol)
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -119,6 +132,15 @@ def test_two_processes_stay_in_sync_and_read_different_data(photo_filelist, tmp_
     checkpoint = output_dir / "checkpoint-3"
     states = [paddle.load(str(checkpoint / f"rank_state_{r}.pdparams")) for r in (0, 1)]
     np.testing.assert_array_equal(states[0]["parameter_fingerprint"], states[1]["parameter_fingerprint"])
+    # ... and they cover every trainable parameter (two empty fingerprints would agree too).
+    from vae_trainer.arguments import parse_arguments
+    from vae_trainer.build import build_components
+    from vae_trainer.distributed import FINGERPRINT_SIZE
+
+    flags = tiny_args(photo_filelist, tmp_path / "unused", perceptual_weight=0)
+    model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
+    trainable = [p for p in build_components(model_args, loss_args, args).model.parameters() if not p.stop_gradient]
+    assert states[0]["parameter_fingerprint"].size == FINGERPRINT_SIZE * len(trainable) > 0
     # The GAN ran (disc_start 2), so the discriminator was trained too and is included in the fingerprint.
     assert read_scalars(str(output_dir / "logs"), "loss/discriminator")
     shards = [set(s["data"]["positions"]) for s in states]

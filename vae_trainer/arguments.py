@@ -1,14 +1,26 @@
-"""Command-line arguments shared by both entry points.
+"""Command-line arguments shared by both entry points, and the parser that turns them into dataclasses.
 
-Four dataclasses, parsed together by PaddleNLP's `PdArgumentParser`, so that `train_vae_trainer.py`
-and `train_vae_no_trainer.py` accept exactly the same flags with the same meaning:
+Four dataclasses, parsed together by `VAEArgumentParser` (PaddleNLP's `PdArgumentParser`), so that
+`train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same flags with the same meaning:
 
 - `ModelArguments`: which VAE to train, the discriminator, the LPIPS weights.
-- `DataArguments`: the filelists and image preprocessing.
+- `DataArguments`: the filelists and image preprocessing (and the held-out images).
 - `LossArguments`: the weights and kinds of every loss term.
-- `VAETrainingArguments`: PaddleNLP's `TrainingArguments` (output dir, batch size, LR, steps, saving,
-  seed, device, report_to, fp16/bf16, recompute, ...) with defaults suited to VAE training plus
-  our own run-time options (EMA, image logging, discriminator LR).
+- `VAETrainingArguments`: PaddleNLP's `TrainingArguments` with defaults suited to VAE training, plus our
+  own run-time options (EMA, image logging, discriminator LR).
+
+Flags that work in both drivers only. Of PaddleNLP's ~90 inherited `TrainingArguments`, only those in
+`PADDLENLP_FLAGS` are honoured by both drivers with the same meaning (each is read by our shared code:
+optim.py, checkpoint.py, train_logging.py, evaluation.py, build.py; the Trainer's own loop adds nothing
+the plain loop lacks). Any other inherited flag set to a non-default value, on the command line, in a
+JSON args file or in code, is refused with a message (`refuse_unsupported_flags`), and is hidden from
+`--help`.
+
+`--help` groups flags by concern, in the order of `GROUPS`, before PaddleNLP's. A field's group is its
+metadata "group", else its dataclass's `_group`, so fields added to a dataclass land in a group without
+further work. Choice flags are typed `Literal[...]`: their choices show in `--help` and a bad value
+fails at parse time (`VAEArgumentParser` turns a Literal into argparse `choices`). `ALIASES` accepts the
+spellings of the ppdiffusers reference scripts (README "Flags from the ppdiffusers scripts").
 
 `parse_arguments` applies a `--recipe` preset (recipes.py) to every Model/Loss field the user did not
 give explicitly, then `validate`s.
@@ -16,27 +28,112 @@ give explicitly, then `validate`s.
 
 from __future__ import annotations
 
+import argparse
+import copy
+import dataclasses
 import json
 import os
 import sys
+import types
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+from paddlenlp.trainer.trainer_utils import SchedulerType
 
-from .recipes import apply_recipe, flags_given
+from .checkpoint import resume_requested
+from .evaluation import HIGHER_IS_BETTER
+from .models.discriminator import NORM_TYPES
+from .recipes import RECIPES, apply_recipe, flags_given
 
-DISC_LOSSES = ("hinge", "vanilla")
-GEN_LOSSES = ("hinge", "vanilla", "relative_hinge")
-PIXEL_LOSSES = ("l1", "l2")
-PIXEL_LOSS_MASKS = ("none", "lowpass")
-LOSS_BALANCING = ("none", "gradnorm")
-GRADNORM_SCOPES = ("sample", "global")
-DISC_TYPES = ("patch", "vgg")
+# ---------------------------------------------------------------- typed choices
+PixelLoss = Literal["l1", "l2"]
+DiscLoss = Literal["hinge", "vanilla"]
+GenLoss = Literal["hinge", "vanilla", "relative_hinge"]
+PixelLossMask = Literal["none", "lowpass"]
+LossBalancing = Literal["none", "gradnorm"]
+GradnormScope = Literal["sample", "global"]
+DiscType = Literal["patch", "vgg"]
+DiscNorm = Literal[NORM_TYPES]
+Recipe = Literal[tuple(RECIPES)]
+SchedulerName = Literal[tuple(s.value for s in SchedulerType)]
+EvalMetric = Literal[tuple(HIGHER_IS_BETTER)]
+OptLevel = Literal["O1", "O2"]
+Reporter = Literal["visualdl", "none"]
+
+# ---------------------------------------------------------------- --help groups
+GROUPS = {
+    "data": "data: training images and preprocessing",
+    "model": "model: the VAE to train",
+    "loss": "loss: the VAE objective",
+    "discriminator": "discriminator: the adversarial term and its network",
+    "evaluation": "evaluation: held-out metrics during training",
+    "training": "training: run-time options of both entry points",
+}
+PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
+                   "(every other PaddleNLP flag is refused)")
+
+# PaddleNLP TrainingArguments that both drivers honour with the same meaning.
+PADDLENLP_FLAGS = frozenset({
+    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
+    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps",
+    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "lr_scheduler_type", "warmup_steps", "warmup_ratio", "num_cycles", "lr_end", "power",
+    "logging_dir", "logging_steps", "report_to", "disable_tqdm",
+    "save_steps", "save_total_limit",
+    "seed", "device", "dataloader_num_workers",
+    "fp16", "bf16", "fp16_opt_level", "scale_loss", "recompute",
+    "eval_steps", "metric_for_best_model",
+})
+
+# Why a well-known refused flag is refused, and what to use instead.
+_EVALUATION_IS_OURS = ("evaluation is the same code in both drivers: use --eval_file_list with --eval_steps "
+                       "(and --metric_for_best_model)")
+_DATA_PARALLEL_ONLY = "only data parallelism is supported (paddle.distributed.launch); drop it"
+REFUSAL_REASONS = {
+    "num_train_epochs": "the training stream is infinite: set the run's length with --max_steps",
+    "save_strategy": "checkpoints are saved every --save_steps optimizer steps (0: only at the end)",
+    "logging_strategy": "scalars are logged every --logging_steps optimizer steps",
+    "logging_first_step": "scalars are logged every --logging_steps optimizer steps",
+    "optim": "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)",
+    "greater_is_better": "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)",
+    "to_static": "both drivers train in dynamic-graph mode",
+    "amp_master_grad": "--fp16_opt_level O2 keeps float32 master weights in both optimizers",
+    "no_cuda": "use --device cpu",
+    "do_train": "both entry points always train; drop it",
+    "do_eval": _EVALUATION_IS_OURS, "do_predict": _EVALUATION_IS_OURS, "evaluation_strategy": _EVALUATION_IS_OURS,
+    "load_best_model_at_end": _EVALUATION_IS_OURS, "eval_accumulation_steps": _EVALUATION_IS_OURS,
+    "max_evaluate_steps": _EVALUATION_IS_OURS, "prediction_loss_only": _EVALUATION_IS_OURS,
+    "dataloader_drop_last": "training batches are always full (the stream is infinite)",
+    "ignore_data_skip": "the data stream always resumes at its saved position",
+    "run_name": "only VisualDL logs are written (--report_to visualdl|none)",
+    "wandb_api_key": "only VisualDL logs are written (--report_to visualdl|none)",
+    **{name: _DATA_PARALLEL_ONLY for name in (
+        "sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree",
+        "pipeline_parallel_degree", "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config",
+        "pipeline_parallel_config", "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel")},
+}
+
+# The ppdiffusers reference scripts' spellings -> our flag (meanings checked against their sources; README).
+ALIASES = {
+    "per_device_train_batch_size": ("train_batch_size", "batch_size"),
+    "max_steps": ("max_train_steps",),
+    "weight_decay": ("adam_weight_decay",),
+    "lr_scheduler_type": ("lr_scheduler",),
+    "warmup_steps": ("lr_warmup_steps",),
+    "dataloader_num_workers": ("num_workers",),
+}
+
+
+def _in(group: str, help: str) -> Dict[str, Any]:
+    """Field metadata placing a flag in a --help group other than its dataclass's."""
+    return {"help": help, "group": group}
 
 
 @dataclass
 class ModelArguments:
+    _group = "model"
+
     vae_config_file: Optional[str] = field(
         default=None,
         metadata={"help": "AutoencoderKL config JSON (ppdiffusers format) to train from scratch, e.g. configs/vae_tiny.json."},
@@ -84,23 +181,21 @@ class ModelArguments:
     )
     discriminator_path: Optional[str] = field(
         default=None,
-        metadata={"help": "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a checkpoint-N "
-                          "folder); its type and norm must match --disc_type/--disc_norm/--disc_num_layers/"
-                          "--disc_base_channels."},
+        metadata=_in("discriminator", "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a "
+                                      "checkpoint-N folder); its type and norm must match --disc_type/--disc_norm/"
+                                      "--disc_num_layers/--disc_base_channels."),
     )
-    disc_type: str = field(
+    disc_type: DiscType = field(
         default="patch",
-        metadata={"help": "Discriminator type: 'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from "
-                          "--lpips_weights with a trained conv head per stage; --disc_base_channels = head width)."},
+        metadata=_in("discriminator", "'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from "
+                                      "--lpips_weights with a trained conv head per stage; --disc_base_channels = head width)."),
     )
-    disc_norm: str = field(
-        default="batch", metadata={"help": "PatchGAN normalisation: batch, group, spectral_group or none."}
-    )
-    disc_num_layers: int = field(default=3, metadata={"help": "Number of strided layers of the PatchGAN."})
-    disc_base_channels: int = field(default=64, metadata={"help": "Channels of the first PatchGAN layer."})
+    disc_norm: DiscNorm = field(default="batch", metadata=_in("discriminator", "PatchGAN normalisation."))
+    disc_num_layers: int = field(default=3, metadata=_in("discriminator", "Number of strided layers of the PatchGAN."))
+    disc_base_channels: int = field(default=64, metadata=_in("discriminator", "Channels of the first PatchGAN layer."))
     lpips_weights: Optional[str] = field(
         default=None,
-        metadata={"help": "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."},
+        metadata=_in("loss", "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."),
     )
     posterior_std: float = field(
         default=0.0,
@@ -111,18 +206,22 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _group = "data"
+
     file_list: Optional[str] = field(
         default=None, metadata={"help": "Training data: a .filelist.list (weighted filelists) or a single .filelist."}
     )
-    resolution: int = field(default=256, metadata={"help": "Training crop size in pixels."})
+    resolution: int = field(default=256, metadata={"help": "Training crop size in pixels (and evaluation crop size)."})
     image_column: int = field(default=2, metadata={"help": "0-based tab-separated column that holds the base64 image."})
     random_flip: bool = field(default=True, metadata={"help": "Randomly flip training images horizontally."})
     random_crop: bool = field(default=True, metadata={"help": "Random crop for training (centre crop if false)."})
     min_image_size: int = field(default=32, metadata={"help": "Skip images whose shorter side is below this."})
     eval_file_list: Optional[str] = field(
-        default=None, metadata={"help": "Held-out filelist or image folder for evaluation during training."}
+        default=None, metadata=_in("evaluation", "Held-out filelist or image folder for evaluation during training.")
     )
-    eval_num_images: int = field(default=64, metadata={"help": "Number of held-out images evaluated per evaluation."})
+    eval_num_images: int = field(
+        default=64, metadata=_in("evaluation", "Number of held-out images evaluated per evaluation.")
+    )
     latent_stats_num_images: Optional[int] = field(
         default=None,
         metadata={"help": "Images (from --eval_file_list, else --file_list) over which the latent statistics and a "
@@ -131,20 +230,28 @@ class DataArguments:
     )
     inception_weights: Optional[str] = field(
         default=None,
-        metadata={"help": "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) to add rFID to evaluations."},
+        metadata=_in("evaluation", "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) "
+                                   "to add rFID to evaluations."),
     )
 
 
 @dataclass
 class LossArguments:
-    pixel_loss: str = field(default="l1", metadata={"help": "Pixel reconstruction loss: l1 or l2."})
+    _group = "loss"
+
+    pixel_loss: PixelLoss = field(default="l1", metadata={"help": "Pixel reconstruction loss."})
     perceptual_weight: float = field(default=1.0, metadata={"help": "Weight of the LPIPS term (0 disables LPIPS)."})
     kl_weight: float = field(default=1e-6, metadata={"help": "Weight of the KL term (LDM meaning, see README)."})
-    disc_weight: float = field(default=0.5, metadata={"help": "Weight of the adversarial term (0 disables the GAN)."})
-    disc_start: int = field(default=50001, metadata={"help": "Optimizer step at which the GAN terms switch on."})
-    disc_loss: str = field(default="hinge", metadata={"help": "Discriminator loss: hinge or vanilla."})
+    disc_weight: float = field(
+        default=0.5, metadata=_in("discriminator", "Weight of the adversarial term (0 disables the GAN).")
+    )
+    disc_start: int = field(
+        default=50001, metadata=_in("discriminator", "Optimizer step at which the GAN terms switch on.")
+    )
+    disc_loss: DiscLoss = field(default="hinge", metadata=_in("discriminator", "Discriminator loss."))
     adaptive_disc_weight: bool = field(
-        default=True, metadata={"help": "Scale the GAN term by ||grad rec|| / ||grad gan|| at the decoder's last layer."}
+        default=True,
+        metadata=_in("discriminator", "Scale the GAN term by ||grad rec|| / ||grad gan|| at the decoder's last layer."),
     )
     learn_logvar: bool = field(
         default=False, metadata={"help": "Learn the output log-variance of the LDM nll (optimized with the VAE)."}
@@ -153,16 +260,16 @@ class LossArguments:
     sample_posterior: bool = field(
         default=True, metadata={"help": "Decode a posterior sample (true) or the posterior mean (false) in training."}
     )
-    recipe: Optional[str] = field(
+    recipe: Optional[Recipe] = field(
         default=None,
-        metadata={"help": "Preset of the flags below: 'ldm' or 'balanced' (see docs/techniques.md). "
+        metadata={"help": "Preset of the technique flags (see docs/techniques.md). "
                           "Flags given explicitly on the command line win over the recipe."},
     )
     pixel_weight: float = field(default=1.0, metadata={"help": "Weight of the pixel term."})
     pixel_loss_pool: int = field(
         default=1, metadata={"help": "Take the pixel loss between KxK area-downsampled images (1: full resolution)."}
     )
-    pixel_loss_mask: str = field(
+    pixel_loss_mask: PixelLossMask = field(
         default="none", metadata={"help": "'lowpass': apply the pixel loss only where the input image is smooth."}
     )
     pixel_loss_mask_threshold: float = field(
@@ -171,46 +278,85 @@ class LossArguments:
     latent_penalty_weight: float = field(
         default=0.0, metadata={"help": "Weight of mean(z_mean^2), the latent-magnitude penalty (for --posterior_std)."}
     )
-    loss_balancing: str = field(
+    loss_balancing: LossBalancing = field(
         default="none",
         metadata={"help": "'gradnorm': every branch's gradient into the reconstruction is rescaled to norm = its "
                           "weight (pixel_weight, perceptual_weight, disc_weight); replaces the adaptive weight."},
     )
-    gradnorm_scope: str = field(
+    gradnorm_scope: GradnormScope = field(
         default="sample", metadata={"help": "gradnorm: normalise per 'sample' or over the 'global' batch (all ranks)."}
     )
-    gen_loss: Optional[str] = field(
-        default=None,
-        metadata={"help": "Generator's GAN loss: hinge, vanilla or relative_hinge (default: same as --disc_loss)."},
+    gen_loss: Optional[GenLoss] = field(
+        default=None, metadata=_in("discriminator", "Generator's GAN loss (default: the same as --disc_loss).")
     )
     relative_hinge_margin: float = field(
-        default=0.1, metadata={"help": "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin))."}
+        default=0.1, metadata=_in("discriminator", "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin)).")
     )
-    lecam_weight: float = field(default=0.0, metadata={"help": "Weight of the LeCAM regulariser of the discriminator."})
-    lecam_decay: float = field(default=0.99, metadata={"help": "EMA decay of LeCAM's D(real) and D(fake) means."})
+    lecam_weight: float = field(
+        default=0.0, metadata=_in("discriminator", "Weight of the LeCAM regulariser of the discriminator.")
+    )
+    lecam_decay: float = field(
+        default=0.99, metadata=_in("discriminator", "EMA decay of LeCAM's D(real) and D(fake) means.")
+    )
 
 
 @dataclass
 class VAETrainingArguments(TrainingArguments):
     """PaddleNLP's TrainingArguments with VAE-friendly defaults and our extra options."""
 
-    output_dir: str = field(default="outputs/vae", metadata={"help": "Where checkpoints, logs and the VAE go."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of the VAE optimizer."})
-    adam_beta1: float = field(default=0.5, metadata={"help": "AdamW beta1 (LDM uses 0.5)."})
-    adam_beta2: float = field(default=0.9, metadata={"help": "AdamW beta2 (LDM uses 0.9)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Global-norm gradient clipping (0 disables)."})
-    lr_scheduler_type: str = field(
-        default="constant_with_warmup",
-        metadata={"help": "linear, cosine, constant, constant_with_warmup or polynomial (both optimizers)."},
+    _group = "training"
+
+    output_dir: str = field(default="outputs/vae", metadata=dict(help="Where checkpoints, logs and the VAE go."))
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata=dict(help="Start a new run in an --output_dir that holds an earlier run: delete its checkpoints, "
+                            "logs and exports first. Without it (or --resume_from_checkpoint) such a start is refused."),
     )
-    logging_dir: Optional[str] = field(default=None, metadata={"help": "VisualDL log folder (default OUTPUT_DIR/logs)."})
-    logging_steps: int = field(default=10, metadata={"help": "Log scalars every N optimizer steps."})
-    save_steps: int = field(default=1000, metadata={"help": "Save checkpoint-N every N optimizer steps."})
-    report_to: Optional[List[str]] = field(
-        default_factory=lambda: ["visualdl"], metadata={"help": "'visualdl' or 'none'."}
+    max_steps: int = field(
+        default=-1, metadata=dict(help="Optimizer steps to train (required: the training stream is infinite).")
+    )
+    resume_from_checkpoint: Optional[str] = field(
+        default=None, metadata=dict(help="'latest' (the newest complete checkpoint in --output_dir, if any) or a "
+                                         "checkpoint-N folder: continue that run exactly.")
+    )
+    recompute: bool = field(
+        default=False, metadata=dict(help="Gradient checkpointing of the VAE (less memory, more compute).")
+    )
+    learning_rate: float = field(default=1e-4, metadata=dict(help="Peak learning rate of the VAE optimizer."))
+    adam_beta1: float = field(default=0.5, metadata=dict(help="AdamW beta1 (LDM uses 0.5)."))
+    adam_beta2: float = field(default=0.9, metadata=dict(help="AdamW beta2 (LDM uses 0.9)."))
+    weight_decay: float = field(
+        default=0.0, metadata=dict(help="AdamW decoupled weight decay (not applied to biases and norm weights).")
+    )
+    max_grad_norm: float = field(default=1.0, metadata=dict(help="Global-norm gradient clipping (0 disables)."))
+    lr_scheduler_type: SchedulerName = field(
+        default="constant_with_warmup",
+        metadata=dict(help="LR schedule of both optimizers (PaddleNLP's get_scheduler; warm-up --warmup_steps)."),
+    )
+    fp16_opt_level: OptLevel = field(
+        default="O1", metadata=dict(help="O1: autocast with float32 weights; O2: half-precision weights with float32 "
+                                          "master weights in both optimizers (GPU).")
+    )
+    logging_dir: Optional[str] = field(
+        default=None,
+        metadata=dict(help="VisualDL log folder; a relative path is inside --output_dir, as in the ppdiffusers "
+                            "scripts (default: OUTPUT_DIR/logs)."),
+    )
+    logging_steps: int = field(default=10, metadata=dict(help="Log scalars every N optimizer steps."))
+    save_steps: int = field(
+        default=1000, metadata=dict(help="Save checkpoint-N every N optimizer steps (0: only at the end).")
+    )
+    report_to: Optional[List[Reporter]] = field(
+        default_factory=lambda: ["visualdl"], metadata=dict(help="Write VisualDL logs, or none.")
+    )
+    eval_steps: Optional[int] = field(
+        default=None, metadata=_in("evaluation", "Evaluate every N optimizer steps and at the end (needs --eval_file_list).")
+    )
+    metric_for_best_model: Optional[EvalMetric] = field(
+        default=None, metadata=_in("evaluation", "Keep the checkpoint with the best value of this evaluation metric.")
     )
     disc_learning_rate: Optional[float] = field(
-        default=None, metadata={"help": "Peak learning rate of the discriminator (default: --learning_rate)."}
+        default=None, metadata=_in("discriminator", "Peak learning rate of the discriminator (default: --learning_rate).")
     )
     scale_lr: bool = field(
         default=False,
@@ -239,20 +385,114 @@ class VAETrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        # Checked before PaddleNLP normalises them: our drivers implement data parallelism only.
-        if self.sharding or max(self.tensor_parallel_degree, self.pipeline_parallel_degree, self.sep_parallel_degree) > 1:
-            raise ValueError("only data parallelism is supported: drop --sharding and the *_parallel_degree flags.")
-        if self.do_eval or str(self.evaluation_strategy) not in ("no", "IntervalStrategy.NO") or self.load_best_model_at_end:
-            raise ValueError("evaluation is ours: use --eval_file_list with --eval_steps (and --metric_for_best_model), "
-                             "not --do_eval / --evaluation_strategy / --load_best_model_at_end.")
-        if self.logging_dir is None:  # a fixed place users and tests can find, not a dated folder
-            self.logging_dir = os.path.join(self.output_dir, "logs")
+        refuse_unsupported_flags(self)  # before PaddleNLP normalises the values it is compared on
+        # A fixed place users and tests can find (not a dated folder), relative to --output_dir as in the
+        # ppdiffusers scripts.
+        self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")
         super().__post_init__()
         if self.max_steps is None or self.max_steps <= 0:
             raise ValueError("--max_steps must be set: the training stream is infinite.")
+        if self.overwrite_output_dir and resume_requested(self.resume_from_checkpoint):
+            raise ValueError("--overwrite_output_dir deletes the checkpoints --resume_from_checkpoint would resume: "
+                             "give one of them.")
 
 
 ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
+
+
+def _inherited_fields() -> Dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TrainingArguments) if f.init}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def refuse_unsupported_flags(args: TrainingArguments) -> None:
+    """Raise if any inherited PaddleNLP flag outside `PADDLENLP_FLAGS` differs from PaddleNLP's default."""
+    refused = [name for name, f in _inherited_fields().items()
+               if name not in PADDLENLP_FLAGS and getattr(args, name) != _default(f)]
+    if not refused:
+        return
+    lines = [f"--{name}: {REFUSAL_REASONS.get(name, 'not honoured the same way by both entry points')}"
+             for name in refused]
+    raise ValueError("refused PaddleNLP flag(s); train_vae_trainer.py and train_vae_no_trainer.py honour only the "
+                     "PaddleNLP flags listed under --help:\n  " + "\n  ".join(lines))
+
+
+USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
+         "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
+
+
+class _FlagTarget:
+    """Where PdArgumentParser adds one field's flags: an argparse group, plus the field's aliases."""
+
+    def __init__(self, group: argparse._ArgumentGroup, name: str, aliases: Sequence[str]):
+        self.group, self.name, self.aliases = group, name, aliases
+
+    def add_argument(self, *names: str, **kwargs):
+        if names == (f"--{self.name}",):
+            names = names + tuple(f"--{alias}" for alias in self.aliases)
+        return self.group.add_argument(*names, **kwargs)
+
+
+class VAEArgumentParser(PdArgumentParser):
+    """PdArgumentParser with --help groups by concern, Literal choices, reference aliases, hidden refused flags."""
+
+    def __init__(self, dataclass_types=ALL_ARGUMENT_CLASSES, **kwargs):
+        self._groups: Dict[str, argparse._ArgumentGroup] = {}
+        kwargs.setdefault("usage", USAGE)
+        super().__init__(dataclass_types, **kwargs)
+        self.allow_abbrev = False  # an abbreviated flag would not be recognised as explicit by the recipes
+
+    def _group(self, key: str) -> argparse._ArgumentGroup:
+        if not self._groups:  # created in a fixed order, so --help lists them in that order
+            for name, title in GROUPS.items():
+                self._groups[name] = self.add_argument_group(title)
+            self._groups["paddlenlp"] = self.add_argument_group(PADDLENLP_GROUP)
+        return self._groups[key]
+
+    def _add_dataclass_arguments(self, dtype) -> None:
+        hints = get_type_hints(dtype)
+        inherited = _inherited_fields() if issubclass(dtype, TrainingArguments) else {}
+        for f in dataclasses.fields(dtype):
+            if not f.init:
+                continue
+            metadata = dict(f.metadata)
+            group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited else dtype._group)
+            if f.name in inherited and f.name not in PADDLENLP_FLAGS:
+                metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
+            spec = copy.copy(f)
+            spec.type, choices = _argparse_type(hints[f.name])
+            if choices is not None:
+                metadata["choices"] = list(choices)
+            spec.metadata = types.MappingProxyType(metadata)
+            self._parse_dataclass_field(_FlagTarget(self._group(group), f.name, ALIASES.get(f.name, ())), spec)
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if get_origin(annotation) is Union and type(None) in get_args(annotation):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
+    """The values of a (possibly Optional) Literal type, else None."""
+    annotation = _strip_optional(annotation)
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+def _argparse_type(annotation: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
+    """(type for PdArgumentParser, choices): Literal[...] and List[Literal[...]] become their value type + choices."""
+    choices = _literal_choices(annotation)
+    if choices is not None:
+        return type(choices[0]), choices
+    inner = _strip_optional(annotation)
+    if get_origin(inner) is list and _literal_choices(get_args(inner)[0]) is not None:
+        choices = _literal_choices(get_args(inner)[0])
+        return List[type(choices[0])], choices
+    return annotation, None
 
 
 def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments) -> None:
@@ -260,10 +500,8 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
     _validate_vae_source(model_args)
     if data_args.file_list is None:
         raise ValueError("--file_list is required (a .filelist.list or .filelist).")
-    if loss_args.pixel_loss not in PIXEL_LOSSES:
-        raise ValueError(f"--pixel_loss must be one of {PIXEL_LOSSES}, got {loss_args.pixel_loss!r}")
-    if loss_args.disc_loss not in DISC_LOSSES:
-        raise ValueError(f"--disc_loss must be one of {DISC_LOSSES}, got {loss_args.disc_loss!r}")
+    for arguments in (model_args, data_args, loss_args):
+        _check_choices(arguments)
     _validate_techniques(model_args, loss_args)
 
 
@@ -281,19 +519,18 @@ def _validate_vae_source(model_args: ModelArguments) -> None:
     scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
 
 
-def _check_choice(flag: str, value, choices: Sequence) -> None:
-    if value not in choices:
-        raise ValueError(f"--{flag} must be one of {choices}, got {value!r}")
+def _check_choices(arguments: Any) -> None:
+    """Literal-typed fields hold one of their values (the parser checks flags; this covers code and recipes)."""
+    hints = get_type_hints(type(arguments))
+    for f in dataclasses.fields(arguments):
+        choices = _literal_choices(hints[f.name])
+        value = getattr(arguments, f.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
 
 
 def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -> None:
     """The options of docs/techniques.md."""
-    _check_choice("disc_type", model_args.disc_type, DISC_TYPES)
-    _check_choice("pixel_loss_mask", loss_args.pixel_loss_mask, PIXEL_LOSS_MASKS)
-    _check_choice("loss_balancing", loss_args.loss_balancing, LOSS_BALANCING)
-    _check_choice("gradnorm_scope", loss_args.gradnorm_scope, GRADNORM_SCOPES)
-    if loss_args.gen_loss is not None:
-        _check_choice("gen_loss", loss_args.gen_loss, GEN_LOSSES)
     if loss_args.pixel_loss_pool < 1:
         raise ValueError("--pixel_loss_pool must be >= 1")
     if model_args.posterior_std < 0:
@@ -306,8 +543,7 @@ def parse_arguments(
     argv: Optional[Sequence[str]] = None,
 ) -> Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]:
     """Parse flags (or a single .json file of them) into the four argument dataclasses."""
-    parser = PdArgumentParser(ALL_ARGUMENT_CLASSES)
-    parser.allow_abbrev = False  # an abbreviated flag would not be recognised as explicit by the recipes
+    parser = VAEArgumentParser()
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         model_args, data_args, loss_args, training_args = parser.parse_json_file(json_file=argv[0])
         with open(argv[0]) as handle:

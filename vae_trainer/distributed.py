@@ -56,16 +56,27 @@ def broadcast_parameters(layer: paddle.nn.Layer) -> None:
 
 
 
+_GOLDEN = 0.6180339887498949
+FINGERPRINT_SIZE = 3  # numbers per parameter
+
+
 def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
-    """Per trainable parameter, float64 sum and absolute sum: equal on two ranks iff their weights agree.
+    """Per trainable parameter, three float64 numbers: the sum, the absolute sum and a position-weighted
+    sum (weights frac(i * golden ratio), all distinct, so swapped or permuted values change it too).
+    Two ranks' fingerprints agree, in practice, only if their weights do.
 
     Non-trainable state (BatchNorm running statistics) is left out: like any data-parallel BatchNorm
     without SyncBatchNorm it is per rank, and it does not influence training-mode forwards.
     """
+    values = []
     with paddle.no_grad():
-        values = [(p.astype("float64").sum().item(), p.astype("float64").abs().sum().item())
-                  for _, p in _trainable(layer)]
-    return np.asarray(values, dtype=np.float64).reshape(-1)
+        for _, p in _trainable(layer):
+            flat = p.astype("float64").flatten()
+            position_weights = (paddle.arange(flat.shape[0], dtype="float64") * _GOLDEN) % 1.0
+            values.append(paddle.stack([flat.sum(), flat.abs().sum(), (flat * position_weights).sum()]))
+    if not values:
+        raise ValueError("parameter_fingerprint: the layer has no trainable parameters")
+    return paddle.stack(values).numpy().reshape(-1)
 
 
 def assert_parameters_in_sync(layer: paddle.nn.Layer) -> np.ndarray:
@@ -78,7 +89,7 @@ def assert_parameters_in_sync(layer: paddle.nn.Layer) -> np.ndarray:
         for other_rank, other in enumerate(gathered):
             differs = np.nonzero(other.numpy() != fingerprint)[0]
             if differs.size:
-                bad = sorted({names[i // 2] for i in differs})[:5]
+                bad = sorted({names[i // FINGERPRINT_SIZE] for i in differs})[:5]
                 raise RuntimeError(f"parameters differ between rank {rank()} and rank {other_rank}: {bad} ...")
     return fingerprint
 

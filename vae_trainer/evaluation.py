@@ -1,10 +1,12 @@
 """Evaluate an AutoencoderKL on a set of images: PSNR, SSIM, LPIPS, rFID and latent statistics.
 
-This module owns the evaluation loop, the encoder-only latent measurement (``measure_latents``) and the
-reconstruction image grid; the metric math is in ``vae_trainer.metrics``. Latent statistics are those
-of posterior samples, computed exactly in expectation from the posterior means and variances. It takes
-any iterable of batches (tensors, or dicts with ``"pixel_values"`` as ``build_eval_dataloader``
-yields), all NCHW float32 in [-1, 1].
+This module owns the evaluation protocol (``EvalProtocol``: the one statement of how the numbers are
+made, printed by scripts/eval_vae.py and by every evaluation during training, written to
+metrics.json, quoted in the README), the evaluation loop, the encoder-only latent measurement
+(``measure_latents``) and the reconstruction image grid; the metric math is in ``vae_trainer.metrics``.
+Latent statistics are those of posterior samples, computed exactly in expectation from the posterior
+means and variances. It takes any iterable of batches (tensors, or dicts with ``"pixel_values"`` as
+``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
 
 Data parallel: each rank evaluates its own shard and the accumulators sum over ranks, so every rank
 returns the same metrics. Every rank must call ``evaluate_vae`` (the final reduction is a
@@ -24,6 +26,10 @@ import numpy as np
 import paddle
 
 from vae_trainer.metrics import (
+    SSIM_K1,
+    SSIM_K2,
+    SSIM_SIGMA,
+    SSIM_WINDOW_SIZE,
     FeatureStatistics,
     LatentStatistics,
     MetricAccumulator,
@@ -31,11 +37,56 @@ from vae_trainer.metrics import (
     frechet_distance,
     psnr,
     ssim,
+    to_unit_range,
 )
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How every evaluation number is made. `describe()` is the single statement of it.
+
+    The images come from `data.dataset.build_eval_dataloader` (resize, centre crop), the latents and
+    metrics from `evaluate_vae`; the values below are read from the constants those use.
+    """
+
+    resolution: int
+    sample_posterior: bool = False
+    seed: int = 0
+    input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
+
+    def describe(self) -> dict[str, str]:
+        from vae_trainer.data.images import RESAMPLING
+
+        size = self.resolution
+        return {
+            "images": f"shorter side resized to {size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, "
+                      "no flip",
+            **({"encoder input": f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
+                                 "(--input_size); metrics compare the decoder's output with the full image"}
+               if self.input_size else {}),
+            "latents": (f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
+                        else "the posterior mode (mean)"),
+            "latent statistics": "per channel, of posterior samples (exact expectation from the posterior means "
+                                 "and variances), before any scaling factor",
+            "value range": "reconstructions clamped to [-1, 1]; PSNR and SSIM on images mapped to [0, 1] "
+                           "((x + 1) / 2, data range 1); LPIPS and rFID on [-1, 1]",
+            "psnr": "10 log10(1 / MSE) per image over all pixels and channels, averaged over images",
+            "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, "
+                    f"K2 {SSIM_K2}, population covariances, valid region only, averaged over channels and images "
+                    "(scikit-image structural_similarity with gaussian_weights=True, use_sample_covariance=False, "
+                    "data_range=1)",
+            "lpips": "LPIPS v0.1 (VGG16), averaged over images",
+            "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
+                    "reconstructions",
+        }
+
+    def text(self) -> str:
+        """One line per item, as printed and as quoted in the README."""
+        return "\n".join(f"{name}: {value}" for name, value in self.describe().items())
 
 
 @dataclass
@@ -149,10 +200,12 @@ class _Evaluation:
         self.count = 0
 
     def add(self, pixels: paddle.Tensor, posterior, recons: paddle.Tensor) -> None:
+        """One batch of [-1, 1] inputs, their posterior and their clamped [-1, 1] reconstructions."""
         self.count += pixels.shape[0]
         _add_posterior(self.latents, posterior)
-        self.metrics.update("psnr", psnr(pixels, recons))
-        self.metrics.update("ssim", ssim(pixels, recons))
+        unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
+        self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
+        self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         if self.lpips is not None:
             self.metrics.update("lpips", self.lpips(pixels, recons).reshape([-1]))
         if self.inception is not None:
@@ -194,7 +247,8 @@ def evaluate_vae(
     """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
 
     Reconstructions use the posterior mode (or a sample, noise seeded by ``seed`` + rank) and are
-    clamped to [-1, 1] before scoring. PSNR and SSIM always; LPIPS when ``lpips`` is given
+    clamped to [-1, 1] before scoring (``EvalProtocol`` states the whole protocol). PSNR and SSIM
+    always, on [0, 1] with data range 1; LPIPS when ``lpips`` is given
     (``lpips(x, y) -> [B]``); "rfid" when ``inception`` is given (a ``FIDInceptionV3``, or any layer
     mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message; with 2048-d
     features its final matrix square root takes seconds to a minute on CPU. Latent statistics are
@@ -307,6 +361,10 @@ class TrainingEvaluator:
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size)
 
+    @property
+    def protocol(self) -> EvalProtocol:
+        return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size)
+
     def evaluated_at(self, step: int) -> bool:
         """Did an evaluation measure the weights of `step` on the images the export's statistics use?"""
         wanted = self.data_args.latent_stats_num_images
@@ -339,7 +397,8 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
-        logger.info("eval at step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+        logger.info("eval at step %d on %d images: %s\nprotocol:\n%s", step, result.num_images,
+                    ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), self.protocol.text())
         if self.metric is None or self.metric not in result.metrics:
             return False
         value = result.metrics[self.metric]

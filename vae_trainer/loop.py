@@ -28,6 +28,7 @@ logger = logging.getLogger("vae_trainer")
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     setup_runtime(args)
+    ckpt.prepare_output_dir(args)  # a new run never eats an earlier one
     parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
     model = parts.model
     run = build_training(parts, loss_args, args)

@@ -15,11 +15,21 @@ VAE loss (what the VAE optimizer minimises), per micro-batch, with the default f
 
 Normalisation: LDM (taming-transformers' LPIPSWithDiscriminator) *sums* the reconstruction over pixels
 and the KL over latent elements and divides by the batch size. We divide both by the number of pixel
-values C*H*W instead, so the pixel term is a per-pixel mean (comparable across resolutions) while
+values N = C*H*W instead, so the pixel term is a per-pixel mean (comparable across resolutions) while
 `--kl_weight` and `--perceptual_weight` keep exactly their LDM meaning (1e-6 and 1.0 mean what they mean
-in the SD VAE configs). The adaptive weight is scale-free, so the GAN balance is LDM's too.
-W is the weight of the decoder's last conv. Before `--disc_start` the GAN term is off and its gradient
-norms are not computed at all.
+in the SD VAE configs). W is the weight of the decoder's last conv. Before `--disc_start` the GAN term
+is off and its gradient norms are not computed at all.
+
+The adaptive weight, and why its clamp is 1e4 / N (LDM: 1e4). With LDM's quantities marked _L:
+    nll = nll_L / N,  kl = kl_L / N,  gan = gan_L                  (the GAN loss is a mean in both)
+    r   = ||dnll/dW|| / (||dgan/dW|| + 1e-4) = r_L / N             (the same epsilon: gan is unscaled)
+LDM uses d_L = disc_weight * min(r_L, 1e4). With d = disc_weight * min(r, 1e4 / N) = d_L / N,
+    loss = nll + kl_weight * kl + d * gan = (nll_L + kl_weight * kl_L + d_L * gan_L) / N = loss_L / N,
+LDM's objective up to a constant factor, which Adam's update ignores (up to its epsilon). A clamp at 1e4
+on r would bind only when r_L > 1e4 * N (2e9 at 256 px), i.e. never: LDM's guard against a vanishing
+GAN gradient would be gone. So the clamp is `ADAPTIVE_WEIGHT_MAX / N`, and the logged
+`gan/adaptive_weight` is LDM's d_L / N. The fp16 loss scale / accumulation factor s multiplies both
+losses and the epsilon, which leaves r unchanged.
 
 Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
 (halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
@@ -42,6 +52,9 @@ from paddle.autograd import PyLayer
 Tensor = paddle.Tensor
 
 GRADNORM_EPS = 1e-12
+# LDM's bound on the adaptive GAN weight, in its units (a sum over the N pixel values); see the module doc.
+ADAPTIVE_WEIGHT_MAX = 1e4
+ADAPTIVE_WEIGHT_EPS = 1e-4
 # Luma weights (ITU-R BT.601) for the grayscale image the low-pass mask is built from.
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 _MASK_BLUR_SIZE = 5
@@ -215,8 +228,10 @@ def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, deca
         ema.set_value(decay * ema + (1.0 - decay) * means)
 
 
-def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
-    """||d nll / dW|| / ||d gan / dW|| at the decoder's last layer (taming's calculate_adaptive_weight).
+def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,
+                    eps: float | Tensor = ADAPTIVE_WEIGHT_EPS) -> Tensor:
+    """||d nll / dW|| / (||d gan / dW|| + eps) at the decoder's last layer, clamped to [0, max_weight]
+    (taming's calculate_adaptive_weight; see the module doc for the clamp our normalisation needs).
 
     NaN when either gradient norm is not finite (an fp16 overflow of the scaled gradients): the caller
     then skips the GAN term (clipping would turn an infinite ratio into `max_weight`). Uses `paddle.grad`,
@@ -226,7 +241,7 @@ def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: fl
     gan_grad = paddle.grad(gan, last_layer, retain_graph=True)[0]
     nll_norm = paddle.linalg.norm(nll_grad.astype("float32"))
     gan_norm = paddle.linalg.norm(gan_grad.astype("float32"))
-    weight = paddle.clip(nll_norm / (gan_norm + 1e-4), 0.0, max_weight)
+    weight = paddle.clip(nll_norm / (gan_norm + eps), 0.0, max_weight)
     finite = paddle.isfinite(nll_norm) & paddle.isfinite(gan_norm)
     return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
 
@@ -306,8 +321,10 @@ def vae_objective(
         gan = _generator_term(x, recon, discriminator, loss_args)
         if loss_args.adaptive_disc_weight:
             # Both losses carry the fp16 loss scale so that their half-precision gradients do not
-            # underflow; the ratio is unchanged by it.
-            weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer)
+            # underflow; scaling the epsilon too leaves the ratio unchanged. Clamp: LDM's, in our units.
+            weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer,
+                                     max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image,
+                                     eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
             # An overflow skips the GAN term of this micro-batch (weight 0) instead of making the loss
             # NaN; counted by the step (`gan/adaptive_weight_overflow`, no host read here).
             overflow = ~paddle.isfinite(weight)

@@ -1,7 +1,14 @@
 """Reconstruction metric math: PSNR, SSIM, the Frechet distance, and streaming accumulators.
 
 This module owns the numbers only (paddle tensors in, tensors or floats out). Running a VAE over a
-dataset and deciding which metrics to report lives in ``vae_trainer.evaluation``.
+dataset, the evaluation protocol and deciding which metrics to report live in ``vae_trainer.evaluation``.
+
+PSNR and SSIM follow the field's convention (scikit-image, BasicSR, published VAE tables): images in
+[0, 1] with data range 1. The model works in [-1, 1]; ``to_unit_range`` maps its images first. PSNR
+is the same number in either range (it depends on the error relative to the range), SSIM is not: its
+constants K1, K2 are fixed fractions of the range and its luminance term depends on the absolute mean:
+a low-contrast mid-grey image reconstructed 0.15 too bright scores above 0.9 on [0, 1] and below 0.2 on
+[-1, 1] (tests/test_metrics.py).
 
 The accumulators keep sums (never means) so that uneven batches and uneven shards across ranks
 combine exactly; ``compute()`` all-reduces the sums when ``paddle.distributed`` is initialised with
@@ -26,12 +33,18 @@ SSIM_K1 = 0.01
 SSIM_K2 = 0.03
 
 
-def psnr(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 2.0) -> paddle.Tensor:
-    """Peak signal-to-noise ratio per image, in dB, shape [B].
+def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
+    """[-1, 1] model images -> [0, 1] float32, the range PSNR and SSIM are reported on."""
+    return (images.astype("float32") + 1.0) / 2.0
 
-    ``x`` and ``y`` are NCHW images in [-1, 1] (hence ``data_range=2``). Clamping a reconstruction
-    to [-1, 1] before calling is the caller's job: an unclamped decoder output would otherwise be
-    scored on values no saved image can hold. Identical images give +inf.
+
+def psnr(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 1.0) -> paddle.Tensor:
+    """Peak signal-to-noise ratio per image, in dB, shape [B]: 10 log10(data_range^2 / MSE).
+
+    ``x`` and ``y`` are NCHW images in [0, 1] (hence ``data_range=1``); equals scikit-image's
+    ``peak_signal_noise_ratio(a, b, data_range=1)`` per image. Clamping a reconstruction before
+    calling is the caller's job: an unclamped decoder output would otherwise be scored on values no
+    saved image can hold. Identical images give +inf.
     """
     squared_error = (x.astype("float32") - y.astype("float32")) ** 2
     mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
@@ -55,8 +68,8 @@ def _depthwise_gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> pa
     return F.conv2d(blurred, vertical, groups=channels)
 
 
-def ssim(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 2.0) -> paddle.Tensor:
-    """Structural similarity per image, shape [B], averaged over channels.
+def ssim(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 1.0) -> paddle.Tensor:
+    """Structural similarity per image, shape [B], averaged over channels, of NCHW images in [0, 1].
 
     Matches ``skimage.metrics.structural_similarity(a, b, gaussian_weights=True, sigma=1.5,
     use_sample_covariance=False, data_range=data_range, channel_axis=-1)``: 11x11 Gaussian window,

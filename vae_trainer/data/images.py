@@ -18,6 +18,10 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 # Why a sample was skipped. "columns" and "corrupt_gzip" are raised by the stream, not here.
 REASONS = ("columns", "base64", "not_image", "truncated", "too_small", "too_large", "unsupported")
 
+# The filter that resizes every image's shorter side (training and evaluation; evaluation.EvalProtocol states it).
+# PIL's bicubic widens its kernel when shrinking, i.e. it antialiases.
+RESAMPLING = Image.Resampling.BICUBIC
+
 _WHITESPACE = re.compile(rb"\s+")
 _URLSAFE_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
@@ -123,8 +127,7 @@ def _resized_to_shorter_side(image: Image.Image, resolution: int) -> Image.Image
     size = (max(resolution, round(width * scale)), max(resolution, round(height * scale)))
     if size == image.size:
         return image
-    # PIL's bicubic widens its kernel when shrinking, i.e. it antialiases.
-    return image.resize(size, Image.Resampling.BICUBIC)
+    return image.resize(size, RESAMPLING)
 
 
 def preprocess(

@@ -1,0 +1,155 @@
+"""A second run never eats the first (checkpoint.prepare_output_dir): refused without a choice, cleared with
+--overwrite_output_dir, left alone with --resume_from_checkpoint; decided once by rank 0."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import DRIVERS, REPO, run_entry_point, tiny_args
+
+from vae_trainer import checkpoint as ckpt
+
+
+class Args:
+    def __init__(self, output_dir, logging_dir=None, resume=None, overwrite=False):
+        self.output_dir, self.resume_from_checkpoint, self.overwrite_output_dir = str(output_dir), resume, overwrite
+        self.logging_dir = str(logging_dir or os.path.join(output_dir, "logs"))
+
+
+def earlier_run(output_dir, logging_dir=None):
+    """Folders and files an earlier run leaves: checkpoints (one unfinished), exports, VisualDL logs."""
+    for step in (2, 4):
+        os.makedirs(os.path.join(output_dir, f"checkpoint-{step}"))
+        with open(os.path.join(output_dir, f"checkpoint-{step}", ckpt.TRAINER_STATE_NAME), "w") as f:
+            json.dump({"global_step": step}, f)
+    os.makedirs(os.path.join(output_dir, "checkpoint-6.tmp"))
+    for name in ("vae", "vae_raw", "discriminator"):
+        os.makedirs(os.path.join(output_dir, name))
+    logging_dir = logging_dir or os.path.join(output_dir, "logs")
+    os.makedirs(logging_dir, exist_ok=True)
+    open(os.path.join(logging_dir, "vdlrecords.1.log"), "w").close()
+    os.makedirs(os.path.join(output_dir, "launch_logs"))  # the launcher's, being written by this very launch
+    open(os.path.join(output_dir, "notes.txt"), "w").close()  # the user's
+
+
+def test_refused_without_a_choice_and_nothing_is_touched(tmp_path):
+    earlier_run(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(FileExistsError) as refused:
+        ckpt.prepare_output_dir(Args(tmp_path))
+    message = str(refused.value)
+    assert "--resume_from_checkpoint latest" in message and "--overwrite_output_dir" in message
+    assert "checkpoint-2" in message and "checkpoint-4" in message
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_overwrite_clears_checkpoints_exports_and_logs_only(tmp_path):
+    earlier_run(tmp_path)
+    ckpt.prepare_output_dir(Args(tmp_path, overwrite=True))
+    assert sorted(os.listdir(tmp_path)) == ["launch_logs", "notes.txt"]
+
+
+def test_overwrite_keeps_other_files_of_a_shared_log_folder(tmp_path):
+    shared_logs = tmp_path / "all_runs"
+    earlier_run(tmp_path / "out", logging_dir=str(shared_logs))
+    open(shared_logs / "other_run.txt", "w").close()
+    ckpt.prepare_output_dir(Args(tmp_path / "out", logging_dir=shared_logs, overwrite=True))
+    assert os.listdir(shared_logs) == ["other_run.txt"]
+
+
+def test_resume_and_empty_folders_start_without_question(tmp_path):
+    earlier_run(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    ckpt.prepare_output_dir(Args(tmp_path, resume="latest"))
+    assert sorted(os.listdir(tmp_path)) == before
+    ckpt.prepare_output_dir(Args(tmp_path / "new"))  # does not exist yet
+    only_logs = tmp_path / "crashed_before_first_save"
+    os.makedirs(only_logs / "logs")
+    ckpt.prepare_output_dir(Args(only_logs))
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import paddle
+    sys.path.insert(0, sys.argv[1])
+    from vae_trainer import checkpoint as ckpt
+    from vae_trainer.distributed import init_distributed, rank
+
+    class Args:
+        output_dir, logging_dir, resume_from_checkpoint = sys.argv[2], sys.argv[2] + "/logs", None
+        overwrite_output_dir = sys.argv[3] == "overwrite"
+
+    paddle.set_device("cpu")
+    init_distributed()
+    if rank() == 1:  # rank 1 would see nothing to protect: only rank 0's view may count
+        ckpt.earlier_run = lambda output_dir: []
+    try:
+        ckpt.prepare_output_dir(Args())
+        outcome = "started"
+    except FileExistsError:
+        outcome = "refused"
+    print("RESULT " + json.dumps({"outcome": outcome}))
+    """
+)
+
+
+@pytest.mark.parametrize("mode,outcome", [("refuse", "refused"), ("overwrite", "started")])
+def test_two_ranks_take_rank_zeros_decision(tmp_path, mode, outcome):
+    output_dir = tmp_path / "out"
+    earlier_run(str(output_dir))
+    (tmp_path / "worker.py").write_text(WORKER)
+    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+                    str(tmp_path / "log"), str(tmp_path / "worker.py"), REPO, str(output_dir), mode],
+                   cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    for rank in (0, 1):
+        log = (tmp_path / "log" / f"workerlog.{rank}").read_text()
+        assert json.loads(log.split("RESULT ", 1)[1].splitlines()[0]) == {"outcome": outcome}, log[-2000:]
+    remaining = sorted(os.listdir(output_dir))
+    assert remaining == (["launch_logs", "notes.txt"] if mode == "overwrite" else remaining)
+    assert ("checkpoint-4" in remaining) == (mode == "refuse")
+
+
+# ---------------------------------------------------------------- both entry points, for real
+def run_args(file_list, output_dir, **overrides):
+    return tiny_args(file_list, output_dir, perceptual_weight=0, use_ema="false", image_logging_steps=0,
+                     save_steps=1, **overrides)
+
+
+def snapshot(output_dir):
+    """Every path under output_dir with its modification time."""
+    found = {}
+    for root, _, files in os.walk(output_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, output_dir)] = os.stat(path).st_mtime_ns
+    return found
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_second_run_is_refused_then_overwrite_starts_clean(photo_filelist, tmp_path, driver):
+    output_dir = str(tmp_path / "out")
+    run_entry_point(driver, run_args(photo_filelist, output_dir, max_steps=2))
+    first = snapshot(output_dir)
+    assert "checkpoint-2/trainer_state.json" in first and any(p.startswith("logs/vdlrecords") for p in first)
+
+    again = subprocess.run([sys.executable, os.path.join(REPO, driver), *map(str, run_args(photo_filelist, output_dir,
+                                                                                                  max_steps=2))],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert again.returncode != 0
+    assert "--resume_from_checkpoint" in again.stderr and "--overwrite_output_dir" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert snapshot(output_dir) == first  # nothing written, nothing deleted
+
+    # A shorter new run: the old checkpoint-2 would otherwise survive and win `latest`; --report_to none
+    # writes no logs, so no log folder may remain either.
+    run_entry_point(driver, run_args(photo_filelist, output_dir, max_steps=1, overwrite_output_dir="true",
+                                     report_to="none"))
+    assert [step for step, _ in ckpt.list_checkpoints(output_dir)] == [1]
+    assert not os.path.exists(os.path.join(output_dir, "logs"))
+    assert ckpt.resolve_resume(output_dir, "latest").endswith("checkpoint-1")
+    second = snapshot(output_dir)
+    assert all(second[path] > first.get(path, 0) for path in second)  # all of it is the new run's
