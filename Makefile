@@ -4,11 +4,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
-STAMP  := $(VENV)/.installed
 DEMO_OUT ?= outputs/demo
 # The Paddle wheel: CPU by default; e.g. PADDLE=paddlepaddle-gpu==3.3.1 (with PIP_EXTRA_INDEX_URL set to
-# Paddle's package index for your CUDA version) on a GPU machine.
+# Paddle's package index for your CUDA version) on a GPU machine. One stamp per wheel, so that
+# `make setup PADDLE=...` switches an existing .venv to another wheel (and back).
 PADDLE ?= paddlepaddle==3.3.1
+STAMP  := $(VENV)/.installed-$(subst /,_,$(subst =,_,$(PADDLE)))
+# Both wheels provide the `paddle` module: the one not asked for is uninstalled first.
+OTHER_PADDLE := $(filter-out $(firstword $(subst ==, ,$(PADDLE))),paddlepaddle paddlepaddle-gpu)
 
 TEST_STAMP := $(VENV)/.test-installed
 
@@ -18,6 +21,8 @@ setup: $(STAMP) weights/lpips_vgg16.pdparams data/demo/.done
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
+	$(PIP) uninstall -y $(OTHER_PADDLE)
 	$(PIP) install "$(PADDLE)" -r requirements.txt -c constraints.txt
 	touch $(STAMP)
 
@@ -27,10 +32,11 @@ $(TEST_STAMP): $(STAMP) requirements-test.txt
 	$(PIP) install --no-deps pytorch-fid==0.3.0
 	touch $(TEST_STAMP)
 
-weights/lpips_vgg16.pdparams: $(STAMP) scripts/convert_lpips_weights.py
+# Order-only on the environment: switching the Paddle wheel does not redo the weights or the demo data.
+weights/lpips_vgg16.pdparams: scripts/convert_lpips_weights.py | $(STAMP)
 	$(BIN)/python scripts/convert_lpips_weights.py --output $@
 
-data/demo/.done: $(STAMP) scripts/prepare_demo_data.py scripts/make_parts.py scripts/write_filelist.py
+data/demo/.done: scripts/prepare_demo_data.py scripts/make_parts.py scripts/write_filelist.py | $(STAMP)
 	$(BIN)/python scripts/prepare_demo_data.py --output_dir data/demo
 	touch $@
 

@@ -1,26 +1,33 @@
-# Shared defaults for the run_*.sh scripts. Override any of them from the environment, and pass extra
-# flags after the script name (they go to the entry point), e.g.
+# Shared defaults for the run_*.sh scripts (DEVICE=gpu: the SD VAE at 256 px; DEVICE=cpu: the tiny VAE at
+# 64 px). Override any of them from the environment, and pass extra flags after the script name (they go
+# to the entry point), e.g.
 #   FILE_LIST=data/filelist/laion.filelist.list OUTPUT_DIR=outputs/sd_vae bash scripts/run_multi_trainer.sh --max_steps 100000
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+DEVICE=${DEVICE:-gpu}
 FILE_LIST=${FILE_LIST:-data/filelist/demo.filelist.list}
-VAE_CONFIG=${VAE_CONFIG:-configs/sd_vae.json}
 OUTPUT_DIR=${OUTPUT_DIR:-outputs/vae}
-RESOLUTION=${RESOLUTION:-256}
 BATCH_SIZE=${BATCH_SIZE:-4}
-MAX_STEPS=${MAX_STEPS:-100000}
 GPUS=${GPUS:-0,1,2,3,4,5,6,7}
+if [ "$DEVICE" = cpu ]; then
+  # The SD VAE at 256 px takes days on a CPU: the demo's tiny VAE at 64 px, a short run, one loader worker.
+  VAE_CONFIG=${VAE_CONFIG:-configs/vae_tiny.json}; RESOLUTION=${RESOLUTION:-64}; MAX_STEPS=${MAX_STEPS:-1000}
+  NUM_WORKERS=${NUM_WORKERS:-1}
+else
+  VAE_CONFIG=${VAE_CONFIG:-configs/sd_vae.json}; RESOLUTION=${RESOLUTION:-256}; MAX_STEPS=${MAX_STEPS:-100000}
+  NUM_WORKERS=${NUM_WORKERS:-4}
+fi
 COMMON_ARGS=(
   --file_list "$FILE_LIST" --vae_config_file "$VAE_CONFIG" --output_dir "$OUTPUT_DIR"
   --resolution "$RESOLUTION" --per_device_train_batch_size "$BATCH_SIZE" --max_steps "$MAX_STEPS"
   --learning_rate 1e-4 --disc_start 50001 --kl_weight 1e-6 --perceptual_weight 1.0 --disc_weight 0.5
   --logging_steps 50 --image_logging_steps 500 --save_steps 2000 --save_total_limit 3
-  --dataloader_num_workers 4 --seed 42
+  --dataloader_num_workers "$NUM_WORKERS" --seed 42
 )
 
 # launch single|multi SCRIPT [flags...]: one process, or paddle.distributed.launch over GPUs / CPU processes / nodes.
 launch() {
   local mode=$1 script=$2; shift 2
-  local device=${DEVICE:-gpu}
+  local device=$DEVICE
   if [ "$mode" = single ]; then
     exec "$PYTHON" "$script" "${COMMON_ARGS[@]}" --device "$device" "$@"
   fi

@@ -65,7 +65,7 @@ def training_argv(args: argparse.Namespace, name: str) -> List[str]:
         "resolution": args.resolution, "per_device_train_batch_size": args.batch_size, "max_steps": args.steps,
         "disc_start": args.steps // 2, "learning_rate": args.learning_rate, "seed": args.seed, "device": "cpu",
         "dataloader_num_workers": 0, "logging_steps": max(args.steps // 10, 1), "save_steps": 0,
-        "image_logging_steps": 0, "report_to": "none", "disable_tqdm": "true",
+        "image_logging_steps": 0, "report_to": "none", "disable_tqdm": "true", "overwrite_output_dir": "true",
     }
     return [item for key, value in common.items() for item in (f"--{key}", str(value))] + VARIANTS[name]
 

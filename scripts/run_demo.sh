@@ -2,6 +2,7 @@
 # The built-in demo (what `make demo` runs): train the tiny VAE on the demo photos on CPU for a few
 # minutes with the PaddleNLP Trainer entry point, then compare it with the untrained model on
 # held-out photos it never saw. Usage: bash scripts/run_demo.sh [OUTPUT_DIR] [extra training flags]
+# Re-running starts over in OUTPUT_DIR (--overwrite_output_dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
@@ -16,7 +17,7 @@ STEPS=${STEPS:-200}
   --use_ema true --ema_decay 0.98 \
   --eval_file_list "$EVAL_LIST" --eval_steps 50 --eval_num_images 28 --metric_for_best_model lpips \
   --logging_steps 10 --image_logging_steps 50 --save_steps 50 --save_total_limit 2 \
-  --dataloader_num_workers 1 --device cpu --seed 42 "$@"
+  --dataloader_num_workers 1 --device cpu --seed 42 --overwrite_output_dir "$@"
 
 echo; echo "== held-out photos (never seen in training), 64 px =="
 "$PYTHON" scripts/eval_vae.py --vae configs/vae_tiny.json --seed 42 --data "$EVAL_LIST" --resolution 64 \

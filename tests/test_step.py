@@ -2,6 +2,7 @@
 the NaN guard (non-finite loss or gradients), EMA."""
 
 import copy
+import os
 
 import numpy as np
 import paddle
@@ -156,12 +157,19 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
 
 
 def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
-    """k micro-batches of b = one batch of k*b for the non-adversarial loss (posterior mean, no GAN)."""
+    """k micro-batches of b = one batch of k*b for pixel + LPIPS + KL (posterior mean, no GAN): the README's claim."""
+    from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
+
+    if not os.path.exists(DEFAULT_LPIPS_WEIGHTS):
+        pytest.skip(f"no LPIPS weights at {DEFAULT_LPIPS_WEIGHTS} (make setup)")
+    lpips = LPIPS()
     x = images(n=4)
     grads = []
     for accumulation in (1, 2):
         model = make_model()
-        step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3)
+        step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3,
+                         perceptual_weight=1.0)
+        step.lpips = lpips
         for chunk in paddle.split(x, accumulation):
             step.forward_backward(chunk, global_step=0)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])
