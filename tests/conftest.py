@@ -72,6 +72,16 @@ def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: in
     return result
 
 
+def run_each_driver(tmp_path_factory, make_args) -> dict:
+    """{driver: output dir} of one run of each entry point with the flags make_args(output_dir) returns."""
+    out = {}
+    for driver in DRIVERS:
+        output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
+        run_entry_point(driver, make_args(output_dir))
+        out[driver] = output_dir
+    return out
+
+
 def read_scalars(logdir: str, tag: str) -> dict:
     """{step: value} of one VisualDL scalar tag."""
     from visualdl import LogReader

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, read_scalars, run_entry_point, tiny_args, vae_weights
+from conftest import DRIVERS, REPO, read_scalars, run_each_driver, tiny_args, vae_weights
 from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
@@ -261,12 +261,7 @@ def reference_style_args(file_list, output_dir):
 
 @pytest.fixture(scope="module")
 def reference_style_runs(photo_filelist, tmp_path_factory):
-    out = {}
-    for driver in DRIVERS:
-        output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, reference_style_args(photo_filelist, output_dir))
-        out[driver] = output_dir
-    return out
+    return run_each_driver(tmp_path_factory, lambda output_dir: reference_style_args(photo_filelist, output_dir))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

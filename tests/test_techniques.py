@@ -7,7 +7,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import read_scalars, run_entry_point
+from conftest import read_scalars, run_each_driver
 
 from vae_trainer.arguments import LossArguments, parse_arguments
 from vae_trainer.losses import (
@@ -279,12 +279,7 @@ def technique_args(file_list, output_dir):
 
 @pytest.fixture(scope="module")
 def technique_runs(photo_filelist, tmp_path_factory):
-    out = {}
-    for driver in DRIVERS:
-        output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, technique_args(photo_filelist, output_dir))
-        out[driver] = output_dir
-    return out
+    return run_each_driver(tmp_path_factory, lambda output_dir: technique_args(photo_filelist, output_dir))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

@@ -459,7 +459,8 @@ class VAEArgumentParser(PdArgumentParser):
             if not f.init:
                 continue
             metadata = dict(f.metadata)
-            group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited else dtype._group)
+            group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited
+                                                     else getattr(dtype, "_group", "training"))
             if f.name in inherited and f.name not in PADDLENLP_FLAGS:
                 metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
             spec = copy.copy(f)

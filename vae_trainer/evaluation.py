@@ -397,7 +397,8 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
-        logger.info("eval at step %d on %d images: %s\nprotocol:\n%s", step, result.num_images,
+        logger.info("eval at step %d on %d images%s: %s\nprotocol:\n%s", step, result.num_images,
+                    " (EMA weights)" if ema is not None else "",
                     ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), self.protocol.text())
         if self.metric is None or self.metric not in result.metrics:
             return False
