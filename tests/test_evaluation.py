@@ -96,7 +96,7 @@ class _Brighter(paddle.nn.Layer):
         self.shift = shift
 
     def encode(self, pixels):
-        return SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: pixels))
+        return SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: pixels, mean=pixels, var=0 * pixels))
 
     def decode(self, latents):
         return SimpleNamespace(sample=latents + self.shift)
