@@ -1,14 +1,20 @@
-"""Tests of vae_trainer.data.dataset: sharding, weights, bad input, exact resume, evaluation loaders.
+"""Tests of vae_trainer.data.dataset: sharding, weights, bad input, skip counts, exact resume for every
+source kind, bucketing, per-image frequency, no hangs, LAION scale, evaluation loaders.
 
-Most samples are solid 32x32 PNGs whose colour encodes an id (R + 256*G), so a test can tell exactly
-which lines came through a stream at resolution 32.
+Most samples are solid PNGs whose colour encodes an id (R + 256*G), so a test can tell exactly which
+records came through a stream, whatever the crop.
 """
 
 import base64
 import gzip
 import io
 import logging
+import os
 import signal
+import subprocess
+import sys
+import tarfile
+from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
@@ -16,9 +22,11 @@ import paddle
 import pytest
 from PIL import Image
 
+from vae_trainer.data import records
 from vae_trainer.data.dataset import (
-    ImageFolder,
+    SKIP_REASONS,
     ImageStream,
+    ShardStart,
     StreamPosition,
     build_eval_dataloader,
     build_train_dataloader,
@@ -34,12 +42,12 @@ def _png(image):
     return buffer.getvalue()
 
 
-def id_image(sample_id, size=RES):
-    return _png(Image.new("RGB", (size, size), (sample_id % 256, sample_id // 256, 77)))
+def id_image(sample_id, size=RES, height=None):
+    return _png(Image.new("RGB", (size, height or size), (sample_id % 256, sample_id // 256, 77)))
 
 
-def noise_image(seed, size=40):
-    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+def noise_image(seed, size=40, height=None):
+    pixels = np.random.default_rng(seed).integers(0, 256, (height or size, size, 3), dtype=np.uint8)
     return _png(Image.fromarray(pixels))
 
 
@@ -53,8 +61,12 @@ def write_part(path, lines, use_gzip=True):
     return path
 
 
-def write_filelist(path, parts):
+def write_filelist(path, parts, counts=None):
+    """A .filelist naming `parts`; with `counts`, a .counts file too (records per part)."""
     path.write_text("".join(f"{part.name}\n" for part in parts))
+    if counts is not None:
+        rows = [f"{part.name}\t{count}\t{part.stat().st_size}\n" for part, count in zip(parts, counts)]
+        (path.parent / (path.name + ".counts")).write_text("".join(rows))
     return str(path)
 
 
@@ -68,9 +80,20 @@ def id_parts(folder, num_parts, lines_per_part, first_id=0, use_gzip=True):
     return parts
 
 
+def write_tar(path, members):
+    """A tar of (name, bytes) members, in order."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 def ids_of(pixel_values):
     """Recover the ids of a batch [N,3,H,W] (or one sample [3,H,W]) of id images."""
-    values = np.asarray(pixel_values).reshape(-1, 3, RES, RES)[:, :, 0, 0]
+    values = np.asarray(pixel_values)
+    values = values.reshape(-1, *values.shape[-3:])[:, :, 0, 0]
     channels = np.rint((values + 1.0) * 127.5).astype(int)
     return (channels[:, 0] + 256 * channels[:, 1]).tolist()
 
@@ -84,16 +107,11 @@ def stream_ids(stream, limit=None):
     return ids
 
 
-def host(value) -> np.ndarray:
-    """A batch field as a numpy array (positions come as Python ints, images as tensors)."""
-    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
-
-
 def loader_ids(loader):
     ids, shards = [], []
     for batch in loader:
         ids += ids_of(batch["pixel_values"].numpy())
-        shards += host(batch["position"])[:, 0].tolist()
+        shards += batch["position"].numpy()[:, 0].tolist()
     return ids, shards
 
 
@@ -111,6 +129,27 @@ def time_limit(seconds):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _batches(loader, count, tracker=None):
+    batches = []
+    with time_limit(180):
+        for batch in loader:
+            batch = {"pixel_values": batch["pixel_values"].numpy(), "position": list(batch["position"])}
+            if tracker is not None:
+                tracker.update(batch["position"])
+            batches.append(batch)
+            if len(batches) == count:
+                break
+    return batches
+
+
+def _skipped(position):
+    """The skip counts carried in a batch position, by reason."""
+    return dict(zip(SKIP_REASONS, position[3 : 3 + len(SKIP_REASONS)]))
+
+
+# ------------------------------------------------------------------------------ reading, skipping
 
 
 def test_gzip_and_plain_parts_read_completely_once_per_pass(tmp_path):
@@ -148,9 +187,9 @@ def test_every_bad_kind_is_counted_and_good_lines_come_through(tmp_path, caplog)
     expected = {"columns": 1, "base64": 1, "not_image": 1, "truncated": 1, "too_small": 1, "too_large": 1}
     assert stream.skip_stats() == expected
     part = str(tmp_path / "p")
-    assert f"{part}:2: skipped line (columns" in caplog.text and f"{part}:4:" in caplog.text
-    assert f"{part}:7:" not in caplog.text  # only the first few per file and pass...
-    assert f"{part}: 6 bad lines skipped in this pass" in caplog.text  # ...then a summary
+    assert f"{part}:2: skipped (columns" in caplog.text and f"{part}:4: skipped (base64" in caplog.text
+    assert f"{part}:7:" not in caplog.text  # only the first few per file...
+    assert f"{part}: further problems in this file are counted" in caplog.text  # ...then one line
 
 
 def test_truncated_gzip_keeps_lines_read_so_far(tmp_path, caplog):
@@ -167,7 +206,7 @@ def test_truncated_gzip_keeps_lines_read_so_far(tmp_path, caplog):
     got = np.rint((samples[-1]["pixel_values"].transpose(1, 2, 0) + 1) * 127.5)
     np.testing.assert_array_equal(got, expected)  # lines come through in order, undamaged
     assert stream.skip_stats()["corrupt_gzip"] == 1
-    assert f"{part}: truncated gzip stream" in caplog.text
+    assert f"{part}: skipped (corrupt_gzip: truncated gzip stream" in caplog.text
 
 
 def test_missing_part_and_empty_filelist(tmp_path):
@@ -188,6 +227,84 @@ def test_no_usable_sample_raises_instead_of_hanging(tmp_path):
     single = write_filelist(tmp_path / "one.filelist", [write_part(tmp_path / "one.gz", [line(id_image(0))])])
     with time_limit(30), pytest.raises(RuntimeError, match="shard 1 of 2"):
         next(iter(ImageStream(single, RES, rank=1, world_size=2)))
+
+
+_NO_HANG = """
+import sys
+from vae_trainer.data.dataset import build_eval_dataloader, build_train_dataloader
+file_list, folder, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for rank, world_size in ((0, 1), (1, 2)):
+    try:
+        next(iter(build_train_dataloader(file_list, 32, 2, workers, 0, rank, world_size, image_column=7)))
+        print("no error", flush=True)
+    except Exception as error:
+        print(f"train rank {rank}/{world_size}: {type(error).__name__}: {error}", flush=True)
+try:
+    list(build_eval_dataloader(folder, 32, 1, 0, 1, None))
+    print("no error", flush=True)
+except Exception as error:
+    print(f"eval: {type(error).__name__}: {error}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_data_errors_stop_the_real_dataloader_instead_of_hanging(tmp_path, num_workers):
+    """An --image_column past the last column makes every line unusable, an eval folder holds a broken
+    image: the DataLoaders must raise the error itself in the main process (0 workers: Paddle's reader
+    thread would die silently and the main thread wait forever). In a subprocess with a timeout, because
+    a hang blocks in C code where no Python alarm can interrupt it."""
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 2, 3))
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    Image.new("RGB", (40, 40)).save(folder / "a.png")
+    (folder / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    result = subprocess.run([sys.executable, "-c", _NO_HANG, file_list, str(folder), str(num_workers)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    lines = [text for text in result.stdout.splitlines() if text.startswith(("train", "eval", "no error"))]
+    assert len(lines) == 3, result.stdout + result.stderr[-3000:]
+    for text, rank in zip(lines, (0, 1)):
+        assert text.startswith("train") and "RuntimeError" in text and f"(rank {rank})" in text, text
+        assert "got no usable sample" in text and "part-0-" in text and "'columns'" in text, text
+    assert lines[2].startswith("eval: BadImage") and "b.png" in lines[2], lines[2]
+
+
+def test_skip_counts_travel_in_batches_cumulatively_and_survive_resume(tmp_path, caplog):
+    """Each shard: [good, bad, good, bad, good, good] in order; the counts a batch carries cover the records
+    before its last sample, cumulative over epochs, summed over shards by StreamPosition."""
+    parts = []
+    for k in range(2):
+        ids = [10 * k + i for i in range(4)]
+        lines = [line(id_image(ids[0])), b"bad", line(id_image(ids[1])), line(b"junk"),
+                 line(id_image(ids[2])), line(id_image(ids[3]))]
+        parts.append(write_part(tmp_path / f"p{k}.gz", lines))
+    file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[6, 6])
+    options = dict(batch_size=2, num_workers=2, seed=0, rank=0, world_size=1, shuffle=False)
+    tracker = StreamPosition(2, 1)
+    with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
+        batches = _batches(build_train_dataloader(file_list, RES, **options), 8, tracker)
+    carried = [(b["position"][0], _skipped(b["position"])) for b in batches]
+    for shard in (0, 1):
+        counts = [(c["columns"], c["not_image"]) for s, c in carried if s == shard]
+        assert counts == [(1, 0), (1, 1), (2, 1), (2, 2)]  # batch = (good, good) after (bad...) in order
+    assert tracker.skipped_totals()["columns"] == 4 and tracker.skipped_totals()["not_image"] == 4
+    assert sum(tracker.skipped_totals().values()) == 8
+    # Resumed after 4 batches: counts go on from the saved ones.
+    tracker = StreamPosition(2, 1)
+    _batches(build_train_dataloader(file_list, RES, **options), 4, tracker)
+    resumed = _batches(build_train_dataloader(file_list, RES, resume_state=tracker.state_dict(), **options), 4)
+    assert [b["position"] for b in resumed] == [b["position"] for b in batches[4:]]
+
+
+def test_console_shows_each_files_problems_once_per_run(tmp_path, caplog):
+    lines = [line(id_image(i)) for i in range(4)] + [b"bad 1", b"bad 2"]
+    file_list = write_filelist(tmp_path / "x.filelist", [write_part(tmp_path / "p.gz", lines)])
+    with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
+        stream_ids(ImageStream(file_list, RES, seed=1), limit=4 * 5)  # five passes over the file
+    assert caplog.text.count("skipped (columns") == 2  # the first pass only
+
+
+# ---------------------------------------------------------------------------------------- sharding
 
 
 def _per_rank_ids(file_list, world_size, num_workers):
@@ -220,6 +337,15 @@ def test_more_files_than_shards_splits_files(tmp_path):
     assert {len(ids) for ids in rank_ids} == {12, 16}
 
 
+def test_counted_sources_split_records_evenly_over_ranks(tmp_path):
+    """With a .counts file, 7 parts of 4 lines over 2 ranks: 14 records each, together all 28 once."""
+    parts = id_parts(tmp_path, 7, 4)
+    file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[4] * 7)
+    per_rank = _per_rank_ids(file_list, world_size=2, num_workers=0)
+    assert [len(ids) for ids, _ in per_rank] == [14, 14]
+    assert sorted(per_rank[0][0] + per_rank[1][0]) == list(range(28))
+
+
 def test_weighted_interleaving_follows_weights(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -234,73 +360,263 @@ def test_weighted_interleaving_follows_weights(tmp_path):
     assert set(ids) == set(range(20)) | set(range(100, 107))
 
 
+def _frequencies(stream, num_shards, samples_per_shard):
+    """Ids seen when `num_shards` shards of `stream` are consumed at the same rate (as the DataLoader does)."""
+    shards = [stream.samples(shard, num_shards, ShardStart(), Counter()) for shard in range(num_shards)]
+    seen = Counter()
+    for _ in range(samples_per_shard):
+        for samples in shards:
+            item = next(samples)
+            while not hasattr(item, "pixels"):  # epoch ends
+                item = next(samples)
+            seen[int(item.pixels[0, 0, 0]) + 256 * int(item.pixels[0, 0, 1])] += 1
+    return seen
+
+
+def test_every_image_is_shown_equally_often(tmp_path):
+    """9 equal parts on 8 shards (2 ranks x 4 workers): with counts, per-image frequency is uniform up to one
+    pass of one record; whole parts per shard would show one shard's images at half the rate."""
+    parts = id_parts(tmp_path, 9, 8)
+    file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[8] * 9)
+    stream = ImageStream(file_list, RES, seed=2)
+    seen = _frequencies(stream, num_shards=8, samples_per_shard=9 * 5)  # 9 records per shard, 5 epochs
+    assert set(seen) == set(range(72))
+    assert set(seen.values()) == {5}
+    # Not a multiple of the shares: still within one of each other.
+    seen = _frequencies(ImageStream(file_list, RES, seed=2), num_shards=8, samples_per_shard=9 * 5 + 4)
+    assert max(seen.values()) - min(seen.values()) <= 1
+
+
+def test_every_image_is_shown_equally_often_through_the_dataloader(tmp_path):
+    """3 equal parts on 2 workers: each worker takes 1.5 parts, so 10 batches of 3 show every image 5 times."""
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 3, 2), counts=[2, 2, 2])
+    loader = build_train_dataloader(file_list, RES, batch_size=3, num_workers=2, seed=0, rank=0, world_size=1)
+    seen = Counter(i for batch in _batches(loader, 10) for i in ids_of(batch["pixel_values"]))
+    assert seen == {i: 5 for i in range(6)}
+
+
 def test_dataloader_serves_workers_in_strict_rotation(tmp_path):
     """Paddle 3.3.1 hands out iterable-dataset batches from workers 0,1,2,0,1,2,... (resume relies on it)."""
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 3, 6))
     loader = build_train_dataloader(file_list, RES, batch_size=2, num_workers=3, seed=0, rank=0, world_size=1)
-    shards = []
-    with time_limit(120):
-        for number, batch in enumerate(loader):
-            shards.append(set(host(batch["position"])[:, 0].tolist()))
-            if number == 11:
-                break
-    assert shards == [{k % 3} for k in range(12)]
+    shards = [batch["position"][0] for batch in _batches(loader, 12)]
+    assert shards == [k % 3 for k in range(12)]
 
 
-def _resume_data(tmp_path):
-    """3 parts of 7 noisy lines (one bad), so crops/flips are visible and epochs get crossed."""
-    parts = []
-    for index in range(3):
-        lines = [line(noise_image(100 * index + i)) for i in range(7)]
-        lines[3 + index] = b"bad\tline"
-        parts.append(write_part(tmp_path / f"part-{index}.gz", lines))
-    return write_filelist(tmp_path / "x.filelist", parts)
+def test_laion_scale_list_starts_without_opening_parts(tmp_path, monkeypatch):
+    """60,000 parts (hard links to one tiny part) with counts: building the loader opens no part, and the
+    first batch opens only the parts of the first shuffle blocks (the LAION-400M layout starts at once)."""
+    source = write_part(tmp_path / "source.gz", [line(id_image(i)) for i in range(2)])
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    names = [f"part-{i:05d}.gz" for i in range(60_000)]
+    for name in names:
+        os.link(source, folder / name)
+    size = source.stat().st_size
+    (folder / "laion.filelist").write_text("".join(f"{name}\n" for name in names))
+    (folder / "laion.filelist.counts").write_text("".join(f"{name}\t2\t{size}\n" for name in names))
+    (tmp_path / "laion.filelist.list").write_text("parts/laion.filelist 1\n")
+    opened = []
+    real_open = records.open_part
+    monkeypatch.setattr(records, "open_part", lambda path: opened.append(path) or real_open(path))
+    loader = build_train_dataloader(str(tmp_path / "laion.filelist.list"), RES, batch_size=4, num_workers=0,
+                                    seed=0, rank=0, world_size=1, shuffle_buffer_size=8)
+    assert opened == []
+    batch = _batches(loader, 1)[0]
+    assert len(batch["pixel_values"]) == 4
+    # A block of 8 records spans 4-5 parts of 2; Paddle's reader thread prefetches a few batches ahead.
+    assert 4 <= len(set(opened)) <= 20
 
 
-def _batches(loader, count, tracker=None):
-    batches = []
-    for batch in loader:
-        batch = {key: host(value) for key, value in batch.items()}
-        if tracker is not None:
-            tracker.update(batch["position"])
-        batches.append(batch)
-        if len(batches) == count:
-            break
-    return batches
+# ------------------------------------------------------------------------------------- other sources
+
+
+def test_folder_source_reads_every_image_once_per_pass_and_counts_bad_files(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    for i in range(5):
+        (folder / ("nested" if i % 2 else ".") / f"{i}.png").write_bytes(id_image(i))
+    (folder / "broken.jpg").write_bytes(b"not a jpeg")
+    stream = ImageStream(str(folder), RES, seed=1)
+    ids = stream_ids(stream, limit=15)
+    assert [sorted(ids[k : k + 5]) for k in (0, 5, 10)] == [list(range(5))] * 3
+    assert stream.skip_stats() == {"not_image": 3}  # once per pass
+
+
+def _tar_dataset(tmp_path):
+    """Two shards: samples with jpg/png/webp images and metadata members, one without an image."""
+    def jpeg(sample_id):
+        buffer = io.BytesIO()
+        Image.new("RGB", (RES, RES), (sample_id % 256, 0, 77)).save(buffer, "JPEG", quality=100)
+        return buffer.getvalue()
+
+    write_tar(tmp_path / "shard-0.tar", [
+        ("s/000.json", b"{}"), ("s/000.png", id_image(0)), ("__meta__", b"x"),
+        ("s/001.jpg", jpeg(1)), ("s/001.txt", b"caption"),
+        ("s/002.txt", b"no image here"),
+        ("s/003.webp", _webp(3)),
+    ])
+    write_tar(tmp_path / "shard-1.tar", [(f"{i:03d}.png", id_image(i)) for i in range(4, 8)])
+    return str(tmp_path / "shard-{0..1}.tar")
+
+
+def _webp(sample_id):
+    buffer = io.BytesIO()
+    Image.open(io.BytesIO(id_image(sample_id))).save(buffer, "WEBP", lossless=True)
+    return buffer.getvalue()
+
+
+def test_tar_shards_brace_pattern_and_pipe(tmp_path):
+    pattern = _tar_dataset(tmp_path)
+    stream = ImageStream(pattern, RES, infinite=False, shuffle=False)
+    assert stream_ids(stream) == [0, 1, 3, 4, 5, 6, 7]
+    assert stream.skip_stats() == {"no_image": 1}
+    listing = tmp_path / "tars.filelist"
+    listing.write_text(f"pipe:cat {tmp_path / 'shard-1.tar'}\nshard-0.tar\n")
+    assert stream_ids(ImageStream(str(listing), RES, infinite=False, shuffle=False)) == [4, 5, 6, 7, 0, 1, 3]
+
+
+def test_damaged_tar_and_failing_pipe_are_counted(tmp_path, caplog):
+    good = write_tar(tmp_path / "a.tar", [(f"{i:03d}.png", noise_image(i)) for i in range(6)]).read_bytes()
+    (tmp_path / "cut.tar").write_bytes(good[: len(good) // 2])
+    listing = tmp_path / "x.filelist"
+    listing.write_text(f"cut.tar\npipe:cat {tmp_path / 'a.tar'} && exit 3\n")
+    stream = ImageStream(str(listing), RES, infinite=False, shuffle=False)
+    with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
+        samples = [sample for sample in stream]
+    assert 1 <= len(samples) - 6 < 6  # the whole pipe output, the undamaged start of the cut tar
+    assert stream.skip_stats() == {"corrupt_tar": 2}
+    assert "exited with status 3" in caplog.text and "cut.tar: skipped (corrupt_tar" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------- buckets
+
+
+def _mixed_aspect_parts(tmp_path, count=18):
+    """Solid id images of three aspect ratios (2:1, 1:1, 1:2) at various sizes, in 3 parts."""
+    shapes = [(64, 32), (40, 40), (32, 64), (96, 44), (50, 48), (36, 80)]
+    lines = [line(id_image(i, *shapes[i % len(shapes)])) for i in range(count)]
+    return [write_part(tmp_path / f"mixed-{k}.gz", lines[k::3]) for k in range(3)]
+
+
+def test_bucketing_batches_hold_one_nearest_shape_and_every_image_once_per_epoch(tmp_path):
+    parts = _mixed_aspect_parts(tmp_path)
+    file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[6, 6, 6])
+    loader = build_train_dataloader(file_list, RES, batch_size=4, num_workers=0, seed=3, rank=0, world_size=1,
+                                    aspect_ratio_buckets=True)
+    expected_shape = {0: (24, 40), 1: (32, 32), 2: (40, 24)}  # (H, W) for wide, square, tall
+    epoch_ids, shapes = Counter(), set()
+    for batch in _batches(loader, 12):
+        pixels, position = batch["pixel_values"], batch["position"]
+        shapes.add(pixels.shape[2:])
+        for sample_id in ids_of(pixels):
+            kind = {0: 0, 3: 0, 1: 1, 4: 1, 2: 2, 5: 2}[sample_id % 6]
+            assert pixels.shape[2:] == expected_shape[kind], (sample_id, pixels.shape)
+        if position[1] == 0:
+            epoch_ids.update(ids_of(pixels))
+    assert shapes == set(expected_shape.values())
+    assert epoch_ids == {i: 1 for i in range(18)}  # epoch 0: every image exactly once (partial batches flushed)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bucketing_resume_with_pending_samples_is_exact(tmp_path, num_workers):
+    file_list = write_filelist(tmp_path / "x.filelist", _mixed_aspect_parts(tmp_path), counts=[6, 6, 6])
+    options = dict(batch_size=3, num_workers=num_workers, seed=4, rank=0, world_size=1, aspect_ratio_buckets=True)
+    reference = _batches(build_train_dataloader(file_list, RES, **options), 14)
+    tracker = StreamPosition(num_workers, 1)
+    _batches(build_train_dataloader(file_list, RES, **options), 3, tracker)
+    state = tracker.state_dict()
+    assert state["pending"]  # samples were waiting in other buckets: they must come back
+    resumed = _batches(build_train_dataloader(file_list, RES, resume_state=state, **options), 11)
+    for expected, got in zip(reference[3:], resumed, strict=True):
+        assert got["position"] == expected["position"]
+        np.testing.assert_array_equal(got["pixel_values"], expected["pixel_values"])
+
+
+def test_bucketing_needs_a_resolution_multiple_of_8(tmp_path):
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 2))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ImageStream(file_list, 36, aspect_ratio_buckets=True)
+
+
+# ----------------------------------------------------------------------------------------- resume
+
+
+def _noisy_lines(first, count, bad_at):
+    lines = [line(noise_image(first + i, size=40 + (first + i) % 7, height=40)) for i in range(count)]
+    lines[bad_at] = b"bad\tline"
+    return lines
+
+
+def _resume_sources(tmp_path, kind):
+    """Noisy images (crops and flips visible), one bad record per part, several parts, epochs get crossed."""
+    if kind in ("parts", "counted_parts"):
+        parts = [write_part(tmp_path / f"part-{k}.gz", _noisy_lines(100 * k, 7, 3 + k)) for k in range(3)]
+        return write_filelist(tmp_path / "x.filelist", parts, counts=[7] * 3 if kind == "counted_parts" else None)
+    if kind == "folder":
+        folder = tmp_path / "folder"
+        folder.mkdir()
+        for i in range(13):
+            (folder / f"{i:02d}.png").write_bytes(noise_image(i, size=40 + i % 5))
+        (folder / "bad.png").write_bytes(b"broken")
+        return str(folder)
+    if kind == "tar":
+        for k in range(3):
+            members = [(f"{i:03d}.png", noise_image(100 * k + i)) for i in range(6)] + [("x.txt", b"no image")]
+            write_tar(tmp_path / f"shard-{k}.tar", members)
+        return str(tmp_path / "shard-{0..2}.tar")
+    raise ValueError(kind)
+
+
+def _check_resume(file_list, num_workers, world_size, consumed=3, more=6, **extra):
+    skips_seen = 0
+    for rank in range(world_size):
+        options = dict(batch_size=3, num_workers=num_workers, seed=7, rank=rank, world_size=world_size, **extra)
+        reference = _batches(build_train_dataloader(file_list, RES, **options), consumed + more)
+        tracker = StreamPosition(num_workers, world_size)
+        _batches(build_train_dataloader(file_list, RES, **options), consumed, tracker)
+        state = tracker.state_dict()
+        resumed = _batches(build_train_dataloader(file_list, RES, resume_state=state, **options), more)
+        for expected, got in zip(reference[consumed:], resumed, strict=True):
+            assert got["position"] == expected["position"]
+            np.testing.assert_array_equal(got["pixel_values"], expected["pixel_values"])
+        assert max(b["position"][1] for b in reference) >= 1  # epochs were crossed
+        skips_seen += max(sum(_skipped(b["position"]).values()) for b in reference)
+    assert skips_seen >= 1  # and a bad record was met
 
 
 @pytest.mark.parametrize("num_workers, world_size", [(0, 1), (0, 2), (2, 1), (2, 2)])
 def test_resume_continues_exactly(tmp_path, num_workers, world_size):
-    file_list = _resume_data(tmp_path)
-    consumed, more = 3, 6
-    for rank in range(world_size):
-        options = dict(batch_size=3, num_workers=num_workers, seed=7, rank=rank, world_size=world_size)
-        with time_limit(120):
-            reference = _batches(build_train_dataloader(file_list, RES, **options), consumed + more)
-            tracker = StreamPosition(num_workers, world_size)
-            _batches(build_train_dataloader(file_list, RES, **options), consumed, tracker)
-            state = tracker.state_dict()
-            resumed = _batches(build_train_dataloader(file_list, RES, resume_state=state, **options), more)
-        for expected, got in zip(reference[consumed:], resumed, strict=True):
-            np.testing.assert_array_equal(got["position"], expected["position"])
-            np.testing.assert_array_equal(got["pixel_values"], expected["pixel_values"])
-        assert max(p[1] for b in reference for p in b["position"].tolist()) >= 1  # epochs were crossed
+    _check_resume(_resume_sources(tmp_path, "parts"), num_workers, world_size)
+
+
+@pytest.mark.parametrize("kind", ["counted_parts", "folder", "tar"])
+@pytest.mark.parametrize("num_workers, world_size", [(0, 1), (2, 2)])
+def test_resume_continues_exactly_for_every_source_kind(tmp_path, kind, num_workers, world_size):
+    _check_resume(_resume_sources(tmp_path, kind), num_workers, world_size, shuffle_buffer_size=4)
 
 
 def test_position_state_round_trip_and_layout_check(tmp_path):
     position = StreamPosition()
-    position.update(np.array([[1, 0, 4], [1, 0, 6]]))
-    position.update(paddle.to_tensor(np.array([[0, 2, 9]], np.int64)))
+    reasons = len(SKIP_REASONS)
+    position.update([1, 0, 6] + [0] * reasons + [2, 1, 4])
+    position.update(np.array([0, 2, 9, 3] + [0] * (reasons - 1) + [0], np.int64))
     state = position.state_dict()
     assert state["positions"] == {"0": [2, 9], "1": [0, 6]} and state["batches_consumed"] == 2
+    assert state["pending"] == {"1": [1, 4]} and state["skipped"] == {"0": {SKIP_REASONS[0]: 3}}
     tracker = StreamPosition.from_state(state)
-    assert tracker.positions == {0: (2, 9), 1: (0, 6)}
+    assert tracker.start_of(1) == ShardStart(0, 6, (1, 4), {})
+    assert tracker.start_of(0) == ShardStart(2, 9, (), {SKIP_REASONS[0]: 3})
+    assert tracker.skipped_totals()[SKIP_REASONS[0]] == 3
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 4))
     saved = StreamPosition(num_workers=2, world_size=1).state_dict()
     with pytest.raises(ValueError, match="num_workers=2"):
         next(iter(ImageStream(file_list, RES, resume_state=saved)))
     with pytest.raises(ValueError, match="world_size 1"):
         ImageStream(file_list, RES, rank=0, world_size=2, resume_state=saved)
+
+
+# ------------------------------------------------------------------------------------- evaluation
 
 
 def test_eval_filelist_takes_first_usable_samples_split_over_ranks(tmp_path):
@@ -323,10 +639,10 @@ def test_eval_folder_sorted_centre_crop(tmp_path):
     wide[:, 16:48] = (4, 0, 77)  # only the centre square carries the id
     Image.fromarray(wide).save(tmp_path / "d.webp", lossless=True)
     (tmp_path / "notes.txt").write_text("not an image")
-    folder = ImageFolder(str(tmp_path), RES)
-    assert [path.name for path in folder.files] == ["a.png", "b.png", "d.webp", "c.png"]
     ranks = []
     for rank in range(2):
         loader = build_eval_dataloader(str(tmp_path), RES, batch_size=4, rank=rank, world_size=2, num_images=None)
         ranks.append([i for batch in loader for i in ids_of(batch["pixel_values"].numpy())])
-    assert ranks == [[1, 4], [2, 3]]
+    assert ranks == [[1, 4], [2, 3]]  # a.png, b.png, d.webp, sub/c.png split by sorted index
+    loader = build_eval_dataloader(str(tmp_path), RES, batch_size=4, rank=0, world_size=1, num_images=2)
+    assert [i for batch in loader for i in ids_of(batch["pixel_values"].numpy())] == [1, 2]

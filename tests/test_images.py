@@ -168,3 +168,112 @@ def test_preprocess_random_crop_and_flip_follow_the_rng():
         flipped = preprocess(image, 32, rng, True)
         flips.append(np.array_equal(flipped, plain[:, :, ::-1]) and not np.array_equal(flipped, plain))
     assert 8 <= sum(flips) <= 32  # about half flipped
+
+
+# ------------------------------------------------------------------------- speed paths and colour
+
+
+def test_standard_base64_takes_no_regular_expression_pass(monkeypatch):
+    class NoRegex:
+        def sub(self, *args):
+            raise AssertionError("the tolerant path ran on a standard field")
+
+    from vae_trainer.data import images
+
+    payload = bytes(range(256)) * 5
+    monkeypatch.setattr(images, "_WHITESPACE", NoRegex())
+    assert decode_base64(base64.b64encode(payload)) == payload
+
+
+def test_jpeg_draft_decodes_small_and_matches_a_full_decode():
+    from vae_trainer.data.images import crop, load_rgb, open_image
+
+    photo = skdata.astronaut()  # 512 x 512
+    data = _encode(Image.fromarray(photo), "JPEG", quality=95)
+    drafted = load_rgb(open_image(data, LIMIT), cover=(64, 64))
+    assert drafted.size == (64, 64)  # decoded at 1/8 scale directly
+    assert load_rgb(open_image(data, LIMIT), cover=(100, 100)).size == (128, 128)  # 1/4 still covers 100
+    assert load_rgb(open_image(data, LIMIT), cover=(300, 300)).size == (512, 512)
+    full = crop(decode_image(data, LIMIT), (64, 64), None, False).astype(int)
+    fast = crop(drafted, (64, 64), None, False).astype(int)
+    assert np.abs(full - fast).mean() < 4
+
+
+def test_draft_respects_exif_rotation():
+    from vae_trainer.data.images import load_rgb, open_image, upright_size
+
+    tall = Image.fromarray(skdata.astronaut()[:, :256])  # 256 wide, 512 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: displayed 512 wide, 256 high
+    data = _encode(tall.rotate(90, expand=True), "JPEG", quality=95, exif=exif)
+    opened = open_image(data, LIMIT)
+    assert opened.size == (512, 256) and upright_size(opened) == (256, 512)
+    image = load_rgb(opened, cover=(64, 128))
+    assert image.size == (64, 128)
+
+
+def _s15(value):
+    return struct.pack(">i", round(value * 65536))
+
+
+def _icc_rgb_profile(description, primaries, white, gamma):
+    """A minimal ICC v2 matrix/TRC RGB display profile (what Adobe RGB (1998) is), built byte by byte."""
+    def xyz(values):
+        return b"XYZ " + bytes(4) + b"".join(_s15(v) for v in values)
+
+    text = description.encode() + b"\0"
+    desc = b"desc" + bytes(4) + struct.pack(">I", len(text)) + text + bytes(4 + 4 + 2 + 1 + 67)
+    curve = b"curv" + bytes(4) + struct.pack(">IH", 1, round(gamma * 256)) + bytes(2)
+    tags = [(b"desc", desc), (b"wtpt", xyz(white)), (b"rXYZ", xyz(primaries[0])), (b"gXYZ", xyz(primaries[1])),
+            (b"bXYZ", xyz(primaries[2])), (b"rTRC", curve), (b"gTRC", curve), (b"bTRC", curve),
+            (b"cprt", b"text" + bytes(4) + b"none\0" + bytes(3))]
+    offset = 128 + 4 + 12 * len(tags)
+    table, data = struct.pack(">I", len(tags)), b""
+    for signature, body in tags:
+        body += bytes(-len(body) % 4)
+        table += signature + struct.pack(">II", offset + len(data), len(body))
+        data += body
+    size = offset + len(data)
+    header = (struct.pack(">I", size) + b"lcms" + bytes([2, 0x10, 0, 0]) + b"mntrRGB XYZ " + bytes(12) + b"acsp"
+              + bytes(4 + 4 + 4 + 4 + 8 + 4) + _s15(0.9642) + _s15(1.0) + _s15(0.8249))
+    return header + bytes(128 - len(header)) + table + data
+
+
+ADOBE_RGB = _icc_rgb_profile("Adobe RGB (1998)-like", [(0.60974, 0.31111, 0.01947), (0.20528, 0.62567, 0.06087),
+                                                      (0.14919, 0.06322, 0.74457)], (0.9642, 1.0, 0.8249), 563 / 256)
+
+
+def _adobe_to_srgb(rgb):
+    """Reference: Adobe RGB (1998) -> XYZ (D65) -> sRGB, with the published matrices."""
+    linear = (np.asarray(rgb, np.float64) / 255) ** (563 / 256)
+    adobe_to_xyz = np.array([[0.5767, 0.1856, 0.1882], [0.2973, 0.6274, 0.0753], [0.0270, 0.0707, 0.9911]])
+    xyz_to_srgb = np.array([[3.2406, -1.5372, -0.4986], [-0.9689, 1.8758, 0.0415], [0.0557, -0.2040, 1.0570]])
+    srgb = np.clip(xyz_to_srgb @ adobe_to_xyz @ linear, 0, 1)
+    encoded = np.where(srgb <= 0.0031308, 12.92 * srgb, 1.055 * srgb ** (1 / 2.4) - 0.055)
+    return encoded * 255
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_adobe_rgb_profile_is_converted_to_srgb(fmt):
+    colours = [(90, 170, 80), (200, 60, 50), (128, 128, 128), (40, 90, 190)]
+    pixels = np.array([[c] * 8 for c in colours], np.uint8).repeat(8, axis=0)  # 32 x 8, four bands
+    tagged = _encode(Image.fromarray(pixels), fmt, icc_profile=ADOBE_RGB, **({"quality": 100} if fmt == "JPEG" else {}))
+    naive = np.asarray(Image.open(io.BytesIO(tagged)).convert("RGB"), np.float64)
+    converted = np.asarray(decode_image(tagged, LIMIT), np.float64)
+    for band, colour in enumerate(colours):
+        got, plain = converted[band * 8 + 4, 4], naive[band * 8 + 4, 4]
+        np.testing.assert_allclose(got, _adobe_to_srgb(colour), atol=4, err_msg=str(colour))
+        if colour != (128, 128, 128):  # a wider gamut: the same numbers mean more saturated colours
+            assert np.ptp(got) > np.ptp(plain) + 10, (colour, got, plain)
+        else:
+            assert np.abs(got - plain).max() <= 3  # grey stays grey
+
+
+def test_srgb_and_broken_profiles_leave_pixels_alone():
+    from PIL import ImageCms
+
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    image = Image.fromarray(skdata.astronaut()[:32, :32])
+    for profile in (srgb, b"not an icc profile at all"):
+        data = _encode(image, "PNG", icc_profile=profile)
+        np.testing.assert_array_equal(np.asarray(decode_image(data, LIMIT)), np.asarray(image))

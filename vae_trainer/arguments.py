@@ -209,13 +209,26 @@ class DataArguments:
     _group = "data"
 
     file_list: Optional[str] = field(
-        default=None, metadata={"help": "Training data: a .filelist.list (weighted filelists) or a single .filelist."}
+        default=None,
+        metadata={"help": "Training data: a .filelist.list (weighted sources), a .filelist (part files or tar shards), "
+                          "a folder of images, or WebDataset tar shards (a .tar, a brace pattern like "
+                          "shards/{00000..00999}.tar, or a 'pipe:COMMAND'). See README 'Preparing data'."},
     )
     resolution: int = field(default=256, metadata={"help": "Training crop size in pixels (and evaluation crop size)."})
     image_column: int = field(default=2, metadata={"help": "0-based tab-separated column that holds the base64 image."})
     random_flip: bool = field(default=True, metadata={"help": "Randomly flip training images horizontally."})
     random_crop: bool = field(default=True, metadata={"help": "Random crop for training (centre crop if false)."})
     min_image_size: int = field(default=32, metadata={"help": "Skip images whose shorter side is below this."})
+    aspect_ratio_buckets: bool = field(
+        default=False,
+        metadata={"help": "Crop each training image to the bucket of nearest aspect ratio (1:2 to 2:1, about "
+                          "resolution^2 pixels, sides multiples of 8; --resolution must be a multiple of 8) instead "
+                          "of a square; every batch holds one shape."},
+    )
+    shuffle_buffer_size: int = field(
+        default=1000,
+        metadata={"help": "Training records shuffled together per loader worker; memory: this many encoded images."},
+    )
     eval_file_list: Optional[str] = field(
         default=None, metadata=_in("evaluation", "Held-out filelist or image folder for evaluation during training.")
     )

@@ -51,6 +51,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         ckpt.set_rng_state(rank_state["rng"])
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
     monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
+    monitor.watch_data(position)
     progress = tqdm(total=args.max_steps, initial=state.global_step, disable=rank() != 0 or args.disable_tqdm,
                     desc="train", dynamic_ncols=True)
 

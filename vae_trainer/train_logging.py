@@ -10,8 +10,12 @@ Scalars (VisualDL tags): loss/{total,pixel,perceptual,nll,kl,generator,discrimin
 gan/{adaptive_weight,adaptive_weight_overflow,logits_real,logits_fake},
 train/{learning_rate,disc_learning_rate,logvar,grad_norm,disc_grad_norm,skipped_steps,overflow_steps,
 disc_overflow_steps,skipped_gan_terms,loss_scale,disc_loss_scale},
-perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb}.
+perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb},
+data/skipped_<reason> (training records skipped so far, summed over all ranks and loader workers; one tag
+per reason of `data.dataset.SKIP_REASONS`; cumulative over the whole run, resumes included). The skip
+counts are host numbers; with several ranks, summing them is one small all-reduce per logging step.
 Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
+At the end of the run rank 0 prints a summary of the skipped records.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
+import paddle.distributed as dist
+
+from .distributed import world_size
 
 logger = logging.getLogger("vae_trainer")
 
@@ -53,6 +60,12 @@ class TrainMonitor:
         self._window_steps = 0
         self._data_seconds = 0.0
         self._last_step_end: Optional[float] = None
+        self._data_position = None
+        self._skipped: Optional[Dict[str, int]] = None
+
+    def watch_data(self, position) -> None:
+        """Log the skip counts of this rank's `data.dataset.StreamPosition` (the drivers update it per batch)."""
+        self._data_position = position
 
     # --- timing: the drivers call these around every micro-step
     def micro_step_begin(self) -> None:
@@ -84,6 +97,7 @@ class TrainMonitor:
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
+        scalars.update(self._skip_scalars())
         self._write(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
@@ -100,6 +114,19 @@ class TrainMonitor:
             "perf/compute_seconds_per_step": per_step - data,
             "perf/peak_memory_gb": peak_memory_gb(),
         }
+
+    def _skip_scalars(self) -> Dict[str, float]:
+        """data/skipped_<reason>, summed over ranks (one small all-reduce per logging step, on every rank)."""
+        if self._data_position is None:
+            return {}
+        totals = self._data_position.skipped_totals()
+        counts = list(totals.values())
+        if world_size() > 1:
+            summed = paddle.to_tensor(counts, dtype="int64")
+            dist.all_reduce(summed)
+            counts = summed.tolist()
+        self._skipped = dict(zip(totals, counts))
+        return {f"data/skipped_{reason}": float(count) for reason, count in self._skipped.items()}
 
     def _write(self, step: int, scalars: Dict[str, float]) -> None:
         if self.writer is not None:
@@ -125,6 +152,14 @@ class TrainMonitor:
         self._write(step, scalars)
 
     def close(self) -> None:
+        """Print the skipped-records summary (as of the last logging step) and close the writer."""
+        if self.is_main and self._skipped is not None:
+            skipped = {reason: count for reason, count in self._skipped.items() if count}
+            if skipped:
+                logger.warning("data: %d training records skipped (all ranks, resumed runs included): %s; see the "
+                               "data/skipped_* scalars", sum(skipped.values()), skipped)
+            else:
+                logger.info("data: no training record was skipped")
         if self.writer is not None:
             self.writer.close()
 

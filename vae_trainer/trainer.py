@@ -104,6 +104,7 @@ class VAETrainer(Trainer):
     def get_train_dataloader(self):
         data_state = self.resume_rank_state["data"] if self.resume_rank_state else None
         loader, self.position = build_train_data(self.data_args, self.args, data_state)
+        self.monitor.watch_data(self.position)
         return loader
 
     # ---- the step

@@ -1,175 +1,214 @@
-"""The training stream (infinite, sharded, weighted, exactly resumable) and the evaluation datasets.
+"""The training stream (infinite, sharded, weighted, bucketed, exactly resumable) and the evaluation loaders.
 
-Part files
-    gzip (recognised by its magic bytes) or plain text; one sample per line, tab-separated, the
-    base64 image bytes in column ``image_column``. Lines are read as bytes; other columns are
-    never decoded. A whole part is held in memory while it is read.
+What is read comes from :mod:`~vae_trainer.data.filelists` (sources of parts),
+:mod:`~vae_trainer.data.records` (reading a part), :mod:`~vae_trainer.data.sharding` (which records
+a shard reads, in which order), :mod:`~vae_trainer.data.images` (decoding, colour, cropping) and
+:mod:`~vae_trainer.data.buckets` (shapes and batches). This module puts them together.
 
-Shards
-    ``shard = rank * W + role`` and ``num_shards = world_size * W``, where W = max(1, DataLoader
-    workers) and ``role`` is the worker id (remapped on resume, see below). Per source: if it has at
-    least ``num_shards`` parts, its parts are permuted once from the seed (never per epoch) and
-    shard k reads ``permuted[k::num_shards]``; otherwise every shard reads every part and keeps the
-    lines whose 0-based index i in the file has ``i % num_shards == k``. Either way one pass over all
-    shards reads each line exactly once.
+Shards and roles
+    ``shard = rank * W + role`` and ``num_shards = world_size * W``, W = max(1, DataLoader
+    workers); ``role`` is the worker id (remapped on resume, see below).
 
 Epochs and weights
-    In shard epoch e, each source's parts and lines are shuffled from (seed, shard, e, source,
-    cycle). With ``infinite=True`` the sources are interleaved line by line: before each line a
-    source is drawn from the RNG (seed, shard, e) with probability weight / (sum of weights of the
-    sources that have lines in this shard), so the expected fraction of *lines* (bad lines included)
-    taken from each source is proportional to its weight. A source that runs out restarts at once
-    with ``cycle + 1`` (a new shuffle); the shard epoch ends when every source has finished its first
-    pass, and partial later cycles are dropped. With ``infinite=False`` the sources are read once,
-    one after the other in list order (weights cannot matter in a single pass), then the stream ends.
+    In shard epoch e, each source's records are shuffled from (seed, shard, e, source, cycle)
+    (:class:`~vae_trainer.data.sharding.SourcePass`). With ``infinite=True`` the sources are
+    interleaved record by record: before each record a source is drawn from the RNG (seed, shard,
+    e) with probability weight / (sum of weights of the sources that have records in this shard),
+    so the expected fraction of *records* (bad ones included) taken from each source is
+    proportional to its weight. A source that runs out restarts at once with ``cycle + 1`` (a new
+    shuffle); the shard epoch ends when every source has finished its first pass. With
+    ``infinite=False`` the sources are read once, one after the other in list order, then the
+    stream ends (evaluation).
 
-Positions and resume
-    Each sample carries ``position = (shard, epoch, n)``, n = lines of the shard epoch consumed up to
-    and including it (bad lines count). Per-sample randomness (crop, flip) is drawn from an RNG
-    seeded by (seed, shard, epoch, line index), so replaying a position needs no RNG state.
-    :class:`StreamPosition` keeps, per shard, the position of the last sample trained on and the
-    number of batches consumed B. Paddle's multi-worker DataLoader hands out iterable-dataset
-    batches from workers 0, 1, ..., W-1, 0, ... in strict rotation, so the next batch of an
-    uninterrupted run would have come from worker B % W: on resume worker w plays role
-    (w + B) % W and starts right after that role's saved position, skipping the lines before it
-    without decoding them.
+Batches and positions
+    Training batches are made inside the stream (:class:`TrainBatches`; the DataLoader runs with
+    ``batch_size=None``), one bucket shape per batch (:mod:`~vae_trainer.data.buckets`). Each batch
+    carries ``"position"``, a list of ints: ``[shard, epoch, consumed, *skipped, num_pending,
+    *pending]`` where ``consumed`` = records of the shard epoch read up to and including the batch's
+    last sample (bad ones included), ``skipped`` = this shard's cumulative skip counts in
+    :data:`SKIP_REASONS` order, and ``pending`` = record indices (this epoch) of samples waiting in
+    other buckets. Plain ints pass through the DataLoader and the Trainer without becoming device
+    tensors, so tracking costs no device synchronisation. Per-sample randomness (crop, flip) is
+    drawn from an RNG seeded by (seed, shard, epoch, record index), so replaying needs no RNG state.
 
-Bad lines are skipped, counted per reason (:meth:`ImageStream.skip_stats`) and logged on logger
-``vae_trainer.data`` with file:line, at most :data:`LOGGED_PER_FILE_PASS` per file per pass plus a
-summary of the rest. A shard epoch that yields no usable sample raises RuntimeError.
+    :class:`StreamPosition` keeps, per shard, the last batch's position, and the number of batches
+    consumed B. Paddle's multi-worker DataLoader hands out iterable-dataset batches from workers
+    0, 1, ..., W-1, 0, ... in strict rotation, so the next batch of an uninterrupted run would have
+    come from worker B % W: on resume worker w plays role (w + B) % W, passes over the records
+    before that role's saved position (without reading them when record counts are known),
+    decodes the pending ones back into their buckets, and goes on exactly as the uninterrupted
+    run would have; its skip counts go on from the saved ones.
+
+Bad records
+    Skipped and counted per reason (:data:`SKIP_REASONS`); the counts reach the main process in
+    every batch, where :class:`StreamPosition` sums them over shards for ``data/skipped_<reason>``
+    (logged by ``train_logging.TrainMonitor``, with an end-of-run summary). On the console
+    (logger ``vae_trainer.data``) each file's first :data:`LOGGED_PER_FILE` problems are shown with
+    file:line (or tar:key, or the image path) once per process, then one line saying the rest are
+    only counted. A shard epoch that yields no usable sample raises RuntimeError.
+
+Errors never hang
+    Any exception in the stream stops training with its message. In a worker process Paddle
+    re-raises it in the main process. With ``num_workers=0`` Paddle runs the stream in a reader
+    thread that dies on an exception without waking the main thread, so the stream catches it
+    there and ends, and the DataLoader returned by :func:`build_train_dataloader` (and
+    :func:`build_eval_dataloader`) raises it in the main thread.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import zlib
+import pickle
+import threading
+import traceback
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
-from PIL import Image
 
-from .filelists import PartSource, read_sources
-from .images import BadImage, decode_base64, decode_image, preprocess
+from . import images, records
+from .buckets import Batcher, bucket_shapes, nearest_bucket
+from .filelists import image_files, read_sources
+from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
+from .records import Damaged, Missing, describe, image_bytes
+from .sharding import (INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave,
+                       one_after_another, rng)
 
 logger = logging.getLogger("vae_trainer.data")
 
-LOGGED_PER_FILE_PASS = 3
-GZIP_MAGIC = b"\x1f\x8b"
-_GZIP_CHUNK = 1 << 16
-
-# Separate RNG streams for separate purposes, so that no two draws share a seed.
-_ASSIGN_PARTS, _SHUFFLE_PASS, _INTERLEAVE, _PER_SAMPLE = range(4)
+SKIP_REASONS = images.REASONS + records.REASONS
+LOGGED_PER_FILE = 3
+DEFAULT_SHUFFLE_BUFFER = 1000
+_HEADER = 3  # shard, epoch, consumed
 
 
-def _rng(*keys: int) -> np.random.Generator:
-    return np.random.default_rng([int(key) for key in keys])
-
-
-# ----------------------------------------------------------------------------------- part files
-
-
-def _gunzip(raw: bytes) -> tuple[bytes, str | None]:
-    """Decompress all gzip members; on damage keep what was decoded and return an error text."""
-    output, remaining = [], raw
-    while remaining.startswith(GZIP_MAGIC):
-        member = zlib.decompressobj(wbits=31)
-        try:
-            for start in range(0, len(remaining), _GZIP_CHUNK):
-                output.append(member.decompress(remaining[start : start + _GZIP_CHUNK]))
-                if member.eof:
-                    break
-        except zlib.error as error:
-            return b"".join(output), f"corrupt gzip data ({error})"
-        if not member.eof:
-            return b"".join(output), "truncated gzip stream"
-        remaining = member.unused_data + remaining[start + _GZIP_CHUNK :]
-    return b"".join(output), None
-
-
-def read_part_lines(path: str) -> tuple[list[bytes], str | None]:
-    """The lines of a part file (gzip or plain) as bytes, and an error text if the gzip is damaged."""
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    data, error = _gunzip(raw) if raw.startswith(GZIP_MAGIC) else (raw, None)
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    return [line.rstrip(b"\r") for line in lines], error
-
-
-# --------------------------------------------------------------------------------------- shards
-
-
-@dataclass
-class _ShardSource:
-    """The part of one source that one shard reads."""
-
-    index: int
-    weight: float
-    parts: list[str]
-    line_stride: int
-    line_offset: int
-
-
-@dataclass
-class _Line:
-    source: int
-    part: str
-    line_number: int  # 1-based, in the file
-    raw: bytes
-
-
-def shard_sources(sources: list[PartSource], seed: int, shard: int, num_shards: int) -> list[_ShardSource]:
-    """What shard `shard` of `num_shards` reads of each source (see module doc, "Shards")."""
-    result = []
-    for index, source in enumerate(sources):
-        if len(source.parts) >= num_shards:
-            order = _rng(seed, _ASSIGN_PARTS, index).permutation(len(source.parts))
-            parts = [source.parts[i] for i in order[shard::num_shards]]
-            result.append(_ShardSource(index, source.weight, parts, 1, 0))
-        elif source.parts:
-            result.append(_ShardSource(index, source.weight, list(source.parts), num_shards, shard))
-    return result
+# ---------------------------------------------------------------------------------- skip log
 
 
 class _SkipLog:
-    """Counts skipped lines per reason; logs the first few per file and pass, then a summary."""
+    """Counts skips per reason in this process; logs each file's first few problems once per process."""
 
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
-        self._pass_counts: dict[str, Counter[str]] = {}
+        self._logged: dict[str, set[int | None]] = {}  # file -> record numbers shown; None: "the rest" said
 
-    def bad_line(self, line: _Line, bad: BadImage) -> None:
-        self.totals[bad.reason] += 1
-        counts = self._pass_counts.setdefault(line.part, Counter())
-        counts[bad.reason] += 1
-        if counts.total() <= LOGGED_PER_FILE_PASS:
-            logger.warning("%s:%d: skipped line (%s)", line.part, line.line_number, bad)
-
-    def bad_part(self, part: str, error: str) -> None:
-        self.totals["corrupt_gzip"] += 1
-        logger.warning("%s: %s; using the lines read before the damage", part, error)
-
-    def end_pass(self, part: str) -> None:
-        counts = self._pass_counts.pop(part, None)
-        if counts and counts.total() > LOGGED_PER_FILE_PASS:
-            logger.warning(
-                "%s: %d bad lines skipped in this pass (%s), only the first %d logged",
-                part, counts.total(), dict(counts), LOGGED_PER_FILE_PASS,
-            )
+    def skip(self, record: Record, reason: str, detail: str, counts: Counter) -> None:
+        counts[reason] += 1
+        self.totals[reason] += 1
+        file = record.part.path
+        shown = self._logged.setdefault(file, set())
+        if record.number in shown or None in shown:
+            return  # shown in an earlier pass, or the file's quota is used up
+        if len(shown) < LOGGED_PER_FILE:
+            shown.add(record.number)
+            where = file if isinstance(record.payload, (Damaged, Missing)) else describe(
+                record.part, record.number, record.payload)
+            logger.warning("%s: skipped (%s: %s)", where, reason, detail)
+        else:
+            shown.add(None)
+            logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
+                           "summary), not logged", file)
 
 
-# ---------------------------------------------------------------------------------- the stream
+# -------------------------------------------------------------------------- no hang, ever
 
 
-class ImageStream(paddle.io.IterableDataset):
-    """Decoded, cropped image tensors from a filelist; see the module doc for every rule."""
+_FAILURE = "data_error"  # key of the item a failing worker sends instead of a batch
+
+
+class _RaisesInMainThread(paddle.io.IterableDataset):
+    """An iterable dataset whose errors reach the main thread as themselves (module doc, "Errors never hang").
+
+    Subclasses implement `_items`. In Paddle's single-process reader thread an error is stored in
+    `failure` and the iteration ends. In a worker process (where Paddle would only report "Blocking
+    queue is killed") the error is sent, pickled, as a last item ``{"data_error": bytes}``, so
+    workers need ``batch_size=None`` (the items are whole batches). :class:`_NoHangLoader` raises both.
+    """
+
+    failure: BaseException | None = None
+
+    def _items(self) -> Iterator:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator:
+        return self._guarded(self._items(), paddle.io.get_worker_info())
+
+    def _guarded(self, items: Iterator, worker) -> Iterator:
+        # Paddle calls iter() in the main thread but iterates in its reader thread: decide when it fails.
+        self.failure = None
+        try:
+            yield from items
+        except Exception as error:
+            if worker is not None:
+                # (Paddle drops an item without any array, so one tiny array goes along.)
+                yield {_FAILURE: _pickled(error, f"in DataLoader worker {worker.id}"), "carrier": np.zeros(1)}
+            elif threading.current_thread() is threading.main_thread():
+                raise
+            else:
+                self.failure = error  # _NoHangLoader raises it in the main thread
+
+
+def _pickled(error: Exception, where: str) -> bytes:
+    error.add_note(f"(raised {where}:\n{''.join(traceback.format_exception(error))})")
+    try:
+        return pickle.dumps(error)
+    except Exception:  # an exception that does not pickle still gets its message across
+        return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
+
+
+class _NoHangLoader(paddle.io.DataLoader):
+    """paddle.io.DataLoader that raises its dataset's errors in the main thread, from any worker count."""
+
+    def __len__(self) -> int:
+        raise TypeError("a streaming DataLoader has no length")  # (Paddle's ValueError breaks list(loader))
+
+    def __iter__(self):
+        self.dataset.failure = None
+        for batch in super().__iter__():
+            if isinstance(batch, dict) and _FAILURE in batch:
+                raise pickle.loads(batch[_FAILURE])
+            yield batch
+        if self.dataset.failure is not None:
+            raise self.dataset.failure
+
+
+# --------------------------------------------------------------------------------- the stream
+
+
+@dataclass
+class ShardStart:
+    """Where one shard starts: a position saved by :class:`StreamPosition` (or the beginning)."""
+
+    epoch: int = 0
+    consumed: int = 0
+    pending: tuple[int, ...] = ()
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Sample:
+    pixels: np.ndarray  # uint8 [H, W, 3]
+    bucket: int
+    epoch: int
+    index: int  # record index in the shard epoch
+    restored: bool  # decoded again to refill a bucket on resume (already counted)
+
+
+@dataclass
+class _EpochEnd:
+    epoch: int
+    records: int
+
+
+class ImageStream(_RaisesInMainThread):
+    """Decoded, cropped images from sources; see the module doc for every rule.
+
+    Iterated directly it yields single samples ``{"pixel_values": float32 [3,H,W] in [-1, 1],
+    "position": [shard, epoch, consumed]}`` (evaluation, tests); :class:`TrainBatches` makes batches.
+    """
 
     def __init__(
         self,
@@ -186,6 +225,8 @@ class ImageStream(paddle.io.IterableDataset):
         random_flip: bool = True,
         min_image_size: int = 32,
         max_image_pixels: int = 8192 * 8192,
+        aspect_ratio_buckets: bool = False,
+        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
         resume_state: dict | None = None,
     ) -> None:
         super().__init__()
@@ -197,141 +238,138 @@ class ImageStream(paddle.io.IterableDataset):
             raise RuntimeError(f"{file_list}: names no part files")
         self.resolution, self.image_column = resolution, image_column
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.infinite, self.shuffle = infinite, shuffle
+        self.infinite, self.shuffle, self.shuffle_buffer_size = infinite, shuffle, shuffle_buffer_size
         self.random_crop, self.random_flip = random_crop, random_flip
         self.min_image_size, self.max_image_pixels = min_image_size, max_image_pixels
+        self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
+        self.flush_each_epoch = aspect_ratio_buckets
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
         if self.resume and self.resume.world_size not in (None, world_size):
             raise ValueError(f"resume_state was saved with world_size {self.resume.world_size}, not {world_size}")
         self._log = _SkipLog()
 
     def skip_stats(self) -> dict[str, int]:
-        """Skipped lines (and damaged gzip parts) per reason, counted in the calling process."""
+        """Skipped records per reason, counted in the calling process."""
         return dict(self._log.totals)
 
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    def worker_shard(self) -> tuple[int, int, ShardStart]:
+        """(shard, num_shards, start) of the calling DataLoader worker (module doc, "Batches and positions")."""
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
-        role, epoch, skip = self._start(worker_id, num_workers)
-        shard = self.rank * num_workers + role
-        return self._samples(shard, self.world_size * num_workers, epoch, skip)
+        role, start = worker_id, ShardStart()
+        if self.resume is not None:
+            self.resume.check_workers(num_workers)
+            role = (worker_id + self.resume.batches_consumed) % num_workers
+            start = self.resume.start_of(self.rank * num_workers + role)
+        return self.rank * num_workers + role, self.world_size * num_workers, start
 
-    def _start(self, worker_id: int, num_workers: int) -> tuple[int, int, int]:
-        """(role, epoch, lines to skip) for this worker, from the resume state if there is one."""
-        if self.resume is None:
-            return worker_id, 0, 0
-        self.resume.check_workers(num_workers)
-        role = (worker_id + self.resume.batches_consumed) % num_workers
-        epoch, lines = self.resume.positions.get(self.rank * num_workers + role, (0, 0))
-        return role, epoch, lines
+    def _items(self) -> Iterator[dict[str, np.ndarray]]:
+        shard, num_shards, start = self.worker_shard()
+        for item in self.samples(shard, num_shards, start, Counter(start.skipped)):
+            if isinstance(item, _Sample) and not item.restored:
+                position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
+                yield {"pixel_values": to_float(item.pixels), "position": position}
 
-    def _samples(self, shard: int, num_shards: int, epoch: int, skip: int) -> Iterator[dict[str, np.ndarray]]:
-        sources = shard_sources(self.sources, self.seed, shard, num_shards)
+    def samples(self, shard: int, num_shards: int, start: ShardStart, counts: Counter) -> Iterator[_Sample | _EpochEnd]:
+        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `counts`."""
+        sources = assign(self.sources, self.seed, shard, num_shards)
+        epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
+        skip = min(restore, default=resume_at)
         while True:
-            usable, fresh_epoch = 0, skip == 0
-            for index, line in enumerate(self._epoch_lines(sources, shard, epoch)):
-                if index < skip:
-                    continue  # replaying up to the resume position: no decoding
-                pixels = self._pixels(line, _rng(self.seed, _PER_SAMPLE, shard, epoch, index))
-                if pixels is not None:
+            usable, fresh, end = 0, resume_at == 0, skip
+            for index, record in enumerate(self._epoch_records(sources, shard, epoch, skip)):
+                end = index + 1
+                replaying = index < resume_at
+                if record is SKIPPED or (replaying and index not in restore):
+                    continue
+                decoded = self._decode(record, (shard, epoch, index), None if replaying else counts)
+                if decoded is not None:
                     usable += 1
-                    position = np.array([shard, epoch, index + 1], dtype=np.int64)
-                    yield {"pixel_values": pixels, "position": position}
-            if usable == 0 and fresh_epoch:
+                    yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
+            if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources))
+            yield _EpochEnd(epoch, end)
             if not self.infinite:
                 return
-            epoch, skip = epoch + 1, 0
+            epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
 
-    def _no_samples_message(self, shard: int, num_shards: int, sources: list[_ShardSource]) -> str:
-        files = sorted({part for source in sources for part in source.parts})
+    def _epoch_records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
+        def make_pass(source: ShardSource, cycle: int) -> SourcePass:
+            keys = (shard, epoch, source.index, cycle)
+            return SourcePass(source, self.seed, keys, self.shuffle, self.shuffle_buffer_size)
+
+        if not self.infinite:
+            return one_after_another(sources, make_pass, skip)
+        return interleave(sources, make_pass, rng(self.seed, INTERLEAVE, shard, epoch), skip)
+
+    def _decode(self, record: Record, keys: tuple[int, int, int], counts: Counter | None):
+        """(bucket, uint8 crop) of one record, or None if it is unusable (counted if `counts` is given)."""
+        payload = record.payload
+        try:
+            if isinstance(payload, Damaged):
+                raise BadImage(payload.reason, f"{payload.detail}; the records before the damage are used")
+            if isinstance(payload, Missing):
+                raise BadImage("missing", "the part holds fewer records than its .counts file says")
+            image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
+            bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
+            size = self.buckets[bucket]
+            image = load_rgb(image, cover=size)
+        except BadImage as bad:
+            if counts is not None:
+                self._log.skip(record, bad.reason, bad.detail, counts)
+            return None
+        sample_rng = rng(self.seed, PER_SAMPLE, *keys)
+        if self.random_crop:
+            return bucket, crop(image, size, sample_rng, self.random_flip)
+        pixels = crop(image, size, None, False)
+        if self.random_flip and sample_rng.random() < 0.5:
+            pixels = np.ascontiguousarray(pixels[:, ::-1])
+        return bucket, pixels
+
+    def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource]) -> str:
+        files = sorted({segment.part.path for source in sources for segment in source.segments})
         shown = ", ".join(files[:10]) + (f" ... ({len(files)} files)" if len(files) > 10 else "")
         return (
             f"{self.file_list}: shard {shard} of {num_shards} (rank {self.rank}) got no usable sample "
             f"in a whole pass over its files: [{shown}]; skipped so far: {self.skip_stats()}"
         )
 
-    def _pixels(self, line: _Line, rng: np.random.Generator) -> np.ndarray | None:
-        """The preprocessed image of one line, or None (counted and logged) if it is unusable."""
-        columns = line.raw.split(b"\t")
-        try:
-            if len(columns) <= self.image_column:
-                raise BadImage("columns", f"{len(columns)} columns, image expected in column {self.image_column}")
-            data = decode_base64(columns[self.image_column])
-            image = decode_image(data, self.max_image_pixels, self.min_image_size)
-        except BadImage as bad:
-            self._log.bad_line(line, bad)
-            return None
-        if self.random_crop:
-            return preprocess(image, self.resolution, rng, self.random_flip)
-        pixels = preprocess(image, self.resolution, None, False)
-        if self.random_flip and rng.random() < 0.5:
-            pixels = np.ascontiguousarray(pixels[:, :, ::-1])
-        return pixels
 
-    def _epoch_lines(self, sources: list[_ShardSource], shard: int, epoch: int) -> Iterator[_Line]:
-        if not self.infinite:
-            return itertools.chain.from_iterable(self._source_pass(s, shard, epoch, 0) for s in sources)
-        return self._interleaved(sources, shard, epoch)
+class TrainBatches(_RaisesInMainThread):
+    """Batches of one bucket shape each, with their positions (module doc, "Batches and positions")."""
 
-    def _interleaved(self, sources: list[_ShardSource], shard: int, epoch: int) -> Iterator[_Line]:
-        """Weighted line-by-line interleaving of one shard epoch (see module doc)."""
-        chooser = _rng(self.seed, _INTERLEAVE, shard, epoch)
-        by_index = {source.index: source for source in sources}
-        passes = {index: self._source_pass(source, shard, epoch, 0) for index, source in by_index.items()}
-        cycles = dict.fromkeys(by_index, 0)
-        pending = set(by_index)  # sources that have not finished their first pass
-        started = set()  # sources whose current pass has produced a line
-        while pending:
-            index = self._choose(chooser, sorted(passes), by_index)
-            line = next(passes[index], None)
-            if line is None:
-                pending.discard(index)
-                if index not in started:  # no lines for this shard: drop the source
-                    del passes[index]
-                    continue
-                if not pending:
-                    return
-                cycles[index] += 1
-                passes[index] = self._source_pass(by_index[index], shard, epoch, cycles[index])
-                started.discard(index)
-                line = next(passes[index], None)
-                if line is None:
-                    del passes[index]
-                    continue
-            started.add(index)
-            yield line
+    def __init__(self, stream: ImageStream, batch_size: int) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.stream, self.batch_size = stream, batch_size
+
+    def _items(self) -> Iterator[dict]:
+        shard, num_shards, start = self.stream.worker_shard()
+        counts = Counter(start.skipped)
+        batcher = Batcher(len(self.stream.buckets), self.batch_size)
+        for item in self.stream.samples(shard, num_shards, start, counts):
+            if isinstance(item, _EpochEnd):
+                if self.stream.flush_each_epoch:
+                    for pixels in batcher.flush():
+                        yield self._batch(pixels, shard, item.epoch, item.records, counts, batcher)
+                continue
+            pixels = batcher.add(item.bucket, item.index, item.pixels)
+            if pixels is not None:
+                yield self._batch(pixels, shard, item.epoch, item.index + 1, counts, batcher)
 
     @staticmethod
-    def _choose(chooser: np.random.Generator, indices: list[int], by_index: dict[int, _ShardSource]) -> int:
-        cumulative = np.cumsum([by_index[index].weight for index in indices])
-        pick = int(np.searchsorted(cumulative, chooser.random() * cumulative[-1], side="right"))
-        return indices[min(pick, len(indices) - 1)]
-
-    def _source_pass(self, source: _ShardSource, shard: int, epoch: int, cycle: int) -> Iterator[_Line]:
-        """One pass over this shard's lines of one source, shuffled per (epoch, cycle) if asked."""
-        shuffler = _rng(self.seed, _SHUFFLE_PASS, shard, epoch, source.index, cycle) if self.shuffle else None
-        parts = source.parts
-        if shuffler is not None:
-            parts = [parts[i] for i in shuffler.permutation(len(parts))]
-        for part in parts:
-            lines, error = read_part_lines(part)
-            if error:
-                self._log.bad_part(part, error)
-            numbers = range(source.line_offset, len(lines), source.line_stride)
-            order = shuffler.permutation(len(numbers)) if shuffler is not None else range(len(numbers))
-            self._log.end_pass(part)
-            for position in order:
-                number = numbers[position]
-                yield _Line(source.index, part, number + 1, lines[number])
-            self._log.end_pass(part)
+    def _batch(pixels: np.ndarray, shard: int, epoch: int, consumed: int, counts: Counter, batcher: Batcher) -> dict:
+        pending = batcher.pending()
+        position = [shard, epoch, consumed, *(counts[reason] for reason in SKIP_REASONS), len(pending), *pending]
+        return {"pixel_values": to_float(pixels), "position": position}
 
 
 # --------------------------------------------------------------------------------- resume state
 
 
 class StreamPosition:
-    """What the trainer must save to resume the stream exactly: see module doc, "Positions".
+    """What the trainer must save to resume the stream exactly, and the skip counts of this rank.
 
     Call :meth:`update` with ``batch["position"]`` of every batch the trainer takes from the
     DataLoader (one instance per rank; `num_workers`/`world_size` are stored to catch a resume
@@ -341,20 +379,41 @@ class StreamPosition:
     def __init__(self, num_workers: int | None = None, world_size: int | None = None) -> None:
         self.num_workers, self.world_size = num_workers, world_size
         self.positions: dict[int, tuple[int, int]] = {}
+        self.pending: dict[int, list[int]] = {}
+        self.skipped: dict[int, dict[str, int]] = {}
         self.batches_consumed = 0
 
-    def update(self, positions: np.ndarray | paddle.Tensor) -> None:
-        """Record one consumed batch; the last row of each shard is its position."""
-        if isinstance(positions, paddle.Tensor):
-            positions = positions.numpy()
-        for shard, epoch, lines in np.asarray(positions, dtype=np.int64).reshape(-1, 3):
-            self.positions[int(shard)] = (int(epoch), int(lines))
+    def update(self, position) -> None:
+        """Record one consumed batch from its ``"position"`` (a list of ints; arrays are accepted)."""
+        if isinstance(position, paddle.Tensor):
+            position = position.numpy()
+        values = [int(value) for value in np.asarray(position).reshape(-1)]
+        shard, epoch, consumed = values[:_HEADER]
+        counts = values[_HEADER : _HEADER + len(SKIP_REASONS)]
+        num_pending = values[_HEADER + len(SKIP_REASONS)]
+        first = _HEADER + len(SKIP_REASONS) + 1
+        self.positions[shard] = (epoch, consumed)
+        self.pending[shard] = values[first : first + num_pending]
+        self.skipped[shard] = {reason: count for reason, count in zip(SKIP_REASONS, counts) if count}
         self.batches_consumed += 1
+
+    def skipped_totals(self) -> dict[str, int]:
+        """Skipped records per reason (every reason, zeros included), summed over this rank's shards."""
+        totals = Counter()
+        for counts in self.skipped.values():
+            totals.update(counts)
+        return {reason: totals.get(reason, 0) for reason in SKIP_REASONS}
+
+    def start_of(self, shard: int) -> ShardStart:
+        epoch, consumed = self.positions.get(shard, (0, 0))
+        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})))
 
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
         return {
             "positions": {str(shard): list(position) for shard, position in sorted(self.positions.items())},
+            "pending": {str(shard): list(pending) for shard, pending in sorted(self.pending.items()) if pending},
+            "skipped": {str(shard): dict(counts) for shard, counts in sorted(self.skipped.items()) if counts},
             "batches_consumed": self.batches_consumed,
             "num_workers": self.num_workers,
             "world_size": self.world_size,
@@ -362,6 +421,8 @@ class StreamPosition:
 
     def load_state_dict(self, state: dict) -> None:
         self.positions = {int(shard): (int(p[0]), int(p[1])) for shard, p in state["positions"].items()}
+        self.pending = {int(shard): [int(i) for i in p] for shard, p in state.get("pending", {}).items()}
+        self.skipped = {int(shard): {str(r): int(n) for r, n in c.items()} for shard, c in state.get("skipped", {}).items()}
         self.batches_consumed = int(state["batches_consumed"])
         self.num_workers, self.world_size = state.get("num_workers"), state.get("world_size")
 
@@ -380,54 +441,6 @@ class StreamPosition:
             )
 
 
-# ---------------------------------------------------------------------------------- evaluation
-
-
-def _image_suffixes() -> set[str]:
-    return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
-
-
-class ImageFolder(paddle.io.Dataset):
-    """Every image file under `root` (recursive, sorted by relative path), centre-cropped, unflipped."""
-
-    def __init__(self, root: str, resolution: int, max_image_pixels: int = 8192 * 8192) -> None:
-        super().__init__()
-        suffixes = _image_suffixes()
-        base = Path(root)
-        self.files = sorted(
-            (path for path in base.rglob("*") if path.is_file() and path.suffix.lower() in suffixes),
-            key=lambda path: path.relative_to(base).as_posix(),
-        )
-        if not self.files:
-            raise FileNotFoundError(f"{root}: no image files found")
-        self.resolution, self.max_image_pixels = resolution, max_image_pixels
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        path = self.files[index]
-        try:
-            image = decode_image(path.read_bytes(), self.max_image_pixels)
-        except BadImage as bad:
-            raise BadImage(bad.reason, f"{path}: {bad.detail}") from None
-        return {"pixel_values": preprocess(image, self.resolution, None, False)}
-
-
-class _FirstUsableSamples(paddle.io.IterableDataset):
-    """This rank's share (every world_size-th) of the first `num_images` usable samples of a stream."""
-
-    def __init__(self, stream: ImageStream, num_images: int | None, rank: int, world_size: int) -> None:
-        super().__init__()
-        self.stream, self.num_images, self.rank, self.world_size = stream, num_images, rank, world_size
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        samples = itertools.islice(self.stream, self.num_images)
-        for number, sample in enumerate(samples):
-            if number % self.world_size == self.rank:
-                yield {"pixel_values": sample["pixel_values"]}
-
-
 def build_train_dataloader(
     file_list: str,
     resolution: int,
@@ -439,42 +452,75 @@ def build_train_dataloader(
     resume_state: dict | None = None,
     **stream_kwargs,
 ) -> paddle.io.DataLoader:
-    """The infinite training DataLoader of one rank; batches hold "pixel_values" and "position"."""
+    """The infinite training DataLoader of one rank; batches hold "pixel_values" and "position".
+
+    `stream_kwargs` go to :class:`ImageStream` (image_column, random_crop, random_flip,
+    min_image_size, aspect_ratio_buckets, shuffle_buffer_size, ...).
+    """
     stream = ImageStream(
         file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state, **stream_kwargs
     )
-    return paddle.io.DataLoader(stream, batch_size=batch_size, num_workers=num_workers, drop_last=True,
-                                collate_fn=collate_positions_on_host)
+    return _NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
 
 
-def collate_positions_on_host(samples: list[dict]) -> dict:
-    """Default collation, except "position": Python ints, which the DataLoader leaves on the host.
+# ---------------------------------------------------------------------------------- evaluation
 
-    As an array it would become a device tensor on GPU, and reading it back for the StreamPosition
-    on every micro-batch would be a device-to-host synchronisation.
-    """
-    batch = paddle.io.dataloader.collate.default_collate_fn(
-        [{k: v for k, v in sample.items() if k != "position"} for sample in samples])
-    batch["position"] = [[int(v) for v in sample["position"]] for sample in samples]
-    return batch
+
+class _FolderImages(_RaisesInMainThread):
+    """Images of `files`, centre-cropped to a square, unflipped; an unreadable one is an error."""
+
+    def __init__(self, files: list[str], resolution: int, max_image_pixels: int = 8192 * 8192) -> None:
+        super().__init__()
+        self.files, self.resolution, self.max_image_pixels = files, resolution, max_image_pixels
+
+    def _items(self) -> Iterator[dict[str, np.ndarray]]:
+        size = (self.resolution, self.resolution)
+        for path in self.files:
+            try:
+                image = load_rgb(open_image(image_bytes(records.ImageFile(path), 0), self.max_image_pixels), size)
+            except BadImage as bad:
+                raise BadImage(bad.reason, f"{path}: {bad.detail}") from None
+            yield {"pixel_values": to_float(crop(image, size, None, False))}
+
+
+class _FirstUsableSamples(_RaisesInMainThread):
+    """This rank's share (every world_size-th) of the first `num_images` usable samples of a stream."""
+
+    def __init__(self, stream: ImageStream, num_images: int | None, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.stream, self.num_images, self.rank, self.world_size = stream, num_images, rank, world_size
+
+    def _items(self) -> Iterator[dict[str, np.ndarray]]:
+        samples = self.stream._items()
+        for number, sample in enumerate(samples):
+            if self.num_images is not None and number >= self.num_images:
+                return
+            if number % self.world_size == self.rank:
+                yield {"pixel_values": sample["pixel_values"]}
+
+
+def eval_folder_files(path: str, num_images: int | None = None) -> list[str]:
+    """The first `num_images` image files of an evaluation folder, sorted by relative path."""
+    files = [str(file) for file in image_files(path)]
+    if not files:
+        raise FileNotFoundError(f"{path}: no image files found")
+    return files if num_images is None else files[:num_images]
 
 
 def build_eval_dataloader(
     path: str, resolution: int, batch_size: int, rank: int, world_size: int, num_images: int | None
 ) -> paddle.io.DataLoader:
-    """Evaluation batches of this rank from an image folder or a filelist; ranks never overlap.
+    """Evaluation batches of this rank from an image folder or any training source; ranks never overlap.
 
-    A filelist is read once, unshuffled, centre-cropped and unflipped; every rank decodes the same
+    A source is read once, unshuffled, centre-cropped and unflipped; every rank decodes the same
     first `num_images` usable samples and keeps those with ``index % world_size == rank``. A folder
     is split the same way by sorted file index. Ranks may get one batch item more than others.
     """
     if os.path.isdir(path):
-        folder = ImageFolder(path, resolution)
-        count = len(folder) if num_images is None else min(num_images, len(folder))
-        dataset = paddle.io.Subset(folder, list(range(rank, count, world_size)))
-        return paddle.io.DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False)
-    stream = ImageStream(
-        path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False
-    )
-    dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
-    return paddle.io.DataLoader(dataset, batch_size=batch_size, drop_last=False)
+        files = eval_folder_files(path, num_images)
+        dataset = _FolderImages(files[rank::world_size], resolution)
+    else:
+        stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False)
+        dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
+    return _NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
+

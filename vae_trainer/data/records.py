@@ -1,0 +1,226 @@
+"""Reading the records of one part, streaming: LAION part files, WebDataset tar shards, image files.
+
+Memory per open part is bounded by one record (plus I/O buffers), whatever the part's size:
+gzip is decompressed as a stream (``gzip.GzipFile``, which also handles multi-member files) and
+tar shards are read with ``tarfile`` in stream mode (``r|*``), so a ``pipe:`` command's output is
+consumed as it arrives.
+
+Why ``tarfile`` streaming and not the ``webdataset`` package: exact resume needs a deterministic
+record number for every sample and a way to pass over samples without reading their bytes, and
+sharding/shuffling must follow our own (seed, rank, worker, epoch) rules with Paddle's worker
+info, which WebDataset's splitters (built on ``torch.utils.data``) do not see. What would remain
+of WebDataset is its member grouping, which is the rule below. ``braceexpand`` (WebDataset's
+own dependency) expands the shard patterns.
+
+Tar samples follow WebDataset's convention: consecutive members whose names share everything up
+to the first dot of the base name form one sample (``dir/000123.jpg`` + ``dir/000123.json`` ->
+key ``dir/000123``); the image is the member with the first extension of
+:data:`TAR_IMAGE_EXTENSIONS` that the sample has. ``__*__`` members are metadata and ignored.
+
+Damage (truncated or corrupt gzip, unreadable tar, a ``pipe:`` command failing) ends the part
+after the records read before it: the reader then yields one :class:`Damaged` marker.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import tarfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import BinaryIO, Union
+
+from .filelists import IMAGE, LINES, PIPE_PREFIX, TAR, Part
+from .images import BadImage, decode_base64
+
+GZIP_MAGIC = b"\x1f\x8b"
+TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
+# Why a record (or a part) was skipped, besides the image-level reasons of images.REASONS.
+REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing")
+_READ_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class TarSample:
+    key: str
+    image: bytes | None  # None: no image member
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    path: str
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """The rest of a part is unreadable; `reason` is corrupt_gzip or corrupt_tar."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A record a counts file promised that the part does not have."""
+
+
+Payload = Union[bytes, TarSample, ImageFile, Damaged, Missing]
+
+
+def open_part(path: str) -> BinaryIO:
+    """Open a local part for reading (the one place parts are opened; tests count the calls)."""
+    return open(path, "rb", buffering=_READ_SIZE)
+
+
+# ------------------------------------------------------------------------------- line parts
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    """The lines of a part file (gzip by its magic bytes, or plain), without line endings."""
+    with open_part(path) as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
+        for line in stream:
+            yield line.rstrip(b"\r\n")
+
+
+def _line_records(path: str, start: int) -> Iterator[Payload | None]:
+    try:
+        for number, line in enumerate(_lines(path)):
+            yield line if number >= start else None
+    except EOFError:
+        yield Damaged("corrupt_gzip", "truncated gzip stream")
+    except (zlib.error, gzip.BadGzipFile, OSError) as error:
+        yield Damaged("corrupt_gzip", f"corrupt gzip data ({error})")
+
+
+# -------------------------------------------------------------------------------- tar shards
+
+
+@contextmanager
+def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
+    """A readable stream of a local tar or of a ``pipe:`` command's output.
+
+    The list it yields receives an error text if the command exits with a non-zero status after
+    its output was read to the end. A command still running when the reader stops (the end of a
+    counted range, an abandoned pass) is killed with its whole process group, pipelines included.
+    """
+    if not path.startswith(PIPE_PREFIX):
+        with open_part(path) as handle:
+            yield handle, []
+        return
+    command = path[len(PIPE_PREFIX):]
+    process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=_READ_SIZE,
+                               start_new_session=True)
+    errors: list[str] = []
+    try:
+        yield process.stdout, errors
+        while process.stdout.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
+            pass
+        status = process.wait()
+        if status != 0:
+            errors.append(f"command {command!r} exited with status {status}")
+    finally:
+        if process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        process.stdout.close()
+
+
+def _split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's key/extension split: up to the first dot of the base name, and the rest."""
+    folder, _, base = name.rpartition("/")
+    if base.startswith("__") or "." not in base:
+        return None
+    stem, _, extension = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), extension.lower()
+
+
+def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
+    """Samples of an open tar stream; members of samples before `start` are passed over unread."""
+    number, key, image, rank = -1, None, None, len(TAR_IMAGE_EXTENSIONS)
+    for member in tar:
+        tar.members = []  # stream mode would otherwise keep every header
+        split = _split_key(member.name) if member.isreg() else None
+        if split is None:
+            continue
+        if split[0] != key:
+            if key is not None:
+                yield TarSample(key, image) if number >= start else None
+            number, key, image, rank = number + 1, split[0], None, len(TAR_IMAGE_EXTENSIONS)
+        if number >= start and split[1] in TAR_IMAGE_EXTENSIONS[:rank]:
+            image, rank = tar.extractfile(member).read(), TAR_IMAGE_EXTENSIONS.index(split[1])
+    if key is not None:
+        yield TarSample(key, image) if number >= start else None
+
+
+def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
+    try:
+        with _tar_stream(path) as (stream, errors):
+            with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                yield from _tar_members(tar, start)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+        yield Damaged("corrupt_tar", f"unreadable tar ({error})")
+        return
+    if errors:
+        yield Damaged("corrupt_tar", errors[0])
+
+
+# ---------------------------------------------------------------------------------- any part
+
+
+def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
+    """Every record of `part` in order: None for the records before `start` (not read into memory),
+    then the payloads; a :class:`Damaged` marker last if the part is damaged."""
+    if part.kind == LINES:
+        return _line_records(part.path, start)
+    if part.kind == TAR:
+        return _tar_records(part.path, start)
+    if part.kind == IMAGE:
+        return iter([ImageFile(part.path) if start == 0 else None])
+    raise ValueError(f"{part.path}: unknown part kind {part.kind!r}")
+
+
+def count_records(part: Part) -> tuple[int, Damaged | None]:
+    """(number of readable records, the damage if any), reading the whole part once."""
+    count, damage = 0, None
+    for payload in iterate_records(part, start=1 << 62):
+        if isinstance(payload, Damaged):
+            damage = payload
+        else:
+            count += 1
+    return count, damage
+
+
+def image_bytes(payload: Payload, image_column: int) -> bytes:
+    """The encoded image of one record, or :class:`BadImage` (columns, base64, no_image, unreadable)."""
+    if isinstance(payload, bytes):
+        columns = payload.split(b"\t", image_column + 1)
+        if len(columns) <= image_column:
+            raise BadImage("columns", f"{len(columns)} columns, image expected in column {image_column}")
+        return decode_base64(columns[image_column])
+    if isinstance(payload, TarSample):
+        if payload.image is None:
+            raise BadImage("no_image", f"sample {payload.key} has no {'/'.join(TAR_IMAGE_EXTENSIONS)} member")
+        return payload.image
+    if isinstance(payload, ImageFile):
+        try:
+            with open(payload.path, "rb") as handle:
+                return handle.read()
+        except OSError as error:
+            raise BadImage("unreadable", str(error)) from None
+    raise TypeError(f"not a record payload: {payload!r}")
+
+
+def describe(part: Part, number: int, payload: Payload) -> str:
+    """Where a record is, for messages: file:line, shard:key or the image path."""
+    if isinstance(payload, TarSample):
+        return f"{part.path}:{payload.key}"
+    if part.kind == IMAGE:
+        return part.path
+    return f"{part.path}:{number + 1}"
+
