@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_parts import Record, write_parts  # noqa: E402
-from write_filelist import write_filelist_list, write_part_filelist  # noqa: E402
+from write_filelist import write_counts, write_filelist_list, write_part_filelist  # noqa: E402
 
 SKIMAGE_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
                   "hubble_deep_field.jpg", "retina.jpg"]
@@ -120,6 +120,7 @@ def prepare(output_dir: str, filelist_dir: str, num_crops: int, seed: int) -> di
     eval_parts = write_parts(eval_records, str(eval_dir), EVAL_LINES_PER_PART)
     lists = Path(filelist_dir)
     write_part_filelist([str(p) for p in train_parts], str(lists / "demo_train.filelist"))
+    write_counts(str(lists / "demo_train.filelist"))  # generated (gitignored): even shards, see README
     write_part_filelist([str(p) for p in eval_parts], str(lists / "demo_eval.filelist"))
     write_filelist_list([(str(lists / "demo_train.filelist"), 1.0)], str(lists / "demo.filelist.list"))
     return {"train_photos": len(train_names), "crops": num_crops, "train_parts": len(train_parts),

@@ -13,10 +13,15 @@ import pytest
 from PIL import Image
 from skimage import data as skdata
 
-from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, read_part_lines
-from vae_trainer.data.filelists import read_sources
+from vae_trainer.data.dataset import ImageStream, build_eval_dataloader
+from vae_trainer.data.filelists import LINES, Part, read_sources
+from vae_trainer.data.records import iterate_records
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def read_part_lines(path):
+    return list(iterate_records(Part(str(path), LINES)))
 
 
 def _load_script(name):
@@ -55,7 +60,7 @@ def test_make_parts_stores_original_bytes_and_skips_unreadable(image_dir, tmp_pa
     parts = sorted(out.iterdir())
     assert [p.name for p in parts] == ["part-00000.gz", "part-00001.gz"]
     assert all(p.read_bytes()[:2] == b"\x1f\x8b" for p in parts)
-    lines = [line for part in parts for line in read_part_lines(str(part))[0]]
+    lines = [line for part in parts for line in read_part_lines(part)]
     fields = [line.split(b"\t") for line in lines]
     assert [f[0] for f in fields] == [b"a_grey", b"b_astronaut", b"cat"]  # sorted by relative path
     assert [f[1] for f in fields] == [b"a_grey.jpg", b"b_astronaut.png", b"nested/cat.webp"]
@@ -80,6 +85,9 @@ def test_write_filelist_relative_paths_and_weights(image_dir, tmp_path):
     write_filelist.main(["--parts_dir", str(parts_a), "--output", str(lists / "a.filelist")])
     write_filelist.main(["--parts_dir", str(parts_b), "--output", str(lists / "b.filelist")])
     assert (lists / "a.filelist").read_text().splitlines() == [f"../a/part-0000{i}.gz" for i in range(3)]
+    counts = (lists / "a.filelist.counts").read_text().splitlines()[1:]
+    sizes = [(parts_a / f"part-0000{i}.gz").stat().st_size for i in range(3)]
+    assert counts == [f"../a/part-0000{i}.gz\t1\t{sizes[i]}" for i in range(3)]
     write_filelist.main(
         ["--filelists", str(lists / "a.filelist"), f"{lists / 'b.filelist'}:2.5", "--output", str(lists / "m.filelist.list")]
     )
@@ -87,8 +95,34 @@ def test_write_filelist_relative_paths_and_weights(image_dir, tmp_path):
     sources = read_sources(str(lists / "m.filelist.list"))
     assert [s.weight for s in sources] == [1.0, 2.5]
     assert [len(s.parts) for s in sources] == [3, 1]
+    assert [[p.records for p in s.parts] for s in sources] == [[1, 1, 1], [1]]  # from the .counts files
     stream = ImageStream(str(lists / "m.filelist.list"), 32, infinite=False)
     assert len(list(iter(stream))) == 4 and stream.skip_stats() == {}
+
+
+def test_count_an_existing_filelist_in_parallel_with_tars_and_damage(tmp_path, capsys):
+    import tarfile
+
+    good = make_parts.write_parts([make_parts.Record(f"c{i}", "-", b"x") for i in range(5)], str(tmp_path / "p"), 3)
+    cut = tmp_path / "cut.gz"
+    whole = gzip.compress(b"".join(b"line %d\n" % i for i in range(3000)))
+    cut.write_bytes(whole[: len(whole) // 2])
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for name in ("a.jpg", "a.json", "b.png"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    filelist = tmp_path / "mixed.filelist"
+    filelist.write_text(f"p/part-00000.gz\np/part-00001.gz\ncut.gz\ns.tar\npipe:cat {tmp_path / 's.tar'}\n")
+    assert write_filelist.main(["--count", str(filelist), "--jobs", "2"]) == 0
+    rows = [row.split("\t") for row in (tmp_path / "mixed.filelist.counts").read_text().splitlines()[1:]]
+    assert [row[:2] for row in rows[:2]] == [["p/part-00000.gz", "3"], ["p/part-00001.gz", "2"]]
+    assert rows[2][0] == "cut.gz" and 100 < int(rows[2][1]) < 3000  # the readable lines
+    assert rows[3] == ["s.tar", "2", str((tmp_path / "s.tar").stat().st_size)]
+    assert rows[4] == [f"pipe:cat {tmp_path / 's.tar'}", "2", "-"]
+    assert "damaged: " in capsys.readouterr().out
+    (source,) = read_sources(str(filelist))
+    assert [p.records for p in source.parts] == [3, 2, int(rows[2][1]), 2, 2]
 
 
 def test_parse_weighted():
@@ -109,11 +143,12 @@ def test_prepare_demo_data_matches_committed_filelists_and_is_deterministic(tmp_
     first = _digests(root)
     for name in ("demo.filelist.list", "demo_train.filelist", "demo_eval.filelist"):
         assert (root / "filelist" / name).read_text() == (REPO / "data" / "filelist" / name).read_text()
+    assert read_sources(str(root / "filelist" / "demo.filelist.list"))[0].counted  # a .counts file was written
     prepare_demo_data.main(args)
     assert _digests(root) == first  # idempotent and deterministic
-    train_lines = [line for p in sorted((root / "demo" / "train").iterdir()) for line in read_part_lines(str(p))[0]]
+    train_lines = [line for p in sorted((root / "demo" / "train").iterdir()) for line in read_part_lines(p)]
     assert len(train_lines) == 800
-    held_out = {line.split(b"\t")[0].split()[0] for p in (root / "demo" / "eval").iterdir() for line in read_part_lines(str(p))[0]}
+    held_out = {line.split(b"\t")[0].split()[0] for p in (root / "demo" / "eval").iterdir() for line in read_part_lines(p)}
     trained = {line.split(b"\t")[0].split()[0] for line in train_lines}
     assert len(held_out) == 2 and not held_out & trained and len(trained) >= 6
     sizes = {Image.open(io.BytesIO(base64.b64decode(line.split(b"\t")[2]))).size[0] for line in train_lines[:50]}

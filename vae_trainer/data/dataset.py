@@ -58,7 +58,6 @@ Errors never hang
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import threading
 import traceback
@@ -71,7 +70,7 @@ import paddle
 
 from . import images, records
 from .buckets import Batcher, bucket_shapes, nearest_bucket
-from .filelists import image_files, read_sources
+from .filelists import read_sources
 from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .records import Damaged, Missing, describe, image_bytes
 from .sharding import (INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave,
@@ -272,7 +271,7 @@ class ImageStream(_RaisesInMainThread):
 
     def samples(self, shard: int, num_shards: int, start: ShardStart, counts: Counter) -> Iterator[_Sample | _EpochEnd]:
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `counts`."""
-        sources = assign(self.sources, self.seed, shard, num_shards)
+        sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         skip = min(restore, default=resume_at)
         while True:
@@ -466,23 +465,6 @@ def build_train_dataloader(
 # ---------------------------------------------------------------------------------- evaluation
 
 
-class _FolderImages(_RaisesInMainThread):
-    """Images of `files`, centre-cropped to a square, unflipped; an unreadable one is an error."""
-
-    def __init__(self, files: list[str], resolution: int, max_image_pixels: int = 8192 * 8192) -> None:
-        super().__init__()
-        self.files, self.resolution, self.max_image_pixels = files, resolution, max_image_pixels
-
-    def _items(self) -> Iterator[dict[str, np.ndarray]]:
-        size = (self.resolution, self.resolution)
-        for path in self.files:
-            try:
-                image = load_rgb(open_image(image_bytes(records.ImageFile(path), 0), self.max_image_pixels), size)
-            except BadImage as bad:
-                raise BadImage(bad.reason, f"{path}: {bad.detail}") from None
-            yield {"pixel_values": to_float(crop(image, size, None, False))}
-
-
 class _FirstUsableSamples(_RaisesInMainThread):
     """This rank's share (every world_size-th) of the first `num_images` usable samples of a stream."""
 
@@ -499,28 +481,17 @@ class _FirstUsableSamples(_RaisesInMainThread):
                 yield {"pixel_values": sample["pixel_values"]}
 
 
-def eval_folder_files(path: str, num_images: int | None = None) -> list[str]:
-    """The first `num_images` image files of an evaluation folder, sorted by relative path."""
-    files = [str(file) for file in image_files(path)]
-    if not files:
-        raise FileNotFoundError(f"{path}: no image files found")
-    return files if num_images is None else files[:num_images]
-
-
 def build_eval_dataloader(
     path: str, resolution: int, batch_size: int, rank: int, world_size: int, num_images: int | None
 ) -> paddle.io.DataLoader:
     """Evaluation batches of this rank from an image folder or any training source; ranks never overlap.
 
-    A source is read once, unshuffled, centre-cropped and unflipped; every rank decodes the same
-    first `num_images` usable samples and keeps those with ``index % world_size == rank``. A folder
-    is split the same way by sorted file index. Ranks may get one batch item more than others.
+    The source is read once in list order (a folder sorted by relative path), centre-cropped to a
+    square and unflipped; unusable images are skipped and logged as in training. Every rank decodes
+    the same first `num_images` usable samples and keeps those with ``index % world_size == rank``,
+    so ranks may get one batch item more than others.
     """
-    if os.path.isdir(path):
-        files = eval_folder_files(path, num_images)
-        dataset = _FolderImages(files[rank::world_size], resolution)
-    else:
-        stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False)
-        dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
+    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False)
+    dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
     return _NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
 

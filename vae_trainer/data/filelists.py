@@ -199,8 +199,8 @@ def read_counts(filelist: str) -> dict[str, tuple[int, int | None]]:
     return counts
 
 
-def read_filelist(filelist: str, weight: float = 1.0) -> Source:
-    """Read one ``.filelist``; every named local part must exist."""
+def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> Source:
+    """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file."""
     filelist = os.path.normpath(os.path.abspath(filelist))
     parts: list[Part] = []
     sizes: list[int | None] = []
@@ -209,7 +209,7 @@ def read_filelist(filelist: str, weight: float = 1.0) -> Source:
             path = _resolve(name, filelist)
             sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
             parts.append(Part(path, _part_kind(path)))
-    return Source(filelist, weight, _with_counts(filelist, parts, sizes))
+    return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
 
 def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> list[Part]:

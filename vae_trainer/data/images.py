@@ -122,7 +122,9 @@ def _load(image: Image.Image) -> Image.Image:
     try:
         image.seek(0)
         image.load()
-        return ImageOps.exif_transpose(to_srgb(image))
+        image = to_srgb(image)
+        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
+        return image
     except BadImage:
         raise
     except (OSError, ValueError, SyntaxError, EOFError) as error:
@@ -179,6 +181,8 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         image = _sixteen_bit_to_l(image)
     if image.mode == "F":
         image = image.convert("L")
+    if image.mode == "RGB" and "transparency" not in image.info:
+        return image  # convert() would copy it
     if _has_transparency(image):
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -216,7 +220,8 @@ def crop(
     `rng` the crop is centred and nothing is flipped. Only the cropped region is resampled
     (:data:`RESAMPLING`).
     """
-    image = image.convert("RGB")
+    if image.mode != "RGB":
+        image = image.convert("RGB")
     width, height = image.size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
@@ -237,8 +242,11 @@ def crop(
 
 
 def to_float(pixels: np.ndarray) -> np.ndarray:
-    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1]."""
-    return (np.moveaxis(pixels, -1, -3).astype(np.float32) / 127.5 - 1.0).copy()
+    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1] (one allocation)."""
+    out = np.ascontiguousarray(np.moveaxis(pixels, -1, -3), dtype=np.float32)
+    out /= 127.5
+    out -= 1.0
+    return out
 
 
 def preprocess(

@@ -101,18 +101,22 @@ def _counted_range(parts: list[Part], shard: int, num_shards: int) -> list[Segme
     return segments
 
 
-def assign(sources: list[Source], seed: int, shard: int, num_shards: int) -> list[ShardSource]:
-    """What shard `shard` of `num_shards` reads of each source (module doc, "Assignment")."""
+def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffle: bool = True) -> list[ShardSource]:
+    """What shard `shard` of `num_shards` reads of each source (module doc, "Assignment").
+
+    Without `shuffle` (evaluation) the parts keep their list order.
+    """
     result = []
     for index, source in enumerate(sources):
-        order = rng(seed, ASSIGN_PARTS, index).permutation(len(source.parts))
-        parts = [source.parts[i] for i in order]
+        parts = source.parts
+        if shuffle:
+            parts = [parts[i] for i in rng(seed, ASSIGN_PARTS, index).permutation(len(parts))]
         if source.counted:
             segments = _counted_range(parts, shard, num_shards)
         elif len(parts) >= num_shards:
             segments = [Segment(part) for part in parts[shard::num_shards]]
         else:
-            segments = [Segment(part, shard, None, num_shards) for part in source.parts]
+            segments = [Segment(part, shard, None, num_shards) for part in parts]
         if segments:
             result.append(ShardSource(index, source.weight, segments))
     return result
