@@ -55,6 +55,18 @@ def held_out_folder(tmp_path_factory) -> str:
     return str(root)
 
 
+def write_tar(path, members):
+    """A tar file of (name, bytes) members, in order (a WebDataset shard when names share keys)."""
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run train_vae_(no_)trainer.py as a user would, optionally under paddle.distributed.launch on CPU."""
     env = {**os.environ, "PYTHONPATH": REPO}

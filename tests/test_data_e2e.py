@@ -8,11 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, _photos, read_scalars, run_entry_point, tiny_args, vae_weights
+from conftest import DRIVERS, REPO, _photos, read_scalars, run_entry_point, tiny_args, vae_weights, write_tar
 from PIL import Image
 
 BUCKETS = dict(aspect_ratio_buckets="true", gradient_accumulation_steps=2, dataloader_num_workers=1)
@@ -41,8 +40,9 @@ def bucket_runs(photo_folder, tmp_path_factory):
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, tiny_args(photo_folder, output_dir, **BUCKETS))
+        result = run_entry_point(driver, tiny_args(photo_folder, output_dir, **BUCKETS))
         out[driver] = output_dir
+        out[driver + ":output"] = result.stdout + result.stderr
     return out
 
 
@@ -58,6 +58,10 @@ def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs):
         values = [skipped[step] for step in sorted(skipped)]
         assert values == sorted(values) and values[-1] >= 1  # cumulative; the broken file was met
         assert set(read_scalars(log, "data/skipped_truncated").values()) == {0.0}
+    for driver in DRIVERS:  # the end-of-run summary, with the last logged count
+        final = int(read_scalars(os.path.join(bucket_runs[driver], "logs"), "data/skipped_not_image")[4])
+        assert f"data: {final} training records skipped (all ranks, resumed runs included): {{'not_image': {final}}}" \
+            in bucket_runs[driver + ":output"]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -76,6 +80,19 @@ def test_bucketed_folder_resume_is_exact(bucket_runs, photo_folder, tmp_path, dr
         np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
 
 
+def test_bucketing_under_two_ranks_steps_together_in_sync(photo_folder, tmp_path):
+    """Two ranks fill their buckets independently (shapes may differ in a step); they stay in sync."""
+    output_dir = tmp_path / "out"
+    run_entry_point(DRIVERS[1], tiny_args(photo_folder, output_dir, max_steps=3, save_steps=3, image_logging_steps=0,
+                                          **BUCKETS), nproc=2, log_dir=tmp_path / "launch")
+    import paddle
+
+    states = [paddle.load(str(output_dir / "checkpoint-3" / f"rank_state_{r}.pdparams")) for r in (0, 1)]
+    np.testing.assert_array_equal(states[0]["parameter_fingerprint"], states[1]["parameter_fingerprint"])
+    assert sorted(read_scalars(str(output_dir / "logs"), "loss/total")) == [1, 2, 3]
+    assert all(state["data"]["batches_consumed"] == 6 for state in states)  # 3 steps x 2 micro-batches each
+
+
 @pytest.fixture(scope="module")
 def tar_shards(tmp_path_factory):
     """3 WebDataset shards of JPEG crops of real photos with captions; one sample without an image."""
@@ -83,20 +100,17 @@ def tar_shards(tmp_path_factory):
     rng = np.random.default_rng(1)
     photos = _photos()
     for shard in range(3):
-        with tarfile.open(root / f"{shard:05d}.tar", "w") as tar:
-            for k in range(6):
-                photo = photos[(shard + k) % len(photos)]
-                size = int(rng.integers(48, 96))
-                y, x = rng.integers(0, photo.shape[0] - size), rng.integers(0, photo.shape[1] - size)
-                buffer = io.BytesIO()
-                Image.fromarray(photo[y : y + size, x : x + size]).save(buffer, "JPEG", quality=90)
-                members = [(f"{shard:05d}{k:04d}.jpg", buffer.getvalue()), (f"{shard:05d}{k:04d}.txt", b"a photo")]
-                if shard == 1 and k == 2:
-                    members = members[1:]  # caption only
-                for name, data in members:
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        members = []
+        for k in range(6):
+            photo = photos[(shard + k) % len(photos)]
+            size = int(rng.integers(48, 96))
+            y, x = rng.integers(0, photo.shape[0] - size), rng.integers(0, photo.shape[1] - size)
+            buffer = io.BytesIO()
+            Image.fromarray(photo[y : y + size, x : x + size]).save(buffer, "JPEG", quality=90)
+            if not (shard == 1 and k == 2):  # that sample has a caption only
+                members.append((f"{shard:05d}{k:04d}.jpg", buffer.getvalue()))
+            members.append((f"{shard:05d}{k:04d}.txt", b"a photo"))
+        write_tar(root / f"{shard:05d}.tar", members)
     return str(root / "{00000..00002}.tar")
 
 

@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
 import paddle
 import pytest
+from conftest import write_tar
 from PIL import Image
 
 from vae_trainer.data import records
@@ -78,16 +78,6 @@ def id_parts(folder, num_parts, lines_per_part, first_id=0, use_gzip=True):
         lines = [line(id_image(i)) for i in range(start, start + lines_per_part)]
         parts.append(write_part(folder / f"part-{first_id}-{index}", lines, use_gzip))
     return parts
-
-
-def write_tar(path, members):
-    """A tar of (name, bytes) members, in order."""
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
 
 
 def ids_of(pixel_values):

@@ -2,14 +2,13 @@
 
 import base64
 import gzip
-import io
 import os
 import sys
-import tarfile
 import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import write_tar
 
 from vae_trainer.data.filelists import IMAGE, LINES, TAR, Part
 from vae_trainer.data.images import BadImage
@@ -25,12 +24,7 @@ from vae_trainer.data.records import (
 
 
 def _tar(path, members):
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return str(path)
+    return str(write_tar(path, members))
 
 
 def test_gzip_part_is_streamed_with_memory_independent_of_its_size(tmp_path):

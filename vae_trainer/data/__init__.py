@@ -1,1 +1,7 @@
-"""Reading LAION-style filelists and streaming decoded images."""
+"""Training and evaluation data: sources (image folders, WebDataset tars, LAION part files), streamed,
+sharded, decoded to sRGB crops or aspect-ratio buckets, exactly resumable.
+
+filelists (what --file_list names) -> records (reading a part) -> sharding (who reads what, in which
+order) -> images (decode, colour, crop) -> buckets (batches of one shape) -> dataset (the stream, its
+positions and skip counts, the DataLoaders).
+"""
