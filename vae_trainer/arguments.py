@@ -513,7 +513,7 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
     """Reject contradictory or unknown choices before anything expensive is built."""
     _validate_vae_source(model_args)
     if data_args.file_list is None:
-        raise ValueError("--file_list is required (a .filelist.list or .filelist).")
+        raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a .filelist.list).")
     for arguments in (model_args, data_args, loss_args):
         _check_choices(arguments)
     _validate_techniques(model_args, loss_args)
