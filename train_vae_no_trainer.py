@@ -8,11 +8,16 @@ Flags: `python train_vae_no_trainer.py --help` (the same as train_vae_trainer.py
 
 import sys
 
-from vae_trainer.arguments import parse_arguments
-from vae_trainer.distributed import rank
-from vae_trainer.checkpoint import list_checkpoints
-from vae_trainer.loop import train
-from vae_trainer.step import NonFiniteError
+if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREADS only once
+    from vae_trainer.threads import set_default_threads
+
+    set_default_threads(sys.argv[1:])
+
+from vae_trainer.arguments import parse_arguments  # noqa: E402
+from vae_trainer.distributed import rank  # noqa: E402
+from vae_trainer.checkpoint import list_checkpoints  # noqa: E402
+from vae_trainer.loop import train  # noqa: E402
+from vae_trainer.step import NonFiniteError  # noqa: E402
 
 
 def main(argv=None):

@@ -8,12 +8,17 @@ Flags: `python train_vae_trainer.py --help` (the same as train_vae_no_trainer.py
 
 import sys
 
-from vae_trainer import checkpoint as ckpt
-from vae_trainer.arguments import parse_arguments
-from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime
-from vae_trainer.export import export_run
-from vae_trainer.step import NonFiniteError
-from vae_trainer.trainer import VAETrainer
+if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREADS only once
+    from vae_trainer.threads import set_default_threads
+
+    set_default_threads(sys.argv[1:])
+
+from vae_trainer import checkpoint as ckpt  # noqa: E402
+from vae_trainer.arguments import parse_arguments  # noqa: E402
+from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime  # noqa: E402
+from vae_trainer.export import export_run  # noqa: E402
+from vae_trainer.step import NonFiniteError  # noqa: E402
+from vae_trainer.trainer import VAETrainer  # noqa: E402
 
 
 def main(argv=None):

@@ -2,6 +2,8 @@
 # 64 px). Override any of them from the environment, and pass extra flags after the script name (they go
 # to the entry point), e.g.
 #   FILE_LIST=data/filelist/laion.filelist.list OUTPUT_DIR=outputs/sd_vae bash scripts/run_multi_trainer.sh --max_steps 100000
+# CPU threads: each process uses its share of the usable cores unless OMP_NUM_THREADS is set (the entry
+# points choose it, also under the launcher: vae_trainer/threads.py).
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 DEVICE=${DEVICE:-gpu}
 FILE_LIST=${FILE_LIST:-data/filelist/demo.filelist.list}

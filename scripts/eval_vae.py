@@ -29,6 +29,11 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREADS only once
+    from vae_trainer.threads import set_default_threads
+
+    set_default_threads(sys.argv[1:])
+
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 

@@ -43,8 +43,7 @@ class Components:
 def setup_runtime(training_args) -> None:
     """Device, process group and readable logs.
 
-    CPU threads: Paddle sets OMP_NUM_THREADS=1 when imported unless it is already set, and
-    FLAGS_paddle_num_threads adds no compute threads in dygraph; set OMP_NUM_THREADS before launching.
+    CPU threads are chosen before Paddle is imported, by the entry points (vae_trainer/threads.py).
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     device = training_args.device

@@ -1,0 +1,167 @@
+"""CPU compute threads: use the whole machine unless the user says otherwise.
+
+Owns: choosing `OMP_NUM_THREADS` for a process that is about to import Paddle. Must not import Paddle
+(nor anything that does): Paddle's import sets `OMP_NUM_THREADS=1` when it is unset, and its dygraph CPU
+kernels take their threads from OpenMP, which reads the variable once; `FLAGS_paddle_num_threads` adds
+no thread in dygraph. So the entry points (`train_vae_trainer.py`, `train_vae_no_trainer.py`,
+`scripts/eval_vae.py`) call `set_default_threads` first thing, before any Paddle import.
+
+The rule, when the user has not set `OMP_NUM_THREADS`:
+
+    threads = max(1, usable CPUs // processes on this node - reserve)
+
+- usable CPUs: this process's CPU affinity (`taskset`, cpusets, `--cpuset-cpus`), capped by a cgroup
+  CPU quota (`docker --cpus`, Kubernetes limits) when there is one;
+- processes on this node: `PADDLE_LOCAL_SIZE`, which `paddle.distributed.launch` gives each worker
+  (`--nproc_per_node`, or one per GPU); else the endpoints on this host in `PADDLE_TRAINER_ENDPOINTS`
+  (older launchers); else 1;
+- reserve: one core per process for its dataloader workers when it has any and at least 4 cores of
+  its own, else none. Workers decode images: a batch costs a small fraction of a training step, so a
+  whole core per worker would starve the compute on small machines, while on larger ones one core kept
+  free stops decoding bursts from pre-empting an OpenMP thread (every thread of a kernel waits for the
+  slowest).
+
+The user's setting always wins. One trap: the launcher imports Paddle itself before it starts the
+workers, so a worker inherits `OMP_NUM_THREADS=1` even when the user never set it. A launcher worker
+whose value is "1" therefore checks the environment its launcher (the parent process) started with,
+`/proc/<ppid>/environ`; where that cannot be read (not Linux), the "1" is taken to be Paddle's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+VARIABLE = "OMP_NUM_THREADS"
+_CORES_BEFORE_RESERVING = 4  # a process with fewer cores keeps them all for compute
+_LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int
+    by_user: bool
+    usable_cpus: int = 0
+    local_processes: int = 1
+    dataloader_workers: int = 0
+
+    def describe(self) -> str:
+        if self.by_user:
+            return f"CPU threads: {VARIABLE}={self.threads}, as set by the user"
+        return (f"CPU threads: {VARIABLE}={self.threads} ({self.usable_cpus} usable CPUs, "
+                f"{self.local_processes} process(es) on this node, {self.dataloader_workers} dataloader "
+                f"worker(s) per process); set {VARIABLE} to choose")
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may run on (affinity), capped by a cgroup CPU quota; at least 1."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1, min(count, math.floor(quota)) if quota else count)
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """CPUs' worth of time the cgroup may use (v2 `cpu.max`, or the v1 CFS quota); None if unlimited."""
+    v2 = _read(os.path.join(root, "cpu.max"))
+    if v2 is not None:
+        quota, period = (v2.split() + ["", ""])[:2]
+    else:
+        quota = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us"))
+        period = _read(os.path.join(root, "cpu", "cpu.cfs_period_us"))
+    if not (quota and period and quota.isdigit() and period.isdigit()) or int(period) == 0:
+        return None  # "max" / "-1": no quota
+    return int(quota) / int(period)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def local_processes(environ: Mapping[str, str]) -> int:
+    """Processes the launcher started on this node (1 without a launcher)."""
+    if environ.get("PADDLE_LOCAL_SIZE", "").isdigit():
+        return max(1, int(environ["PADDLE_LOCAL_SIZE"]))
+    endpoints = [e for e in environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
+    current = environ.get("PADDLE_CURRENT_ENDPOINT", "")
+    if endpoints and current:
+        host = current.rsplit(":", 1)[0]
+        return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints))
+    return 1
+
+
+def dataloader_workers(argv: Sequence[str]) -> int:
+    """`--dataloader_num_workers` from the command line (or a single .json of flags); PaddleNLP's default 0."""
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        import json
+
+        try:
+            with open(argv[0]) as handle:
+                return int(json.load(handle).get("dataloader_num_workers", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+    for index, item in enumerate(argv):
+        value = None
+        if item == "--dataloader_num_workers" and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif item.startswith("--dataloader_num_workers="):
+            value = item.split("=", 1)[1]
+        if value is not None:
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def parent_environment() -> Optional[dict]:
+    """The environment the parent process started with (Linux), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            entries = handle.read().split(b"\0")
+    except OSError:
+        return None
+    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+
+
+def set_by_user(environ: Mapping[str, str], parent_environ: Optional[Mapping[str, str]]) -> bool:
+    """Did the user choose OMP_NUM_THREADS (as opposed to Paddle's import inside a launcher)?"""
+    if VARIABLE not in environ:
+        return False
+    under_launcher = any(name in environ for name in _LAUNCHER_VARIABLES)
+    if under_launcher and environ[VARIABLE] == "1":
+        return parent_environ is not None and VARIABLE in parent_environ
+    return True
+
+
+def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
+                   parent_environ: Optional[Mapping[str, str]] = None) -> ThreadChoice:
+    """The thread count for this process (pure: no side effects)."""
+    if set_by_user(environ, parent_environ):
+        value = environ[VARIABLE]
+        return ThreadChoice(int(value) if value.isdigit() else 1, by_user=True)  # Paddle reads junk as 1
+    processes = local_processes(environ)
+    per_process = max(1, cpus // processes)
+    reserve = 1 if workers > 0 and per_process >= _CORES_BEFORE_RESERVING else 0
+    return ThreadChoice(max(1, per_process - reserve), False, cpus, processes, workers)
+
+
+def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
+    """Set OMP_NUM_THREADS for this process unless the user did; log the choice on stderr.
+
+    Does nothing (returns None) once Paddle is imported: the setting could no longer take effect.
+    """
+    if "paddle" in sys.modules:
+        return None
+    argv = sys.argv[1:] if argv is None else argv
+    choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent_environment())
+    if not choice.by_user:
+        os.environ[VARIABLE] = str(choice.threads)
+    print(choice.describe(), file=sys.stderr, flush=True)
+    return choice
