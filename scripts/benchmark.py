@@ -367,17 +367,22 @@ def breakdown_table(results: List[Dict]) -> str:
             lines.append(f"failed: {' '.join(result['error'])}\n")
             continue
         full = result["full step"]["median_s"]
-        lines += ["| step variant | s/step | part | part's cost s/step | share of full step |", "|---|---|---|---|---|"]
+        full_cpu = result["full step"]["cpu_median_s"]
+        lines += ["| step variant | s/step | part | part's cost s/step | share of full step | share by CPU time |",
+                  "|---|---|---|---|---|---|"]
         for name in BREAKDOWN_VARIANTS:
-            median = result[name]["median_s"]
-            part = "" if name == "full step" else ("VAE, pixel, KL, optimizers" if name.startswith("VAE")
-                                                   else name.replace("without ", ""))
-            cost = median if name.startswith("VAE") else full - median
-            lines.append(f"| {name} | {median:.3f} | {part or 'all'} | {(cost if part else full):.3f} "
-                         f"| {100 * (cost if part else full) / full:.0f}% |")
+            median, cpu = result[name]["median_s"], result[name]["cpu_median_s"]
+            if name == "full step":
+                part, cost, cpu_cost = "all", full, full_cpu
+            elif name.startswith("without "):
+                part, cost, cpu_cost = name.removeprefix("without "), full - median, full_cpu - cpu
+            else:  # the VAE-only step: what remains with every optional part off
+                part, cost, cpu_cost = "VAE, pixel, KL, optimizers", median, cpu
+            lines.append(f"| {name} | {median:.3f} | {part} | {cost:.3f} | {100 * cost / full:.0f}% "
+                         f"| {100 * cpu_cost / full_cpu:.0f}% |")
         block = result["optimizer_block_s"]
         lines.append(f"| (optimizer-step block alone) | | sync, norms, finite check, clip, both optimizers, EMA "
-                     f"| {block:.3f} | {100 * block / full:.0f}% |")
+                     f"| {block:.3f} | {100 * block / full:.0f}% | |")
         lines.append("")
     return "\n".join(lines)
 
@@ -418,20 +423,20 @@ def lpips_schemes(lpips) -> Dict[str, Callable]:
 
 
 def lpips_table(results: List[Dict]) -> str:
-    lines = ["| config px batch threads | LPIPS (forward; backward in training) | s/call | ratio to ours |",
-             "|---|---|---|---|"]
+    lines = ["| config px batch threads | LPIPS (forward; backward in training) | s/call | ratio to ours | CPU ratio to ours |",
+             "|---|---|---|---|---|"]
     for result in results:
         s = result["setting"]
         label = f"{s['resolution']} px b{s['batch_size']} {s['threads']} thr"
         if "error" in result:
             lines.append(f"| {label} | failed: {' '.join(result['error'])[-120:]} | | |")
             continue
-        names = list(result["ratio_to_first"])
-        for name in names:
+        for name in result["ratio_to_first"]:
             ours = "training: ours" if name.startswith("training") else "evaluation: ours"
-            ours_name = next(n for n in names if n.startswith(ours))
-            ratio = result[name]["median_s"] / result[ours_name]["median_s"]
-            lines.append(f"| {label} | {name} | {result[name]['median_s']:.3f} | {ratio:.2f}x |")
+            ours_result = next(value for key, value in result.items() if key.startswith(ours))
+            lines.append(f"| {label} | {name} | {result[name]['median_s']:.3f} | "
+                         f"{result[name]['median_s'] / ours_result['median_s']:.2f}x | "
+                         f"{result[name]['cpu_median_s'] / ours_result['cpu_median_s']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -459,9 +464,11 @@ def parameter_count(layer) -> int:
     return sum(int(p.size) for p in layer.parameters())
 
 
-def timed(step: Callable[[], None]) -> float:
-    started = time.perf_counter()
+def timed(step: Callable[[], None], cpu_times: List[float]) -> float:
+    """Wall time of `step`; its CPU time (all threads of this process) is appended to `cpu_times`."""
+    started, cpu_started = time.perf_counter(), time.process_time()
     step()
+    cpu_times.append(time.process_time() - cpu_started)
     return time.perf_counter() - started
 
 
@@ -490,10 +497,11 @@ def run_worker(setting: Setting, output_path: str) -> None:
                 rss_ours = peak_rss_mib()
         optimizer_times.clear()
         times: Dict[str, List[float]] = {name: [] for name in schemes}
+        cpu_times: Dict[str, List[float]] = {name: [] for name in schemes}
         for _ in range(setting.steps):  # interleaved: background load hits both schemes alike
             for name, scheme in schemes.items():
                 x, step = batches[global_step % len(batches)], global_step
-                times[name].append(timed(lambda: scheme(x, step)))
+                times[name].append(timed(lambda: scheme(x, step), cpu_times[name]))
                 global_step += 1
     model = components.model
     result = {
@@ -503,7 +511,8 @@ def run_worker(setting: Setting, output_path: str) -> None:
         "peak_rss_mib": rss_ours,
         "peak_rss_mib_both": peak_rss_mib(),
         "busy_threads": busy_thread_count(),
-        **{name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t} for name, t in times.items()},
+        **{name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t,
+                  "cpu_median_s": statistics.median(cpu_times[name])} for name, t in times.items()},
     }
     first = next(iter(times))
     # Ratios of adjacent calls to the first scheme's: robust to background load that changes during the run.

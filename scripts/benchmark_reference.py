@@ -32,6 +32,7 @@ import base64
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -129,13 +130,19 @@ def reference_command(comparison: Comparison, steps: int, file_list: str, output
 
 
 # ---------------------------------------------------------------- timing (parent process)
-def timed_run(command: List[str], env: Dict[str, str]) -> float:
-    started = time.perf_counter()
+def timed_run(command: List[str], env: Dict[str, str]) -> Dict[str, float]:
+    """Wall time and CPU time (user + system, the process and its dataloader workers) of one run."""
+    cpu_before, started = _children_cpu_seconds(), time.perf_counter()
     process = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:3])} ... failed ({process.returncode}):\n{process.stderr[-3000:]}")
-    return elapsed
+    return {"wall": elapsed, "cpu": _children_cpu_seconds() - cpu_before}
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def compare(comparison: Comparison) -> Dict:
@@ -152,11 +159,12 @@ def compare(comparison: Comparison) -> Dict:
     systems = ["reference", *comparison.entry_points]
     n1, n2 = comparison.steps
     per_step: Dict[str, List[float]] = {name: [] for name in systems}
+    cpu_per_step: Dict[str, List[float]] = {name: [] for name in systems}
     with tempfile.TemporaryDirectory() as root:
         file_list = write_dataset(root, seed=comparison.seed)
         verified = False
         for repeat in range(comparison.repeats):
-            walls: Dict[str, Dict[int, float]] = {name: {} for name in systems}
+            runs: Dict[str, Dict[int, Dict[str, float]]] = {name: {} for name in systems}
             order = systems if repeat % 2 == 0 else systems[::-1]
             for steps in (n1, n2):
                 for name in order:
@@ -166,32 +174,44 @@ def compare(comparison: Comparison) -> Dict:
                         verified = True
                     else:
                         command = ours_command(comparison, name, steps, file_list, output_dir)
-                    walls[name][steps] = timed_run(command, env)
-                    print(f"  repeat {repeat + 1}: {name} {steps} steps {walls[name][steps]:.1f} s",
-                          file=sys.stderr, flush=True)
+                    runs[name][steps] = timed_run(command, env)
+                    print(f"  repeat {repeat + 1}: {name} {steps} steps {runs[name][steps]['wall']:.1f} s "
+                          f"(CPU {runs[name][steps]['cpu']:.1f} s)", file=sys.stderr, flush=True)
             for name in systems:
-                per_step[name].append((walls[name][n2] - walls[name][n1]) / (n2 - n1))
-    reference = per_step["reference"]
+                per_step[name].append((runs[name][n2]["wall"] - runs[name][n1]["wall"]) / (n2 - n1))
+                cpu_per_step[name].append((runs[name][n2]["cpu"] - runs[name][n1]["cpu"]) / (n2 - n1))
     return {
         "settings": {**asdict(comparison), "steps": list(comparison.steps), "entry_points": list(comparison.entry_points)},
         "seconds_per_step": per_step,
-        "ratio_to_reference": {name: statistics.median(o / r for o, r in zip(per_step[name], reference))
-                               for name in comparison.entry_points},
+        "cpu_seconds_per_step": cpu_per_step,
+        "ratio_to_reference": _ratios(per_step, comparison.entry_points),
+        "cpu_ratio_to_reference": _ratios(cpu_per_step, comparison.entry_points),
     }
+
+
+def _ratios(per_step: Dict[str, List[float]], names: Sequence[str]) -> Dict[str, float]:
+    return {name: statistics.median(o / r for o, r in zip(per_step[name], per_step["reference"])) for name in names}
 
 
 def markdown_table(result: Dict) -> str:
     s = result["settings"]
-    lines = ["| system | s/step (median) | s/step per repeat | ratio to reference |", "|---|---|---|---|"]
+    lines = ["| system | s/step (median) | s/step per repeat | ratio to reference | CPU s/step (median) | CPU ratio |",
+             "|---|---|---|---|---|---|"]
     for name, values in result["seconds_per_step"].items():
-        ratio = "1" if name == "reference" else f"{result['ratio_to_reference'][name]:.2f}x"
-        label = "reference (PaddleMIX train_vae.py)" if name == "reference" else f"ours: {name}"
-        lines.append(f"| {label} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | {ratio} |")
+        cpu = result["cpu_seconds_per_step"][name]
+        reference = name == "reference"
+        ratio = "1" if reference else f"{result['ratio_to_reference'][name]:.2f}x"
+        cpu_ratio = "1" if reference else f"{result['cpu_ratio_to_reference'][name]:.2f}x"
+        label = "reference (PaddleMIX train_vae.py)" if reference else f"ours: {name}"
+        lines.append(f"| {label} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | {ratio} "
+                     f"| {statistics.median(cpu):.3f} | {cpu_ratio} |")
     lines.append("")
     lines.append(f"{os.path.basename(s['config'])}, {s['resolution']} px, batch {s['batch_size']}, "
                  f"{threads_label(s['threads'])}, {s['workers']} dataloader workers, disc_start {s['disc_start']}; "
                  f"s/step = (wall({s['steps'][1]} steps) - wall({s['steps'][0]} steps)) / {s['steps'][1] - s['steps'][0]}, "
-                 f"{s['repeats']} alternating repeats; ratio = median of per-repeat ratios (target <= 0.35x).")
+                 f"{s['repeats']} alternating repeats; ratio = median of per-repeat ratios (target <= 0.35x). "
+                 "CPU s/step counts user + system time of the process and its workers: with one thread it measures "
+                 "the work and hardly moves with other load; with several, OpenMP's waiting counts too.")
     return "\n".join(lines)
 
 
