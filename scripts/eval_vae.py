@@ -9,6 +9,9 @@ Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics
 the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. PSNR and SSIM are on
 [0, 1] images with data range 1 (``vae_trainer.evaluation.EvalProtocol``).
 
+CPU threads: the usable cores (shared among the launcher's processes) unless ``OMP_NUM_THREADS`` is set;
+see ``vae_trainer/threads.py``.
+
 Data parallel: ``python -m paddle.distributed.launch --nproc_per_node N scripts/eval_vae.py ...``.
 Each process reads its shard of the first ``--num_images`` images; metrics are summed over
 processes, and rank 0 alone prints and writes the outputs (its own first images form the grid).
