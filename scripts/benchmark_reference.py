@@ -104,7 +104,8 @@ def ours_command(comparison: Comparison, entry_point: str, steps: int, file_list
         "max_steps": steps, "disc_start": comparison.disc_start, "learning_rate": comparison.learning_rate,
         "dataloader_num_workers": comparison.workers, "seed": comparison.seed, "output_dir": output_dir,
         "logging_steps": NEVER, "image_logging_steps": 0, "save_steps": NEVER, "device": "cpu",
-        "disable_tqdm": "true", "eval_num_images": comparison.batch_size,  # the export's latent statistics
+        "disable_tqdm": "true",
+        "latent_stats_num_images": comparison.batch_size,  # the export's latent statistics: teardown, kept small
     }
     return [sys.executable, os.path.join(REPO_ROOT, entry_point),
             *[item for key, value in flags.items() for item in (f"--{key}", str(value))]]
