@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from vae_trainer.threads import cgroup_cpu_quota, choose_threads, dataloader_workers, usable_cpus
+from vae_trainer.threads import WORKER_FLAGS, cgroup_cpu_quota, choose_threads, dataloader_workers, usable_cpus
 
 ENTRY_POINTS = ["train_vae_trainer.py", "train_vae_no_trainer.py", "scripts/eval_vae.py"]
 AFFINITY = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -99,9 +99,17 @@ def test_dataloader_workers_are_read_from_the_command_line_or_a_json_of_flags(tm
     assert dataloader_workers(["--max_steps", "3", "--dataloader_num_workers", "4"]) == 4
     assert dataloader_workers(["--dataloader_num_workers=2"]) == 2
     assert dataloader_workers(["--max_steps", "3"]) == 0
+    assert dataloader_workers(["--num_workers", "5"]) == 5  # the reference trainer's spelling
+    assert dataloader_workers(["--num_workers", "5", "--dataloader_num_workers", "1"]) == 1  # the last one wins
     flags = tmp_path / "flags.json"
     flags.write_text(json.dumps({"dataloader_num_workers": 3, "max_steps": 1}))
     assert dataloader_workers([str(flags)]) == 3
+
+
+def test_every_spelling_of_the_workers_flag_is_read():
+    from vae_trainer.arguments import ALIASES
+
+    assert set(WORKER_FLAGS) == {"dataloader_num_workers", *ALIASES.get("dataloader_num_workers", ())}
 
 
 def test_a_cgroup_cpu_quota_caps_the_usable_cpus(tmp_path):

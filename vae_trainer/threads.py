@@ -38,6 +38,8 @@ from typing import Mapping, Optional, Sequence
 VARIABLE = "OMP_NUM_THREADS"
 _CORES_BEFORE_RESERVING = 4  # a process with fewer cores keeps them all for compute
 _LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
+# The flag and its reference-trainer alias (vae_trainer.arguments.ALIASES; a test keeps them in step).
+WORKER_FLAGS = ("dataloader_num_workers", "num_workers")
 
 
 @dataclass(frozen=True)
@@ -100,24 +102,24 @@ def local_processes(environ: Mapping[str, str]) -> int:
 
 
 def dataloader_workers(argv: Sequence[str]) -> int:
-    """`--dataloader_num_workers` from the command line (or a single .json of flags); PaddleNLP's default 0."""
+    """`--dataloader_num_workers` (or its alias) from the command line or a single .json of flags; default 0."""
     if len(argv) == 1 and argv[0].endswith(".json"):
         import json
 
         try:
             with open(argv[0]) as handle:
-                return int(json.load(handle).get("dataloader_num_workers", 0))
+                flags = json.load(handle)
+            return int(next((flags[name] for name in WORKER_FLAGS if name in flags), 0))
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
-    for index, item in enumerate(argv):
-        value = None
-        if item == "--dataloader_num_workers" and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif item.startswith("--dataloader_num_workers="):
-            value = item.split("=", 1)[1]
-        if value is not None:
-            return int(value) if value.isdigit() else 0
-    return 0
+    workers = 0
+    for index, item in enumerate(argv):  # the last occurrence wins, as in argparse
+        flag, equals, value = item.partition("=")
+        if flag.startswith("--") and flag[2:] in WORKER_FLAGS:
+            if not equals:
+                value = argv[index + 1] if index + 1 < len(argv) else ""
+            workers = int(value) if value.isdigit() else 0
+    return workers
 
 
 def parent_environment() -> Optional[dict]:
