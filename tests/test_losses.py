@@ -56,30 +56,60 @@ def test_gan_losses_match_formulas(kind):
     assert losses.generator_loss(_t(fake), kind).item() == pytest.approx(g_expected, rel=1e-6)
 
 
-def test_adaptive_weight_is_ratio_of_gradient_norms_and_leaves_grads_alone():
-    paddle.seed(0)
-    layer = paddle.nn.Linear(4, 3)
-    x = paddle.randn([5, 4])
-    out = layer(x)
-    nll, gan = out.square().mean(), (3.0 * out).sum()
-    w = layer.weight
-    # By hand: d nll / dW = x^T (2 out / N); d gan / dW = x^T * 3.
-    g_nll = x.numpy().T @ (2 * out.numpy() / out.size)
-    g_gan = x.numpy().T @ np.full(out.shape, 3.0)
+def test_adaptive_weight_is_ratio_of_gradient_norms_clamped():
+    rng = np.random.default_rng(0)
+    g_nll, g_gan = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     expected = np.linalg.norm(g_nll) / (np.linalg.norm(g_gan) + 1e-4)
-    assert losses.adaptive_weight(nll, gan, w).item() == pytest.approx(expected, rel=1e-5)
-    assert w.grad is None  # paddle.grad does not accumulate into .grad
+    assert losses.adaptive_weight(_t(g_nll), _t(g_gan)).item() == pytest.approx(expected, rel=1e-5)
+    clamped = losses.adaptive_weight(_t(g_nll), _t(g_gan), max_weight=0.1 * expected)
+    assert clamped.item() == pytest.approx(0.1 * expected)
+    assert losses.adaptive_weight(_t(g_nll), _t(g_gan), eps=2.0).item() == pytest.approx(
+        np.linalg.norm(g_nll) / (np.linalg.norm(g_gan) + 2.0), rel=1e-5)
 
 
 def test_adaptive_weight_is_nan_when_a_gradient_norm_overflows_not_clipped_to_its_maximum():
-    layer = paddle.nn.Linear(4, 3)
-    out = layer(paddle.ones([5, 4]))
-    nll, gan = out.square().mean(), out.sum()
-    assert np.isfinite(losses.adaptive_weight(nll, gan, layer.weight).item())
+    g = _t(np.ones((3, 4)))
+    assert np.isfinite(losses.adaptive_weight(g, g).item())
     # nll's gradient overflows: inf / finite would be clipped to max_weight (1e4), a huge GAN weight.
-    assert np.isnan(losses.adaptive_weight(nll * 3e38, gan, layer.weight).item())
+    assert np.isnan(losses.adaptive_weight(g * 3e38 * 3e38, g).item())
     # gan's gradient overflows: finite / inf would be 0 by accident.
-    assert np.isnan(losses.adaptive_weight(nll, gan * 3e38, layer.weight).item())
+    assert np.isnan(losses.adaptive_weight(g, g * 3e38 * 3e38).item())
+
+
+def test_last_layer_gradient_is_the_loss_gradient_at_the_layer_from_its_gradient_at_the_output():
+    """dL/dW from dL/d(output) alone, for a layer that is not the last op before the output either, and
+    without touching .grad (the real backward comes later)."""
+    paddle.seed(0)
+    layer = paddle.nn.Linear(4, 3)
+    x = paddle.randn([5, 4])
+    out = paddle.tanh(layer(x))
+    leaf = out.detach()
+    leaf.stop_gradient = False
+    head_loss = (leaf.square() * paddle.arange(15, dtype="float32").reshape([5, 3])).sum()
+    out_grad = paddle.grad(head_loss, leaf)[0]
+    expected = paddle.grad((out.square() * paddle.arange(15, dtype="float32").reshape([5, 3])).sum(), layer.weight,
+                           retain_graph=True)[0]
+    got = losses.last_layer_gradient(out, out_grad, layer.weight)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+    assert layer.weight.grad is None  # paddle.grad does not accumulate into .grad
+    out.sum().backward()  # the graph is kept for the real backward
+    assert layer.weight.grad is not None
+
+
+def test_a_given_scaled_gradient_reaches_a_half_precision_reconstruction_without_underflow():
+    """The VAE's backward starts from the heads' gradient at the reconstruction, computed with the loss
+    scale s. Caller's backward with the loss times s: the fp16 reconstruction gets that scaled gradient,
+    whose unscaled value (1e-8) would be 0 in float16."""
+    weight = paddle.create_parameter([3], "float32")
+    weight.set_value(_t([1.0, 2.0, 3.0]))
+    recon = weight.astype("float16") * 2  # a half-precision output, as under autocast
+    scale = 2.0**16
+    given = _t([1e-8, 1e-3, -2e-3]) * scale
+    out = losses._GivenGradient.apply(recon, given, scale)
+    assert out.item() == 0.0
+    (out * scale).backward()
+    np.testing.assert_allclose(weight.grad.numpy(), 2 * given.numpy(), rtol=1e-3)
+    assert np.float16(1e-8) == 0
 
 
 def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
@@ -105,6 +135,29 @@ def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
     without_gan = logs["loss/nll"].item() + args.kl_weight * logs["loss/kl"].item()
     assert loss_skipped.item() == pytest.approx(without_gan, rel=1e-6)
     assert loss.item() != pytest.approx(without_gan, rel=1e-6)
+
+
+def test_an_overflowing_gan_gradient_leaves_the_vae_the_gradient_of_the_loss_without_the_gan_term():
+    """fp16: the GAN's scaled gradient at the reconstruction overflows (inf entries, finite GAN loss). The
+    skipped term must contribute nothing to the VAE's gradient (0 * inf would make it NaN)."""
+    from vae_trainer.arguments import LossArguments
+
+    paddle.seed(0)
+    x = paddle.uniform([2, 3, 8, 8], min=-1, max=1)
+    decoder = paddle.nn.Conv2D(3, 3, 3, padding=1)
+    discriminator = paddle.nn.Conv2D(3, 1, 3)
+    discriminator.weight.set_value(discriminator.weight * 1e6)
+    zeros = paddle.zeros([2, 4, 2, 2])
+    args = LossArguments(perceptual_weight=0.0, disc_start=0)
+    grad_scale = 1e36  # the scaled pixel gradient stays finite, the scaled GAN gradient does not
+    loss, logs = losses.vae_objective(x, decoder(x), zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
+                                      discriminator=discriminator, last_layer=decoder.weight, gan_active=True,
+                                      grad_scale=grad_scale)
+    assert logs["gan/adaptive_weight_overflow"].item() == 1 and np.isfinite(logs["loss/generator"].item())
+    (loss * grad_scale).backward()  # as the step scales it
+    expected = paddle.grad(losses.pixel_term(x, decoder(x), args) * grad_scale, decoder.weight)[0]
+    assert np.isfinite(decoder.weight.grad.numpy()).all()
+    np.testing.assert_allclose(decoder.weight.grad.numpy(), expected.numpy(), rtol=1e-5)
 
 
 def _ldm_reference_loss(x, recon, mean, logvar, discriminator, last_layer, kl_weight, disc_weight):

@@ -31,6 +31,26 @@ GAN gradient would be gone. So the clamp is `ADAPTIVE_WEIGHT_MAX / N`, and the l
 `gan/adaptive_weight` is LDM's d_L / N. The fp16 loss scale / accumulation factor s multiplies both
 losses and the epsilon, which leaves r unchanged.
 
+One backward per head. The heads (pixel loss, LPIPS, discriminator) see the decoder only through x_hat,
+so dnll/dW and dgan/dW follow exactly from dnll/dx_hat and dgan/dx_hat by the decoder's own backward
+from x_hat to W; and W's output IS x_hat (x_hat = conv_out(h)), so that backward is one small
+convolution. The heads therefore run on a leaf copy of x_hat, and their gradients there are taken once:
+    g_nll = s * dnll/dx_hat    (one VGG16 backward),    g_gan = s * dgan/dx_hat    (one D input-backward)
+(s = `grad_scale`, so that fp16 gradients do not underflow). `last_layer_gradient` takes each to W
+(`paddle.grad` from x_hat to W follows that path only), which gives d as defined above, and the VAE's
+backward receives (g_nll + d * g_gan) / s at x_hat. The loss `vae_objective` returns is
+    loss = nll + kl_weight * kl + d * gan + G(x_hat)
+in which the heads' values are constants, nll keeps its path to a learnable logvar
+(dnll/dlogvar = 1 - (pixel_weight * rec + perceptual_weight * p) / exp(logvar)), and G is 0 in the
+forward and passes (g_nll + d * g_gan) / s, times the incoming gradient, to x_hat in the backward
+(`_GivenGradient`). So its value is the objective's and its backward gives every VAE parameter, and a
+learnable logvar, the objective's gradient, while VGG16 and the discriminator are backpropagated once
+per micro-batch. (Computing d by `paddle.grad(nll, W)` and `paddle.grad(gan, W)` on the loss's own
+graph, as LDM does, runs both backwards a second time.) The discriminator's parameters get nothing
+from this loss: it runs `frozen`, and only x_hat's gradient is taken. An overflowing d (fp16) skips the
+GAN term: weight 0 and none of its gradient. (`--loss_balancing gradnorm` has no adaptive weight: its
+loss is backpropagated as it is.)
+
 Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
 (halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
 `lecam_weight` * LeCAM when enabled.
@@ -228,22 +248,55 @@ def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, deca
         ema.set_value(decay * ema + (1.0 - decay) * means)
 
 
-def adaptive_weight(nll: Tensor, gan: Tensor, last_layer: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,
+def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,
                     eps: float | Tensor = ADAPTIVE_WEIGHT_EPS) -> Tensor:
-    """||d nll / dW|| / (||d gan / dW|| + eps) at the decoder's last layer, clamped to [0, max_weight]
-    (taming's calculate_adaptive_weight; see the module doc for the clamp our normalisation needs).
+    """||d nll / dW|| / (||d gan / dW|| + eps) from the two gradients at the decoder's last layer W,
+    clamped to [0, max_weight] (taming's calculate_adaptive_weight; see the module doc for the clamp our
+    normalisation needs).
 
     NaN when either gradient norm is not finite (an fp16 overflow of the scaled gradients): the caller
-    then skips the GAN term (clipping would turn an infinite ratio into `max_weight`). Uses `paddle.grad`,
-    which leaves `.grad` untouched, so the real backward afterwards is unaffected.
+    then skips the GAN term (clipping would turn an infinite ratio into `max_weight`).
     """
-    nll_grad = paddle.grad(nll, last_layer, retain_graph=True)[0]
-    gan_grad = paddle.grad(gan, last_layer, retain_graph=True)[0]
     nll_norm = paddle.linalg.norm(nll_grad.astype("float32"))
     gan_norm = paddle.linalg.norm(gan_grad.astype("float32"))
     weight = paddle.clip(nll_norm / (gan_norm + eps), 0.0, max_weight)
     finite = paddle.isfinite(nll_norm) & paddle.isfinite(gan_norm)
     return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
+
+
+def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -> Tensor:
+    """dL/dW for any loss L whose gradient at `recon` is `recon_grad` (L depends on W only through recon).
+
+    `paddle.grad` follows only the graph's path from `recon` to W: for W = decoder.conv_out.weight, whose
+    output is `recon`, that is one weight-gradient convolution (vae_tiny, 64 px: 1-3% of the VAE's
+    backward). Keeps the VAE's graph for its real backward and leaves `.grad` untouched.
+    """
+    return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
+
+
+class _GivenGradient(PyLayer):
+    """A zero with a given gradient: 0 in the forward; in the backward `recon` receives recon_grad /
+    grad_scale times the incoming gradient (computed in float32, handed over in recon's dtype).
+
+    `recon_grad` is the gradient of a loss multiplied by `grad_scale` (fp16: so that it does not
+    underflow). A caller that backpropagates its loss multiplied by the same factor, as the step does,
+    hands `recon` `recon_grad` itself: no unscaled half-precision gradient ever exists.
+    """
+
+    @staticmethod
+    def forward(ctx, recon: Tensor, recon_grad: Tensor, grad_scale: float | Tensor) -> Tensor:
+        ctx.recon_grad, ctx.grad_scale, ctx.dtype = recon_grad, grad_scale, recon.dtype
+        return paddle.zeros([], "float32")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        factor = grad.astype("float32") / ctx.grad_scale
+        return (ctx.recon_grad.astype("float32") * factor).astype(ctx.dtype)
+
+
+def _input_gradient(loss: Tensor, leaf: Tensor) -> Tensor:
+    """d loss / d leaf, freeing the loss's graph (LPIPS's VGG16 or the discriminator's)."""
+    return paddle.grad(loss, leaf)[0]
 
 
 class frozen:
@@ -296,46 +349,72 @@ def vae_objective(
     gan_active: bool,
     grad_scale: float | Tensor = 1.0,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The VAE's loss for one micro-batch and its parts (detached) for logging.
+    """The VAE's loss for one micro-batch, to backpropagate, and its parts (detached) for logging.
 
-    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor) matters under gradnorm, whose
-    backward would otherwise undo the caller's scaling of the loss, and keeps the adaptive weight's
-    gradients from underflowing in fp16.
+    The loss's value is the objective's; its backward gives the objective's gradients while running
+    LPIPS's VGG16 and the discriminator backwards once each (module doc, "One backward per head").
+    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor): the factor the caller
+    multiplies the loss by before its backward. The heads' gradients are computed with it (fp16: no
+    underflow), and gradnorm needs it, as its backward would otherwise undo the caller's scaling.
     """
     if _uses_gradnorm(loss_args):
         return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
                                    discriminator=discriminator, gan_active=gan_active, grad_scale=grad_scale)
-    rec = pixel_term(x, recon, loss_args)
+    # The heads see a leaf copy of the reconstruction; their gradients there are taken once, below.
+    x_hat = recon.detach()
+    x_hat.stop_gradient = False
+    rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
-    perceptual = lpips(x, recon).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    pixel_weight = getattr(loss_args, "pixel_weight", 1.0)
-    nll = (pixel_weight * rec + loss_args.perceptual_weight * perceptual) / logvar.exp() + logvar
+    perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
+    weighted = getattr(loss_args, "pixel_weight", 1.0) * rec + loss_args.perceptual_weight * perceptual
+    logvar_value = logvar.detach()
+    nll = weighted / logvar_value.exp() + logvar_value
     pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
     kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
-    loss = nll + latent_loss
-
+    # nll again, with its path to a learnable output log-variance only.
+    loss = weighted.detach() / logvar.exp() + logvar + latent_loss
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, "loss/kl": kl, "train/logvar": logvar}
     if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
         logs["loss/latent_penalty"] = penalty
+
+    nll_grad = _input_gradient(nll * grad_scale, x_hat)
+    recon_grad = nll_grad.astype("float32")
     if gan_active:
-        gan = _generator_term(x, recon, discriminator, loss_args)
-        if loss_args.adaptive_disc_weight:
-            # Both losses carry the fp16 loss scale so that their half-precision gradients do not
-            # underflow; scaling the epsilon too leaves the ratio unchanged. Clamp: LDM's, in our units.
-            weight = adaptive_weight(nll * grad_scale, gan * grad_scale, last_layer,
-                                     max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image,
-                                     eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
-            # An overflow skips the GAN term of this micro-batch (weight 0) instead of making the loss
-            # NaN; counted by the step (`gan/adaptive_weight_overflow`, no host read here).
-            overflow = ~paddle.isfinite(weight)
-            d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
-            logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
-        else:
-            d_weight = paddle.full([], loss_args.disc_weight, "float32")
-        loss = loss + d_weight * gan
+        gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
+                                                               loss_args, grad_scale, pixels_per_image)
+        recon_grad = recon_grad + gan_grad
+        loss = loss + d_weight * gan.detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
+        if overflow is not None:
+            logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
+    loss = loss + _GivenGradient.apply(recon, recon_grad, grad_scale)  # adds 0; the heads' gradient at recon
     logs["loss/total"] = loss
     return loss, {k: v.detach() for k, v in logs.items()}
+
+
+def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, grad_scale,
+                       pixels_per_image) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """The GAN term on the heads' leaf `x_hat`: (gan, its weight d, d * its scaled gradient at the
+    reconstruction in float32, the adaptive weight's overflow flag or None without the adaptive weight).
+
+    `nll_grad`: the scaled gradient of nll at the reconstruction, for the adaptive weight.
+    """
+    gan = _generator_term(x, x_hat, discriminator, loss_args)
+    gan_grad = _input_gradient(gan * grad_scale, x_hat)
+    if not loss_args.adaptive_disc_weight:
+        d_weight = paddle.full([], loss_args.disc_weight, "float32")
+        return gan, d_weight, gan_grad.astype("float32") * d_weight, None
+    # Both gradients carry grad_scale; so does the epsilon, which leaves the ratio unchanged. Clamp: LDM's,
+    # in our units (module doc).
+    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer),
+                             last_layer_gradient(recon, gan_grad, last_layer),
+                             max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image, eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
+    # An overflow skips the GAN term of this micro-batch (weight 0, and none of its gradient, which may be
+    # the non-finite one) instead of making the loss NaN; counted by the step (no host read here).
+    overflow = ~paddle.isfinite(weight)
+    d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
+    weighted_grad = gan_grad.astype("float32") * d_weight
+    return gan, d_weight, paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad), overflow
 
 
 def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,

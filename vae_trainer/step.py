@@ -1,8 +1,10 @@
 """The training step, shared by both drivers: micro-batches in, both networks updated, numbers out.
 
 Per micro-batch, `forward_backward`: ONE VAE forward; the VAE loss (pixel, LPIPS, KL, adaptive GAN term)
-is backpropagated; then the discriminator loss on the *detached* reconstruction is backpropagated.
-Micro-steps never communicate and never read a value back from the device.
+is backpropagated, running LPIPS's VGG16 and the frozen discriminator backwards once each (the adaptive
+weight reuses their gradients at the reconstruction: losses.py, "One backward per head"); then the
+discriminator loss on the *detached* reconstruction is backpropagated. Micro-steps never communicate
+and never read a value back from the device.
 
 Per optimizer step, `optimizer_step`, one straight block:
   1. all-reduce both networks' gradients over ranks (distributed.sync_gradients);
