@@ -321,7 +321,8 @@ def two_forward_step(components, loss_args, run, pixel_values, global_step: int)
 
 
 # --breakdown: our step with parts switched off (LossArguments overrides), the full step first. The
-# differences to the full step are the parts' costs (LPIPS's includes its share of the adaptive weight).
+# differences to the full step are the parts' costs. The adaptive weight reuses the gradients of LPIPS and
+# the discriminator at the reconstruction, so its own cost is two small convolutions and two norms.
 BREAKDOWN_VARIANTS = {
     "full step": {},
     "without the adaptive weight": {"adaptive_disc_weight": False},

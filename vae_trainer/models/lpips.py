@@ -11,10 +11,10 @@ How the two images go through VGG16 (measured on CPU, docs/benchmarks.md "LPIPS 
 - When a gradient must reach one side (training: the reconstruction), that side gets its own pass with
   a graph and the other (the input) is computed under `no_grad`. One 2B batch would be worse here: with
   a graph over the whole batch, every conv's backward computes the input-gradient for all 2B images,
-  the input's half for nothing, and a training step runs two VGG16 backwards (the adaptive weight's
-  `paddle.grad` and the loss's backward). VGG16's backward costs more than its forward, so the wasted
-  half outweighs what batching saves: a whole step took about 1.5x longer with one 2B batch on 2 CPU
-  cores, and LPIPS alone about 1.4x (`python scripts/benchmark.py --lpips`).
+  the input's half for nothing. VGG16's backward costs more than its forward, so the wasted half
+  outweighs what batching saves: LPIPS forward + backward took about 1.4x longer with one 2B batch on
+  2 CPU cores (`python scripts/benchmark.py --lpips`), and a whole step about 1.5x when it still ran
+  two VGG16 backwards (now one: losses.py, "One backward per head").
 """
 
 from __future__ import annotations
