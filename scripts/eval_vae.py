@@ -80,7 +80,7 @@ def setup_device_and_parallel() -> tuple[int, int]:
 
 def load_vae(args: argparse.Namespace):
     """A saved VAE folder (local only), or a config JSON for an untrained baseline seeded by --seed."""
-    from vae_trainer.models.vae import build_vae
+    from vae_trainer.models.vae_loading import build_vae
 
     if args.vae.endswith(".json"):
         paddle.seed(args.seed)

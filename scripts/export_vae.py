@@ -25,9 +25,10 @@ sys.path.insert(0, REPO_ROOT)
 import paddle  # noqa: E402
 
 from vae_trainer import checkpoint as ckpt  # noqa: E402
+from vae_trainer.ema import load_ema  # noqa: E402
 from vae_trainer.export import export_vae_folder  # noqa: E402
 from vae_trainer.latent_scale import decide  # noqa: E402
-from vae_trainer.models.vae import load_vae_weights, vae_from_config_file  # noqa: E402
+from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,17 +60,13 @@ def load_checkpoint_vae(checkpoint_dir: str, vae_config_file: str | None, use_em
     ema_file = os.path.join(checkpoint_dir, "ema.pdparams")
     if not os.path.isfile(ema_file):
         raise SystemExit(f"--ema: {ema_file} does not exist (the run did not use --use_ema)")
-    from ppdiffusers.training_utils import EMAModel
-
-    ema = EMAModel(vae.parameters())
-    ema.load_state_dict(paddle.load(ema_file))
-    return vae, ema
+    return vae, load_ema(vae, ema_file)
 
 
 def measured_stats(vae, ema, args, export_config: dict):
     from vae_trainer.data.dataset import build_eval_dataloader
     from vae_trainer.evaluation import measure_latents
-    from vae_trainer.step import ema_weights
+    from vae_trainer.ema import ema_weights
 
     resolution = args.resolution or export_config.get("resolution")
     if not args.data or not resolution:

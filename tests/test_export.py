@@ -14,7 +14,8 @@ from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, phot
 from vae_trainer.evaluation import evaluate_vae, measure_latents
 from vae_trainer.latent_scale import decide, scaling_factor_mode
 from vae_trainer.metrics import LatentStatistics
-from vae_trainer.models.vae import build_vae, save_vae
+from vae_trainer.models.vae_loading import build_vae
+from vae_trainer.models.vae_saving import save_vae
 
 paddle.set_device("cpu")
 FLUX_LIKE = dict(MICRO, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611)

@@ -13,7 +13,8 @@ from vae_trainer.build import build_components, build_training
 from vae_trainer.evaluation import evaluate_vae
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
-from vae_trainer.models.vae import build_vae, check_reconstruction_size, encoder_parameters
+from vae_trainer.models.vae import check_reconstruction_size, encoder_parameters
+from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
 
 paddle.set_device("cpu")

@@ -16,7 +16,7 @@ from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
 import vae_trainer.evaluation as evaluation
-from vae_trainer.models.vae import build_vae
+from vae_trainer.models.vae_loading import build_vae
 
 STEPS = 3
 

@@ -12,7 +12,8 @@ from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import discriminator_objective, vae_objective
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
-from vae_trainer.models.vae import build_vae, decoder_last_layer
+from vae_trainer.models.vae import decoder_last_layer
+from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
 from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep
 

@@ -23,7 +23,7 @@ from vae_trainer.losses import (
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import LPIPS
-from vae_trainer.models.vae import build_vae
+from vae_trainer.models.vae_loading import build_vae
 
 paddle.set_device("cpu")
 MICRO = "configs/vae_micro.json"

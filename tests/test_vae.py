@@ -9,7 +9,9 @@ import paddle
 import pytest
 from ppdiffusers import AutoencoderKL
 
-from vae_trainer.models.vae import build_vae, decoder_last_layer, save_vae
+from vae_trainer.models.vae import decoder_last_layer
+from vae_trainer.models.vae_loading import build_vae
+from vae_trainer.models.vae_saving import save_vae
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 # Parameter count of the Stable Diffusion f8c4 VAE (diffusers AutoencoderKL, SD 1.x/2.x, SDXL).

@@ -520,7 +520,7 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
 
 
 def _validate_vae_source(model_args: ModelArguments) -> None:
-    """Which VAE, loaded how (models/vae.py): the fine-tuning flags of docs and README "Fine-tune"."""
+    """Which VAE, loaded how (models/vae_loading.py): the fine-tuning flags of docs and README "Fine-tune"."""
     if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
         raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
                          "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")

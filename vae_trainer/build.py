@@ -18,11 +18,14 @@ import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
+from .ema import build_ema
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .checkpoint import checkpoint_vae_config, read_discriminator
-from .models.discriminator import build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
+from .checkpoint import checkpoint_vae_config
+from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
+                                   read_discriminator)
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.vae import build_vae, check_reconstruction_size
+from .models.vae import check_reconstruction_size
+from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, restore_float32, setup_precision
 from .step import NonFiniteGuard, TrainStep
@@ -135,12 +138,7 @@ def build_training(components: Components, loss_args, training_args) -> Training
     precision = setup_precision(training_args, model)
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
-    ema = None
-    if training_args.use_ema:
-        from ppdiffusers.training_utils import EMAModel
-
-        ema = EMAModel(model.vae.parameters(), decay=training_args.ema_decay)
-        ema.to(dtype=paddle.float32)  # averages of many small updates need float32 even under O2
+    ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard)

@@ -1,4 +1,4 @@
-"""What a checkpoint holds, how it is written safely, found again, loaded and rotated; the final export.
+"""What a checkpoint holds, how it is written safely, found again, loaded and rotated.
 
 `OUTPUT_DIR/checkpoint-N/` (the same layout from both drivers, so either can resume the other's run):
 
@@ -25,7 +25,8 @@ the user chose --resume_from_checkpoint (continue it) or --overwrite_output_dir 
 logs and exports first). Rank 0 decides and deletes; the other ranks learn the decision from it.
 
 The three JSON files are written by this version and are not needed to resume (older checkpoints resume
-as before). The final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`.
+as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`;
+reading a discriminator for --discriminator_path is `models/discriminator.py`.
 """
 
 from __future__ import annotations
@@ -303,20 +304,3 @@ def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
 def read_json(path: str) -> Dict[str, Any]:
     with open(path) as handle:
         return json.load(handle)
-
-
-def read_discriminator(path: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
-    """(config, weights, source) of a discriminator saved as OUTPUT_DIR/discriminator (config.json +
-    model_state.pdparams) or inside a checkpoint-N (discriminator_config.json + its `discriminator.` weights)."""
-    from .models.discriminator import CONFIG_NAME, WEIGHTS_NAME
-
-    if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(os.path.join(path, MODEL_NAME)):
-        prefix = "discriminator."
-        state = paddle.load(os.path.join(path, MODEL_NAME))
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        return read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)), state, path
-    if os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
-        return read_json(os.path.join(path, CONFIG_NAME)), paddle.load(os.path.join(path, WEIGHTS_NAME)), path
-    raise FileNotFoundError(
-        f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
-        f"{WEIGHTS_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME})")

@@ -353,7 +353,7 @@ class TrainingEvaluator:
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with EMA weights if given) on --eval_file_list."""
-        from vae_trainer.step import ema_weights
+        from vae_trainer.ema import ema_weights
 
         loader = self._loader(self.data_args.eval_file_list, self.data_args.eval_num_images)
         context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
@@ -377,7 +377,7 @@ class TrainingEvaluator:
         --latent_stats_num_images images of --eval_file_list (or of the training --file_list)."""
         if self.evaluated_at(step):
             return self.last[1], f"the evaluation at step {step}"
-        from vae_trainer.step import ema_weights
+        from vae_trainer.ema import ema_weights
 
         path = self.data_args.eval_file_list or self.data_args.file_list
         num_images = self.data_args.latent_stats_num_images or self.data_args.eval_num_images

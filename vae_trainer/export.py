@@ -2,7 +2,7 @@
 
 At the end of training (both drivers, `export_run`), on rank 0 after the latent scale is decided on all ranks:
     OUTPUT_DIR/vae/            the VAE (the EMA weights with --use_ema) loadable as it is by
-                               ppdiffusers and by PyTorch diffusers (models/vae.py `save_vae`),
+                               ppdiffusers and by PyTorch diffusers (models/vae_saving.py `save_vae`),
                                with latent_stats.json (latent_scale.py)
     OUTPUT_DIR/vae_raw/        with --use_ema: the raw weights, same format and factors
     OUTPUT_DIR/discriminator/  config.json + model_state.pdparams, for --discriminator_path
@@ -20,10 +20,10 @@ import paddle.distributed as dist
 
 from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
 from .distributed import rank, world_size
+from .ema import ema_weights
 from .latent_scale import latent_scale_at_export, write_latent_stats
 from .models.discriminator import save_discriminator
-from .models.vae import save_vae
-from .step import ema_weights
+from .models.vae_saving import save_vae
 
 
 def checkpoint_configs(components) -> Dict[str, dict]:

@@ -41,6 +41,7 @@ from typing import Dict, List, Optional, Tuple
 import paddle
 
 from .distributed import sum_over_ranks, sync_gradients
+from .ema import ema_weights
 from .losses import discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
@@ -48,20 +49,6 @@ from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
 
 logger = logging.getLogger("vae_trainer")
-
-
-class ema_weights:
-    """Context manager: the VAE temporarily holds its EMA weights."""
-
-    def __init__(self, ema, vae: paddle.nn.Layer):
-        self.ema, self.vae = ema, vae
-
-    def __enter__(self):
-        self.ema.store(self.vae.parameters())
-        self.ema.copy_to(self.vae.parameters())
-
-    def __exit__(self, *exc):
-        self.ema.restore(self.vae.parameters())
 
 
 class NonFiniteError(RuntimeError):

@@ -3,8 +3,9 @@
 Owns: `PatchDiscriminator` (NLayerDiscriminator with batch, group, spectral+group or no norm),
 `VGGFeatureDiscriminator` (frozen ImageNet VGG16 features with a trained head per stage),
 the `build_discriminator` factory (by type name, open for more types), saving/loading a
-discriminator as `config.json` + `model_state.pdparams` in its own folder, starting one from a saved
-one (`init_discriminator_from`, --discriminator_path), and BatchNorm ->
+discriminator as `config.json` + `model_state.pdparams` in its own folder, reading one back from there or
+from a checkpoint-N (`read_discriminator`, `load_discriminator`), starting one from a saved one
+(`init_discriminator_from`, --discriminator_path), and BatchNorm ->
 SyncBatchNorm conversion for data-parallel training.
 
 Spectral norm uses `paddle.nn.utils.spectral_norm` (checked on paddle 3.3.1 dygraph: its power
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import warnings
+from typing import Tuple
 
 import paddle
 from paddle import nn
@@ -145,14 +147,29 @@ def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
     paddle.save(disc.state_dict(), os.path.join(out_dir, WEIGHTS_NAME))
 
 
-def load_discriminator(directory: str) -> nn.Layer:
-    """Rebuild a discriminator saved by save_discriminator (weights and norm statistics)."""
-    with open(os.path.join(directory, CONFIG_NAME)) as handle:
-        config = json.load(handle)
+def read_discriminator(path: str) -> Tuple[dict, dict, str]:
+    """(config, weights, source) of a discriminator saved as OUTPUT_DIR/discriminator (config.json +
+    model_state.pdparams, `save_discriminator`) or inside a checkpoint-N (discriminator_config.json + the
+    `discriminator.` weights of its model_state.pdparams)."""
+    from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
+
+    if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(os.path.join(path, MODEL_NAME)):
+        prefix = "discriminator."
+        state = paddle.load(os.path.join(path, MODEL_NAME))
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        return read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)), state, path
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
+        return read_json(os.path.join(path, CONFIG_NAME)), paddle.load(os.path.join(path, WEIGHTS_NAME)), path
+    raise FileNotFoundError(
+        f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
+        f"{WEIGHTS_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME})")
+
+
+def load_discriminator(path: str) -> nn.Layer:
+    """Rebuild a saved discriminator (weights and norm statistics) with its own config."""
+    config, state, source = read_discriminator(path)
     disc = build_discriminator(**config)
-    missing, unexpected = disc.set_state_dict(paddle.load(os.path.join(directory, WEIGHTS_NAME)))
-    if missing or unexpected:
-        raise KeyError(f"{directory}: missing {missing}, unexpected {unexpected}")
+    init_discriminator_from(disc, config, config, state, source)
     return disc
 
 

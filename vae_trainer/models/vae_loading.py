@@ -1,0 +1,271 @@
+"""Where the VAE to train comes from: a fresh one from a config, or the pretrained VAEs people have.
+
+Owns `build_vae`, the one constructor both drivers and the scripts use:
+- a fresh VAE from a JSON of AutoencoderKL kwargs (e.g. `configs/sd_vae.json`, a checkpoint's
+  `vae_config.json`; `vae_from_config_file`);
+- a pretrained one from a LOCAL source recognised by its files (`find_pretrained`): a ppdiffusers folder,
+  a PyTorch diffusers folder (converted by ppdiffusers' `from_diffusers=True`), or an original LDM / SD /
+  SDXL / FLUX single-file checkpoint (converted by ppdiffusers' LDM conversion helpers, with the config
+  inferred from the tensor shapes or given as a config file). Nothing is downloaded.
+- `ignore_keys` leaves weights with those prefixes at their fresh initialisation; `init_from_ckpt` then
+  loads weights only from one of our checkpoints or a VAE weight file (`load_vae_weights`).
+Saving is `vae_saving.py`; the layers training touches are `vae.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+from ppdiffusers import AutoencoderKL
+from ppdiffusers.utils import constants as names
+
+logger = logging.getLogger("vae_trainer")
+
+# How each layout is recognised; the first file found decides (a folder holding both formats, as our own
+# export does, is read in Paddle's layout).
+PADDLE_WEIGHT_FILES = (names.PADDLE_SAFETENSORS_WEIGHTS_NAME, names.PADDLE_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
+                       names.PADDLE_WEIGHTS_NAME, names.PADDLE_WEIGHTS_NAME_INDEX_NAME)
+TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
+                      names.TORCH_WEIGHTS_NAME, names.TORCH_WEIGHTS_NAME_INDEX_NAME)
+SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+CONFIG_NAME = AutoencoderKL.config_name  # config.json
+
+# Scaling factors of the published single-file VAEs, which carry no config: SD 1.x/2.x (SDXL's VAE has the
+# same tensors but 0.13025: give configs/sdxl_vae.json), and 16-channel VAEs without quant_conv (FLUX; SD3
+# has the same shapes with other factors, so those need a config file).
+SD_SCALING_FACTOR = 0.18215
+SD_NORM_GROUPS = 32  # not in the tensors either
+
+
+@dataclass
+class PretrainedSource:
+    """Where pretrained VAE weights are and in which layout: "ppdiffusers", "diffusers" or "single_file"."""
+
+    layout: str
+    path: str  # the folder, or the single file
+
+    @property
+    def from_diffusers(self) -> bool:
+        return self.layout == "diffusers"
+
+
+def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSource:
+    """Recognise a local pretrained VAE by its files; one clear error when nothing loadable is there."""
+    location = os.path.join(path, subfolder) if subfolder else path
+    if os.path.isfile(location):
+        if location.endswith(SINGLE_FILE_SUFFIXES):
+            return PretrainedSource("single_file", location)
+        raise ValueError(f"{location}: a single-file VAE checkpoint must end with one of {SINGLE_FILE_SUFFIXES}")
+    if not os.path.isdir(location):
+        # Checked here because ppdiffusers would take a missing folder for a hub id and try to download it.
+        raise FileNotFoundError(
+            f"No pretrained VAE at {location}: --pretrained_model_name_or_path must be a local folder or a "
+            "single-file checkpoint (with --subfolder, e.g. 'vae', when the VAE sits inside a pipeline "
+            "folder); nothing is downloaded.")
+    present = set(os.listdir(location))
+    for layout, files in (("ppdiffusers", PADDLE_WEIGHT_FILES), ("diffusers", TORCH_WEIGHT_FILES)):
+        if present & set(files):
+            if CONFIG_NAME not in present:
+                raise FileNotFoundError(f"{location} holds {sorted(present & set(files))[0]} but no {CONFIG_NAME}")
+            return PretrainedSource(layout, location)
+    hint = ""
+    if not subfolder and os.path.isdir(os.path.join(location, "vae")):
+        hint = " It has a 'vae' folder: add --subfolder vae."
+    raise FileNotFoundError(
+        f"No loadable VAE in {location}: looked for {CONFIG_NAME} with one of "
+        f"{', '.join(PADDLE_WEIGHT_FILES + TORCH_WEIGHT_FILES)}. A single-file checkpoint "
+        f"({'/'.join(SINGLE_FILE_SUFFIXES)}) is given as the path of the file itself.{hint}")
+
+
+def build_vae(
+    vae_config_file: Optional[str] = None,
+    pretrained_model_name_or_path: Optional[str] = None,
+    subfolder: Optional[str] = None,
+    ignore_keys: Sequence[str] = (),
+    init_from_ckpt: Optional[str] = None,
+) -> AutoencoderKL:
+    """The VAE to train.
+
+    - `vae_config_file` alone: a fresh VAE (initialised from Paddle's global RNG: seed first).
+    - `pretrained_model_name_or_path` (+ `subfolder`): the pretrained VAE, with its own config, or with
+      the architecture of `vae_config_file` when both are given (e.g. a different decoder; its weights
+      then need `ignore_keys`). A single file without `vae_config_file` gets a config inferred from its
+      tensor shapes, with SD's scaling factor for 4 latent channels.
+    - `ignore_keys`: weight-name prefixes (e.g. "decoder.") not loaded; those weights keep their fresh,
+      seeded initialisation.
+    - `init_from_ckpt`: weights only (after the above), see `load_vae_weights`.
+    """
+    if vae_config_file is None and pretrained_model_name_or_path is None:
+        raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
+                         "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
+    ignore_keys = tuple(ignore_keys or ())
+    if pretrained_model_name_or_path is None:
+        vae = vae_from_config_file(vae_config_file)
+    else:
+        vae = _load_pretrained(find_pretrained(pretrained_model_name_or_path, subfolder), vae_config_file, ignore_keys)
+    if init_from_ckpt:
+        load_vae_weights(vae, init_from_ckpt, ignore_keys)
+    return vae
+
+
+def vae_from_config_file(config_file: str) -> AutoencoderKL:
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"VAE config file {config_file} does not exist")
+    return AutoencoderKL.from_config(AutoencoderKL.load_config(config_file))
+
+
+def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
+    if source.layout == "single_file":
+        ldm_state = _read_single_file(source.path)
+        vae = (vae_from_config_file(config_file) if config_file
+               else AutoencoderKL.from_config(infer_single_file_config(ldm_state, source.path)))
+        assign_weights(vae, _convert_single_file(vae, ldm_state), ignore_keys, source.path)
+        return vae
+    if config_file is not None:  # another architecture: build it, then take what fits from the pretrained one
+        vae = vae_from_config_file(config_file)
+        assign_weights(vae, _from_pretrained(source, ()).state_dict(), ignore_keys, source.path)
+        return vae
+    return _from_pretrained(source, ignore_keys)
+
+
+def _from_pretrained(source: PretrainedSource, ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
+    """ppdiffusers' own loader (PyTorch folders converted with from_diffusers=True); ignored weights keep
+    their fresh initialisation (low_cpu_mem_usage=False initialises every weight before loading)."""
+    vae, info = AutoencoderKL.from_pretrained(
+        source.path, from_diffusers=source.from_diffusers, ignore_keys=list(ignore_keys),
+        low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
+    _check_missing(source.path, info["missing_keys"], ignore_keys)
+    vae.train()  # from_pretrained returns eval mode; the trainer sets modes itself, as for a fresh model
+    return vae
+
+
+def _ignored(key: str, ignore_keys: Iterable[str]) -> bool:
+    return any(key.startswith(prefix) for prefix in ignore_keys)
+
+
+def _check_missing(source: str, missing: List[str], ignore_keys: Iterable[str]) -> None:
+    missing = [k for k in missing if not _ignored(k, ignore_keys)]
+    if missing:
+        raise ValueError(f"{source} lacks {len(missing)} weights of this VAE, e.g. {missing[:5]}: a different "
+                         "architecture? Give the matching --vae_config_file, or --ignore_keys PREFIX to leave "
+                         "those weights freshly initialised.")
+
+
+def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Iterable[str], source: str) -> None:
+    """Load a Paddle-layout state dict into `vae`: every weight not ignored must be there with its shape."""
+    expected = vae.state_dict()
+    state = {k: v for k, v in state.items() if not _ignored(k, ignore_keys)}
+    mismatched = [f"{k}: {list(v.shape)} in the file, {list(expected[k].shape)} here"
+                  for k, v in state.items() if k in expected and list(v.shape) != list(expected[k].shape)]
+    if mismatched:
+        raise ValueError(f"{source}: {len(mismatched)} weights have other shapes than this VAE's, e.g. "
+                         f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
+    _check_missing(source, [k for k in expected if k not in state], ignore_keys)
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        logger.warning("%s: %d weights not used by this VAE, e.g. %s", source, len(unexpected), unexpected[:5])
+    vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) for k in expected if k in state})
+
+
+def _as_dtype(value, dtype):
+    tensor = value if isinstance(value, paddle.Tensor) else paddle.to_tensor(np.asarray(value))
+    return tensor.astype(dtype) if tensor.dtype != dtype else tensor
+
+
+# ---- original LDM / SD / SDXL / FLUX single files
+
+def _read_single_file(path: str) -> Dict[str, np.ndarray]:
+    from ppdiffusers.utils import smart_load
+
+    try:
+        state = smart_load(path, return_numpy=True)
+    except Exception as error:  # e.g. a .ckpt pickling training objects that torch's weights_only load refuses
+        raise ValueError(f"cannot read {path} ({error}); a .safetensors export of the VAE always loads") from error
+    state = state.get("state_dict", state)
+    if any(k.startswith("first_stage_model.") for k in state):  # a whole SD checkpoint: its VAE part
+        state = {k[len("first_stage_model."):]: v for k, v in state.items() if k.startswith("first_stage_model.")}
+    if "encoder.conv_in.weight" not in state or "decoder.conv_out.weight" not in state:
+        raise ValueError(f"{path} is not an original LDM/SD VAE checkpoint (no encoder.conv_in / decoder.conv_out "
+                         "weights); a diffusers VAE is a folder with config.json")
+    return state
+
+
+def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
+    """AutoencoderKL kwargs from an LDM VAE's tensor shapes. GroupNorm's group count and the latent scale are
+    not in the tensors: SD's values are assumed (32 groups; 0.18215 for 4 latent channels). Other VAEs
+    (SDXL: 0.13025, FLUX, SD3) need --vae_config_file (configs/sdxl_vae.json, configs/flux_vae.json)."""
+    levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.down.")})
+    widths = [int(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0]) for i in levels]
+    layers = len({k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")})
+    latent_channels = int(state["decoder.conv_in.weight"].shape[1])
+    if latent_channels != 4:
+        raise ValueError(f"{path}: a {latent_channels}-channel VAE; its scaling factor is not in the file. Give "
+                         "its config with --vae_config_file (e.g. configs/flux_vae.json for FLUX).")
+    if any(width % SD_NORM_GROUPS for width in widths):
+        raise ValueError(f"{path}: block widths {widths} are not SD's (GroupNorm of {SD_NORM_GROUPS} groups); give "
+                         "the VAE's config with --vae_config_file")
+    logger.warning("%s: config inferred from the tensor shapes with Stable Diffusion's scaling_factor %s; for the "
+                   "SDXL VAE pass --vae_config_file configs/sdxl_vae.json (scaling_factor 0.13025)", path,
+                   SD_SCALING_FACTOR)
+    return {
+        "in_channels": int(state["encoder.conv_in.weight"].shape[1]),
+        "out_channels": int(state["decoder.conv_out.weight"].shape[0]),
+        "down_block_types": ["DownEncoderBlock2D"] * len(widths),
+        "up_block_types": ["UpDecoderBlock2D"] * len(widths),
+        "block_out_channels": widths,
+        "layers_per_block": layers,
+        "latent_channels": latent_channels,
+        "norm_num_groups": SD_NORM_GROUPS,
+        "sample_size": 512,
+        "scaling_factor": SD_SCALING_FACTOR,
+        "use_quant_conv": "quant_conv.weight" in state,
+        "use_post_quant_conv": "post_quant_conv.weight" in state,
+    }
+
+
+def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """LDM names -> diffusers names (ppdiffusers' converter), then torch -> Paddle layout (Linear transposed)."""
+    from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (
+        convert_diffusers_vae_unet_to_ppdiffusers,
+        convert_ldm_vae_checkpoint,
+    )
+
+    state = dict(ldm_state)
+    # The converter expects quant_conv/post_quant_conv, which FLUX-style VAEs do not have: stand-ins, dropped after.
+    stand_ins = [k for k in ("quant_conv.weight", "quant_conv.bias", "post_quant_conv.weight", "post_quant_conv.bias")
+                 if k not in state]
+    state.update({k: np.zeros([1], "float32") for k in stand_ins})
+    converted = convert_ldm_vae_checkpoint(state, dict(vae.config))
+    for key in stand_ins:
+        converted.pop(key, None)
+    return convert_diffusers_vae_unet_to_ppdiffusers(vae, converted)
+
+
+# ---- --init_from_ckpt
+
+def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
+    """Weights only (no optimizer, schedule or step) into `vae` from one of:
+    - a `checkpoint-N` folder of ours, or its `model_state.pdparams` (the `vae.` weights of it);
+    - a VAE weight file: ppdiffusers' `diffusion_paddle_model.safetensors` / `model_state.pdparams`, or
+      PyTorch diffusers' `diffusion_pytorch_model.safetensors` / `.bin` (converted to Paddle's layout).
+    Every weight not covered by `ignore_keys` must be in the file, with the same shape.
+    """
+    from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
+    from ppdiffusers.models.modeling_utils import load_state_dict
+
+    file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight file)")
+    state: Dict[str, object] = {}
+    data_format = load_state_dict(file, state)
+    if data_format == "pt":
+        convert_pytorch_state_dict_to_paddle(vae, state)
+    if any(k.startswith("vae.") for k in state):  # our checkpoint: the VAE part of VAEWithDiscriminator
+        state = {k[len("vae."):]: v for k, v in state.items() if k.startswith("vae.")}
+    assign_weights(vae, state, ignore_keys, file)
+    logger.info("initialised the VAE weights from %s", file)
