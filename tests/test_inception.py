@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from conftest import import_test_extra
 from skimage import data as skimage_data
 from skimage.transform import resize
 
 from vae_trainer.models.inception import FIDInceptionV3, convert_torch_state_dict, load_fid_inception
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-torch = pytest.importorskip(
+torch = import_test_extra(
     "torch", reason="torch is needed for the reference model: pip install -r requirements-test.txt"
 )
 nn = torch.nn

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import paddle
-import pytest
+from conftest import import_test_extra
 
 # A micro VAE (like configs/vae_micro.json) with SDXL's scaling factor, so that "kept" is not the default.
 MICRO = dict(block_out_channels=[8, 16], down_block_types=["DownEncoderBlock2D"] * 2,
@@ -19,12 +19,15 @@ SD_LIKE = dict(MICRO, block_out_channels=[32, 32], norm_num_groups=32, scaling_f
 
 
 def diffusers():
-    return pytest.importorskip("diffusers", reason="PyTorch diffusers is a test dependency (requirements-test.txt)")
+    return import_test_extra("diffusers", reason="PyTorch diffusers is a test dependency (requirements-test.txt)")
 
 
 def make_torch_vae(config: dict = MICRO, seed: int = 0):
     """A diffusers AutoencoderKL whose every weight is moved away from its initialisation (seeded)."""
     autoencoder = diffusers().AutoencoderKL  # skips the test when the PyTorch side is not installed
+    # diffusers' save_pretrained calls safetensors.torch.save_file after importing only `safetensors`: the
+    # submodule is there only if something else (e.g. ppdiffusers) imported it first.
+    import safetensors.torch  # noqa: F401
     import torch
 
     torch.manual_seed(seed)
