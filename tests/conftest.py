@@ -83,6 +83,16 @@ def write_tar(path, members):
     return path
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module, to call its main() in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run train_vae_(no_)trainer.py as a user would, optionally under paddle.distributed.launch on CPU."""
     env = {**os.environ, "PYTHONPATH": REPO}

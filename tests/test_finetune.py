@@ -6,6 +6,7 @@ import os
 import numpy as np
 import paddle
 import pytest
+from ppdiffusers import AutoencoderKL
 from test_step import images, make_args
 
 from vae_trainer.arguments import LossArguments, ModelArguments
@@ -15,6 +16,7 @@ from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
 from vae_trainer.models.vae import check_reconstruction_size, encoder_parameters
 from vae_trainer.models.vae_loading import build_vae
+from vae_trainer.models.vae_saving import save_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
 
 paddle.set_device("cpu")
@@ -74,6 +76,66 @@ def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discr
                                   parts.model.vae.encode(expected).latent_dist.mean.numpy())
     result = evaluate_vae(parts.model.vae, [batch], input_size=[16, 16])  # evaluation sees it the same way
     assert result.grid.shape == (64, 64, 3) and np.isfinite(result.metrics["psnr"])
+
+
+# The reference trainer's config/vae.json, which its README points to, with its widths divided by 16: an f8
+# encoder of widths (128, 256, 512, 512) and an f16 decoder of (128, 256, 256, 256, 512), down widths not given.
+REFERENCE_SHAPE = {
+    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 5,
+    "block_out_channels": [8, 16, 32, 32], "down_block_out_channels": None, "up_block_out_channels": [8, 16, 16, 16, 32],
+    "layers_per_block": 1, "latent_channels": 4, "norm_num_groups": 8, "sample_size": 64,
+}
+
+
+def _super_resolving_vae(tmp_path, config):
+    file = tmp_path / "super.json"
+    file.write_text(json.dumps(config))
+    paddle.seed(2)
+    return build_vae(str(file))
+
+
+def _encoder_widths(vae):
+    return [block.resnets[0].conv1.weight.shape[0] for block in vae.encoder.down_blocks]
+
+
+@pytest.mark.parametrize("config, input_size, resolution", [(SUPER_RESOLVING, [16, 16], 32),
+                                                             (REFERENCE_SHAPE, [256, 256], 512)],
+                         ids=["tiny", "reference_config_shape"])
+def test_a_super_resolving_vae_exports_a_folder_that_reloads_with_the_same_weights(tmp_path, config, input_size,
+                                                                                     resolution):
+    vae = _super_resolving_vae(tmp_path, config)
+    assert _encoder_widths(vae) == config["block_out_channels"]
+    check_reconstruction_size(vae, input_size, resolution)  # the README's "--input_size 256 256 at --resolution 512"
+    save_vae(vae, str(tmp_path / "vae"))
+    for reloaded in (AutoencoderKL.from_pretrained(str(tmp_path / "vae")),
+                     build_vae(pretrained_model_name_or_path=str(tmp_path / "vae")),
+                     build_vae(str(tmp_path / "vae" / "config.json"))):  # a checkpoint's vae_config.json is this
+        assert _encoder_widths(reloaded) == config["block_out_channels"]
+        assert {k: v.shape for k, v in reloaded.state_dict().items()} == {k: v.shape for k, v in vae.state_dict().items()}
+    reloaded = AutoencoderKL.from_pretrained(str(tmp_path / "vae"))
+    for key, value in vae.state_dict().items():
+        np.testing.assert_array_equal(reloaded.state_dict()[key].numpy(), value.numpy(), err_msg=key)
+    # PyTorch diffusers would load a PyTorch file of it with a freshly initialised extra layer and no error.
+    assert "diffusion_pytorch_model.safetensors" not in os.listdir(tmp_path / "vae")
+
+
+def test_export_vae_script_exports_a_super_resolving_checkpoint(tmp_path):
+    from conftest import load_script
+
+    from vae_trainer.export import checkpoint_configs
+
+    config = tmp_path / "super.json"
+    config.write_text(json.dumps(SUPER_RESOLVING))
+    parts = components(tmp_path, vae_config_file=str(config), input_size=[16, 16])
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    paddle.save(parts.model.state_dict(), str(checkpoint / "model_state.pdparams"))
+    for name, content in checkpoint_configs(parts).items():
+        (checkpoint / name).write_text(json.dumps(content))
+    load_script("export_vae").main([str(checkpoint), str(tmp_path / "out"), "--scaling_factor", "keep"])
+    reloaded = AutoencoderKL.from_pretrained(str(tmp_path / "out"))
+    for key, value in parts.model.vae.state_dict().items():
+        np.testing.assert_array_equal(reloaded.state_dict()[key].numpy(), value.numpy(), err_msg=key)
 
 
 def test_input_size_must_give_back_the_resolution(tmp_path):

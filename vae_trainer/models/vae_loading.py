@@ -14,6 +14,7 @@ Saving is `vae_saving.py`; the layers training touches are `vae.py`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -116,14 +117,35 @@ def build_vae(
 def vae_from_config_file(config_file: str) -> AutoencoderKL:
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
-    return AutoencoderKL.from_config(AutoencoderKL.load_config(config_file))
+    return vae_from_config(AutoencoderKL.load_config(config_file))
+
+
+def vae_from_config(config: dict) -> AutoencoderKL:
+    """A fresh AutoencoderKL (initialised from Paddle's global RNG) whose saved config rebuilds it."""
+    return AutoencoderKL.from_config(with_encoder_widths(config))
+
+
+def with_encoder_widths(config: dict) -> dict:
+    """`config` with the encoder's widths stated as `down_block_out_channels` when the decoder has its own.
+
+    ppdiffusers' AutoencoderKL builds the encoder from `block_out_channels` when `down_block_out_channels`
+    is null, then overwrites `block_out_channels` in its config with the DECODER's widths (`up_block_out_channels`,
+    autoencoder_kl.py). A saved super-resolving VAE (the reference trainer's config/vae.json) would then
+    rebuild its encoder with the decoder's widths and fail to load. Stating both widths makes the saved
+    config rebuild the same VAE.
+    """
+    config = dict(config)
+    if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
+        default = inspect.signature(AutoencoderKL.__init__).parameters["block_out_channels"].default
+        config["down_block_out_channels"] = list(config.get("block_out_channels", default))
+    return config
 
 
 def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     if source.layout == "single_file":
         ldm_state = _read_single_file(source.path)
         vae = (vae_from_config_file(config_file) if config_file
-               else AutoencoderKL.from_config(infer_single_file_config(ldm_state, source.path)))
+               else vae_from_config(infer_single_file_config(ldm_state, source.path)))
         assign_weights(vae, _convert_single_file(vae, ldm_state), ignore_keys, source.path)
         return vae
     if config_file is not None:  # another architecture: build it, then take what fits from the pretrained one
@@ -136,12 +158,26 @@ def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignor
 def _from_pretrained(source: PretrainedSource, ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     """ppdiffusers' own loader (PyTorch folders converted with from_diffusers=True); ignored weights keep
     their fresh initialisation (low_cpu_mem_usage=False initialises every weight before loading)."""
+    _check_encoder_widths(source.path)
     vae, info = AutoencoderKL.from_pretrained(
         source.path, from_diffusers=source.from_diffusers, ignore_keys=list(ignore_keys),
         low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
     _check_missing(source.path, info["missing_keys"], ignore_keys)
     vae.train()  # from_pretrained returns eval mode; the trainer sets modes itself, as for a fresh model
     return vae
+
+
+def _check_encoder_widths(folder: str) -> None:
+    """Refuse a config.json that lost its encoder's widths (see `with_encoder_widths`): saved by ppdiffusers
+    from a VAE whose decoder had other widths, e.g. by the reference trainer. The weights would not fit."""
+    config = AutoencoderKL.load_config(folder)
+    widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
+    if config.get("down_block_out_channels") is None and len(widths) != len(down_blocks):
+        raise ValueError(
+            f"{os.path.join(folder, CONFIG_NAME)}: {len(down_blocks)} down blocks but block_out_channels {widths} "
+            "(the decoder's widths, written over the encoder's by ppdiffusers when saving a VAE with "
+            "up_block_out_channels). Add \"down_block_out_channels\": [the encoder's widths, e.g. those of the "
+            "--vae_config_file it was trained from] to that config.json.")
 
 
 def _ignored(key: str, ignore_keys: Iterable[str]) -> bool:

@@ -2,33 +2,65 @@
 
 Owns `save_vae`: one folder with ppdiffusers' `diffusion_paddle_model.safetensors`, PyTorch diffusers'
 `diffusion_pytorch_model.safetensors` (converted by ppdiffusers' `to_diffusers=True`: the attention
-projections are transposed, so a Paddle file must never just be renamed) and a `config.json` both read;
-and the --posterior_std export fix (`constant_posterior_std`).
+projections are transposed, so a Paddle file must never just be renamed) and a `config.json` both read
+(ppdiffusers only for a VAE PyTorch diffusers cannot describe, `diffusers_can_load`); and the
+--posterior_std export fix (`constant_posterior_std`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from typing import Iterator
+from typing import Iterator, List
 
 from ppdiffusers import AutoencoderKL
 
 from .vae import posterior_layer
 
+logger = logging.getLogger("vae_trainer")
 
-def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0, **config_updates) -> None:
+
+def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0, **config_updates) -> bool:
     """Write `out_dir` loadable as it is by `ppdiffusers.AutoencoderKL.from_pretrained(out_dir)` (which reads
     diffusion_paddle_model.safetensors) and by PyTorch `diffusers.AutoencoderKL.from_pretrained(out_dir)`
     (diffusion_pytorch_model.safetensors), after updating config entries such as scaling_factor.
     With `posterior_std` > 0 the saved encoder's log-variance outputs give that std (see
-    `constant_posterior_std`)."""
+    `constant_posterior_std`). A VAE that PyTorch diffusers cannot describe (`diffusers_can_load`) is
+    written for ppdiffusers only, with a warning. Returns whether the PyTorch file was written."""
     if config_updates:
         vae.register_to_config(**config_updates)
+    for_diffusers = diffusers_can_load(vae)
     with constant_posterior_std(vae, posterior_std):
         vae.save_pretrained(out_dir, safe_serialization=True)
-        # Second: its config.json (diffusers' spelling of the version key) is the one both libraries read.
-        vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
+        if for_diffusers:
+            # Second: its config.json (diffusers' spelling of the version key) is the one both libraries read.
+            vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
+    if not for_diffusers:
+        logger.warning("%s: written for ppdiffusers only. PyTorch diffusers' AutoencoderKL builds the encoder and the "
+                       "decoder from one list of widths, so this VAE (encoder %s, decoder %s) would load there "
+                       "with freshly initialised layers and no error.", out_dir, encoder_widths(vae),
+                       decoder_widths(vae))
+    return for_diffusers
+
+
+def encoder_widths(vae: AutoencoderKL) -> List[int]:
+    config = vae.config
+    return list(config.down_block_out_channels or config.block_out_channels)
+
+
+def decoder_widths(vae: AutoencoderKL) -> List[int]:
+    config = vae.config
+    return list(config.up_block_out_channels or config.block_out_channels)
+
+
+def diffusers_can_load(vae: AutoencoderKL) -> bool:
+    """Can PyTorch diffusers' AutoencoderKL hold this VAE? Only with the same widths for encoder and decoder,
+    one per down block and per up block (it has no down/up_block_out_channels; a super-resolving decoder,
+    --input_size, has more up blocks)."""
+    config = vae.config
+    widths = encoder_widths(vae)
+    return widths == decoder_widths(vae) and len(config.down_block_types) == len(config.up_block_types) == len(widths)
 
 
 @contextlib.contextmanager
