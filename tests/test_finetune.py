@@ -186,25 +186,55 @@ def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
         components(tmp_path, discriminator_path=str(tmp_path))
 
 
-def test_init_from_ckpt_alone_takes_the_architecture_and_weights_saved_in_a_checkpoint(tmp_path):
+def _checkpoint_of(parts, folder, **export_config):
+    """A checkpoint-N as a run writes it (weights + the JSON files), with export_config.json entries replaced."""
     from vae_trainer.export import checkpoint_configs
 
+    folder.mkdir()
+    paddle.save(parts.model.state_dict(), str(folder / "model_state.pdparams"))
+    for name, config in checkpoint_configs(parts).items():
+        if name == "export_config.json":
+            config = {**config, **export_config}
+        (folder / name).write_text(json.dumps(config))
+    return str(folder)
+
+
+def _from_checkpoint(tmp_path, checkpoint, **model):
+    return build_components(ModelArguments(init_from_ckpt=checkpoint, disc_norm="group", disc_num_layers=2,
+                                           disc_base_channels=8, **model),
+                            LossArguments(perceptual_weight=0.0), make_args(tmp_path), resolution=32)
+
+
+def test_init_from_ckpt_alone_takes_the_architecture_and_weights_saved_in_a_checkpoint(tmp_path):
     trained = components(tmp_path)
     with paddle.no_grad():  # "trained": away from the initialisation that the same --seed gives again below
         for param in trained.model.vae.parameters():
             param.set_value(param + 0.01)
-    checkpoint = tmp_path / "checkpoint-9"
-    checkpoint.mkdir()
-    paddle.save(trained.model.state_dict(), str(checkpoint / "model_state.pdparams"))
-    for name, config in checkpoint_configs(trained).items():
-        (checkpoint / name).write_text(json.dumps(config))
-    started = build_components(ModelArguments(init_from_ckpt=str(checkpoint), disc_norm="group", disc_num_layers=2,
-                                              disc_base_channels=8),
-                               LossArguments(perceptual_weight=0.0), make_args(tmp_path), resolution=32)
+    started = _from_checkpoint(tmp_path, _checkpoint_of(trained, tmp_path / "checkpoint-9"))
     for key, value in trained.model.vae.state_dict().items():
         np.testing.assert_array_equal(started.model.vae.state_dict()[key].numpy(), value.numpy(), err_msg=key)
-    assert started.scaling_factor_mode == "measure"  # a from-scratch run's checkpoint: nothing to keep
     loose_weights = tmp_path / "weights.pdparams"  # a weight file with no config beside it
     paddle.save(trained.model.vae.state_dict(), str(loose_weights))
     with pytest.raises(FileNotFoundError, match="--vae_config_file"):
         build_components(ModelArguments(init_from_ckpt=str(loose_weights)), LossArguments(), make_args(tmp_path))
+
+
+def test_init_from_ckpt_keeps_the_latent_scale_of_the_checkpoints_run(tmp_path):
+    """The encoder's weights come from the checkpoint, so does the latent scale a diffusion model was trained
+    with: a fine-tuning run's kept factor (its vae_config.json), or the number it was given."""
+    trained = components(tmp_path)
+    trained.model.vae.register_to_config(scaling_factor=0.13025)  # what a run fine-tuning SDXL's VAE holds
+    fine_tuned = _checkpoint_of(trained, tmp_path / "checkpoint-4", scaling_factor="keep")
+    no_factor = tmp_path / "no_factor.json"
+    no_factor.write_text(json.dumps({k: v for k, v in json.load(open(MICRO)).items() if k != "scaling_factor"}))
+    for model in ({}, {"freeze_encoder": True}, {"vae_config_file": str(no_factor)}):
+        started = _from_checkpoint(tmp_path, fine_tuned, **model)
+        assert started.scaling_factor_mode == "keep", model
+        assert started.model.vae.config.scaling_factor == 0.13025, model
+    given = _from_checkpoint(tmp_path, _checkpoint_of(trained, tmp_path / "checkpoint-5", scaling_factor=0.3))
+    assert (given.scaling_factor_mode, given.model.vae.config.scaling_factor) == ("keep", 0.3)
+    # The encoder re-initialised: a new latent space, measured.
+    assert _from_checkpoint(tmp_path, fine_tuned, ignore_keys=["encoder."]).scaling_factor_mode == "measure"
+    # A from-scratch run measured its factor at export, from its EMA weights; a checkpoint does not hold it.
+    scratch = _checkpoint_of(trained, tmp_path / "checkpoint-6", scaling_factor="measure")
+    assert _from_checkpoint(tmp_path, scratch).scaling_factor_mode == "measure"

@@ -9,6 +9,7 @@ import paddle
 import pytest
 from ppdiffusers import AutoencoderKL
 
+from vae_trainer.latent_scale import decide
 from vae_trainer.models.vae import decoder_last_layer
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
@@ -244,6 +245,24 @@ def test_another_architecture_takes_what_fits_and_needs_ignore_keys_for_the_rest
         if not key.startswith("decoder."):
             np.testing.assert_array_equal(value.numpy(), full[key].numpy(), err_msg=key)
     assert len(vae.decoder.up_blocks) == 3
+
+
+def test_a_config_file_with_a_pretrained_folder_keeps_the_folders_latent_scale(tmp_path):
+    """The reference recipe (a pretrained folder + --vae_config_file): the latent space is the folder's, so is
+    its scale, unless the config file states one itself."""
+    folder = tmp_path / "flux_like_source"
+    make_torch_vae(dict(MICRO, shift_factor=0.0625), seed=3).save_pretrained(str(folder))  # scaling_factor 0.13025
+    wider = {k: v for k, v in MICRO.items() if k not in ("scaling_factor", "shift_factor")}
+    wider.update(up_block_types=["UpDecoderBlock2D"] * 3, up_block_out_channels=[8, 16, 16])
+    config_file = tmp_path / "no_factor.json"
+    config_file.write_text(json.dumps(wider))
+    vae = build_vae(str(config_file), pretrained_model_name_or_path=str(folder), ignore_keys=["decoder."])
+    assert (vae.config.scaling_factor, vae.config.shift_factor) == (0.13025, 0.0625)
+    updates, record = decide("keep", vae.config)
+    assert updates == {} and (record["scaling_factor"], record["shift_factor"]) == (0.13025, 0.0625)
+    config_file.write_text(json.dumps(dict(wider, scaling_factor=0.5)))  # stated by the user: theirs
+    vae = build_vae(str(config_file), pretrained_model_name_or_path=str(folder), ignore_keys=["decoder."])
+    assert (vae.config.scaling_factor, vae.config.shift_factor) == (0.5, 0.0625)
 
 
 def test_init_from_ckpt_loads_weights_from_a_checkpoint_or_a_weight_file(torch_micro, tmp_path):

@@ -176,8 +176,9 @@ class ModelArguments:
         default=None,
         metadata={"help": "Latent scale written to the exported vae/config.json: 'keep' (the VAE's own scaling_factor "
                           "and shift_factor), 'measure' (from posterior statistics, see --latent_stats_num_images) or "
-                          "a number. Default: keep when fine-tuning --pretrained_model_name_or_path with its encoder "
-                          "loaded, measure otherwise."},
+                          "a number. Default: keep when the encoder's weights are loaded (--pretrained_model_name_or_path, "
+                          "or --init_from_ckpt of a run that kept or was given its factor) and not re-initialised by "
+                          "--ignore_keys; measure otherwise."},
     )
     discriminator_path: Optional[str] = field(
         default=None,

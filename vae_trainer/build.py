@@ -20,7 +20,6 @@ from paddlenlp.trainer.trainer_utils import set_seed
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
 from .ema import build_ema
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .checkpoint import checkpoint_vae_config
 from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
                                    read_discriminator)
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -63,7 +62,7 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
     from .latent_scale import scaling_factor_mode
 
     set_seed(training_args.seed)
-    vae = build_vae(_vae_config_file(model_args), model_args.pretrained_model_name_or_path, model_args.subfolder,
+    vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                     ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
     if resolution is not None:
         check_reconstruction_size(vae, model_args.input_size, resolution)
@@ -90,17 +89,6 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
     return Components(model=model, lpips=lpips, discriminator_config=disc_config,
                       lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode(model_args),
                       resolution=resolution)
-
-
-def _vae_config_file(model_args) -> Optional[str]:
-    """--vae_config_file, or with --init_from_ckpt alone the architecture saved in that checkpoint."""
-    if model_args.vae_config_file or model_args.pretrained_model_name_or_path:
-        return model_args.vae_config_file
-    config = checkpoint_vae_config(model_args.init_from_ckpt)
-    if config is None:
-        raise FileNotFoundError(f"--init_from_ckpt {model_args.init_from_ckpt} holds no vae_config.json (not a "
-                                "checkpoint of this version): give the architecture with --vae_config_file")
-    return config
 
 
 @dataclass

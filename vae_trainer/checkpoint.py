@@ -301,6 +301,15 @@ def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
     return config if os.path.isfile(config) else None
 
 
+def checkpoint_export_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The export_config.json of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
+    if not path:
+        return None
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config = os.path.join(folder, EXPORT_CONFIG_NAME)
+    return read_json(config) if os.path.isfile(config) else None
+
+
 def read_json(path: str) -> Dict[str, Any]:
     with open(path) as handle:
         return json.load(handle)

@@ -2,9 +2,9 @@
 
 A diffusion model is trained on `(z - shift_factor) * scaling_factor` (SD: shift 0). Those numbers belong
 to the latent space, so:
-- fine-tuning a pretrained VAE whose encoder is loaded KEEPS its config's `scaling_factor` /
-  `shift_factor` (SD 0.18215, SDXL 0.13025, FLUX 0.3611 / 0.1159): a UNet/DiT trained on the old latents
-  keeps receiving what it expects;
+- fine-tuning a pretrained VAE (or continuing from a checkpoint, --init_from_ckpt) whose encoder is loaded
+  KEEPS its `scaling_factor` / `shift_factor` (SD 0.18215, SDXL 0.13025, FLUX 0.3611 / 0.1159): a UNet/DiT
+  trained on the old latents keeps receiving what it expects;
 - training from scratch (or with the encoder re-initialised) MEASURES them: `scaling_factor = 1 / std`,
   `shift_factor = mean` (written only for VAEs whose config has a shift_factor), over all channels of the
   posterior samples of --latent_stats_num_images images, computed exactly in expectation from the
@@ -37,12 +37,15 @@ def _touches_encoder(prefix: str) -> bool:
 
 
 def scaling_factor_mode(model_args) -> Mode:
-    """--scaling_factor as "keep", "measure" or a float. Default: keep when fine-tuning a pretrained VAE
-    with its encoder loaded (its latents are those a diffusion model was trained on), measure otherwise."""
-    value = model_args.scaling_factor
+    """--scaling_factor as "keep", "measure" or a float; the default when it is not given: `default_mode`."""
+    mode = parse_scaling_factor(model_args.scaling_factor)
+    return default_mode(model_args) if mode is None else mode
+
+
+def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
+    """A --scaling_factor value as "keep", "measure" or a number > 0; None for "not given" (None, "", "auto")."""
     if value in (None, "", "auto"):
-        encoder_loaded = not any(_touches_encoder(p) for p in model_args.ignore_keys or ())
-        return "keep" if model_args.pretrained_model_name_or_path and encoder_loaded else "measure"
+        return None
     if value in ("keep", "measure"):
         return value
     try:
@@ -52,6 +55,21 @@ def scaling_factor_mode(model_args) -> Mode:
     if not number > 0:
         raise ValueError(f"--scaling_factor must be > 0, got {value}")
     return number
+
+
+def default_mode(model_args) -> Mode:
+    """Keep when the encoder's weights are loaded (--pretrained_model_name_or_path or --init_from_ckpt, not
+    re-initialised by --ignore_keys): its latents are those a diffusion model was trained on, and the VAE's
+    config holds their scale (models/vae_loading.py carries it over). Measure otherwise, and for an
+    --init_from_ckpt checkpoint whose run measured its factor (at its export; the checkpoint does not hold it)."""
+    from .checkpoint import checkpoint_export_config
+
+    if any(_touches_encoder(p) for p in model_args.ignore_keys or ()):
+        return "measure"
+    if getattr(model_args, "init_from_ckpt", None):
+        exported = checkpoint_export_config(model_args.init_from_ckpt)
+        return "measure" if exported is not None and exported.get("scaling_factor") == "measure" else "keep"
+    return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
 def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None) -> Tuple[Dict[str, float], Dict[str, Any]]:

@@ -99,19 +99,80 @@ def build_vae(
       tensor shapes, with SD's scaling factor for 4 latent channels.
     - `ignore_keys`: weight-name prefixes (e.g. "decoder.") not loaded; those weights keep their fresh,
       seeded initialisation.
-    - `init_from_ckpt`: weights only (after the above), see `load_vae_weights`.
+    - `init_from_ckpt`: weights only (after the above), see `load_vae_weights`; alone, the architecture is the
+      checkpoint's `vae_config.json`.
+    The VAE's `scaling_factor` / `shift_factor` (and `latents_mean` / `latents_std`) are those of the latent
+    space its encoder weights come from (`latent_scale_of`), unless `vae_config_file` states them.
     """
-    if vae_config_file is None and pretrained_model_name_or_path is None:
+    if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
         raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
     if pretrained_model_name_or_path is None:
-        vae = vae_from_config_file(vae_config_file)
+        vae = vae_from_config_file(vae_config_file or _checkpoint_architecture(init_from_ckpt))
     else:
-        vae = _load_pretrained(find_pretrained(pretrained_model_name_or_path, subfolder), vae_config_file, ignore_keys)
+        source = find_pretrained(pretrained_model_name_or_path, subfolder)
+        vae = _load_pretrained(source, vae_config_file, ignore_keys)
+        _carry_latent_scale(vae, latent_scale_of(source), vae_config_file)
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
+        _carry_latent_scale(vae, latent_scale_of_weights(init_from_ckpt), vae_config_file)
     return vae
+
+
+def _checkpoint_architecture(init_from_ckpt: str) -> str:
+    from ..checkpoint import checkpoint_vae_config
+
+    config = checkpoint_vae_config(init_from_ckpt)
+    if config is None:
+        raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
+                                "this version): give the architecture with --vae_config_file")
+    return config
+
+
+# ---- the latent scale that belongs to loaded encoder weights
+
+LATENT_SCALE_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
+
+
+def latent_scale_of(source: PretrainedSource) -> Dict[str, object]:
+    """The latent-scale entries of a pretrained VAE's config (a single file has none: {})."""
+    if source.layout == "single_file":
+        return {}
+    config = AutoencoderKL.load_config(source.path)
+    return {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
+
+
+def latent_scale_of_weights(path: str) -> Dict[str, object]:
+    """The latent scale that belongs to --init_from_ckpt weights, where it is known ({} otherwise):
+    - a checkpoint of ours: its run's --scaling_factor (export_config.json): "keep" -> the factors in its
+      vae_config.json, a number -> that number; "measure" -> unknown (measured only at the run's export,
+      from its EMA weights; the checkpoint does not hold it);
+    - a weight file inside a VAE folder: the config.json beside it."""
+    from ..checkpoint import checkpoint_export_config, checkpoint_vae_config
+
+    exported = checkpoint_export_config(path)
+    if exported is not None:
+        mode, config_file = exported.get("scaling_factor"), checkpoint_vae_config(path)
+        if mode == "measure" or config_file is None:
+            return {}
+        config = AutoencoderKL.load_config(config_file)
+        scale = {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
+        return scale if mode == "keep" else {**scale, "scaling_factor": float(mode)}
+    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), CONFIG_NAME)
+    if os.path.isfile(beside):
+        config = AutoencoderKL.load_config(beside)
+        return {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
+    return {}
+
+
+def _carry_latent_scale(vae: AutoencoderKL, scale: Dict[str, object], config_file: Optional[str]) -> None:
+    """Give `vae` the latent scale of its encoder weights' source, except entries `config_file` states."""
+    stated = set(AutoencoderKL.load_config(config_file)) if config_file else set()
+    carried = {key: value for key, value in scale.items() if key not in stated}
+    if carried:
+        vae.register_to_config(**carried)
+        logger.info("latent scale of the loaded encoder weights: %s", carried)
 
 
 def vae_from_config_file(config_file: str) -> AutoencoderKL:
