@@ -18,17 +18,15 @@ from vae_trainer.distributed import rank  # noqa: E402
 from vae_trainer.checkpoint import list_checkpoints  # noqa: E402
 from vae_trainer.loop import train  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
+from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
+@exit_on_user_error
 def main(argv=None):
-    try:
+    with start_up():  # bad flags: one `error: ...` line, no traceback (and for files: loop.train's start-up)
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
-    except ValueError as error:  # refused or contradictory flags: a message, not a traceback
-        sys.exit(f"error: {error}")
     try:
         outputs = train(model_args, data_args, loss_args, training_args)
-    except FileExistsError as error:  # an --output_dir holding an earlier run (checkpoint.prepare_output_dir)
-        sys.exit(f"error: {error}")
     except NonFiniteError as error:
         latest = list_checkpoints(training_args.output_dir)[-1][1]
         sys.exit(f"error: {error} Last good weights: {latest}")

@@ -19,23 +19,21 @@ from vae_trainer.build import build_components, build_evaluator, seed_training, 
 from vae_trainer.export import export_run  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
 from vae_trainer.trainer import VAETrainer  # noqa: E402
+from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
+@exit_on_user_error
 def main(argv=None):
-    try:
+    with start_up():  # bad flags or files: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
-    except ValueError as error:  # refused or contradictory flags: a message, not a traceback
-        sys.exit(f"error: {error}")
-    setup_runtime(training_args)
-    try:
+        setup_runtime(training_args)
         ckpt.prepare_output_dir(training_args)  # a new run never eats an earlier one
-    except FileExistsError as error:
-        sys.exit(f"error: {error}")
-    parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
-    evaluator = build_evaluator(data_args, training_args, parts)
-    trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
+        parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
+        evaluator = build_evaluator(data_args, training_args, parts)
+        trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
     seed_training(training_args.seed)
-    resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
+    with start_up():
+        resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
     try:
         trainer.train(resume_from_checkpoint=resume)
         trainer._save_checkpoint(trainer.model)  # always a checkpoint at the end (no-op if just saved)

@@ -131,3 +131,93 @@ def test_decide_writes_what_the_mode_says_and_records_it():
     assert updates == {} and record["measured"] is None and "not measured" in record["note"]
     assert decide(0.7, flux)[0] == {"scaling_factor": 0.7}
     json.dumps(record)  # the record is latent_stats.json
+
+
+# ---- --posterior_std: the written factor is that of the exported VAE (whose std is posterior_std)
+
+class _Monitor:
+    def log_scalars(self, step, scalars):
+        pass
+
+    def log_grid(self, step, grid, tag):
+        pass
+
+
+def _run_parts(tmp_path, photo_filelist, held_out_folder, model=None, **data):
+    """Components and an evaluator on held_out_folder (6 images at 32 px), as a run builds them."""
+    from test_step import make_args
+
+    from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments
+    from vae_trainer.build import build_components, build_evaluator
+
+    args = make_args(tmp_path, eval_steps=1, per_device_eval_batch_size=4)
+    model = {"vae_config_file": "configs/vae_micro.json", "disc_norm": "group", "disc_num_layers": 2,
+             "disc_base_channels": 8, **(model or {})}
+    parts = build_components(ModelArguments(**model), LossArguments(perceptual_weight=0.0), args, resolution=32)
+    data_args = DataArguments(file_list=photo_filelist, eval_file_list=held_out_folder, eval_num_images=6,
+                              resolution=32, **data)
+    return parts, build_evaluator(data_args, args, parts)
+
+
+def _remeasured(folder, held_out_folder):
+    from vae_trainer.data.dataset import build_eval_dataloader
+
+    return measure_latents(AutoencoderKL.from_pretrained(folder), build_eval_dataloader(held_out_folder, 32, 4, 0, 1, 6))
+
+
+@pytest.mark.parametrize("evaluate_first", [False, True], ids=["encoder_only_pass", "reusing_the_evaluation"])
+def test_with_posterior_std_the_written_factor_is_that_of_the_reloaded_export(
+        tmp_path, photo_filelist, held_out_folder, evaluate_first):
+    from paddlenlp.trainer import TrainerState
+
+    from vae_trainer.export import export_run
+
+    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder, {"posterior_std": 0.1},
+                                  latent_stats_num_images=6)
+    suggested = None
+    if evaluate_first:  # the in-training evaluation (eval/latent_std_*, eval/suggested_scaling_factor)
+        evaluator.run(1, parts.model.vae, None, _Monitor(), TrainerState())
+        suggested = evaluator.last[1].scaling_factor
+    vae_dir, _ = export_run(str(tmp_path / "out"), parts, None, evaluator, step=1)
+    written = AutoencoderKL.load_config(vae_dir)["scaling_factor"]
+    remeasured = _remeasured(vae_dir, held_out_folder)
+    assert written == pytest.approx(remeasured.scaling_factor, rel=1e-5)
+    if suggested is not None:
+        assert suggested == pytest.approx(remeasured.scaling_factor, rel=1e-5)
+    stats = json.load(open(os.path.join(vae_dir, "latent_stats.json")))
+    np.testing.assert_allclose(stats["measured"]["latent_std"], remeasured.latent_std, rtol=1e-5)
+
+
+# ---- vae_raw/: the raw weights beside the EMA's, with their own latent_stats.json
+
+@pytest.mark.parametrize("freeze_encoder", [False, True])
+def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelist, held_out_folder, monkeypatch,
+                                                         freeze_encoder):
+    import vae_trainer.evaluation as evaluation
+    from vae_trainer.ema import build_ema
+    from vae_trainer.export import export_run
+    from vae_trainer.models.vae import encoder_parameters
+
+    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder, {"freeze_encoder": freeze_encoder})
+    vae = parts.model.vae
+    ema = build_ema(vae, decay=0.5)
+    frozen = {id(p) for p in encoder_parameters(vae)} if freeze_encoder else set()
+    with paddle.no_grad():  # "training": the raw weights move away from their average (not the frozen ones)
+        for param in vae.parameters():
+            if id(param) not in frozen:
+                param.set_value(param * 1.5)
+    passes = []
+    monkeypatch.setattr(evaluation, "measure_latents",
+                        lambda *a, _real=evaluation.measure_latents, **k: passes.append(1) or _real(*a, **k))
+    export_run(str(tmp_path / "out"), parts, ema, evaluator, step=1)
+    written = {}
+    for folder in ("vae", "vae_raw"):
+        path = str(tmp_path / "out" / folder)
+        record = json.load(open(os.path.join(path, "latent_stats.json")))
+        written[folder] = AutoencoderKL.load_config(path)["scaling_factor"]
+        assert record["scaling_factor"] == written[folder]
+        assert written[folder] == pytest.approx(_remeasured(path, held_out_folder).scaling_factor, rel=1e-5)
+    if freeze_encoder:  # one latent space: one pass, one factor
+        assert len(passes) == 1 and written["vae"] == written["vae_raw"]
+    else:
+        assert len(passes) == 2 and written["vae"] != pytest.approx(written["vae_raw"], rel=1e-3)

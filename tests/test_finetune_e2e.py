@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, EVAL_FLAGS, REPO, run_entry_point, tiny_args, vae_weights
+from conftest import DRIVERS, EVAL_FLAGS, REPO, run_entry_point, run_in_process, tiny_args, vae_weights
 from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
@@ -120,14 +120,6 @@ def calls(monkeypatch):
 
         monkeypatch.setattr(evaluation, name, counting)
     return counted
-
-
-def run_in_process(driver, argv):
-    if driver == "train_vae_trainer.py":
-        import train_vae_trainer as entry
-    else:
-        import train_vae_no_trainer as entry
-    entry.main([str(a) for a in argv])
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

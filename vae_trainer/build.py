@@ -142,7 +142,8 @@ def build_evaluator(data_args, training_args, components: Components):
     if lpips is None and os.path.isfile(components.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
         lpips = LPIPS(components.lpips_weights)
     inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
-    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=components.model.input_size)
+    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=components.model.input_size,
+                             posterior_std=components.model.posterior_std)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):

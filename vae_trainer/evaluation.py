@@ -16,8 +16,8 @@ ranks). The reconstruction grid is taken from the calling rank's first images.
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,10 +162,20 @@ def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[
         yield pixels
 
 
-def _posterior(vae, pixels: paddle.Tensor, input_size: list[int] | None):
+def _posterior(vae, pixels: paddle.Tensor, input_size: list[int] | None, posterior_std: float = 0.0):
     """The posterior of ``pixels``, the encoder seeing them bilinearly resized to ``input_size`` if given
-    (a super-resolving decoder, as trained with --input_size)."""
-    return vae.encode(encoder_input(pixels, input_size)).latent_dist
+    (a super-resolving decoder, as trained with --input_size).
+
+    With ``posterior_std`` > 0 (a VAE trained with --posterior_std) its std is that constant, as in training
+    and in the exported VAE (``vae_saving.constant_posterior_std``): the encoder's own log-variance outputs
+    are untrained. The latent statistics, the scaling factor and posterior samples all follow from it.
+    """
+    posterior = vae.encode(encoder_input(pixels, input_size)).latent_dist
+    if posterior_std > 0:
+        posterior.std = paddle.full_like(posterior.mean, posterior_std)
+        posterior.var = paddle.full_like(posterior.mean, posterior_std**2)
+        posterior.logvar = paddle.full_like(posterior.mean, 2.0 * math.log(posterior_std))
+    return posterior
 
 
 def _latent(posterior, rng: np.random.Generator | None) -> paddle.Tensor:
@@ -243,6 +253,7 @@ def evaluate_vae(
     seed: int = 0,
     grid_images: int = 8,
     input_size: list[int] | None = None,
+    posterior_std: float = 0.0,
 ) -> EvalResult:
     """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
 
@@ -254,7 +265,7 @@ def evaluate_vae(
     features its final matrix square root takes seconds to a minute on CPU. Latent statistics are
     those of posterior samples (exact expectation from the posterior means and variances; raw, before
     any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
-    (--input_size). ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
+    (--input_size); ``posterior_std`` > 0 is the constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
     is the total over all ranks. The VAE's train/eval mode is restored afterwards.
     """
     if inception is None:
@@ -271,7 +282,7 @@ def evaluate_vae(
         with paddle.no_grad():
             for pixels in _capped_batches(batches, num_images):
                 with half_precision_autocast(vae):  # O2: float32 images into half-precision weights
-                    posterior = _posterior(vae, pixels, input_size)
+                    posterior = _posterior(vae, pixels, input_size, posterior_std)
                     recons = vae.decode(_latent(posterior, rng)).sample
                 evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0))
     finally:
@@ -291,7 +302,8 @@ def _check_no_empty_rank(what: str, count: int) -> None:
 
 
 def measure_latents(
-    vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None, input_size: list[int] | None = None
+    vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None, input_size: list[int] | None = None,
+    posterior_std: float = 0.0,
 ) -> LatentStats:
     """Latent statistics of ``batches`` from the encoder alone (no decoder, LPIPS or rFID): what a scaling
     factor needs. Collective like ``evaluate_vae``; the VAE's train/eval mode is restored."""
@@ -301,13 +313,30 @@ def measure_latents(
     try:
         with paddle.no_grad():
             for pixels in _capped_batches(batches, num_images):
-                _add_posterior(statistics, _posterior(vae, pixels, input_size))
+                _add_posterior(statistics, _posterior(vae, pixels, input_size, posterior_std))
                 count += pixels.shape[0]
     finally:
         if was_training:
             vae.train()
     _check_no_empty_rank("measure_latents", count)
     return LatentStats.from_statistics(statistics, count)
+
+
+def measure_latents_of(
+    vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int, num_images: int,
+    input_size: list[int] | None = None, posterior_std: float = 0.0,
+) -> tuple[LatentStats, str]:
+    """Latent statistics of `vae` (with the EMA's weights when `ema` is given) over the first `num_images`
+    images of `data` (a filelist or a folder; each rank reads its share), from the encoder alone, and the
+    sentence saying where they come from (latent_stats.json). Collective."""
+    from vae_trainer.data.dataset import build_eval_dataloader
+    from vae_trainer.distributed import rank, world_size
+    from vae_trainer.ema import ema_weights
+
+    loader = build_eval_dataloader(data, resolution, batch_size, rank(), world_size(), num_images)
+    with ema_weights(ema, vae):
+        stats = measure_latents(vae, loader, num_images, input_size, posterior_std)
+    return stats, f"an encoder-only pass over {stats.num_images} images of {data}"
 
 
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
@@ -321,21 +350,33 @@ class TrainingEvaluator:
     statistics and a reconstruction grid to VisualDL, and tracks the best value of
     --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
     It keeps its last result, which the export reuses for the latent statistics (`latent_stats`).
+    With --posterior_std the latents have that constant std, as in training and in the export.
     """
 
-    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None):
+    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0):
         self.data_args, self.args = data_args, args
         self.lpips, self.inception = lpips, inception
         self.input_size = input_size
+        self.posterior_std = posterior_std
         self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
-        self.last: tuple[int, EvalResult] | None = None  # (step, result) of the last evaluation
-        from vae_trainer.distributed import world_size
-
-        if self.enabled and data_args.eval_num_images < world_size():
-            raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
-                             f"({world_size()}): every rank evaluates its share")
+        # (step, result, evaluated the EMA weights?) of the last evaluation
+        self.last: tuple[int, EvalResult, bool] | None = None
+        self._check_image_counts()
         if self.metric is not None and self.metric not in HIGHER_IS_BETTER:
             raise ValueError(f"--metric_for_best_model must be one of {sorted(HIGHER_IS_BETTER)}, got {self.metric!r}")
+
+    def _check_image_counts(self) -> None:
+        """At start-up, not after training: every rank must get at least one image of each set it measures."""
+        from vae_trainer.distributed import world_size
+
+        ranks = world_size()
+        if self.enabled and self.data_args.eval_num_images < ranks:
+            raise ValueError(f"--eval_num_images {self.data_args.eval_num_images} is smaller than the number of ranks "
+                             f"({ranks}): every rank evaluates its share")
+        wanted = self.data_args.latent_stats_num_images
+        if wanted is not None and wanted < max(1, ranks):
+            raise ValueError(f"--latent_stats_num_images {wanted} must be at least 1 and at least the number of ranks "
+                             f"({ranks}): every rank measures its share of the images")
 
     @property
     def enabled(self) -> bool:
@@ -344,52 +385,52 @@ class TrainingEvaluator:
     def due(self, step: int) -> bool:
         return self.enabled and (step % self.args.eval_steps == 0 or step == self.args.max_steps)
 
-    def _loader(self, path: str, num_images: int):
-        from vae_trainer.data.dataset import build_eval_dataloader
-        from vae_trainer.distributed import rank, world_size
-
-        return build_eval_dataloader(path, self.data_args.resolution, self.args.per_device_eval_batch_size, rank(),
-                                     world_size(), num_images)
+    @property
+    def latent_stats_data(self) -> tuple[str, int]:
+        """(images, how many) the export's latent statistics are measured on: --latent_stats_num_images
+        (default --eval_num_images) of --eval_file_list, else of the training --file_list."""
+        path = self.data_args.eval_file_list or self.data_args.file_list
+        return path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with EMA weights if given) on --eval_file_list."""
+        from vae_trainer.data.dataset import build_eval_dataloader
+        from vae_trainer.distributed import rank, world_size
         from vae_trainer.ema import ema_weights
 
-        loader = self._loader(self.data_args.eval_file_list, self.data_args.eval_num_images)
-        context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
-        with context:
+        loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution,
+                                       self.args.per_device_eval_batch_size, rank(), world_size(),
+                                       self.data_args.eval_num_images)
+        with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
-                                grid_images=self.args.num_logged_images, input_size=self.input_size)
+                                grid_images=self.args.num_logged_images, input_size=self.input_size,
+                                posterior_std=self.posterior_std)
 
     @property
     def protocol(self) -> EvalProtocol:
         return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size)
 
-    def evaluated_at(self, step: int) -> bool:
-        """Did an evaluation measure the weights of `step` on the images the export's statistics use?"""
+    def evaluated_at(self, step: int, ema=None) -> bool:
+        """Did an evaluation measure these weights (the EMA's when `ema` is given, else the raw ones) at
+        `step`, on the images the export's statistics use?"""
         wanted = self.data_args.latent_stats_num_images
-        return (self.last is not None and self.last[0] == step
+        return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
                 and (wanted is None or wanted == self.data_args.eval_num_images))
 
     def latent_stats(self, vae, ema, step: int) -> tuple[LatentStats, str]:
         """Latent statistics of the weights of `step` (the EMA's if given) and where they come from: the
-        evaluation of that step when there was one (no extra work), else an encoder-only pass over
-        --latent_stats_num_images images of --eval_file_list (or of the training --file_list)."""
-        if self.evaluated_at(step):
+        evaluation of those weights at that step when there was one (no extra work), else an encoder-only
+        pass (`measure_latents_of`) over `latent_stats_data`."""
+        if self.evaluated_at(step, ema):
             return self.last[1], f"the evaluation at step {step}"
-        from vae_trainer.ema import ema_weights
-
-        path = self.data_args.eval_file_list or self.data_args.file_list
-        num_images = self.data_args.latent_stats_num_images or self.data_args.eval_num_images
-        context = ema_weights(ema, vae) if ema is not None else contextlib.nullcontext()
-        with context:
-            stats = measure_latents(vae, self._loader(path, num_images), num_images, self.input_size)
-        return stats, f"an encoder-only pass over {stats.num_images} images of {path}"
+        path, num_images = self.latent_stats_data
+        return measure_latents_of(vae, ema, path, self.data_args.resolution, self.args.per_device_eval_batch_size,
+                                  num_images, self.input_size, self.posterior_std)
 
     def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
         """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""
         result = self.evaluate(vae, ema)
-        self.last = (step, result)
+        self.last = (step, result, ema is not None)
         scalars = {f"eval/{name}": value for name, value in result.metrics.items()}
         scalars.update({f"eval/latent_mean_{c}": m for c, m in enumerate(result.latent_mean)})
         scalars.update({f"eval/latent_std_{c}": s for c, s in enumerate(result.latent_std)})

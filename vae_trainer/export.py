@@ -4,7 +4,9 @@ At the end of training (both drivers, `export_run`), on rank 0 after the latent 
     OUTPUT_DIR/vae/            the VAE (the EMA weights with --use_ema) loadable as it is by
                                ppdiffusers and by PyTorch diffusers (models/vae_saving.py `save_vae`),
                                with latent_stats.json (latent_scale.py)
-    OUTPUT_DIR/vae_raw/        with --use_ema: the raw weights, same format and factors
+    OUTPUT_DIR/vae_raw/        with --use_ema: the raw weights, same format, its own latent_stats.json
+                               (a measured factor is measured on the raw weights: their latent space
+                               differs from the EMA's unless --freeze_encoder)
     OUTPUT_DIR/discriminator/  config.json + model_state.pdparams, for --discriminator_path
 With --posterior_std the exported encoder's log-variance outputs give that constant std.
 `scripts/export_vae.py` writes the same folder from any checkpoint-N, with what `checkpoint_configs`
@@ -21,20 +23,25 @@ import paddle.distributed as dist
 from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
 from .distributed import rank, world_size
 from .ema import ema_weights
-from .latent_scale import latent_scale_at_export, write_latent_stats
+from .latent_scale import latent_scales_at_export, write_latent_stats
 from .models.discriminator import save_discriminator
 from .models.vae_saving import save_vae
 
 
-def checkpoint_configs(components) -> Dict[str, dict]:
-    """The JSON files every checkpoint holds so that it can be exported on its own (scripts/export_vae.py)."""
+def checkpoint_configs(components, evaluator=None) -> Dict[str, dict]:
+    """The JSON files every checkpoint holds so that it can be exported on its own (scripts/export_vae.py),
+    with the images its latent statistics are measured on (the evaluator's `latent_stats_data`)."""
     model = components.model
-    mode = components.scaling_factor_mode
+    export = {"posterior_std": model.posterior_std, "scaling_factor": components.scaling_factor_mode,
+              "input_size": model.input_size, "resolution": components.resolution}
+    if evaluator is not None:
+        data, num_images = evaluator.latent_stats_data
+        export.update(latent_stats_data=os.path.abspath(data) if data else None,
+                      latent_stats_num_images=num_images)
     return {
         VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
         DISCRIMINATOR_CONFIG_NAME: components.discriminator_config,
-        EXPORT_CONFIG_NAME: {"posterior_std": model.posterior_std, "scaling_factor": mode,
-                             "input_size": model.input_size, "resolution": components.resolution},
+        EXPORT_CONFIG_NAME: export,
     }
 
 
@@ -42,10 +49,8 @@ def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
                       config_updates: Optional[Dict[str, Any]] = None,
                       latent_record: Optional[Dict[str, Any]] = None) -> str:
     """One dual-format VAE folder from `vae` (with the EMA's weights when `ema` is given)."""
-    if ema is not None:
-        with ema_weights(ema, vae):
-            return export_vae_folder(vae, out_dir, None, posterior_std, config_updates, latent_record)
-    save_vae(vae, out_dir, posterior_std=posterior_std, **(config_updates or {}))
+    with ema_weights(ema, vae):
+        save_vae(vae, out_dir, posterior_std=posterior_std, **(config_updates or {}))
     if latent_record is not None:
         write_latent_stats(out_dir, latent_record)
     return out_dir
@@ -54,12 +59,14 @@ def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
 def export_run(output_dir: str, components, ema, evaluator, step: int) -> Tuple[str, str]:
     """OUTPUT_DIR/vae (+ vae_raw with an EMA) and OUTPUT_DIR/discriminator; call on every rank."""
     model = components.model
-    updates, record = latent_scale_at_export(components.scaling_factor_mode, model.vae, ema, evaluator, step)
+    scales = latent_scales_at_export(components.scaling_factor_mode, model.vae, ema, evaluator, step,
+                                     encoder_frozen=model.freeze_encoder)
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
     if rank() == 0:
         if ema is not None:
-            export_vae_folder(model.vae, os.path.join(output_dir, "vae_raw"), None, model.posterior_std, updates)
-        export_vae_folder(model.vae, vae_dir, ema, model.posterior_std, updates, record)
+            export_vae_folder(model.vae, os.path.join(output_dir, "vae_raw"), None, model.posterior_std,
+                              *scales["vae_raw"])
+        export_vae_folder(model.vae, vae_dir, ema, model.posterior_std, *scales["vae"])
         save_discriminator(model.discriminator, components.discriminator_config, disc_dir)
     if world_size() > 1:
         dist.barrier()

@@ -14,8 +14,10 @@ to the latent space, so:
 No unrequested work at export: the statistics come from the last in-training evaluation when it measured
 the exported weights on the same images; otherwise, only when the factor is measured, from an
 encoder-only pass (`evaluation.measure_latents`: no decoder, LPIPS or rFID). When the factor is kept or
-given and no evaluation ran, nothing is measured. `latent_stats.json` beside the exported VAE always says
-which factors were written, where they come from, and the measured statistics when there are some.
+given and no evaluation ran, nothing is measured. `latent_stats.json` beside each exported VAE (vae/ and,
+with an EMA, vae_raw/) always says which factors were written, where they come from, which weights, and
+the measured statistics when there are some. With --posterior_std the statistics are those of the
+constant-std posterior that the export gives (evaluation.py).
 """
 
 from __future__ import annotations
@@ -72,9 +74,13 @@ def default_mode(model_args) -> Mode:
     return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
-def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None) -> Tuple[Dict[str, float], Dict[str, Any]]:
+def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None, weights: Optional[str] = None,
+           unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
+           ) -> Tuple[Dict[str, float], Dict[str, Any]]:
     """(config updates for the exported VAE, the latent_stats.json record) from the mode and, if any, the
-    measured `stats` (an `evaluation.LatentStats`). "measure" needs `stats`."""
+    measured `stats` (an `evaluation.LatentStats`) of the exported `weights` ("the EMA weights", ...).
+    "measure" needs `stats`. `unmeasured` completes the record's note when nothing was measured: why, and
+    how to measure."""
     uses_shift = vae_config.get("shift_factor") is not None
     if mode == "measure":
         if stats is None:
@@ -91,6 +97,7 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
         "scaling_factor": updates.get("scaling_factor", vae_config.get("scaling_factor")),
         "shift_factor": updates.get("shift_factor", vae_config.get("shift_factor")),
         "source": source,
+        "weights": weights,
         "measured": None,
     }
     if stats is not None:
@@ -105,20 +112,41 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
                     [round(v, 4) for v in stats.latent_mean], [round(v, 4) for v in stats.latent_std],
                     stats.scaling_factor, stats.shift_factor)
     else:
-        record["note"] = ("not measured: the scaling factor was not to be measured and no evaluation ran; "
-                          "scripts/eval_vae.py measures the statistics of any VAE folder")
-    logger.info("exported scaling_factor %s, shift_factor %s (%s)", record["scaling_factor"], record["shift_factor"],
-                source)
+        record["note"] = f"not measured: the scaling factor is {source}; {unmeasured}"
+    logger.info("exported scaling_factor %s, shift_factor %s (%s%s)", record["scaling_factor"], record["shift_factor"],
+                source, f"; {weights}" if weights else "")
     return updates, record
 
 
-def latent_scale_at_export(mode: Mode, vae, ema, evaluator, step: int) -> Tuple[Dict[str, float], Dict[str, Any]]:
-    """`decide` with the statistics that cost nothing (the last evaluation of these weights) or, when the
-    factor is measured, an encoder-only pass. Call on every rank (the pass is a collective)."""
+def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
+                            encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, float], Dict[str, Any]]]:
+    """{"vae": (config updates, latent_stats.json record)}, and "vae_raw" for the raw weights when there is an
+    EMA. The statistics are those that cost nothing (the last evaluation of the same weights) or, when the
+    factor is measured, an encoder-only pass. The raw weights are a latent space of their own when the
+    encoder trained, so a measured factor is measured on them separately (one more encoder-only pass); with
+    --freeze_encoder their encoder is the EMA's, bit for bit, and shares its statistics.
+    Call on every rank (the passes are collectives)."""
+    how_to_measure = "scripts/eval_vae.py --vae on this folder measures its statistics"
     stats, source = None, None
-    if mode == "measure" or evaluator.evaluated_at(step):
+    if mode == "measure" or evaluator.evaluated_at(step, ema):
         stats, source = evaluator.latent_stats(vae, ema, step)
-    return decide(mode, vae.config, stats, source)
+    weights = "the EMA weights (--use_ema)" if ema is not None else "the trained weights"
+    scales = {"vae": decide(mode, vae.config, stats, source, weights,
+                            f"no evaluation of these weights ran at the last step (step {step}); {how_to_measure}")}
+    if ema is None:
+        return scales
+    raw_weights = "the raw weights (vae/ holds the EMA weights)"
+    if encoder_frozen:
+        if source is not None:
+            source = f"{source}, with the EMA weights, whose encoder is the raw one (--freeze_encoder)"
+    elif mode == "measure" or evaluator.evaluated_at(step, None):
+        stats, source = evaluator.latent_stats(vae, None, step)
+    else:
+        stats, source = None, None
+    scales["vae_raw"] = decide(mode, vae.config, stats, source, raw_weights,
+                               f"evaluations measure the EMA weights (vae/), and a factor that is not measured needs no "
+                               f"pass over the raw ones; {how_to_measure}")
+    return scales
 
 
 def write_latent_stats(vae_dir: str, record: Dict[str, Any]) -> None:

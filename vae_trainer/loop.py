@@ -21,20 +21,22 @@ from .distributed import rank, world_size
 from .export import checkpoint_configs, export_run
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
+from .user_errors import start_up
 
 logger = logging.getLogger("vae_trainer")
 
 
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
-    setup_runtime(args)
-    ckpt.prepare_output_dir(args)  # a new run never eats an earlier one
-    parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
+    with start_up():  # bad files or flags: `UserError`, one line from the entry point
+        setup_runtime(args)
+        ckpt.prepare_output_dir(args)  # a new run never eats an earlier one
+        parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
+        run = build_training(parts, loss_args, args)
+        evaluator = build_evaluator(data_args, args, parts)
+        resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
     model = parts.model
-    run = build_training(parts, loss_args, args)
-    evaluator = build_evaluator(data_args, args, parts)
     state = TrainerState(max_steps=args.max_steps)
-    resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
     rank_state: Optional[dict] = None
     if resume:
         ckpt.load_model_state(resume, model)
@@ -46,7 +48,8 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         seed_training(args.seed)
 
     data_state = rank_state["data"] if rank_state else None
-    dataloader, position = build_train_data(data_args, args, data_state)
+    with start_up():
+        dataloader, position = build_train_data(data_args, args, data_state)
     if rank_state:
         ckpt.set_rng_state(rank_state["rng"])
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
@@ -63,7 +66,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
                              save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
-                             configs=checkpoint_configs(parts))
+                             configs=checkpoint_configs(parts, evaluator))
         saved_at[0] = state.global_step
 
     batches = iter(dataloader)

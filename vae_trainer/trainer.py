@@ -37,6 +37,7 @@ from .distributed import rank, world_size
 from .export import checkpoint_configs
 from .step import NonFiniteError
 from .train_logging import TrainMonitor
+from .user_errors import start_up
 
 logger = logging.getLogger("vae_trainer")
 
@@ -95,7 +96,8 @@ class VAETrainer(Trainer):
 
     # ---- building
     def create_optimizer_and_scheduler(self, num_training_steps: int):
-        self.run = build_training(self.components, self.loss_args, self.args)
+        with start_up():  # inside Trainer.train: bad flags still end as one line (train_vae_trainer.py)
+            self.run = build_training(self.components, self.loss_args, self.args)
         self.optimizer = self.lr_scheduler = AlreadyStepped(self.run.vae_optimizer)
 
     def _wrap_model(self, model, training=True):
@@ -103,7 +105,8 @@ class VAETrainer(Trainer):
 
     def get_train_dataloader(self):
         data_state = self.resume_rank_state["data"] if self.resume_rank_state else None
-        loader, self.position = build_train_data(self.data_args, self.args, data_state)
+        with start_up():
+            loader, self.position = build_train_data(self.data_args, self.args, data_state)
         self.monitor.watch_data(self.position)
         return loader
 
@@ -141,7 +144,7 @@ class VAETrainer(Trainer):
                              stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint,
-                             configs=checkpoint_configs(self.components))
+                             configs=checkpoint_configs(self.components, self.evaluator))
         self.saved_at_step = self.state.global_step
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):

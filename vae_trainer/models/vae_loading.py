@@ -25,6 +25,9 @@ import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.utils import constants as names
 
+from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_export_config,
+                          checkpoint_vae_config)
+
 logger = logging.getLogger("vae_trainer")
 
 # How each layout is recognised; the first file found decides (a folder holding both formats, as our own
@@ -33,6 +36,8 @@ PADDLE_WEIGHT_FILES = (names.PADDLE_SAFETENSORS_WEIGHTS_NAME, names.PADDLE_SAFET
                        names.PADDLE_WEIGHTS_NAME, names.PADDLE_WEIGHTS_NAME_INDEX_NAME)
 TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
                       names.TORCH_WEIGHTS_NAME, names.TORCH_WEIGHTS_NAME_INDEX_NAME)
+# Files only a checkpoint-N of our training runs has; its model_state.pdparams is not a VAE's.
+TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 CONFIG_NAME = AutoencoderKL.config_name  # config.json
 
@@ -69,6 +74,11 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSou
             "single-file checkpoint (with --subfolder, e.g. 'vae', when the VAE sits inside a pipeline "
             "folder); nothing is downloaded.")
     present = set(os.listdir(location))
+    if present & TRAINING_RUN_FILES:
+        raise FileNotFoundError(
+            f"{location} is a checkpoint of a training run ({', '.join(sorted(present & TRAINING_RUN_FILES))}), not a "
+            f"VAE folder: start from its weights with --init_from_ckpt {location} (continue that run with "
+            "--resume_from_checkpoint), or fine-tune the VAE that run exported, OUTPUT_DIR/vae.")
     for layout, files in (("ppdiffusers", PADDLE_WEIGHT_FILES), ("diffusers", TORCH_WEIGHT_FILES)):
         if present & set(files):
             if CONFIG_NAME not in present:
@@ -121,8 +131,6 @@ def build_vae(
 
 
 def _checkpoint_architecture(init_from_ckpt: str) -> str:
-    from ..checkpoint import checkpoint_vae_config
-
     config = checkpoint_vae_config(init_from_ckpt)
     if config is None:
         raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
@@ -149,8 +157,6 @@ def latent_scale_of_weights(path: str) -> Dict[str, object]:
       vae_config.json, a number -> that number; "measure" -> unknown (measured only at the run's export,
       from its EMA weights; the checkpoint does not hold it);
     - a weight file inside a VAE folder: the config.json beside it."""
-    from ..checkpoint import checkpoint_export_config, checkpoint_vae_config
-
     exported = checkpoint_export_config(path)
     if exported is not None:
         mode, config_file = exported.get("scaling_factor"), checkpoint_vae_config(path)

@@ -1,0 +1,76 @@
+"""Mistakes at start-up end as one `error: ...` line (exit status 1), before any training, from both entry
+points: a folder with no VAE, a checkpoint given as a pretrained VAE, a discriminator that does not fit the
+flags, a --latent_stats_num_images that cannot be measured (0, or fewer images than ranks)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import paddle
+import pytest
+from conftest import DRIVERS, REPO, run_in_process, tiny_args
+
+from vae_trainer.models.discriminator import build_discriminator, save_discriminator
+
+
+def refused(driver, argv) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(driver, argv)
+    message = stopped.value.code
+    assert isinstance(message, str) and message.startswith("error: "), message  # sys.exit(str): status 1
+    return message
+
+
+@pytest.fixture(scope="module")
+def checkpoint_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run") / "checkpoint-4"
+    folder.mkdir()
+    paddle.save({"vae.encoder.conv_in.weight": paddle.zeros([1])}, str(folder / "model_state.pdparams"))
+    (folder / "trainer_state.json").write_text("{}")
+    return str(folder)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_vae_source_that_cannot_be_loaded_is_one_line(driver, photo_filelist, checkpoint_folder, tmp_path):
+    (tmp_path / "empty").mkdir()
+    flags = dict(pretrained_model_name_or_path=str(tmp_path / "empty"), vae_config_file="configs/vae_micro.json")
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", **flags))
+    assert f"No loadable VAE in {tmp_path / 'empty'}" in message
+    flags["pretrained_model_name_or_path"] = checkpoint_folder
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", **flags))
+    assert "is a checkpoint of a training run" in message and f"--init_from_ckpt {checkpoint_folder}" in message
+    assert not os.path.exists(tmp_path / "out" / "vae")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_discriminator_that_does_not_fit_the_flags_is_one_line(driver, photo_filelist, tmp_path):
+    save_discriminator(build_discriminator(norm="group", num_layers=2, base_channels=8),
+                       {"disc_type": "patch", "norm": "group", "num_layers": 2, "base_channels": 8},
+                       str(tmp_path / "discriminator"))
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", discriminator_path=tmp_path / "discriminator"))
+    assert "holds a different discriminator" in message and "--disc_norm 'group' (this run: 'batch')" in message
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_latent_stats_num_images_is_checked_at_start_up(driver, photo_filelist, tmp_path, monkeypatch):
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "zero", latent_stats_num_images=0))
+    assert "--latent_stats_num_images 0 must be at least 1" in message
+    import vae_trainer.build
+    import vae_trainer.distributed
+
+    monkeypatch.setattr(vae_trainer.distributed, "world_size", lambda: 2)  # what the evaluator sees under 2 ranks
+    monkeypatch.setattr(vae_trainer.build, "broadcast_parameters", lambda model: None)  # no second rank to talk to
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "one", latent_stats_num_images=1))
+    assert "at least the number of ranks (2)" in message
+    written = os.listdir(tmp_path / "one") if os.path.isdir(tmp_path / "one") else []
+    assert not [name for name in written if name.startswith(("checkpoint", "vae"))]  # refused before training
+
+
+def test_the_message_is_printed_without_a_traceback(tmp_path):
+    completed = subprocess.run([sys.executable, os.path.join(REPO, DRIVERS[1]), "--file_list", str(tmp_path),
+                                "--pretrained_model_name_or_path", str(tmp_path / "none"), "--max_steps", "1",
+                                "--output_dir", str(tmp_path / "out"), "--device", "cpu"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 1
+    assert "Traceback" not in completed.stderr and f"error: No pretrained VAE at {tmp_path / 'none'}" in completed.stderr

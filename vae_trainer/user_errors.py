@@ -1,0 +1,45 @@
+"""Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one line, no traceback.
+
+Our validation and loading raise ValueError / FileNotFoundError / FileExistsError with a message that names
+the flag or the file and the fix. Inside `start_up()` (parsing the flags, preparing the output folder,
+building the model, the optimizers, the data and the evaluator) those become `UserError`, which the entry
+points and scripts turn into `error: MESSAGE` and exit status 1 (`exit_on_user_error`). The same
+exceptions raised later, while training, keep their traceback: they are bugs to report, not input to fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from typing import Callable, Iterator, TypeVar
+
+# What our validation and loading raise for bad input (argparse's own errors exit by themselves).
+USER_ERROR_TYPES = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+
+F = TypeVar("F", bound=Callable)
+
+
+class UserError(Exception):
+    """A start-up error whose message is meant for the user (it names the flag or file and the fix)."""
+
+
+@contextlib.contextmanager
+def start_up() -> Iterator[None]:
+    """The block that reads the user's flags and files: its input errors become `UserError`."""
+    try:
+        yield
+    except USER_ERROR_TYPES as error:
+        raise UserError(str(error)) from error
+
+
+def exit_on_user_error(main: F) -> F:
+    """`main`, printing a `UserError` as one `error: ...` line and exiting with status 1."""
+    @functools.wraps(main)
+    def guarded(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as error:
+            sys.exit(f"error: {error}")
+
+    return guarded  # type: ignore[return-value]
