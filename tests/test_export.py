@@ -221,3 +221,52 @@ def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelis
         assert len(passes) == 1 and written["vae"] == written["vae_raw"]
     else:
         assert len(passes) == 2 and written["vae"] != pytest.approx(written["vae_raw"], rel=1e-3)
+
+
+# ---- scripts/export_vae.py on checkpoints written in-process
+
+def _checkpoint(parts, evaluator, folder):
+    from vae_trainer.export import checkpoint_configs
+
+    folder.mkdir()
+    paddle.save(parts.model.state_dict(), str(folder / "model_state.pdparams"))
+    for name, config in checkpoint_configs(parts, evaluator).items():
+        (folder / name).write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_export_vae_script_takes_its_scaling_factor_as_the_training_flag_does(tmp_path, photo_filelist, held_out_folder):
+    from conftest import load_script
+
+    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder)
+    checkpoint = _checkpoint(parts, evaluator, tmp_path / "checkpoint-1")
+    export_vae = load_script("export_vae")
+    for bad, message in (("-1", "must be > 0"), ("big", "keep, measure or a number")):
+        with pytest.raises(SystemExit) as stopped:
+            export_vae.main([checkpoint, str(tmp_path / "bad"), "--scaling_factor", bad])
+        assert stopped.value.code.startswith("error: --scaling_factor") and message in stopped.value.code
+    export_vae.main([checkpoint, str(tmp_path / "auto"), "--scaling_factor", "auto"])  # auto: what the run used
+    remeasured = _remeasured(str(tmp_path / "auto"), held_out_folder)
+    assert AutoencoderKL.load_config(str(tmp_path / "auto"))["scaling_factor"] == pytest.approx(
+        remeasured.scaling_factor, rel=1e-5)
+
+
+def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weights(
+        tmp_path, photo_filelist, held_out_folder):
+    """An O2 run saves half-precision roundings in model_state.pdparams and the float32 master weights in
+    optimizer.pdopt (by parameter name): the export, and --init_from_ckpt, take the master weights."""
+    from conftest import load_script
+
+    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder)
+    masters = {p.name: p.numpy().copy() for p in parts.model.vae.parameters()}
+    parts.model.to(dtype="float16")  # the weights as O2 trains them (paddle.amp.decorate on a GPU)
+    checkpoint = _checkpoint(parts, evaluator, tmp_path / "checkpoint-3")
+    paddle.save({"master_weights": {name: paddle.to_tensor(value) for name, value in masters.items()}},
+                str(tmp_path / "checkpoint-3" / "optimizer.pdopt"))
+    load_script("export_vae").main([checkpoint, str(tmp_path / "out"), "--scaling_factor", "keep"])
+    exported = AutoencoderKL.from_pretrained(str(tmp_path / "out"))
+    started = build_vae("configs/vae_micro.json", init_from_ckpt=checkpoint)
+    for vae in (exported, started):
+        for name, param in vae.named_parameters():
+            master = masters[dict(parts.model.vae.named_parameters())[name].name]
+            np.testing.assert_array_equal(param.numpy(), master, err_msg=name)  # not a float16 rounding

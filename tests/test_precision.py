@@ -132,3 +132,65 @@ def test_gpu_mixed_precision_trains_evaluates_and_exports_float32(photo_filelist
     assert sorted(psnr) == [2, 3] and all(np.isfinite(list(psnr.values())))
     assert _stored_dtypes(output_dir / "vae") in ({"F32"}, {"float32"}, {"paddle.float32"})
     assert _stored_dtypes(output_dir / "vae_raw") in ({"F32"}, {"float32"}, {"paddle.float32"})
+
+
+def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit_identical(tmp_path, monkeypatch):
+    """--freeze_encoder under O2: the frozen encoder has no float32 master copy in any optimizer, so it must
+    never be cast. Paddle's own O2 cast (what paddle.amp.decorate does on a GPU) is forced here on CPU."""
+    from paddle.amp.auto_cast import amp_initialize
+    from test_step import make_args
+
+    import vae_trainer.precision as precision
+    from vae_trainer.arguments import LossArguments, ModelArguments
+    from vae_trainer.build import build_components, build_training
+    from vae_trainer.models.vae import encoder_parameters
+    from vae_trainer.precision import restore_float32
+
+    monkeypatch.setattr(precision, "on_gpu", lambda: True)
+    monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
+                        amp_initialize([models], dtype, excluded_layers))
+    loss = LossArguments(perceptual_weight=0.0)
+    parts = build_components(ModelArguments(vae_config_file="configs/vae_micro.json", freeze_encoder=True,
+                                            disc_norm="group", disc_num_layers=2, disc_base_channels=8),
+                             loss, make_args(tmp_path), resolution=32)
+    vae = parts.model.vae
+    original = {name: param.numpy().copy() for name, param in vae.named_parameters()}
+    run = build_training(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
+    assert vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
+    assert {p.dtype for p in encoder_parameters(vae)} == {paddle.float32}  # ... but not to the frozen encoder
+    for (name, _), shadow in zip(vae.named_parameters(), run.ema.shadow_params):  # averages of the exact weights
+        np.testing.assert_array_equal(shadow.numpy(), original[name], err_msg=name)
+    frozen = {id(p) for p in encoder_parameters(vae)}
+    masters = {p.name: paddle.to_tensor(original[n]) for n, p in vae.named_parameters() if id(p) not in frozen}
+    restore_float32(parts.model, [_OptimizerWithMasterWeights(masters)])
+    for name, param in vae.named_parameters():
+        assert param.dtype == paddle.float32
+        np.testing.assert_array_equal(param.numpy(), original[name], err_msg=name)
+
+
+@pytest.mark.skipif(not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0,
+                    reason="real O2 needs a CUDA GPU")
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_gpu_o2_with_a_frozen_encoder_exports_it_bit_identical(photo_filelist, tmp_path, driver):
+    import subprocess
+    import sys
+
+    from conftest import REPO, vae_weights
+
+    from vae_trainer.models.vae_loading import build_vae
+    from vae_trainer.models.vae_saving import save_vae
+
+    paddle.seed(3)
+    save_vae(build_vae("configs/vae_micro.json"), str(tmp_path / "source"))
+    source = {k: v.numpy() for k, v in build_vae(pretrained_model_name_or_path=str(tmp_path / "source"))
+              .state_dict().items() if k.startswith(("encoder.", "quant_conv."))}
+    output_dir = tmp_path / "out"
+    run_entry_point(driver, tiny_args(photo_filelist, output_dir, device="gpu", max_steps=3, save_steps=3,
+                                      pretrained_model_name_or_path=tmp_path / "source", freeze_encoder="true",
+                                      fp16="true", fp16_opt_level="O2"))
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), str(output_dir / "checkpoint-3"),
+                    str(output_dir / "exported")], check=True, cwd=REPO, timeout=300)
+    for folder in ("vae", "vae_raw", "exported"):
+        exported = vae_weights(str(output_dir), folder)
+        for key, value in source.items():
+            np.testing.assert_array_equal(exported[key], value, err_msg=f"{folder}: {key}")

@@ -180,3 +180,26 @@ def test_two_process_resume_with_accumulation_and_workers_is_exact(photo_filelis
         fa = paddle.load(str(straight / "checkpoint-4" / f"rank_state_{r}.pdparams"))["parameter_fingerprint"]
         fb = paddle.load(str(resumed / "checkpoint-4" / f"rank_state_{r}.pdparams"))["parameter_fingerprint"]
         assert np.array_equal(fa, fb)
+
+
+@pytest.mark.parametrize("ema, folder", [(False, "vae_raw"), (True, "vae")])
+def test_export_vae_script_exports_a_from_scratch_checkpoint_as_the_run_did(runs, tmp_path, ema, folder):
+    """`scripts/export_vae.py CHECKPOINT_DIR OUT_DIR` as the issue writes it: a from-scratch run's factor is
+    measured on the images the run measured on (export_config.json), so the last checkpoint exports with the
+    factor the run wrote for the same weights (vae_raw: raw weights, vae: EMA weights)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from ppdiffusers import AutoencoderKL
+
+    run = runs[DRIVERS[0]]
+    command = [sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), os.path.join(run, "checkpoint-4"),
+               str(tmp_path / "out")] + (["--ema"] if ema else [])
+    completed = subprocess.run(command, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    exported = AutoencoderKL.load_config(str(tmp_path / "out"))["scaling_factor"]
+    assert exported == pytest.approx(AutoencoderKL.load_config(os.path.join(run, folder))["scaling_factor"], rel=1e-5)
+    stats = json.load(open(tmp_path / "out" / "latent_stats.json"))
+    assert stats["source"].startswith("measured on an encoder-only pass over 6 images of ")

@@ -121,12 +121,14 @@ class TrainingParts:
 
 
 def build_training(components: Components, loss_args, training_args) -> TrainingParts:
-    """Precision first (O2 decorates the weights), then optimizers over them, the EMA and the step."""
+    """The EMA (of the float32 weights), precision (O2 casts the weights, frozen layers excepted), then the
+    optimizers over the cast weights and the step."""
     model = components.model
-    precision = setup_precision(training_args, model)
+    # The EMA first: its averages start from the exact float32 weights, not from O2's half-precision copies.
+    ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
+    precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
-    ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard)

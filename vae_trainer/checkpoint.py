@@ -292,6 +292,30 @@ def load_rank_state(path: str) -> Dict[str, Any]:
     return paddle.load(file, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
 
 
+HALF_DTYPES = (paddle.float16, paddle.bfloat16)
+
+
+def read_model_state(file: str) -> Dict[str, Any]:
+    """A checkpoint's model_state.pdparams, float32: an O2 (half-precision) run saves the roundings of its
+    weights there and their float32 master copies in optimizer.pdopt / disc_optimizer.pdopt, which are taken
+    instead (matched by parameter name, which paddle.save keeps)."""
+    state = paddle.load(file)
+    half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
+    if not half:
+        return state
+    masters: Dict[str, Any] = {}
+    for name in ("optimizer.pdopt", "disc_optimizer.pdopt"):
+        optimizer_file = os.path.join(os.path.dirname(file), name)
+        if os.path.isfile(optimizer_file):
+            masters.update(paddle.load(optimizer_file).get("master_weights", {}))
+    restored = {key: masters[state[key].name] for key in half if state[key].name in masters}
+    unrestored = sorted(set(half) - set(restored))
+    if unrestored:
+        logger.warning("%s: %d half-precision weights have no float32 master copy (e.g. %s); they are used as "
+                       "saved", file, len(unrestored), unrestored[:3])
+    return {**state, **restored}
+
+
 def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
     """The vae_config.json of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
     if not path:

@@ -11,7 +11,8 @@ float32 (losses.py), so neither overflows in half precision.
 Outside the training step the weights' dtype decides: `half_precision_autocast(layer)` runs evaluation and
 image logging of an O2 (half-precision) VAE under O2 autocast, so float32 images meet float16 weights
 correctly; `restore_float32` puts the optimizers' float32 master weights back into the model after O2
-training, so the final evaluation and the export are float32.
+training, so the final evaluation and the export are float32. Frozen layers (--freeze_encoder) are never
+cast: they stay float32 under O2 (`setup_precision`'s `keep_float32`), bit-identical to what was loaded.
 
 On CPU Paddle does no autocast (`auto_cast` is a no-op there and GradScaler disables itself), and
 half-precision conv kernels do not exist, so O2 decoration is skipped: the flags run in float32 with a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence
 
 import paddle
 
@@ -145,8 +146,12 @@ def on_gpu() -> bool:
     return paddle.device.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
 
 
-def setup_precision(args, model: paddle.nn.Layer) -> Precision:
-    """Build the Precision for --fp16/--bf16 and decorate the model for O2 (GPU only)."""
+def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.nn.Layer] = ()) -> Precision:
+    """Build the Precision for --fp16/--bf16 and decorate the model for O2 (GPU only).
+
+    `keep_float32`: layers whose weights O2 must not cast (paddle.amp.decorate's `excluded_layers`): frozen
+    ones (--freeze_encoder). No optimizer keeps a float32 master copy of a frozen weight, so a half-precision
+    cast would round it for good (the EMA, `restore_float32` and the export would all see the rounding)."""
     if args.fp16 and args.bf16:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
@@ -160,7 +165,7 @@ def setup_precision(args, model: paddle.nn.Layer) -> Precision:
             "(the mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16", paddle.get_device()
         )
     elif args.fp16_opt_level == "O2":
-        paddle.amp.decorate(models=model, level="O2", dtype=dtype)
+        paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
     scalers = {}
     if args.fp16:
         scalers = {name: LossScaler(init_loss_scaling=args.scale_loss, min_loss_scale=args.min_loss_scale)

@@ -47,6 +47,12 @@ class VAEWithDiscriminator(paddle.nn.Layer):
             params.append(self.logvar)
         return params
 
+    def frozen_layers(self) -> List[paddle.nn.Layer]:
+        """Layers no optimizer updates, kept float32 under O2: the encoder and quant_conv with freeze_encoder."""
+        if not self.freeze_encoder:
+            return []
+        return [layer for layer in (self.vae.encoder, self.vae.quant_conv) if layer is not None]
+
     def discriminator_parameters(self) -> List[paddle.Tensor]:
         return list(self.discriminator.parameters())
 

@@ -26,7 +26,7 @@ from ppdiffusers import AutoencoderKL
 from ppdiffusers.utils import constants as names
 
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_export_config,
-                          checkpoint_vae_config)
+                          checkpoint_vae_config, read_model_state)
 
 logger = logging.getLogger("vae_trainer")
 
@@ -353,7 +353,8 @@ def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -
 
 def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
     """Weights only (no optimizer, schedule or step) into `vae` from one of:
-    - a `checkpoint-N` folder of ours, or its `model_state.pdparams` (the `vae.` weights of it);
+    - a `checkpoint-N` folder of ours, or its `model_state.pdparams` (the `vae.` weights of it; for an O2 run,
+      the float32 master weights of its optimizer.pdopt, `checkpoint.read_model_state`);
     - a VAE weight file: ppdiffusers' `diffusion_paddle_model.safetensors` / `model_state.pdparams`, or
       PyTorch diffusers' `diffusion_pytorch_model.safetensors` / `.bin` (converted to Paddle's layout).
     Every weight not covered by `ignore_keys` must be in the file, with the same shape.
@@ -365,8 +366,9 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight file)")
     state: Dict[str, object] = {}
-    data_format = load_state_dict(file, state)
-    if data_format == "pt":
+    if file.endswith(".pdparams"):
+        state = read_model_state(file)  # O2 checkpoints: the float32 master weights
+    elif load_state_dict(file, state) == "pt":
         convert_pytorch_state_dict_to_paddle(vae, state)
     if any(k.startswith("vae.") for k in state):  # our checkpoint: the VAE part of VAEWithDiscriminator
         state = {k[len("vae."):]: v for k, v in state.items() if k.startswith("vae.")}
