@@ -1,7 +1,7 @@
 """Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
 
     python scripts/eval_vae.py --vae out/vae --data data/filelist \\
-        --resolution 256 --num_images 1000 --batch_size 8 \\
+        --resolution 256 --num_images 1000 --batch_size 8 [--vae_config_file CONFIG] \\
         [--sample_posterior] [--lpips_weights weights/lpips_vgg16.pdparams] \\
         [--inception_weights weights/fid_inception_v3.pdparams] --output_dir eval_out
 
@@ -43,6 +43,7 @@ from PIL import Image  # noqa: E402
 from vae_trainer.evaluation import EvalProtocol, EvalResult, evaluate_vae  # noqa: E402
 
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
+from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a VAE folder (ours, ppdiffusers or PyTorch diffusers), an original single-file "
                              "checkpoint, or a config JSON (an untrained baseline)")
     parser.add_argument("--subfolder", default=None, help="e.g. 'vae' inside a pipeline directory")
+    parser.add_argument("--vae_config_file", default=None,
+                        help="the VAE's config (AutoencoderKL kwargs, e.g. configs/sdxl_vae.json) for a single-file "
+                             "checkpoint whose config cannot be inferred from its tensors (SDXL's scaling factor, "
+                             "FLUX's 16 channels, non-SD widths)")
     parser.add_argument("--data", required=True, help="filelist or image folder")
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
@@ -85,7 +90,7 @@ def load_vae(args: argparse.Namespace):
     if args.vae.endswith(".json"):
         paddle.seed(args.seed)
         return build_vae(vae_config_file=args.vae)
-    return build_vae(pretrained_model_name_or_path=args.vae, subfolder=args.subfolder)
+    return build_vae(args.vae_config_file, pretrained_model_name_or_path=args.vae, subfolder=args.subfolder)
 
 
 def load_lpips(args: argparse.Namespace):
@@ -144,14 +149,16 @@ def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
     Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> EvalResult:
     args = parse_args(argv)
     rank, world_size = setup_device_and_parallel()
     from vae_trainer.data.dataset import build_eval_dataloader  # written alongside; import late
 
-    vae = load_vae(args)
-    dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
-                                       world_size, args.num_images)
+    with start_up():  # a VAE or images that cannot be read: one `error: ...` line
+        vae = load_vae(args)
+        dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
+                                           world_size, args.num_images)
     result = evaluate_vae(
         vae,
         dataloader,

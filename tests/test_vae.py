@@ -200,6 +200,27 @@ def test_single_file_with_a_config_file_takes_its_architecture_and_scaling_facto
         build_vae(pretrained_model_name_or_path=file)
 
 
+def test_eval_script_reads_a_single_file_with_the_config_file_its_error_asks_for(tmp_path, held_out_folder):
+    from conftest import load_script
+
+    source = make_torch_vae(MICRO, seed=2)  # widths that SD's 32 norm groups do not fit: a config is needed
+    file = _write_single_file(source, tmp_path / "vae.safetensors")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(MICRO))
+    eval_vae = load_script("eval_vae")
+    flags = ["--vae", file, "--data", held_out_folder, "--resolution", "32", "--num_images", "2", "--skip_lpips",
+             "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as stopped:
+        eval_vae.main(flags)
+    assert stopped.value.code.startswith("error: ") and "--vae_config_file" in stopped.value.code
+    result = eval_vae.main(flags + ["--vae_config_file", str(config_file)])
+    folder = tmp_path / "torch_folder"
+    source.save_pretrained(str(folder))
+    expected = eval_vae.main(flags[:1] + [str(folder)] + flags[2:])
+    assert result.metrics["psnr"] == pytest.approx(expected.metrics["psnr"], abs=1e-3)
+    assert result.scaling_factor == pytest.approx(expected.scaling_factor, rel=1e-4)
+
+
 def test_a_folder_with_both_formats_is_read_in_each_librarys_own_format(tmp_path, torch_micro):
     """Our export holds both files; each loader must pick its own (ppdiffusers: Paddle; diffusers: PyTorch).
     Here the two files hold DIFFERENT models, so picking the wrong one cannot go unnoticed."""
