@@ -131,22 +131,27 @@ def test_a_12_step_fine_tuning_run_without_evaluation_evaluates_nothing_at_the_e
     assert AutoencoderKL.load_config(str(tmp_path / "out" / "vae"))["scaling_factor"] == MICRO["scaling_factor"]
 
 
-def test_a_12_step_run_from_scratch_measures_with_the_encoder_only(calls, photo_filelist, tmp_path):
-    run_in_process(DRIVERS[1], [str(a) for a in tiny_args(photo_filelist, tmp_path / "out", max_steps=12,
-                                                          save_steps=12, image_logging_steps=0, report_to="none",
-                                                          latent_stats_num_images=20)])
-    assert calls == {"evaluate_vae": 0, "measure_latents": 1}
-    stats = json.load(open(tmp_path / "out" / "vae" / "latent_stats.json"))
-    assert stats["source"] == f"measured on an encoder-only pass over 20 images of {photo_filelist}"
-    assert AutoencoderKL.load_config(str(tmp_path / "out" / "vae"))["scaling_factor"] == stats["scaling_factor"]
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_run_from_scratch_without_evaluation_measures_with_the_encoder_only(driver, calls, photo_filelist, tmp_path):
+    run_in_process(driver, tiny_args(photo_filelist, tmp_path / "out", max_steps=4, save_steps=4, image_logging_steps=0,
+                                     report_to="none", latent_stats_num_images=20))
+    # One encoder-only pass per exported latent space: vae/ (EMA weights) and vae_raw/ (the raw weights).
+    assert calls == {"evaluate_vae": 0, "measure_latents": 2}
+    for folder in ("vae", "vae_raw"):
+        stats = json.load(open(tmp_path / "out" / folder / "latent_stats.json"))
+        assert stats["source"] == f"measured on an encoder-only pass over 20 images of {photo_filelist}"
+        assert AutoencoderKL.load_config(str(tmp_path / "out" / folder))["scaling_factor"] == stats["scaling_factor"]
 
 
-def test_the_export_reuses_the_last_evaluation_of_the_same_weights(calls, photo_filelist, held_out_folder, tmp_path):
-    flags = {**EVAL_FLAGS(held_out_folder), "eval_steps": 6}
-    run_in_process(DRIVERS[0], [str(a) for a in tiny_args(photo_filelist, tmp_path / "out", max_steps=12,
-                                                          save_steps=12, image_logging_steps=0, report_to="none",
-                                                          **flags)])
-    assert calls == {"evaluate_vae": 2, "measure_latents": 0}  # steps 6 and 12; nothing more at the end
-    history = json.load(open(tmp_path / "out" / "checkpoint-12" / "trainer_state.json"))["log_history"]
-    suggested = [h["eval/suggested_scaling_factor"] for h in history if h.get("step") == 12 and "eval/psnr" in h]
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_export_reuses_the_last_evaluation_of_the_same_weights(driver, calls, photo_filelist, held_out_folder,
+                                                                   tmp_path):
+    run_in_process(driver, tiny_args(photo_filelist, tmp_path / "out", max_steps=4, save_steps=4, image_logging_steps=0,
+                                     report_to="none", **EVAL_FLAGS(held_out_folder)))
+    # Evaluations at steps 2 and 4 (EMA weights); at the end only the raw weights (vae_raw/) need a pass.
+    assert calls == {"evaluate_vae": 2, "measure_latents": 1}
+    history = json.load(open(tmp_path / "out" / "checkpoint-4" / "trainer_state.json"))["log_history"]
+    suggested = [h["eval/suggested_scaling_factor"] for h in history if h.get("step") == 4 and "eval/psnr" in h]
     assert AutoencoderKL.load_config(str(tmp_path / "out" / "vae"))["scaling_factor"] == pytest.approx(suggested[0])
+    stats = json.load(open(tmp_path / "out" / "vae" / "latent_stats.json"))
+    assert stats["source"] == "measured on the evaluation at step 4"
