@@ -264,6 +264,8 @@ def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weig
     paddle.save({"master_weights": {name: paddle.to_tensor(value) for name, value in masters.items()}},
                 str(tmp_path / "checkpoint-3" / "optimizer.pdopt"))
     load_script("export_vae").main([checkpoint, str(tmp_path / "out"), "--scaling_factor", "keep"])
+    note = json.load(open(tmp_path / "out" / "latent_stats.json"))["note"]  # by case: no training run to speak of
+    assert note.startswith("not measured: the scaling factor is kept") and "--scaling_factor measure" in note
     exported = AutoencoderKL.from_pretrained(str(tmp_path / "out"))
     started = build_vae("configs/vae_micro.json", init_from_ckpt=checkpoint)
     for vae in (exported, started):

@@ -71,6 +71,9 @@ def test_decoder_only_fine_tuning_keeps_the_encoder_and_the_scaling_factor(runs,
     stats = json.load(open(os.path.join(runs[driver], "vae", "latent_stats.json")))
     assert stats["scaling_factor"] == MICRO["scaling_factor"] and stats["source"] == "kept from the VAE's config"
     assert stats["measured"] is None  # no evaluation ran, so nothing was measured at the end
+    assert "no evaluation of these weights ran at the last step" in stats["note"]
+    raw = json.load(open(os.path.join(runs[driver], "vae_raw", "latent_stats.json")))
+    assert raw["scaling_factor"] == MICRO["scaling_factor"] and raw["weights"].startswith("the raw weights")
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

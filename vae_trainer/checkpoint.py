@@ -10,9 +10,12 @@
     rank_state_R.pdparams      per rank: RNG states (paddle, numpy, random) and the data position
     vae_config.json            the VAE's AutoencoderKL config     discriminator_config.json  its build kwargs
     export_config.json         what an export needs beyond weights (posterior_std, scaling-factor mode,
-                               input_size): `scripts/export_vae.py` turns any checkpoint into a VAE folder
+                               input_size, resolution, the images the latent statistics are measured on):
+                               `scripts/export_vae.py` turns any checkpoint into a VAE folder
 
-Names follow the PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
+An O2 (half-precision) run saves the half-precision weights in model_state.pdparams and their float32
+master copies in the optimizer files; `read_model_state` gives the float32 ones back. Names follow the
+PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
 finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
 most a `.tmp` folder, which `latest` never picks and the next save removes. A checkpoint is deleted
 (rotation, or re-saving a step) by first renaming it to `checkpoint-N.old`, so a kill during the deletion
