@@ -14,7 +14,8 @@ from vae_trainer.losses import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discri
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from vae_trainer.models.vae import build_vae, decoder_last_layer
+from vae_trainer.models.vae import decoder_last_layer
+from vae_trainer.models.vae_loading import build_vae
 
 paddle.set_device("cpu")
 ACCUMULATION = 2
