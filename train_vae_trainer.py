@@ -17,6 +17,7 @@ from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.arguments import parse_arguments  # noqa: E402
 from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime  # noqa: E402
 from vae_trainer.export import export_run  # noqa: E402
+from vae_trainer.output_dir import prepare_output_dir  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
 from vae_trainer.trainer import VAETrainer  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
@@ -27,7 +28,7 @@ def main(argv=None):
     with start_up():  # bad flags or files: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
         setup_runtime(training_args)
-        ckpt.prepare_output_dir(training_args)  # a new run never eats an earlier one
+        prepare_output_dir(training_args)  # a new run never eats an earlier one
         parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
         evaluator = build_evaluator(data_args, training_args, parts)
         trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)

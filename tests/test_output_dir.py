@@ -1,5 +1,6 @@
-"""A second run never eats the first (checkpoint.prepare_output_dir): refused without a choice, cleared with
---overwrite_output_dir, left alone with --resume_from_checkpoint; decided once by rank 0."""
+"""A second run never eats the first (output_dir.prepare_output_dir): refused without a choice, cleared with
+--overwrite_output_dir, left alone with --resume_from_checkpoint; decided once by rank 0. Clearing deletes
+only what our runs wrote: never a user's file, never another run's logs, whatever --logging_dir is."""
 
 import json
 import os
@@ -11,12 +12,22 @@ import pytest
 from conftest import DRIVERS, REPO, run_entry_point, tiny_args
 
 from vae_trainer import checkpoint as ckpt
+from vae_trainer import output_dir as run_dir
 
 
 class Args:
     def __init__(self, output_dir, logging_dir=None, resume=None, overwrite=False):
         self.output_dir, self.resume_from_checkpoint, self.overwrite_output_dir = str(output_dir), resume, overwrite
         self.logging_dir = str(logging_dir or os.path.join(output_dir, "logs"))
+
+
+def write_record(output_dir, logging_dir, name="vdlrecords.1.log"):
+    """A VisualDL record file as a run in output_dir writes it (and notes it, as TrainMonitor does)."""
+    os.makedirs(logging_dir, exist_ok=True)
+    path = os.path.join(logging_dir, name)
+    open(path, "w").close()
+    run_dir.note_log_file(str(output_dir), path)
+    return path
 
 
 def earlier_run(output_dir, logging_dir=None):
@@ -28,9 +39,7 @@ def earlier_run(output_dir, logging_dir=None):
     os.makedirs(os.path.join(output_dir, "checkpoint-6.tmp"))
     for name in ("vae", "vae_raw", "discriminator"):
         os.makedirs(os.path.join(output_dir, name))
-    logging_dir = logging_dir or os.path.join(output_dir, "logs")
-    os.makedirs(logging_dir, exist_ok=True)
-    open(os.path.join(logging_dir, "vdlrecords.1.log"), "w").close()
+    write_record(output_dir, logging_dir or os.path.join(output_dir, "logs"))
     os.makedirs(os.path.join(output_dir, "launch_logs"))  # the launcher's, being written by this very launch
     open(os.path.join(output_dir, "notes.txt"), "w").close()  # the user's
 
@@ -39,7 +48,7 @@ def test_refused_without_a_choice_and_nothing_is_touched(tmp_path):
     earlier_run(tmp_path)
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(FileExistsError) as refused:
-        ckpt.prepare_output_dir(Args(tmp_path))
+        run_dir.prepare_output_dir(Args(tmp_path))
     message = str(refused.value)
     assert "--resume_from_checkpoint latest" in message and "--overwrite_output_dir" in message
     assert "checkpoint-2" in message and "checkpoint-4" in message
@@ -48,27 +57,52 @@ def test_refused_without_a_choice_and_nothing_is_touched(tmp_path):
 
 def test_overwrite_clears_checkpoints_exports_and_logs_only(tmp_path):
     earlier_run(tmp_path)
-    ckpt.prepare_output_dir(Args(tmp_path, overwrite=True))
-    assert sorted(os.listdir(tmp_path)) == ["launch_logs", "notes.txt"]
+    run_dir.prepare_output_dir(Args(tmp_path, overwrite=True))
+    assert sorted(os.listdir(tmp_path)) == ["launch_logs", "notes.txt"]  # logs/ was ours and is empty: gone
 
 
-def test_overwrite_keeps_other_files_of_a_shared_log_folder(tmp_path):
+def test_overwrite_keeps_a_users_files_when_the_log_folder_is_the_output_folder(tmp_path):
+    """--logging_dir == --output_dir: the old code deleted the whole folder, the user's files with it."""
+    out = tmp_path / "out"
+    earlier_run(out, logging_dir=str(out))
+    (out / "my_dataset").mkdir()
+    (out / "my_dataset" / "img.png").write_bytes(b"the user's")
+    (out / "vdlrecords.99.log").write_bytes(b"a record file no run of this folder noted")
+    run_dir.prepare_output_dir(Args(out, logging_dir=out, overwrite=True))
+    assert sorted(os.listdir(out)) == ["launch_logs", "my_dataset", "notes.txt", "vdlrecords.99.log"]
+    assert (out / "my_dataset" / "img.png").read_bytes() == b"the user's"
+
+
+def test_overwrite_keeps_another_runs_records_in_a_shared_log_folder(tmp_path):
+    """A --logging_dir outside --output_dir, shared with another run: only our own record file goes."""
     shared_logs = tmp_path / "all_runs"
     earlier_run(tmp_path / "out", logging_dir=str(shared_logs))
+    other = write_record(tmp_path / "other_out", shared_logs, name="vdlrecords.2.log")
     open(shared_logs / "other_run.txt", "w").close()
-    ckpt.prepare_output_dir(Args(tmp_path / "out", logging_dir=shared_logs, overwrite=True))
-    assert os.listdir(shared_logs) == ["other_run.txt"]
+    run_dir.prepare_output_dir(Args(tmp_path / "out", logging_dir=shared_logs, overwrite=True))
+    assert sorted(os.listdir(shared_logs)) == ["other_run.txt", os.path.basename(other)]
+    assert os.path.isfile(tmp_path / "other_out" / run_dir.LOG_FILES_NAME)  # the other run's list is its own
+
+
+def test_an_edited_log_list_deletes_no_other_file(tmp_path):
+    earlier_run(tmp_path)
+    with open(tmp_path / run_dir.LOG_FILES_NAME, "a") as f:
+        f.write("notes.txt\n../outside.txt\n")
+    (tmp_path.parent / "outside.txt").write_text("keep")
+    run_dir.prepare_output_dir(Args(tmp_path, overwrite=True))
+    assert sorted(os.listdir(tmp_path)) == ["launch_logs", "notes.txt"]
+    assert (tmp_path.parent / "outside.txt").read_text() == "keep"
 
 
 def test_resume_and_empty_folders_start_without_question(tmp_path):
     earlier_run(tmp_path)
     before = sorted(os.listdir(tmp_path))
-    ckpt.prepare_output_dir(Args(tmp_path, resume="latest"))
+    run_dir.prepare_output_dir(Args(tmp_path, resume="latest"))
     assert sorted(os.listdir(tmp_path)) == before
-    ckpt.prepare_output_dir(Args(tmp_path / "new"))  # does not exist yet
+    run_dir.prepare_output_dir(Args(tmp_path / "new"))  # does not exist yet
     only_logs = tmp_path / "crashed_before_first_save"
     os.makedirs(only_logs / "logs")
-    ckpt.prepare_output_dir(Args(only_logs))
+    run_dir.prepare_output_dir(Args(only_logs))
 
 
 WORKER = textwrap.dedent(
@@ -76,7 +110,7 @@ WORKER = textwrap.dedent(
     import json, sys
     import paddle
     sys.path.insert(0, sys.argv[1])
-    from vae_trainer import checkpoint as ckpt
+    from vae_trainer import output_dir as run_dir
     from vae_trainer.distributed import init_distributed, rank
 
     class Args:
@@ -86,9 +120,9 @@ WORKER = textwrap.dedent(
     paddle.set_device("cpu")
     init_distributed()
     if rank() == 1:  # rank 1 would see nothing to protect: only rank 0's view may count
-        ckpt.earlier_run = lambda output_dir: []
+        run_dir.earlier_run = lambda output_dir: []
     try:
-        ckpt.prepare_output_dir(Args())
+        run_dir.prepare_output_dir(Args())
         outcome = "started"
     except FileExistsError:
         outcome = "refused"

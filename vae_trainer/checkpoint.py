@@ -5,7 +5,8 @@
     model_state.pdparams       VAE + discriminator + output log-variance (VAEWithDiscriminator)
     optimizer.pdopt            VAE optimizer          scheduler.pdparams       VAE LR schedule
     disc_optimizer.pdopt       discriminator optimizer  disc_scheduler.pdparams  its LR schedule
-    <name>.pdparams            any further state a driver registers (e.g. EMA weights)
+    <name>.pdparams            any further state a driver registers (build.TrainingParts.stateful: fp16
+                               loss scalers, the non-finite guard's skip counters, EMA weights)
     trainer_state.json         PaddleNLP TrainerState (global_step, best metric, log history)
     rank_state_R.pdparams      per rank: RNG states (paddle, numpy, random) and the data position
     vae_config.json            the VAE's AutoencoderKL config     discriminator_config.json  its build kwargs
@@ -22,14 +23,10 @@ most a `.tmp` folder, which `latest` never picks and the next save removes. A ch
 never leaves a half-deleted folder that still looks complete. Assumes OUTPUT_DIR is on a file system
 that all ranks share (one node, or a shared mount across nodes).
 
-A new run never eats an earlier one: `prepare_output_dir` (called by both drivers before anything is
-written) refuses to start into an OUTPUT_DIR that holds checkpoints or exports of an earlier run unless
-the user chose --resume_from_checkpoint (continue it) or --overwrite_output_dir (delete its checkpoints,
-logs and exports first). Rank 0 decides and deletes; the other ranks learn the decision from it.
-
 The three JSON files are written by this version and are not needed to resume (older checkpoints resume
 as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`;
-reading a discriminator for --discriminator_path is `models/discriminator.py`.
+reading a discriminator for --discriminator_path is `models/discriminator.py`; refusing or clearing an
+OUTPUT_DIR that holds an earlier run is `output_dir.py`.
 """
 
 from __future__ import annotations
@@ -78,65 +75,10 @@ def list_checkpoints(output_dir: str) -> List[Tuple[int, str]]:
 
 _LATEST = ("latest", "true", "True")
 _NO_RESUME = (None, "", "none", "None", "false", "False")
-# What export.export_run writes into OUTPUT_DIR at the end of a run.
-EXPORTS = ("vae", "vae_raw", "discriminator")
 
 
 def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
     return resume_from_checkpoint not in _NO_RESUME
-
-
-def earlier_run(output_dir: str) -> List[str]:
-    """Names in `output_dir` that belong to an earlier run: complete checkpoints and final exports."""
-    names = [os.path.basename(path) for _, path in list_checkpoints(output_dir)]
-    return names + [name for name in EXPORTS if os.path.exists(os.path.join(output_dir, name))]
-
-
-def prepare_output_dir(args) -> None:
-    """Refuse, or clear with --overwrite_output_dir, an --output_dir that holds an earlier run.
-
-    Decided once, by rank 0, and broadcast, so that all ranks refuse together and only rank 0 deletes
-    (the others wait for it). Resuming (--resume_from_checkpoint) leaves the folder as it is.
-    """
-    if resume_requested(args.resume_from_checkpoint):
-        return
-    found = earlier_run(args.output_dir) if rank() == 0 else []
-    if found and args.overwrite_output_dir and rank() == 0:
-        clear_run(args.output_dir, args.logging_dir)
-        logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
-    refused = bool(found) and not args.overwrite_output_dir
-    if world_size() > 1:  # also the point where the other ranks wait until rank 0 has cleared
-        shared = paddle.to_tensor([int(refused)], dtype="int64")
-        dist.broadcast(shared, src=0)
-        refused = bool(shared.item())
-    if refused:
-        shown = ", ".join(found) if found else "checkpoints"
-        raise FileExistsError(
-            f"--output_dir {args.output_dir} already holds an earlier run ({shown}). Continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir (deletes its checkpoints, "
-            "logs and exports), or choose another --output_dir.")
-
-
-def clear_run(output_dir: str, logging_dir: Optional[str]) -> None:
-    """Delete an earlier run's checkpoints (complete or not), exports and VisualDL logs."""
-    for _, path in list_checkpoints(output_dir):
-        delete_checkpoint(path)
-    remove_unfinished(output_dir)
-    for name in EXPORTS:
-        path = os.path.join(output_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
-    if logging_dir and os.path.isdir(logging_dir):
-        inside = os.path.commonpath([os.path.abspath(logging_dir), os.path.abspath(output_dir)]) == \
-            os.path.abspath(output_dir)
-        if inside:
-            shutil.rmtree(logging_dir)
-        else:  # a log folder shared with other runs: only VisualDL's record files
-            for name in os.listdir(logging_dir):
-                if name.startswith("vdlrecords."):
-                    os.remove(os.path.join(logging_dir, name))
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:

@@ -12,7 +12,7 @@ train/{learning_rate,disc_learning_rate,logvar,grad_norm,disc_grad_norm,skipped_
 disc_overflow_steps,skipped_gan_terms,loss_scale,disc_loss_scale},
 perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb},
 data/skipped_<reason> (training records skipped so far, summed over all ranks and loader workers; one tag
-per reason of `data.dataset.SKIP_REASONS`; cumulative over the whole run, resumes included). The skip
+per reason of `data.position.SKIP_REASONS`; cumulative over the whole run, resumes included). The skip
 counts are host numbers; with several ranks, summing them is one small all-reduce per logging step.
 Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
 At the end of the run rank 0 prints a summary of the skipped records.
@@ -31,6 +31,7 @@ import paddle
 import paddle.distributed as dist
 
 from .distributed import world_size
+from .output_dir import note_log_file
 
 logger = logging.getLogger("vae_trainer")
 
@@ -54,6 +55,7 @@ class TrainMonitor:
             from visualdl import LogWriter
 
             self.writer = LogWriter(logdir=args.logging_dir)
+            note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
         self._sums: Dict[str, paddle.Tensor] = {}
         self._counts: Dict[str, int] = {}
         self._window_start = time.perf_counter()
@@ -64,7 +66,7 @@ class TrainMonitor:
         self._skipped: Optional[Dict[str, int]] = None
 
     def watch_data(self, position) -> None:
-        """Log the skip counts of this rank's `data.dataset.StreamPosition` (the drivers update it per batch)."""
+        """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
         self._data_position = position
 
     # --- timing: the drivers call these around every micro-step
