@@ -23,14 +23,8 @@ from conftest import write_tar
 from PIL import Image
 
 from vae_trainer.data import records
-from vae_trainer.data.dataset import (
-    SKIP_REASONS,
-    ImageStream,
-    ShardStart,
-    StreamPosition,
-    build_eval_dataloader,
-    build_train_dataloader,
-)
+from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
+from vae_trainer.data.position import SKIP_REASONS, ShardStart, StreamPosition
 
 paddle.set_device("cpu")
 RES = 32
@@ -206,6 +200,32 @@ def test_missing_part_and_empty_filelist(tmp_path):
     (tmp_path / "empty.filelist").write_text("# nothing\n")
     with pytest.raises(RuntimeError, match="no part files"):
         ImageStream(str(tmp_path / "empty.filelist"), RES)
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_a_part_gone_since_the_start_is_skipped_as_missing_file_and_logged_once(tmp_path, caplog, counted):
+    """Not corrupt_gzip (the file is not damaged, it is not there): its own reason, one console line with its
+    path. Counted, each of its records is skipped (positions stay those of the intact run); not, once per pass."""
+    parts = id_parts(tmp_path, 3, 4)
+    file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[4, 4, 4] if counted else None)
+    stream = ImageStream(file_list, RES, shuffle=False, seed=1)  # every part checked here...
+    parts[1].unlink()  # ...then lost, as on an unmounted share
+    with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
+        ids = stream_ids(stream, limit=8 * 3)  # three passes over the 8 remaining images
+    assert Counter(ids) == {i: 3 for i in (0, 1, 2, 3, 8, 9, 10, 11)}
+    assert stream.skip_stats() == {"missing_file": 3 * (4 if counted else 1)}
+    lines = [r.getMessage() for r in caplog.records if str(parts[1]) in r.getMessage()]
+    assert len(lines) == 1 and "skipped (missing_file: part file not found" in lines[0], lines
+
+
+def test_an_image_gone_from_a_folder_is_skipped_as_missing_file(tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.png").write_bytes(id_image(i))
+    stream = ImageStream(str(folder), RES, infinite=False, shuffle=False)
+    (folder / "1.png").unlink()
+    assert stream_ids(stream) == [0, 2] and stream.skip_stats() == {"missing_file": 1}
 
 
 def test_no_usable_sample_raises_instead_of_hanging(tmp_path):
@@ -603,6 +623,36 @@ def test_position_state_round_trip_and_layout_check(tmp_path):
         next(iter(ImageStream(file_list, RES, resume_state=saved)))
     with pytest.raises(ValueError, match="world_size 1"):
         ImageStream(file_list, RES, rank=0, world_size=2, resume_state=saved)
+
+
+def test_resume_with_another_seed_or_shuffle_buffer_is_refused(tmp_path):
+    """A position counts records in the order the seed and the shuffle blocks made: refused, not silently elsewhere."""
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 2, 6), counts=[6, 6])
+    options = dict(batch_size=2, num_workers=0, rank=0, world_size=1)
+    tracker = StreamPosition(0, 1, seed=7, shuffle_buffer_size=4)
+    _batches(build_train_dataloader(file_list, RES, seed=7, shuffle_buffer_size=4, **options), 2, tracker)
+    state = tracker.state_dict()
+    assert (state["seed"], state["shuffle_buffer_size"]) == (7, 4)
+    with pytest.raises(ValueError, match=r"--seed 7 \(this run: 8\).*same values"):
+        build_train_dataloader(file_list, RES, seed=8, shuffle_buffer_size=4, resume_state=state, **options)
+    with pytest.raises(ValueError, match=r"--shuffle_buffer_size 4 \(this run: 1000\)"):
+        build_train_dataloader(file_list, RES, seed=7, resume_state=state, **options)
+    assert _batches(build_train_dataloader(file_list, RES, seed=7, shuffle_buffer_size=4, resume_state=state,
+                                           **options), 1)
+
+
+def test_the_drivers_data_position_records_seed_and_shuffle_buffer(tmp_path):
+    """What the drivers checkpoint (build.build_train_data's tracker) carries the values the check needs."""
+    from vae_trainer.arguments import parse_arguments
+    from vae_trainer.build import build_train_data
+
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 4))
+    _, data_args, _, training_args = parse_arguments([
+        "--file_list", file_list, "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
+        "--output_dir", str(tmp_path / "out"), "--seed", "11", "--shuffle_buffer_size", "5", "--device", "cpu"])
+    _, position = build_train_data(data_args, training_args)
+    state = position.state_dict()
+    assert (state["seed"], state["shuffle_buffer_size"]) == (11, 5)
 
 
 # ------------------------------------------------------------------------------------- evaluation

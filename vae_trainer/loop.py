@@ -19,6 +19,7 @@ from .build import (build_components, build_evaluator, build_train_data, build_t
                     setup_runtime)
 from .distributed import rank, world_size
 from .export import checkpoint_configs, export_run
+from .output_dir import prepare_output_dir
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import start_up
@@ -30,7 +31,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
         setup_runtime(args)
-        ckpt.prepare_output_dir(args)  # a new run never eats an earlier one
+        prepare_output_dir(args)  # a new run never eats an earlier one
         parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
         run = build_training(parts, loss_args, args)
         evaluator = build_evaluator(data_args, args, parts)
@@ -97,6 +98,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         save()  # the weights are those of the last good step: a checkpoint to go back to
         raise
     finally:
+        batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
         monitor.close()
     run.restore_float32(model)  # O2: evaluate and export the float32 master weights

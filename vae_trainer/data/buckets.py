@@ -78,9 +78,6 @@ class Batcher:
         """Record indices of the samples still waiting, ascending."""
         return sorted(index for bucket in self.waiting for index, _ in bucket)
 
-    def max_pending(self) -> int:
-        return (self.num_buckets - 1) * (self.batch_size - 1)
-
     def _take(self, bucket: int) -> np.ndarray:
         batch = np.stack([pixels for _, pixels in self.waiting[bucket]])
         self.waiting[bucket] = []

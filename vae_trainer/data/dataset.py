@@ -23,16 +23,16 @@ Epochs and weights
 Batches and positions
     Training batches are made inside the stream (:class:`TrainBatches`; the DataLoader runs with
     ``batch_size=None``), one bucket shape per batch (:mod:`~vae_trainer.data.buckets`). Each batch
-    carries ``"position"``, a list of ints: ``[shard, epoch, consumed, *skipped, num_pending,
-    *pending]`` where ``consumed`` = records of the shard epoch read up to and including the batch's
-    last sample (bad ones included), ``skipped`` = this shard's cumulative skip counts in
-    :data:`SKIP_REASONS` order, and ``pending`` = record indices (this epoch) of samples waiting in
-    other buckets. Plain ints pass through the DataLoader and the Trainer without becoming device
-    tensors, so tracking costs no device synchronisation. Per-sample randomness (crop, flip) is
-    drawn from an RNG seeded by (seed, shard, epoch, record index), so replaying needs no RNG state.
+    carries ``"position"`` (:mod:`~vae_trainer.data.position`), a list of ints: ``[shard, epoch,
+    consumed, *skipped, num_pending, *pending]`` where ``consumed`` = records of the shard epoch read
+    up to and including the batch's last sample (bad ones included), ``skipped`` = this shard's
+    cumulative skip counts in :data:`~vae_trainer.data.position.SKIP_REASONS` order, and ``pending`` =
+    record indices (this epoch) of samples waiting in other buckets. Per-sample randomness (crop,
+    flip) is drawn from an RNG seeded by (seed, shard, epoch, record index), so replaying needs no RNG
+    state.
 
-    :class:`StreamPosition` keeps, per shard, the last batch's position, and the number of batches
-    consumed B. Paddle's multi-worker DataLoader hands out iterable-dataset batches from workers
+    ``StreamPosition`` (:mod:`~vae_trainer.data.position`) keeps, per shard, the last batch's
+    position, and the number of batches consumed B. Paddle's multi-worker DataLoader hands out iterable-dataset batches from workers
     0, 1, ..., W-1, 0, ... in strict rotation, so the next batch of an uninterrupted run would have
     come from worker B % W: on resume worker w plays role (w + B) % W, passes over the records
     before that role's saved position (without reading them when record counts are known),
@@ -40,48 +40,44 @@ Batches and positions
     run would have; its skip counts go on from the saved ones.
 
 Bad records
-    Skipped and counted per reason (:data:`SKIP_REASONS`); the counts reach the main process in
-    every batch, where :class:`StreamPosition` sums them over shards for ``data/skipped_<reason>``
-    (logged by ``train_logging.TrainMonitor``, with an end-of-run summary). On the console
-    (logger ``vae_trainer.data``) each file's first :data:`LOGGED_PER_FILE` problems are shown with
-    file:line (or tar:key, or the image path) once per process, then one line saying the rest are
-    only counted. A shard epoch that yields no usable sample raises RuntimeError.
+    Skipped and counted per reason (:data:`~vae_trainer.data.position.SKIP_REASONS`); the counts
+    reach the main process in every batch, where ``StreamPosition`` sums them over shards for
+    ``data/skipped_<reason>`` (logged by ``train_logging.TrainMonitor``, with an end-of-run summary).
+    A part file that has disappeared since the start is ``missing_file`` (each of its counted records,
+    or once per pass if uncounted), a part shorter than its ``.counts`` file says is ``missing``. On
+    the console (logger ``vae_trainer.data``) each file's first :data:`LOGGED_PER_FILE` problems are
+    shown with file:line (or tar:key, or the image path) once per process, a damaged or missing part
+    once with its path, then one line saying the rest are only counted. A shard epoch that yields no
+    usable sample raises RuntimeError.
 
-Errors never hang
-    Any exception in the stream stops training with its message. In a worker process Paddle
-    re-raises it in the main process. With ``num_workers=0`` Paddle runs the stream in a reader
-    thread that dies on an exception without waking the main thread, so the stream catches it
-    there and ends, and the DataLoader returned by :func:`build_train_dataloader` (and
-    :func:`build_eval_dataloader`) raises it in the main thread.
+Errors and workers
+    The DataLoaders come from :mod:`~vae_trainer.data.loader`: any error in the stream stops training
+    with its message, whatever the number of workers, and the workers end with their iteration.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
-import threading
-import traceback
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import paddle
 
-from . import images, records
 from .buckets import Batcher, bucket_shapes, nearest_bucket
 from .filelists import read_sources
 from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
-from .records import Damaged, Missing, describe, image_bytes
+from .loader import NoHangLoader, RaisesInMainThread
+from .position import ShardStart, StreamPosition, encode_position
+from .records import MISSING_FILE, Damaged, Missing, describe, image_bytes
 from .sharding import (INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave,
                        one_after_another, rng)
 
 logger = logging.getLogger("vae_trainer.data")
 
-SKIP_REASONS = images.REASONS + records.REASONS
 LOGGED_PER_FILE = 3
 DEFAULT_SHUFFLE_BUFFER = 1000
-_HEADER = 3  # shard, epoch, consumed
 
 
 # ---------------------------------------------------------------------------------- skip log
@@ -92,19 +88,21 @@ class _SkipLog:
 
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
-        self._logged: dict[str, set[int | None]] = {}  # file -> record numbers shown; None: "the rest" said
+        # file -> record numbers shown (-1: the whole part's damage); None: "the rest are counted" said
+        self._logged: dict[str, set[int | None]] = {}
 
     def skip(self, record: Record, reason: str, detail: str, counts: Counter) -> None:
         counts[reason] += 1
         self.totals[reason] += 1
         file = record.part.path
+        whole_part = isinstance(record.payload, (Damaged, Missing))  # one line for all its lost records
+        key = -1 if whole_part else record.number
         shown = self._logged.setdefault(file, set())
-        if record.number in shown or None in shown:
+        if key in shown or None in shown:
             return  # shown in an earlier pass, or the file's quota is used up
         if len(shown) < LOGGED_PER_FILE:
-            shown.add(record.number)
-            where = file if isinstance(record.payload, (Damaged, Missing)) else describe(
-                record.part, record.number, record.payload)
+            shown.add(key)
+            where = file if whole_part else describe(record.part, record.number, record.payload)
             logger.warning("%s: skipped (%s: %s)", where, reason, detail)
         else:
             shown.add(None)
@@ -112,79 +110,7 @@ class _SkipLog:
                            "summary), not logged", file)
 
 
-# -------------------------------------------------------------------------- no hang, ever
-
-
-_FAILURE = "data_error"  # key of the item a failing worker sends instead of a batch
-
-
-class _RaisesInMainThread(paddle.io.IterableDataset):
-    """An iterable dataset whose errors reach the main thread as themselves (module doc, "Errors never hang").
-
-    Subclasses implement `_items`. In Paddle's single-process reader thread an error is stored in
-    `failure` and the iteration ends. In a worker process (where Paddle would only report "Blocking
-    queue is killed") the error is sent, pickled, as a last item ``{"data_error": bytes}``, so
-    workers need ``batch_size=None`` (the items are whole batches). :class:`_NoHangLoader` raises both.
-    """
-
-    failure: BaseException | None = None
-
-    def _items(self) -> Iterator:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator:
-        return self._guarded(self._items(), paddle.io.get_worker_info())
-
-    def _guarded(self, items: Iterator, worker) -> Iterator:
-        # Paddle calls iter() in the main thread but iterates in its reader thread: decide when it fails.
-        self.failure = None
-        try:
-            yield from items
-        except Exception as error:
-            if worker is not None:
-                # (Paddle drops an item without any array, so one tiny array goes along.)
-                yield {_FAILURE: _pickled(error, f"in DataLoader worker {worker.id}"), "carrier": np.zeros(1)}
-            elif threading.current_thread() is threading.main_thread():
-                raise
-            else:
-                self.failure = error  # _NoHangLoader raises it in the main thread
-
-
-def _pickled(error: Exception, where: str) -> bytes:
-    error.add_note(f"(raised {where}:\n{''.join(traceback.format_exception(error))})")
-    try:
-        return pickle.dumps(error)
-    except Exception:  # an exception that does not pickle still gets its message across
-        return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
-
-
-class _NoHangLoader(paddle.io.DataLoader):
-    """paddle.io.DataLoader that raises its dataset's errors in the main thread, from any worker count."""
-
-    def __len__(self) -> int:
-        raise TypeError("a streaming DataLoader has no length")  # (Paddle's ValueError breaks list(loader))
-
-    def __iter__(self):
-        self.dataset.failure = None
-        for batch in super().__iter__():
-            if isinstance(batch, dict) and _FAILURE in batch:
-                raise pickle.loads(batch[_FAILURE])
-            yield batch
-        if self.dataset.failure is not None:
-            raise self.dataset.failure
-
-
 # --------------------------------------------------------------------------------- the stream
-
-
-@dataclass
-class ShardStart:
-    """Where one shard starts: a position saved by :class:`StreamPosition` (or the beginning)."""
-
-    epoch: int = 0
-    consumed: int = 0
-    pending: tuple[int, ...] = ()
-    skipped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -202,7 +128,7 @@ class _EpochEnd:
     records: int
 
 
-class ImageStream(_RaisesInMainThread):
+class ImageStream(RaisesInMainThread):
     """Decoded, cropped images from sources; see the module doc for every rule.
 
     Iterated directly it yields single samples ``{"pixel_values": float32 [3,H,W] in [-1, 1],
@@ -243,8 +169,8 @@ class ImageStream(_RaisesInMainThread):
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
         self.flush_each_epoch = aspect_ratio_buckets
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
-        if self.resume and self.resume.world_size not in (None, world_size):
-            raise ValueError(f"resume_state was saved with world_size {self.resume.world_size}, not {world_size}")
+        if self.resume:
+            self.resume.check_resume(world_size, seed, shuffle_buffer_size)
         self._log = _SkipLog()
 
     def skip_stats(self) -> dict[str, int]:
@@ -306,7 +232,8 @@ class ImageStream(_RaisesInMainThread):
         payload = record.payload
         try:
             if isinstance(payload, Damaged):
-                raise BadImage(payload.reason, f"{payload.detail}; the records before the damage are used")
+                before = "" if payload.reason == MISSING_FILE else "; the records before the damage are used"
+                raise BadImage(payload.reason, payload.detail + before)
             if isinstance(payload, Missing):
                 raise BadImage("missing", "the part holds fewer records than its .counts file says")
             image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
@@ -334,7 +261,7 @@ class ImageStream(_RaisesInMainThread):
         )
 
 
-class TrainBatches(_RaisesInMainThread):
+class TrainBatches(RaisesInMainThread):
     """Batches of one bucket shape each, with their positions (module doc, "Batches and positions")."""
 
     def __init__(self, stream: ImageStream, batch_size: int) -> None:
@@ -359,85 +286,8 @@ class TrainBatches(_RaisesInMainThread):
 
     @staticmethod
     def _batch(pixels: np.ndarray, shard: int, epoch: int, consumed: int, counts: Counter, batcher: Batcher) -> dict:
-        pending = batcher.pending()
-        position = [shard, epoch, consumed, *(counts[reason] for reason in SKIP_REASONS), len(pending), *pending]
+        position = encode_position(shard, epoch, consumed, counts, batcher.pending())
         return {"pixel_values": to_float(pixels), "position": position}
-
-
-# --------------------------------------------------------------------------------- resume state
-
-
-class StreamPosition:
-    """What the trainer must save to resume the stream exactly, and the skip counts of this rank.
-
-    Call :meth:`update` with ``batch["position"]`` of every batch the trainer takes from the
-    DataLoader (one instance per rank; `num_workers`/`world_size` are stored to catch a resume
-    with a different layout).
-    """
-
-    def __init__(self, num_workers: int | None = None, world_size: int | None = None) -> None:
-        self.num_workers, self.world_size = num_workers, world_size
-        self.positions: dict[int, tuple[int, int]] = {}
-        self.pending: dict[int, list[int]] = {}
-        self.skipped: dict[int, dict[str, int]] = {}
-        self.batches_consumed = 0
-
-    def update(self, position) -> None:
-        """Record one consumed batch from its ``"position"`` (a list of ints; arrays are accepted)."""
-        if isinstance(position, paddle.Tensor):
-            position = position.numpy()
-        values = [int(value) for value in np.asarray(position).reshape(-1)]
-        shard, epoch, consumed = values[:_HEADER]
-        counts = values[_HEADER : _HEADER + len(SKIP_REASONS)]
-        num_pending = values[_HEADER + len(SKIP_REASONS)]
-        first = _HEADER + len(SKIP_REASONS) + 1
-        self.positions[shard] = (epoch, consumed)
-        self.pending[shard] = values[first : first + num_pending]
-        self.skipped[shard] = {reason: count for reason, count in zip(SKIP_REASONS, counts) if count}
-        self.batches_consumed += 1
-
-    def skipped_totals(self) -> dict[str, int]:
-        """Skipped records per reason (every reason, zeros included), summed over this rank's shards."""
-        totals = Counter()
-        for counts in self.skipped.values():
-            totals.update(counts)
-        return {reason: totals.get(reason, 0) for reason in SKIP_REASONS}
-
-    def start_of(self, shard: int) -> ShardStart:
-        epoch, consumed = self.positions.get(shard, (0, 0))
-        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})))
-
-    def state_dict(self) -> dict:
-        """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
-        return {
-            "positions": {str(shard): list(position) for shard, position in sorted(self.positions.items())},
-            "pending": {str(shard): list(pending) for shard, pending in sorted(self.pending.items()) if pending},
-            "skipped": {str(shard): dict(counts) for shard, counts in sorted(self.skipped.items()) if counts},
-            "batches_consumed": self.batches_consumed,
-            "num_workers": self.num_workers,
-            "world_size": self.world_size,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.positions = {int(shard): (int(p[0]), int(p[1])) for shard, p in state["positions"].items()}
-        self.pending = {int(shard): [int(i) for i in p] for shard, p in state.get("pending", {}).items()}
-        self.skipped = {int(shard): {str(r): int(n) for r, n in c.items()} for shard, c in state.get("skipped", {}).items()}
-        self.batches_consumed = int(state["batches_consumed"])
-        self.num_workers, self.world_size = state.get("num_workers"), state.get("world_size")
-
-    @classmethod
-    def from_state(cls, state: dict) -> StreamPosition:
-        tracker = cls()
-        tracker.load_state_dict(state)
-        return tracker
-
-    def check_workers(self, num_workers: int) -> None:
-        """Raise if the state was saved with a different number of DataLoader workers."""
-        if self.num_workers is not None and max(1, self.num_workers) != num_workers:
-            raise ValueError(
-                f"resume_state was saved with num_workers={self.num_workers}; exact resume needs the same "
-                f"number of DataLoader workers, this run has {num_workers}"
-            )
 
 
 def build_train_dataloader(
@@ -459,13 +309,13 @@ def build_train_dataloader(
     stream = ImageStream(
         file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state, **stream_kwargs
     )
-    return _NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
+    return NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
 
 
 # ---------------------------------------------------------------------------------- evaluation
 
 
-class _FirstUsableSamples(_RaisesInMainThread):
+class _FirstUsableSamples(RaisesInMainThread):
     """This rank's share (every world_size-th) of the first `num_images` usable samples of a stream."""
 
     def __init__(self, stream: ImageStream, num_images: int | None, rank: int, world_size: int) -> None:
@@ -493,5 +343,5 @@ def build_eval_dataloader(
     """
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False)
     dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
-    return _NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
+    return NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
 

@@ -18,7 +18,9 @@ key ``dir/000123``); the image is the member with the first extension of
 :data:`TAR_IMAGE_EXTENSIONS` that the sample has. ``__*__`` members are metadata and ignored.
 
 Damage (truncated or corrupt gzip, unreadable tar, a ``pipe:`` command failing) ends the part
-after the records read before it: the reader then yields one :class:`Damaged` marker.
+after the records read before it: the reader then yields one :class:`Damaged` marker. A local part
+that no longer exists (deleted or unmounted since the start, where every part was checked) yields one
+``missing_file`` marker; a missing image file of a folder is a ``missing_file`` record.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from .images import BadImage, decode_base64
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
 # Why a record (or a part) was skipped, besides the image-level reasons of images.REASONS.
-REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing")
+REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
+MISSING_FILE = "missing_file"
 _READ_SIZE = 1 << 20
 
 
@@ -57,7 +60,7 @@ class ImageFile:
 
 @dataclass(frozen=True)
 class Damaged:
-    """The rest of a part is unreadable; `reason` is corrupt_gzip or corrupt_tar."""
+    """The rest of a part is unreadable; `reason` is corrupt_gzip, corrupt_tar or missing_file."""
 
     reason: str
     detail: str
@@ -87,10 +90,16 @@ def _lines(path: str) -> Iterator[bytes]:
             yield line.rstrip(b"\r\n")
 
 
+def _gone(path: str) -> Damaged:
+    return Damaged(MISSING_FILE, f"part file not found: {path}")
+
+
 def _line_records(path: str, start: int) -> Iterator[Payload | None]:
     try:
         for number, line in enumerate(_lines(path)):
             yield line if number >= start else None
+    except FileNotFoundError:
+        yield _gone(path)
     except EOFError:
         yield Damaged("corrupt_gzip", "truncated gzip stream")
     except (zlib.error, gzip.BadGzipFile, OSError) as error:
@@ -163,6 +172,9 @@ def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
         with _tar_stream(path) as (stream, errors):
             with tarfile.open(fileobj=stream, mode="r|*") as tar:
                 yield from _tar_members(tar, start)
+    except FileNotFoundError:
+        yield _gone(path)
+        return
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         yield Damaged("corrupt_tar", f"unreadable tar ({error})")
         return
@@ -211,6 +223,8 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
         try:
             with open(payload.path, "rb") as handle:
                 return handle.read()
+        except FileNotFoundError:
+            raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
         except OSError as error:
             raise BadImage("unreadable", str(error)) from None
     raise TypeError(f"not a record payload: {payload!r}")

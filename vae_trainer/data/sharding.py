@@ -28,8 +28,9 @@ Passes (:class:`SourcePass`)
     length is known (counted sources) a pass moves forward without reading anything
     (:meth:`SourcePass.skip`), so a resumed run reads at most one block per source to get back to
     its position. A counted part that turns out shorter than counted yields
-    :class:`~vae_trainer.data.records.Missing` records for the difference, so positions mean the same
-    thing in every run.
+    :class:`~vae_trainer.data.records.Missing` records for the difference, and a damaged or missing one
+    its :class:`~vae_trainer.data.records.Damaged` marker for each record lost, so positions mean the
+    same thing in every run.
 """
 
 from __future__ import annotations
@@ -123,23 +124,24 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
 
 
 def _segment_records(segment: Segment, skip: int = 0) -> Iterator[Record]:
-    """The records of a segment from its `skip`-th on; counted segments are padded to their length."""
+    """The records of a segment from its `skip`-th on; counted segments are padded to their length (with the
+    part's damage, if it is damaged, else with :class:`Missing`)."""
     part, first = segment.part, segment.start + skip * segment.stride
     expected = None if segment.length is None else segment.length - skip
-    produced = 0
+    produced, damage = 0, None
     for number, payload in enumerate(iterate_records(part, first), start=0):
         if expected is not None and produced >= expected:
             return
         if isinstance(payload, Damaged):
             yield Record(part, first + produced * segment.stride, payload)
-            produced += 1
+            produced, damage = produced + 1, payload
             break
         if payload is None or (number - first) % segment.stride:
             continue
         yield Record(part, number, payload)
         produced += 1
     for missing in range(produced, expected or 0):
-        yield Record(part, first + missing * segment.stride, Missing())
+        yield Record(part, first + missing * segment.stride, damage or Missing())
 
 
 class SourcePass:

@@ -1,0 +1,124 @@
+"""Tests of vae_trainer.data.loader: no DataLoader worker outlives its use - after a data error, at the end
+of a run (before the export), and when the main process is killed. Processes are listed from /proc."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import paddle
+import pytest
+from conftest import DRIVERS, REPO, run_in_process, tiny_args
+from test_dataset import id_parts, time_limit, write_filelist
+
+from vae_trainer.data.dataset import build_train_dataloader
+
+paddle.set_device("cpu")
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="lists processes from /proc (Linux)")
+
+
+def _stat(pid):
+    """(state, parent pid) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def alive(pid) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")  # a zombie has exited
+
+
+def live_children(parent) -> set:
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None and stat[1] == parent and stat[0] not in ("Z", "X"):
+                found.add(int(name))
+    return found
+
+
+def wait_until(condition, seconds=60):
+    """Poll a liveness condition (never a speed target): False if it still fails after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_no_worker_outlives_a_data_error(tmp_path, num_workers):
+    """The error is raised while the traceback still refers to the iteration: its workers must be gone already."""
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 2, 4))
+    before = live_children(os.getpid())
+    loader = build_train_dataloader(file_list, 32, 2, num_workers, 0, 0, 1, image_column=7)  # past the last column
+    with time_limit(120), pytest.raises(RuntimeError, match="got no usable sample") as raised:
+        next(iter(loader))
+    assert raised.traceback  # (kept alive on purpose)
+    assert live_children(os.getpid()) - before == set()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_no_worker_is_left_when_the_run_exports(photo_filelist, tmp_path, monkeypatch, driver):
+    """At the end of a run the loader's workers are stopped before the export (which can take long and needs
+    the memory), and none remains after the entry point returns."""
+    import importlib
+
+    module = importlib.import_module("vae_trainer.loop" if driver == DRIVERS[1] else driver[: -len(".py")])
+    real_export, seen = module.export_run, {}
+    before = live_children(os.getpid())
+
+    def export_run(*args, **kwargs):
+        seen["children"] = live_children(os.getpid()) - before
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(module, "export_run", export_run)
+    run_in_process(driver, tiny_args(photo_filelist, tmp_path / "out", max_steps=2, save_steps=2, perceptual_weight=0,
+                                     use_ema="false", image_logging_steps=0, dataloader_num_workers=2))
+    assert seen == {"children": set()}
+    assert live_children(os.getpid()) - before == set()
+
+
+_KILLED = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    from vae_trainer.data.dataset import build_train_dataloader
+
+    batches = iter(build_train_dataloader(sys.argv[2], 32, 2, 2, 0, 0, 1))  # 2 workers, each reading the pipe
+    print("STARTED", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_workers_die_with_a_killed_main_process(tmp_path):
+    """SIGKILL of the main process while both workers are blocked reading a `pipe:` source that never writes
+    (Paddle's own watchdog only looks between batches): the workers must not live on."""
+    script = tmp_path / "main.py"
+    script.write_text(_KILLED)
+    main = subprocess.Popen([sys.executable, str(script), REPO, "pipe:sleep 300"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    workers, commands = set(), set()
+    try:
+        assert main.stdout.readline().strip() == "STARTED"
+        # Both workers are reading: each has started its pipe command (a shell or the sleep itself).
+        assert wait_until(lambda: len(live_children(main.pid)) == 2 and all(
+            live_children(worker) for worker in live_children(main.pid)))
+        workers = live_children(main.pid)
+        commands = set().union(*(live_children(worker) for worker in workers))
+        os.kill(main.pid, signal.SIGKILL)
+        main.wait()
+        assert wait_until(lambda: not any(alive(worker) for worker in workers)), "DataLoader workers outlived main"
+    finally:
+        for pid in {main.pid} | workers | commands:  # leave nothing behind, whatever happened
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
