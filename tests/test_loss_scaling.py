@@ -110,3 +110,57 @@ def test_scaler_without_autocast_stays_disabled_on_cpu(tmp_path):
     assert not scaler.is_enable() and scaler.scale_value == 1.0
     precision = Precision(dtype="float16", vae_scaler=scaler, disc_scaler=LossScaler(1024.0))
     assert not precision.scales_losses and precision.loss_scales() == {"vae": 1.0, "discriminator": 1.0}
+
+
+def _steps(step, model, first, last, overflow_at, nan_at):
+    """Optimizer steps first..last-1: VAE gradient overflow at `overflow_at`, a NaN input (loss) at `nan_at`."""
+    reports = []
+    for global_step in range(first, last):
+        hook = poison_gradient(model.vae.encoder.conv_in.weight) if global_step in overflow_at else None
+        x = images(seed=global_step)
+        if global_step in nan_at:
+            x[0, 0, 0, 0] = float("nan")
+        try:
+            reports.append(full_step(step, x, global_step=global_step))
+        finally:
+            if hook is not None:
+                hook.remove()
+    return reports
+
+
+def test_skip_counters_survive_a_checkpoint_and_resume_counts_on_exactly(tmp_path, fp16_state):
+    """Overflows at steps 1 and 2, a checkpoint after step 2, a NaN loss at step 3 (which neither continues
+    nor breaks a run of overflows), an overflow at step 4: the third overflow in a row stops the run at step 4,
+    resumed or not, and every counter before that equals the uninterrupted run's."""
+    from paddlenlp.trainer import TrainerState
+
+    from vae_trainer import checkpoint as ckpt
+    from vae_trainer.build import TrainingParts
+
+    def parts(step):
+        return TrainingParts(step.vae_optimizer, step.vae_scheduler, step.disc_optimizer, step.disc_scheduler,
+                             step.precision, None, step)
+
+    schedule = dict(overflow_at={1, 2, 4}, nan_at={3})
+    counters = ("train/skipped_steps", "train/overflow_steps", "train/disc_overflow_steps", "train/loss_scale")
+
+    model = make_model()
+    straight = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=3, min_loss_scale=1.0)
+    reports = _steps(straight, model, 0, 4, **schedule)
+    with pytest.raises(NonFiniteError, match="3 consecutive optimizer steps had fp16 gradient overflow"):
+        _steps(straight, model, 4, 5, **schedule)
+
+    model = make_model()
+    first = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=3, min_loss_scale=1.0)
+    before = _steps(first, model, 0, 3, **schedule)
+    saved = ckpt.save_checkpoint(str(tmp_path / "out"), 3, model=model, stateful=parts(first).stateful(),
+                                 trainer_state=TrainerState(global_step=3), rank_state={})
+    model = make_model(seed=1)  # a fresh process: other weights, counters at zero, until loaded
+    resumed = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=3, min_loss_scale=1.0)
+    ckpt.load_model_state(saved, model)
+    ckpt.load_stateful(saved, parts(resumed).stateful())
+    after = _steps(resumed, model, 3, 4, **schedule)
+    assert [[r[c] for c in counters] for r in before + after] == [[r[c] for c in counters] for r in reports]
+    assert after[0]["train/skipped_steps"] == 1 and after[0]["train/overflow_steps"] == 2
+    with pytest.raises(NonFiniteError, match="3 consecutive optimizer steps had fp16 gradient overflow"):
+        _steps(resumed, model, 4, 5, **schedule)

@@ -108,7 +108,7 @@ class TrainingParts:
         out = {
             "optimizer.pdopt": self.vae_optimizer, "scheduler.pdparams": self.vae_scheduler,
             "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
-            **self.precision.stateful(),
+            **self.precision.stateful(), "nonfinite_guard.pdparams": self.step.guard,
         }
         if self.ema is not None:
             out["ema.pdparams"] = self.ema
@@ -150,7 +150,8 @@ def build_evaluator(data_args, training_args, components: Components):
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):
     """This rank's training DataLoader (resumed at `data_state` if given) and its position tracker."""
-    from .data.dataset import StreamPosition, build_train_dataloader
+    from .data.dataset import build_train_dataloader
+    from .data.position import StreamPosition
 
     loader = build_train_dataloader(
         data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
@@ -160,7 +161,8 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
         aspect_ratio_buckets=data_args.aspect_ratio_buckets, shuffle_buffer_size=data_args.shuffle_buffer_size,
     )
     position = (StreamPosition.from_state(data_state) if data_state
-                else StreamPosition(training_args.dataloader_num_workers, world_size()))
+                else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
+                                    data_args.shuffle_buffer_size))
     return loader, position
 
 

@@ -27,7 +27,8 @@ Skipping, counted and logged (`NonFiniteGuard`):
   a row for one network raise `NonFiniteError` too;
 - an adaptive GAN weight that overflows skips the GAN term of that micro-batch (losses.vae_objective),
   counted in the same host read.
-On `NonFiniteError` the drivers save a checkpoint (the weights of the last good step) and stop.
+On `NonFiniteError` the drivers save a checkpoint (the weights of the last good step) and stop. The guard's
+counters are part of every checkpoint (`nonfinite_guard.pdparams`), so a resumed run counts on exactly.
 
 The order of the two updates does not matter: the discriminator's gradients come from detached
 reconstructions and the VAE's gradients are complete before either optimizer steps.
@@ -106,6 +107,19 @@ class NonFiniteGuard:
             self.skipped_gan_terms += count
             logger.warning("step %d: the adaptive GAN weight overflowed in %d micro-batch(es); their GAN term was "
                            "skipped (%d in total)", step, count, self.skipped_gan_terms)
+
+    # Checkpointed (build.TrainingParts.stateful), so a resumed run counts on exactly as the uninterrupted one:
+    # the limits see the same runs of bad steps, and the logged totals go on from the saved ones.
+    def state_dict(self) -> Dict[str, object]:
+        return {"skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite,
+                "overflow_steps": dict(self.overflow_steps), "consecutive_overflow": dict(self.consecutive_overflow),
+                "skipped_gan_terms": self.skipped_gan_terms}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        self.skipped_steps, self.skipped_gan_terms = int(state["skipped_steps"]), int(state["skipped_gan_terms"])
+        self.consecutive_nonfinite = int(state["consecutive_nonfinite"])
+        self.overflow_steps = {name: int(count) for name, count in state["overflow_steps"].items()}
+        self.consecutive_overflow = {name: int(count) for name, count in state["consecutive_overflow"].items()}
 
     def counters(self) -> Dict[str, float]:
         return {"train/skipped_steps": self.skipped_steps, "train/overflow_steps": self.overflow_steps["vae"],
