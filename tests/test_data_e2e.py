@@ -1,5 +1,6 @@
 """Both entry points on the new sources: an image folder with aspect-ratio buckets, accumulation, a loader
-worker and exact resume; WebDataset tar shards; skip counts in VisualDL; data errors that stop the run."""
+worker and exact resume; WebDataset tar shards and their exact resume; skip counts in VisualDL; data errors
+that stop the run."""
 
 import base64
 import gzip
@@ -11,7 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, _photos, read_scalars, run_entry_point, tiny_args, vae_weights, write_tar
+from conftest import (DRIVERS, REPO, _photos, read_scalars, run_each_driver, run_entry_point, tiny_args, vae_weights,
+                      write_tar)
 from PIL import Image
 
 BUCKETS = dict(aspect_ratio_buckets="true", gradient_accumulation_steps=2, dataloader_num_workers=1)
@@ -64,20 +66,26 @@ def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs):
             in bucket_runs[driver + ":output"]
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-def test_bucketed_folder_resume_is_exact(bucket_runs, photo_folder, tmp_path, driver):
-    straight = bucket_runs[driver]
-    resumed = str(tmp_path / "resumed")
+def check_resume_from_step_2(driver, straight, source, resumed, skip_tag, **flags):
+    """Resume `straight`'s checkpoint-2 in a fresh folder: the logged numbers of the later steps and the final
+    weights must be those of the uninterrupted run."""
     os.makedirs(resumed)
     shutil.copytree(os.path.join(straight, "checkpoint-2"), os.path.join(resumed, "checkpoint-2"))
-    run_entry_point(driver, tiny_args(photo_folder, resumed, resume_from_checkpoint="latest", **BUCKETS))
-    for tag in ("loss/total", "loss/discriminator", "data/skipped_not_image"):
+    run_entry_point(driver, tiny_args(source, resumed, resume_from_checkpoint="latest", **flags))
+    later = list(range(3, flags.get("max_steps", 4) + 1))
+    for tag in ("loss/total", "loss/discriminator", skip_tag):
         a = read_scalars(os.path.join(straight, "logs"), tag)
         b = read_scalars(os.path.join(resumed, "logs"), tag)
-        assert sorted(b) == [3, 4] and [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)], tag
+        assert sorted(b) == later and [a[s] for s in later] == [b[s] for s in later], tag
     wa, wb = vae_weights(straight), vae_weights(resumed)
     for name in wa:
         np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_bucketed_folder_resume_is_exact(bucket_runs, photo_folder, tmp_path, driver):
+    check_resume_from_step_2(driver, bucket_runs[driver], photo_folder, str(tmp_path / "resumed"),
+                             "data/skipped_not_image", **BUCKETS)
 
 
 def test_bucketing_under_two_ranks_steps_together_in_sync(photo_folder, tmp_path):
@@ -114,15 +122,30 @@ def tar_shards(tmp_path_factory):
     return str(root / "{00000..00002}.tar")
 
 
+TAR_RUN = dict(max_steps=3, save_steps=2, image_logging_steps=0, per_device_train_batch_size=6, use_ema="false")
+
+
+@pytest.fixture(scope="module")
+def tar_runs(tar_shards, tmp_path_factory):
+    """One 3-step run per driver on the tar shards, checkpoints at steps 2 and 3."""
+    return run_each_driver(tmp_path_factory, lambda output_dir: tiny_args(tar_shards, output_dir, **TAR_RUN))
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_webdataset_shards_train_both_drivers(tar_shards, tmp_path, driver):
-    output_dir = str(tmp_path / "out")
-    run_entry_point(driver, tiny_args(tar_shards, output_dir, max_steps=3, save_steps=3, image_logging_steps=0,
-                                      per_device_train_batch_size=6, use_ema="false"))
+def test_webdataset_shards_train_both_drivers(tar_runs, driver):
+    output_dir = tar_runs[driver]
     logs = os.path.join(output_dir, "logs")
     assert sorted(read_scalars(logs, "loss/total")) == [1, 2, 3]
     assert read_scalars(logs, "data/skipped_no_image")[3] == 1  # 18 samples > one pass over the 17 good ones
     assert os.path.isdir(os.path.join(output_dir, "vae"))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_webdataset_resume_is_exact(tar_runs, tar_shards, tmp_path, driver):
+    """Resumed mid-pass (12 of 18 samples read; the tars have no counts, so the stream reads its way back), with
+    the GAN starting at the resumed step."""
+    check_resume_from_step_2(driver, tar_runs[driver], tar_shards, str(tmp_path / "resumed"),
+                             "data/skipped_no_image", **TAR_RUN)
 
 
 def _run_failing(args, nproc=1, log_dir=None, timeout=600):

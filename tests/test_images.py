@@ -216,17 +216,21 @@ def _s15(value):
     return struct.pack(">i", round(value * 65536))
 
 
-def _icc_rgb_profile(description, primaries, white, gamma):
-    """A minimal ICC v2 matrix/TRC RGB display profile (what Adobe RGB (1998) is), built byte by byte."""
-    def xyz(values):
-        return b"XYZ " + bytes(4) + b"".join(_s15(v) for v in values)
-
+def _icc_desc(description):
     text = description.encode() + b"\0"
-    desc = b"desc" + bytes(4) + struct.pack(">I", len(text)) + text + bytes(4 + 4 + 2 + 1 + 67)
-    curve = b"curv" + bytes(4) + struct.pack(">IH", 1, round(gamma * 256)) + bytes(2)
-    tags = [(b"desc", desc), (b"wtpt", xyz(white)), (b"rXYZ", xyz(primaries[0])), (b"gXYZ", xyz(primaries[1])),
-            (b"bXYZ", xyz(primaries[2])), (b"rTRC", curve), (b"gTRC", curve), (b"bTRC", curve),
-            (b"cprt", b"text" + bytes(4) + b"none\0" + bytes(3))]
+    return b"desc" + bytes(4) + struct.pack(">I", len(text)) + text + bytes(4 + 4 + 2 + 1 + 67)
+
+
+def _icc_xyz(values):
+    return b"XYZ " + bytes(4) + b"".join(_s15(v) for v in values)
+
+
+D50 = (0.9642, 1.0, 0.8249)
+
+
+def _icc_profile(device_class, colour_space, pcs, tags):
+    """A minimal ICC v2 profile, built byte by byte: header, tag table, tag data."""
+    tags = tags + [(b"cprt", b"text" + bytes(4) + b"none\0" + bytes(3))]
     offset = 128 + 4 + 12 * len(tags)
     table, data = struct.pack(">I", len(tags)), b""
     for signature, body in tags:
@@ -234,9 +238,18 @@ def _icc_rgb_profile(description, primaries, white, gamma):
         table += signature + struct.pack(">II", offset + len(data), len(body))
         data += body
     size = offset + len(data)
-    header = (struct.pack(">I", size) + b"lcms" + bytes([2, 0x10, 0, 0]) + b"mntrRGB XYZ " + bytes(12) + b"acsp"
-              + bytes(4 + 4 + 4 + 4 + 8 + 4) + _s15(0.9642) + _s15(1.0) + _s15(0.8249))
+    header = (struct.pack(">I", size) + b"lcms" + bytes([2, 0x10, 0, 0]) + device_class + colour_space + pcs + bytes(12)
+              + b"acsp" + bytes(4 + 4 + 4 + 4 + 8 + 4) + b"".join(_s15(v) for v in D50))
     return header + bytes(128 - len(header)) + table + data
+
+
+def _icc_rgb_profile(description, primaries, white, gamma):
+    """A matrix/TRC RGB display profile (what Adobe RGB (1998) is)."""
+    curve = b"curv" + bytes(4) + struct.pack(">IH", 1, round(gamma * 256)) + bytes(2)
+    tags = [(b"desc", _icc_desc(description)), (b"wtpt", _icc_xyz(white)), (b"rXYZ", _icc_xyz(primaries[0])),
+            (b"gXYZ", _icc_xyz(primaries[1])), (b"bXYZ", _icc_xyz(primaries[2])), (b"rTRC", curve),
+            (b"gTRC", curve), (b"bTRC", curve)]
+    return _icc_profile(b"mntr", b"RGB ", b"XYZ ", tags)
 
 
 ADOBE_RGB = _icc_rgb_profile("Adobe RGB (1998)-like", [(0.60974, 0.31111, 0.01947), (0.20528, 0.62567, 0.06087),
@@ -277,3 +290,55 @@ def test_srgb_and_broken_profiles_leave_pixels_alone():
     for profile in (srgb, b"not an icc profile at all"):
         data = _encode(image, "PNG", icc_profile=profile)
         np.testing.assert_array_equal(np.asarray(decode_image(data, LIMIT)), np.asarray(image))
+
+
+def _cmyk_to_lab(c, m, y, k):
+    """The press the CMYK test profile describes (inks 0..1): warm paper, inks that darken and tint it."""
+    paper = np.array([94.0, 1.0, 9.0])  # L*, a*, b*: a cream paper, visibly not (255, 255, 255)
+    inks = {"c": np.array([-38.0, -30.0, -48.0]), "m": np.array([-46.0, 70.0, -4.0]),
+            "y": np.array([-6.0, -8.0, 80.0])}
+    lab = paper + c * inks["c"] + m * inks["m"] + y * inks["y"]
+    lab[0] = max(lab[0], 10.0)
+    return np.array([lab[0] * (1 - 0.85 * k), lab[1] * (1 - k), lab[2] * (1 - k)])
+
+
+def _icc_cmyk_profile():
+    """A CMYK output profile whose A2B0 (a lut16 with a 2-point grid per ink) holds `_cmyk_to_lab` at the corners."""
+    grid = []
+    for corner in range(16):  # the first ink varies slowest
+        inks = [(corner >> (3 - i)) & 1 for i in range(4)]
+        lightness, a, b = _cmyk_to_lab(*inks)
+        grid += [round(lightness / 100 * 0xFF00), round((a + 128) * 256), round((b + 128) * 256)]
+    identity = [1, 0, 0, 0, 1, 0, 0, 0, 1]
+    lut = (b"mft2" + bytes(4) + bytes([4, 3, 2, 0]) + b"".join(_s15(v) for v in identity)
+           + struct.pack(">HH", 2, 2) + struct.pack(">8H", *[0, 0xFFFF] * 4) + struct.pack(">48H", *grid)
+           + struct.pack(">6H", *[0, 0xFFFF] * 3))
+    tags = [(b"desc", _icc_desc("Test press (CMYK)")), (b"wtpt", _icc_xyz(D50)), (b"A2B0", lut)]
+    return _icc_profile(b"prtr", b"CMYK", b"Lab ", tags)
+
+
+def test_cmyk_jpeg_with_an_icc_profile_is_converted_as_imagecms_converts_it():
+    """An Adobe-style CMYK JPEG with an embedded press profile: the pixels are the profile's colours in sRGB
+    (LittleCMS through PIL's ImageCms, perceptual intent), not PIL's naive ink inversion."""
+    from PIL import ImageCms
+
+    profile = _icc_cmyk_profile()
+    inks = [(0, 0, 0, 0), (255, 0, 0, 0), (0, 200, 40, 0), (30, 30, 220, 20), (0, 0, 0, 120), (90, 60, 0, 40)]
+    cmyk = Image.new("CMYK", (8, 8 * len(inks)))
+    for band, ink in enumerate(inks):
+        cmyk.paste(ink, (0, 8 * band, 8, 8 * band + 8))
+    tagged = _encode(cmyk, "JPEG", quality=100, icc_profile=profile)
+    opened = Image.open(io.BytesIO(tagged))
+    assert opened.mode == "CMYK" and opened.info["icc_profile"] == profile
+    reference = ImageCms.profileToProfile(opened, ImageCms.ImageCmsProfile(io.BytesIO(profile)),
+                                          ImageCms.createProfile("sRGB"), renderingIntent=0, outputMode="RGB")
+    reference = np.asarray(reference, np.float64)
+    naive = np.asarray(Image.open(io.BytesIO(tagged)).convert("RGB"), np.float64)
+    converted = np.asarray(decode_image(tagged, LIMIT), np.float64)
+    assert converted.shape == reference.shape
+    for band in range(len(inks)):
+        got, want, plain = (pixels[8 * band + 4, 4] for pixels in (converted, reference, naive))
+        np.testing.assert_allclose(got, want, atol=2, err_msg=str(inks[band]))
+        assert np.abs(got - plain).max() > 12, (inks[band], got, plain)  # the profile made a difference
+    paper = converted[4, 4]
+    assert paper[0] - paper[2] > 10  # cream paper, where the naive conversion gives pure white

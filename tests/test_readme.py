@@ -92,3 +92,14 @@ def test_make_setup_switches_the_paddle_wheel_and_never_keeps_both(tmp_path):
     assert "uninstall -y paddlepaddle\n" in gpu and 'install "paddlepaddle-gpu==3.3.1"' in gpu
     assert gpu.index("uninstall") < gpu.index("install \"paddlepaddle-gpu")
     assert "convert_lpips_weights" not in gpu and "prepare_demo_data" not in gpu  # only the wheel changes
+
+
+def test_where_things_are_lists_every_module():
+    """The README's file map names every module of the package (a new or renamed module must be added)."""
+    block = README.split("## Where things are", 1)[1].split("```", 2)[1]
+    package = os.path.join(REPO, "vae_trainer")
+    modules = [os.path.relpath(os.path.join(root, name), package) for root, _, names in os.walk(package)
+               for name in names if name.endswith(".py") and name != "__init__.py"]
+    assert len(modules) > 20
+    missing = [m for m in modules if not re.search(rf"(^|[\s/,]){re.escape(os.path.basename(m))}\b", block, re.M)]
+    assert missing == []
