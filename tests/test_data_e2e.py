@@ -180,3 +180,12 @@ def test_data_error_on_one_rank_stops_both(tmp_path):
                                 nproc=2, log_dir=tmp_path / "launch")
     assert code != 0
     assert "shard 1 of 2 (rank 1) got no usable sample" in output
+
+
+def test_resume_with_another_seed_is_refused_in_one_line(tar_runs, tar_shards, tmp_path):
+    """The data position counts records in the order --seed made: another seed would resume elsewhere."""
+    resumed = tmp_path / "resumed"
+    shutil.copytree(os.path.join(tar_runs[DRIVERS[1]], "checkpoint-2"), resumed / "checkpoint-2")
+    code, output = _run_failing(tiny_args(tar_shards, resumed, resume_from_checkpoint="latest", **{**TAR_RUN, "seed": 8}))
+    assert code != 0 and "Traceback" not in output
+    assert "error: the checkpoint's data position was saved with --seed 7 (this run: 8)" in output

@@ -294,7 +294,7 @@ def test_srgb_and_broken_profiles_leave_pixels_alone():
 
 def _cmyk_to_lab(c, m, y, k):
     """The press the CMYK test profile describes (inks 0..1): warm paper, inks that darken and tint it."""
-    paper = np.array([94.0, 1.0, 9.0])  # L*, a*, b*: a cream paper, visibly not (255, 255, 255)
+    paper = np.array([94.0, 1.0, 9.0])  # L*, a*, b*: a cream paper
     inks = {"c": np.array([-38.0, -30.0, -48.0]), "m": np.array([-46.0, 70.0, -4.0]),
             "y": np.array([-6.0, -8.0, 80.0])}
     lab = paper + c * inks["c"] + m * inks["m"] + y * inks["y"]
@@ -323,7 +323,7 @@ def test_cmyk_jpeg_with_an_icc_profile_is_converted_as_imagecms_converts_it():
     from PIL import ImageCms
 
     profile = _icc_cmyk_profile()
-    inks = [(0, 0, 0, 0), (255, 0, 0, 0), (0, 200, 40, 0), (30, 30, 220, 20), (0, 0, 0, 120), (90, 60, 0, 40)]
+    inks = [(0, 0, 0, 0), (255, 0, 0, 0), (0, 200, 40, 0), (30, 30, 220, 20), (0, 0, 0, 200), (90, 60, 0, 40)]
     cmyk = Image.new("CMYK", (8, 8 * len(inks)))
     for band, ink in enumerate(inks):
         cmyk.paste(ink, (0, 8 * band, 8, 8 * band + 8))
@@ -339,6 +339,5 @@ def test_cmyk_jpeg_with_an_icc_profile_is_converted_as_imagecms_converts_it():
     for band in range(len(inks)):
         got, want, plain = (pixels[8 * band + 4, 4] for pixels in (converted, reference, naive))
         np.testing.assert_allclose(got, want, atol=2, err_msg=str(inks[band]))
-        assert np.abs(got - plain).max() > 12, (inks[band], got, plain)  # the profile made a difference
-    paper = converted[4, 4]
-    assert paper[0] - paper[2] > 10  # cream paper, where the naive conversion gives pure white
+        if any(inks[band]):  # (bare paper is white in both: the perceptual intent maps the paper to white)
+            assert np.abs(got - plain).max() > 12, (inks[band], got, plain)  # the profile made a difference

@@ -1,6 +1,7 @@
 """Tests of vae_trainer.data.loader: no DataLoader worker outlives its use - after a data error, at the end
 of a run (before the export), and when the main process is killed. Processes are listed from /proc."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,13 +90,12 @@ def test_no_worker_is_left_when_the_run_exports(photo_filelist, tmp_path, monkey
 
 _KILLED = textwrap.dedent(
     """
-    import sys, time
+    import sys
     sys.path.insert(0, sys.argv[1])
     from vae_trainer.data.dataset import build_train_dataloader
 
-    batches = iter(build_train_dataloader(sys.argv[2], 32, 2, 2, 0, 0, 1))  # 2 workers, each reading the pipe
     print("STARTED", flush=True)
-    time.sleep(600)
+    next(iter(build_train_dataloader(sys.argv[2], 32, 2, 2, 0, 0, 1)))  # 2 workers, each blocked reading the pipe
     """
 )
 
@@ -118,7 +118,10 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
         os.kill(main.pid, signal.SIGKILL)
         main.wait()
         assert wait_until(lambda: not any(alive(worker) for worker in workers)), "DataLoader workers outlived main"
-    finally:
-        for pid in {main.pid} | workers | commands:  # leave nothing behind, whatever happened
+    finally:  # leave nothing behind, whatever happened
+        for pid in {main.pid} | workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for pid in commands:  # each command leads its own process group (the shell and what it started)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

@@ -121,8 +121,19 @@ def test_image_parts_and_image_bytes(tmp_path):
     os.remove(path)
     with pytest.raises(BadImage) as bad:
         image_bytes(ImageFile(str(path)), 2)
+    assert bad.value.reason == "missing_file" and str(path) in bad.value.detail  # gone, not unreadable
+    os.mkdir(path)  # there, but not readable as a file
+    with pytest.raises(BadImage) as bad:
+        image_bytes(ImageFile(str(path)), 2)
     assert bad.value.reason == "unreadable"
     assert image_bytes(b"a\tb\t" + base64.b64encode(b"img") + b"\tmore", 2) == b"img"
     with pytest.raises(BadImage) as bad:
         image_bytes(b"a\tb", 2)
     assert bad.value.reason == "columns"
+
+
+@pytest.mark.parametrize("kind", [LINES, TAR])
+def test_a_part_gone_since_the_start_is_a_missing_file_not_corrupt(tmp_path, kind):
+    path = str(tmp_path / ("gone.tar" if kind == TAR else "gone.gz"))
+    records = list(iterate_records(Part(path, kind)))
+    assert records == [Damaged("missing_file", f"part file not found: {path}")]
