@@ -5,12 +5,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 DEMO_OUT ?= outputs/demo
-# The Paddle wheel: CPU by default; e.g. PADDLE=paddlepaddle-gpu==3.3.1 (with PIP_EXTRA_INDEX_URL set to
-# Paddle's package index for your CUDA version) on a GPU machine. One stamp per wheel, so that
-# `make setup PADDLE=...` switches an existing .venv to another wheel (and back).
+# The Paddle wheel, one pip requirement: CPU by default; on a GPU machine e.g. PADDLE=paddlepaddle-gpu==3.3.1
+# (with PIP_EXTRA_INDEX_URL set to Paddle's package index for your CUDA version), or a wheel's URL or path.
+# One stamp per requirement, named by its checksum (a URL's ':' and '/' cannot be in a make target), so
+# that `make setup PADDLE=...` switches an existing .venv to another wheel, and `make setup` back to the CPU one.
 PADDLE ?= paddlepaddle==3.3.1
-STAMP  := $(VENV)/.installed-$(subst /,_,$(subst =,_,$(PADDLE)))
-# Both wheels provide the `paddle` module: the one not asked for is uninstalled first.
+STAMP  := $(VENV)/.installed-paddle-$(firstword $(shell printf '%s' '$(PADDLE)' | cksum))
+# Both wheels provide the `paddle` module: the one not asked for (both, for a URL or path) is uninstalled first.
 OTHER_PADDLE := $(filter-out $(firstword $(subst ==, ,$(PADDLE))),paddlepaddle paddlepaddle-gpu)
 
 TEST_STAMP := $(VENV)/.test-installed
@@ -24,7 +25,7 @@ $(STAMP): requirements.txt constraints.txt
 	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	$(PIP) uninstall -y $(OTHER_PADDLE)
 	$(PIP) install "$(PADDLE)" -r requirements.txt -c constraints.txt
-	touch $(STAMP)
+	printf '%s\n' '$(PADDLE)' > $(STAMP)
 
 # Test-only: pytest, torch + pytorch-fid (FID InceptionV3 port) and diffusers (PyTorch interop); see requirements-test.txt.
 $(TEST_STAMP): $(STAMP) requirements-test.txt

@@ -1,13 +1,15 @@
 """Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
 
     python scripts/eval_vae.py --vae out/vae --data data/filelist \\
-        --resolution 256 --num_images 1000 --batch_size 8 [--vae_config_file CONFIG] \\
-        [--sample_posterior] [--lpips_weights weights/lpips_vgg16.pdparams] \\
-        [--inception_weights weights/fid_inception_v3.pdparams] --output_dir eval_out
+        --resolution 256 --num_images 1000 --batch_size 8 --output_dir eval_out
+
+Optional: --vae_config_file CONFIG, --sample_posterior, --lpips_weights weights/lpips_vgg16.pdparams,
+--inception_weights weights/fid_inception_v3.pdparams (adds rFID).
 
 Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics, latent statistics,
-the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. PSNR and SSIM are on
-[0, 1] images with data range 1 (``vae_trainer.evaluation.EvalProtocol``).
+the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. Images are decoded at full
+size, resized and centre-cropped; PSNR and SSIM are on [0, 1] images with data range 1; the protocol
+states only the metrics measured (``vae_trainer.evaluation.EvalProtocol``).
 
 CPU threads: the usable cores (shared among the launcher's processes) unless ``OMP_NUM_THREADS`` is set;
 see ``vae_trainer/threads.py``.
@@ -40,9 +42,10 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vae_trainer.evaluation import EvalProtocol, EvalResult, evaluate_vae  # noqa: E402
+from vae_trainer.evaluation import EvalProtocol, EvalResult, evaluate_vae, result_record  # noqa: E402
 
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
+from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -127,23 +130,15 @@ def format_table(result: EvalResult) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def protocol_of(args: argparse.Namespace) -> EvalProtocol:
+def protocol_of(args: argparse.Namespace, result: EvalResult) -> EvalProtocol:
+    """The protocol of this evaluation, stating the metrics it measured."""
     return EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
-                        input_size=args.input_size)
+                        input_size=args.input_size, metrics=tuple(result.metrics))
 
 
 def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
     os.makedirs(args.output_dir, exist_ok=True)
-    summary = {
-        "metrics": result.metrics,
-        "protocol": protocol_of(args).describe(),
-        "num_images": result.num_images,
-        "latent_mean": result.latent_mean,
-        "latent_std": result.latent_std,
-        "scaling_factor": result.scaling_factor,
-        "shift_factor": result.shift_factor,
-        "settings": vars(args),
-    }
+    summary = {**result_record(result, protocol_of(args, result)), "settings": vars(args)}
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
     Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
@@ -155,8 +150,9 @@ def main(argv: list[str] | None = None) -> EvalResult:
     rank, world_size = setup_device_and_parallel()
     from vae_trainer.data.dataset import build_eval_dataloader  # written alongside; import late
 
-    with start_up():  # a VAE or images that cannot be read: one `error: ...` line
+    with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
+        check_reconstruction_size(vae, args.input_size, args.resolution)
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
                                            world_size, args.num_images)
     result = evaluate_vae(
@@ -172,7 +168,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         input_size=args.input_size,
     )
     if rank == 0:
-        print(f"protocol:\n{protocol_of(args).text()}\n")
+        print(f"protocol:\n{protocol_of(args, result).text()}\n")
         print(format_table(result))
         write_outputs(result, args)
         print(f"wrote metrics.json and reconstructions.png to {args.output_dir}")

@@ -155,6 +155,8 @@ def tiny_args(file_list, output_dir, **overrides):
         "use_ema": "true", "ema_decay": 0.9,
     }
     args.update(overrides)
+    if str(args.get("use_ema")).lower() == "false" and "ema_decay" not in overrides:
+        del args["ema_decay"]  # refused without the EMA (it would do nothing)
     return [item for key, value in args.items() for item in (f"--{key}", value)]
 
 

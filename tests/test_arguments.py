@@ -17,8 +17,9 @@ from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
 from vae_trainer import arguments
-from vae_trainer.arguments import (ALIASES, GROUPS, PADDLENLP_FLAGS, PADDLENLP_GROUP, DataArguments, LossArguments,
-                                   ModelArguments, VAEArgumentParser, VAETrainingArguments, parse_arguments)
+from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser
+from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments, VAETrainingArguments, parse_arguments
+from vae_trainer.flag_policy import ALIASES, PADDLENLP_FLAGS
 
 BASE = ["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
         "--output_dir", "/tmp/vae_trainer_args"]
@@ -193,7 +194,7 @@ def test_fine_tuning_flags_parse_with_the_reference_trainers_spelling():
         BASE[:2] + ["--pretrained_model_name_or_path", "/sd/vae", "--vae_config_file", "configs/vae_micro.json",
                     "--ignore_keys", "decoder.", "post_quant_conv.", "--input_size", "16", "16", "--freeze_encoder",
                     "--scale_lr", "--init_from_ckpt", "/run/checkpoint-10", "--discriminator_path", "/run/discriminator",
-                    "--latent_stats_num_images", "256"] + BASE[4:])
+                    "--latent_stats_num_images", "256", "--scaling_factor", "measure", "--resolution", "16"] + BASE[4:])
     assert model_args.ignore_keys == ["decoder.", "post_quant_conv."] and model_args.input_size == [16, 16]
     assert model_args.freeze_encoder and training_args.scale_lr and data_args.latent_stats_num_images == 256
     assert (model_args.init_from_ckpt, model_args.discriminator_path) == ("/run/checkpoint-10", "/run/discriminator")
@@ -223,7 +224,8 @@ def test_lr_scheduler_names_mean_what_they_mean_in_ppdiffusers():
     from vae_trainer.optim import build_scheduler
 
     for name in typing.get_args(arguments.SchedulerName):
-        _, _, _, args = parse_arguments(BASE + ["--lr_scheduler", name, "--lr_warmup_steps", "3", "--max_train_steps", "10"])
+        warm_up = [] if name == "constant" else ["--lr_warmup_steps", "3"]  # constant has none (refused with it)
+        _, _, _, args = parse_arguments(BASE + ["--lr_scheduler", name, *warm_up, "--max_train_steps", "10"])
         ours = build_scheduler(args, 1.0, args.max_steps)
         reference = get_scheduler(name, learning_rate=1.0, num_warmup_steps=3, num_training_steps=10)
         sequence = []
@@ -232,6 +234,13 @@ def test_lr_scheduler_names_mean_what_they_mean_in_ppdiffusers():
             ours.step(), reference.step()
         np.testing.assert_allclose(*zip(*sequence), rtol=1e-12, err_msg=name)
         assert len({round(a, 9) for a, _ in sequence}) > 1 or name == "constant"  # the schedule does something
+
+
+def test_a_logging_dir_that_holds_the_output_dir_is_refused():
+    """--overwrite_output_dir deletes the log folder: it must never be the run's folder or hold it."""
+    for logging_dir in (".", "/tmp", "/tmp/vae_trainer_args"):
+        with pytest.raises(ValueError, match="is --output_dir or a folder that contains it"):
+            parse_arguments(BASE + ["--logging_dir", logging_dir])
 
 
 def test_logging_dir_is_relative_to_output_dir_as_in_ppdiffusers():
@@ -318,3 +327,165 @@ def test_each_sampled_flag_changes_the_weights(reference_style_runs, runs_withou
     with_flag, without = vae_weights(reference_style_runs[DRIVERS[1]]), vae_weights(runs_without_one_flag[flag])
     assert with_flag.keys() == without.keys()
     assert any(not np.array_equal(with_flag[name], without[name]) for name in with_flag), f"{flag} had no effect"
+
+# ---------------------------------------------------------------- checked before anything is built
+def vae_config(tmp_path, down_blocks: int, name="vae.json") -> str:
+    """A VAE config whose encoder downsamples by 2 ** (down_blocks - 1) (nothing is built from it here)."""
+    config = json.load(open(os.path.join(REPO, "configs", "vae_micro.json")))
+    config.update(down_block_types=["DownEncoderBlock2D"] * down_blocks, up_block_types=["UpDecoderBlock2D"] * down_blocks,
+                  block_out_channels=[8] * down_blocks)
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def with_vae(config: str, *extra: str) -> list:
+    return ["--file_list", "x.filelist", "--vae_config_file", config, "--max_steps", "2",
+            "--output_dir", "/tmp/vae_trainer_args", *extra]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--resolution", "100"], "--resolution 100 must be a multiple of the VAE's downsampling factor 8"),
+    (["--resolution", "260"], "--resolution 260 must be a multiple of the VAE's downsampling factor 8"),
+    (["--resolution", "256", "--input_size", "100", "100"], "--input_size 100 100 must be a multiple of the VAE's "
+                                                            "downsampling factor 8"),
+    (["--resolution", "100", "--aspect_ratio_buckets"], "--aspect_ratio_buckets needs a --resolution that is a "
+                                                        "multiple of 8"),
+    (["--input_size", "128", "128", "--aspect_ratio_buckets"], "--aspect_ratio_buckets cannot be combined with "
+                                                               "--input_size"),
+])
+def test_sizes_the_vae_cannot_take_are_refused_when_parsing_with_the_numbers(extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_arguments(with_vae("configs/sd_vae.json", *extra))
+    parse_arguments(with_vae("configs/sd_vae.json", "--resolution", "264"))  # a multiple of 8 is fine
+
+
+def test_the_downsampling_factor_is_read_from_the_vaes_own_config(tmp_path):
+    """f16 (5 down blocks): 264 = 8 * 33 is refused; from a pretrained folder's config.json, before any loading."""
+    f16 = vae_config(tmp_path, 5)
+    with pytest.raises(ValueError, match="--resolution 264 must be a multiple of the VAE's downsampling factor 16"):
+        parse_arguments(with_vae(f16, "--resolution", "264"))
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    os.rename(f16, folder / "config.json")
+    argv = ["--file_list", "x.filelist", "--pretrained_model_name_or_path", str(folder), "--max_steps", "2",
+            "--output_dir", "/tmp/vae_trainer_args", "--resolution"]
+    with pytest.raises(ValueError, match="factor 16 .*pretrained/config.json"):
+        parse_arguments(argv + ["264"])
+    parse_arguments(argv + ["272"])
+
+
+def test_bucket_shapes_must_fit_the_downsampling_factor(tmp_path):
+    """At --resolution 176 the buckets step by 8 px (e.g. 168x184): an f16 VAE cannot take them; 192 fits."""
+    f16 = vae_config(tmp_path, 5)
+    with pytest.raises(ValueError, match=r"buckets such as \d+x\d+, whose sides are not multiples of the VAE's "
+                                         r"downsampling factor 16 .*use e.g. --resolution \d+") as refused:
+        parse_arguments(with_vae(f16, "--resolution", "176", "--aspect_ratio_buckets"))
+    from vae_trainer.data.buckets import bucket_shapes
+
+    suggested = int(re.search(r"use e.g. --resolution (\d+)", str(refused.value)).group(1))
+    assert all(w % 16 == 0 and h % 16 == 0 for w, h in bucket_shapes(suggested))
+    parse_arguments(with_vae(f16, "--resolution", str(suggested), "--aspect_ratio_buckets"))
+    parse_arguments(with_vae("configs/sd_vae.json", "--resolution", "176", "--aspect_ratio_buckets"))  # f8: fine
+
+
+EVAL = ["--eval_file_list", "held_out", "--eval_steps", "2"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--eval_file_list", "held_out"], "--eval_file_list without --eval_steps is never evaluated: add --eval_steps"),
+    (["--eval_steps", "2"], "--eval_steps needs --eval_file_list"),
+    (["--eval_steps", "0", "--eval_file_list", "held_out"], "--eval_steps must be >= 1"),
+    (["--metric_for_best_model", "psnr"], "--metric_for_best_model psnr needs evaluations: add --eval_file_list and "
+                                          "--eval_steps"),
+    ([*EVAL, "--metric_for_best_model", "rfid"], "--metric_for_best_model rfid needs --inception_weights"),
+    (["--inception_weights", "w.pdparams"], "--inception_weights: rFID is measured in evaluations: add "
+                                            "--eval_file_list and --eval_steps, or drop it"),
+    (["--ema_decay", "0.99"], "--ema_decay: add --use_ema true, or drop it"),
+    (["--disc_weight", "0", "--disc_start", "10"], "--disc_start: with --disc_weight 0 the discriminator never trains"),
+    (["--disc_weight", "0", "--disc_learning_rate", "1e-3"], "--disc_learning_rate: with --disc_weight 0"),
+    (["--disc_weight", "0", "--discriminator_path", "d"], "--discriminator_path: with --disc_weight 0"),
+    (["--disc_type", "vgg", "--disc_norm", "group"], "--disc_norm: the VGG16 discriminator"),
+    (["--relative_hinge_margin", "0.2"], "--relative_hinge_margin: it is the margin of --gen_loss relative_hinge"),
+    (["--lecam_decay", "0.9"], "--lecam_decay: add --lecam_weight > 0"),
+    (["--gradnorm_scope", "global"], "--gradnorm_scope: add --loss_balancing gradnorm"),
+    (["--loss_balancing", "gradnorm", "--no_adaptive_disc_weight"], "--adaptive_disc_weight: --loss_balancing gradnorm "
+                                                                    "replaces"),
+    (["--pixel_loss_mask_threshold", "0.3"], "--pixel_loss_mask_threshold: add --pixel_loss_mask lowpass"),
+    (["--subfolder", "vae"], "--subfolder: it is a folder inside --pretrained_model_name_or_path"),
+    (["--latent_stats_num_images", "8", "--scaling_factor", "0.2"], "--latent_stats_num_images: it counts the images "
+                                                                    "of a measured scaling factor"),
+    (["--num_logged_images", "8", "--image_logging_steps", "0"], "--num_logged_images: no image grid is logged"),
+    (["--report_to", "none", "--image_logging_steps", "10"], "--image_logging_steps: images are logged to VisualDL"),
+    (["--report_to", "none", "--logging_dir", "runs"], "--logging_dir: it is the VisualDL log folder"),
+    (["--fp16_opt_level", "O2"], "--fp16_opt_level: add --fp16 or --bf16"),
+    (["--min_loss_scale", "4"], "--min_loss_scale: only --fp16 scales the loss"),
+    (["--scale_loss", "1024"], "--scale_loss: only --fp16 scales the loss"),
+    (["--num_cycles", "2"], "--num_cycles: only --lr_scheduler_type cosine reads it"),
+    (["--lr_scheduler_type", "cosine", "--power", "2"], "--power: only --lr_scheduler_type polynomial"),
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "5"], "--warmup_steps: --lr_scheduler_type constant has no "
+                                                                  "warm-up"),
+    (["--warmup_steps", "5", "--warmup_ratio", "0.1"], "--warmup_ratio: --warmup_steps > 0 wins over it"),
+])
+def test_flags_that_would_do_nothing_are_refused_naming_what_to_add_or_drop(extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_arguments(BASE + extra)
+
+
+@pytest.mark.parametrize("extra", [
+    [*EVAL, "--inception_weights", "w.pdparams", "--metric_for_best_model", "rfid", "--num_logged_images", "8",
+     "--image_logging_steps", "0"],
+    ["--use_ema", "true", "--ema_decay", "0.99", "--disc_start", "10", "--disc_type", "vgg", "--lecam_weight", "0.1",
+     "--lecam_decay", "0.9", "--gen_loss", "relative_hinge", "--relative_hinge_margin", "0.2"],
+    ["--loss_balancing", "gradnorm", "--gradnorm_scope", "global", "--pixel_loss_mask", "lowpass",
+     "--pixel_loss_mask_threshold", "0.3", "--lr_scheduler_type", "cosine", "--num_cycles", "2"],
+    ["--lr_scheduler_type", "polynomial", "--power", "2", "--lr_end", "1e-6", "--warmup_ratio", "0.1",
+     "--report_to", "none", "--image_logging_steps", "0"],
+    ["--fp16", "--fp16_opt_level", "O2", "--scale_loss", "1024", "--min_loss_scale", "4", "--device", "gpu:1"],
+    ["--recipe", "balanced", "--loss_balancing", "none"],  # the recipe's --gradnorm_scope is not given by the user
+    ["--latent_stats_num_images", "8"],  # from scratch: the factor is measured
+])
+def test_the_same_flags_with_what_they_need_parse(extra):
+    parse_arguments(BASE + extra)
+
+
+def test_idle_flags_set_in_code_are_refused_too():
+    with pytest.raises(ValueError, match="--ema_decay"):
+        arguments.validate(ModelArguments(vae_config_file="configs/vae_micro.json"), DataArguments(file_list="x"),
+                           LossArguments(), VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1,
+                                                                 ema_decay=0.5))
+
+
+@pytest.mark.parametrize("device", ["cuda", "gpu:x", "gpu1", "cpu:0", "GPU"])
+def test_a_bad_device_fails_at_parse_time(device, capsys):
+    with pytest.raises(SystemExit):
+        parse_arguments(BASE + ["--device", device])
+    assert f"argument --device: invalid choice: '{device}' (choose from cpu, gpu, gpu:N)" in capsys.readouterr().err
+
+
+def test_device_choices_and_one_gpu_per_launched_process(monkeypatch):
+    for device in ("cpu", "gpu", "gpu:0", "gpu:3"):
+        assert parse_arguments(BASE + ["--device", device])[3].device == device
+    assert "--device {cpu,gpu,gpu:N}" in VAEArgumentParser().format_help()
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    with pytest.raises(ValueError, match="--device gpu:1 would put every process on that one GPU"):
+        parse_arguments(BASE + ["--device", "gpu:1"])
+    with pytest.raises(ValueError, match="--device: invalid choice"):  # from code or a JSON file, too
+        VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1, device="tpu")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_each_entry_point_refuses_sizes_idle_flags_and_devices_before_building(driver, tmp_path, capsys):
+    """In both entry points, as one `error:` line (or argparse's usage error), before the VAE is built."""
+    from conftest import run_in_process
+
+    for extra, message in ((["--resolution", "100"], "--resolution 100 must be a multiple of the VAE's downsampling "
+                                                     "factor 8"),
+                           (["--ema_decay", "0.99"], "--ema_decay: add --use_ema true")):
+        with pytest.raises(SystemExit) as stopped:
+            run_in_process(driver, with_vae("configs/sd_vae.json", "--device", "cpu", *extra))
+        assert str(stopped.value.code).startswith("error: ") and message in str(stopped.value.code)
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(driver, with_vae("configs/sd_vae.json", "--device", "cuda"))
+    assert stopped.value.code == 2 and "invalid choice: 'cuda'" in capsys.readouterr().err
+    assert not os.path.exists("/tmp/vae_trainer_args/vae")

@@ -31,7 +31,7 @@ def write_record(output_dir, logging_dir, name="vdlrecords.1.log"):
 
 
 def earlier_run(output_dir, logging_dir=None):
-    """Folders and files an earlier run leaves: checkpoints (one unfinished), exports, VisualDL logs."""
+    """Folders and files an earlier run leaves: checkpoints (one unfinished), exports, evaluations, VisualDL logs."""
     for step in (2, 4):
         os.makedirs(os.path.join(output_dir, f"checkpoint-{step}"))
         with open(os.path.join(output_dir, f"checkpoint-{step}", ckpt.TRAINER_STATE_NAME), "w") as f:
@@ -39,6 +39,8 @@ def earlier_run(output_dir, logging_dir=None):
     os.makedirs(os.path.join(output_dir, "checkpoint-6.tmp"))
     for name in ("vae", "vae_raw", "discriminator"):
         os.makedirs(os.path.join(output_dir, name))
+    with open(os.path.join(output_dir, "eval_metrics.jsonl"), "w") as f:  # its evaluations
+        f.write('{"step": 2, "metrics": {"psnr": 20.0}}\n')
     write_record(output_dir, logging_dir or os.path.join(output_dir, "logs"))
     os.makedirs(os.path.join(output_dir, "launch_logs"))  # the launcher's, being written by this very launch
     open(os.path.join(output_dir, "notes.txt"), "w").close()  # the user's

@@ -1,10 +1,13 @@
 """The newcomer's path: what the README tells a user to run does what it says (README, Makefile, run scripts)."""
 
+import argparse
+import importlib.util
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -14,13 +17,124 @@ from vae_trainer.arguments import parse_arguments
 README = open(os.path.join(REPO, "README.md")).read()
 
 
+def code_blocks(text: str):
+    """(language, body) of every fenced block, read line by line as markdown does. A fence line that neither
+    opens (```lang) nor closes (``` alone) a block fails: markdown would render the rest of the page as code."""
+    language, body, opened_at = None, [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("```"):
+            if opened_at is not None:
+                body.append(line)
+            continue
+        fence = line.strip()
+        if opened_at is None:
+            assert re.fullmatch(r"```[\w+-]*", fence), f"README.md:{number}: not an opening fence: {line!r}"
+            language, body, opened_at = fence[3:], [], number
+        else:
+            assert fence == "```", (f"README.md:{number}: a closing fence is ``` alone (block opened at line "
+                                    f"{opened_at}): {line!r}")
+            yield language, "\n".join(body)
+            opened_at = None
+    assert opened_at is None, f"README.md:{opened_at}: code block never closed"
+
+
 def bash_commands(text: str):
     """The commands of the README's ```bash blocks, continuation lines joined, comments dropped."""
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for language, block in code_blocks(text):
+        if language != "bash":
+            continue
         for command in block.replace("\\\n", " ").splitlines():
             command = command.split(" #")[0].strip()
             if command and not command.startswith("#"):
                 yield command
+
+
+def test_code_fences_open_and_close_in_pairs():
+    blocks = list(code_blocks(README))
+    assert len(blocks) >= 15 and sum(language == "bash" for language, _ in blocks) >= 10
+
+
+def test_a_fence_with_text_after_it_is_caught():
+    """The fence bug this guards against: "``` Tested as two" does not close a block."""
+    with pytest.raises(AssertionError, match="README.md:3"):
+        list(code_blocks("```bash\nmake\n``` Tested as two\ntext\n```bash\nls\n```\n"))
+
+
+class _Parsed(Exception):
+    """Raised instead of running a script once its parser has read the flags."""
+
+    def __init__(self, unknown):
+        super().__init__(unknown)
+        self.unknown = unknown
+
+
+def python_commands(text: str):
+    """(command, script, its flags) of every `python ...` command of the ```bash blocks (VAR=value prefixes
+    skipped; `python -m paddle.distributed.launch ... SCRIPT flags` gives SCRIPT; other modules, e.g. pip, are
+    not scripts)."""
+    for command in bash_commands(text):
+        if not re.search(r"(^|\s)python\s", command):
+            continue
+        words = shlex.split(command)
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            words.pop(0)
+        if not words or words[0] != "python":
+            continue
+        words = words[1:]
+        if words[:2] == ["-m", "paddle.distributed.launch"]:
+            words = words[next(i for i, word in enumerate(words) if word.endswith(".py")):]
+        elif words[0] == "-m":
+            continue
+        yield command, words[0], words[1:]
+
+
+def parse_only(script: str, flags) -> None:
+    """Run `script`'s main() up to its argument parser, which reads `flags` (argparse errors exit); stop there."""
+    spec = importlib.util.spec_from_file_location(f"readme_{os.path.basename(script)[:-3]}", os.path.join(REPO, script))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses defined in a script look their module up)
+    spec.loader.exec_module(module)
+    original = argparse.ArgumentParser.parse_known_args
+
+    def parse_and_stop(parser, args=None, namespace=None):
+        raise _Parsed(original(parser, args, namespace)[1])
+
+    argparse.ArgumentParser.parse_known_args = parse_and_stop
+    try:
+        module.main(list(flags))
+    except _Parsed as parsed:
+        assert parsed.unknown == [], f"{script}: unknown arguments {parsed.unknown}"
+        return
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+    raise AssertionError(f"{script}: main() finished without parsing its arguments")
+
+
+def test_every_python_command_names_a_script_and_only_flags_its_parser_accepts(capsys):
+    """As pasted from the README: an existing script, no placeholders ([--optional], ...), flags its parser knows."""
+    commands = list(python_commands(README))
+    assert {script for _, script, _ in commands} >= {"train_vae_trainer.py", "scripts/eval_vae.py",
+                                                     "scripts/convert_inception_weights.py"}
+    for command, script, flags in commands:
+        assert os.path.isfile(os.path.join(REPO, script)), command
+        placeholders = [word for word in flags if word.startswith("[") or word.endswith("]") or word == "..."]
+        assert not placeholders, f"not a command to paste: {placeholders} in {command}"
+        try:
+            parse_only(script, flags)
+        except SystemExit:
+            raise AssertionError(f"{command}\n{capsys.readouterr().err}") from None
+
+
+def test_a_bracketed_optional_flag_is_caught():
+    [(_, script, flags)] = python_commands("```bash\npython scripts/eval_vae.py --vae v --data d --output_dir o "
+                                           "[--inception_weights w]\n```\n")
+    assert script == "scripts/eval_vae.py" and flags[-2:] == ["[--inception_weights", "w]"]
+    with pytest.raises(AssertionError, match=r"unknown arguments \['\[--inception_weights', 'w\]'\]"):
+        parse_only(script, flags)
+    with pytest.raises(AssertionError, match="unknown arguments"):  # a flag the script does not have
+        parse_only("train_vae_no_trainer.py", ["--file_list", "x", "--max_steps", "1", "--no_such_flag", "1"])
+    with pytest.raises(SystemExit):  # a value the flag does not take
+        parse_only("train_vae_no_trainer.py", ["--file_list", "x", "--max_steps", "1", "--device", "cuda"])
 
 
 def test_readme_says_to_activate_the_environment_before_its_first_python_command():
@@ -66,29 +180,41 @@ def test_readme_gives_each_node_its_rank():
         assert sorted(int(r.group(1)) for r in ranks) == [0, 1], lines
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_make_setup_switches_the_paddle_wheel_and_never_keeps_both(tmp_path):
-    """`make setup PADDLE=...` after a CPU setup must install the GPU wheel (removing the CPU one), and back."""
+def make_dry_run(folder, *variables) -> str:
+    return subprocess.run(["make", "-n", "setup", *variables], cwd=folder, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def made_stamp(dry_run: str) -> str:
+    """The Paddle stamp file `make setup` would write (its last line: printf 'SPEC' > STAMP)."""
+    return re.search(r"> (\S+)\n", dry_run).group(1)
+
+
+@pytest.fixture
+def makefile_copy(tmp_path):
+    """The Makefile and what it reads, in an empty folder (make -n runs nothing)."""
     for name in ("Makefile", "requirements.txt", "requirements-test.txt", "constraints.txt"):
         shutil.copy(os.path.join(REPO, name), tmp_path)
     shutil.copytree(os.path.join(REPO, "scripts"), tmp_path / "scripts")
+    return tmp_path
 
-    def dry_run(*variables):
-        return subprocess.run(["make", "-n", "setup", *variables], cwd=tmp_path, capture_output=True, text=True,
-                              check=True).stdout
 
-    fresh = dry_run()
+def set_up_as(folder, dry_run: str) -> None:
+    """Leave what that `make setup` leaves: the venv's python, its Paddle stamp, the weights and demo data."""
+    for made in (".venv/bin/python", made_stamp(dry_run), "weights/lpips_vgg16.pdparams", "data/demo/.done"):
+        os.makedirs(os.path.dirname(folder / made), exist_ok=True)
+        (folder / made).touch()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_setup_switches_the_paddle_wheel_and_never_keeps_both(makefile_copy):
+    """`make setup PADDLE=...` after a CPU setup must install the GPU wheel (removing the CPU one), and back."""
+    fresh = make_dry_run(makefile_copy)
     assert 'install "paddlepaddle==3.3.1"' in fresh and "uninstall -y paddlepaddle-gpu" in fresh
-    # What the CPU setup leaves behind (make -n ran nothing).
-    (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    (tmp_path / "weights").mkdir()
-    (tmp_path / "data" / "demo").mkdir(parents=True)
-    for made in (".venv/bin/python", ".venv/.installed-paddlepaddle__3.3.1", "weights/lpips_vgg16.pdparams",
-                 "data/demo/.done"):
-        (tmp_path / made).touch()
-    assert "pip" not in dry_run()  # set up: nothing to do
+    set_up_as(makefile_copy, fresh)
+    assert "pip" not in make_dry_run(makefile_copy)  # set up: nothing to do
 
-    gpu = dry_run("PADDLE=paddlepaddle-gpu==3.3.1")
+    gpu = make_dry_run(makefile_copy, "PADDLE=paddlepaddle-gpu==3.3.1")
     assert "uninstall -y paddlepaddle\n" in gpu and 'install "paddlepaddle-gpu==3.3.1"' in gpu
     assert gpu.index("uninstall") < gpu.index("install \"paddlepaddle-gpu")
     assert "convert_lpips_weights" not in gpu and "prepare_demo_data" not in gpu  # only the wheel changes
@@ -103,3 +229,24 @@ def test_where_things_are_lists_every_module():
     assert len(modules) > 20
     missing = [m for m in modules if not re.search(rf"(^|[\s/,]){re.escape(os.path.basename(m))}\b", block, re.M)]
     assert missing == []
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_setup_after_a_gpu_setup_switches_back_to_the_cpu_wheel(makefile_copy):
+    gpu = make_dry_run(makefile_copy, "PADDLE=paddlepaddle-gpu==3.3.1")
+    set_up_as(makefile_copy, gpu)
+    assert "pip" not in make_dry_run(makefile_copy, "PADDLE=paddlepaddle-gpu==3.3.1")
+    back = make_dry_run(makefile_copy)
+    assert "uninstall -y paddlepaddle-gpu\n" in back and 'install "paddlepaddle==3.3.1"' in back
+    assert "rm -f .venv/.installed .venv/.installed-*" in back  # the GPU stamp goes with the GPU wheel
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_setup_takes_a_wheel_url_as_paddle(makefile_copy):
+    """A wheel's URL (Paddle's install docs give them) as PADDLE: its ':' must not end up in a make target."""
+    url = "https://example.invalid/3.3.1/paddlepaddle_gpu-3.3.1-cp311-cp311-linux_x86_64.whl"
+    from_url = make_dry_run(makefile_copy, f"PADDLE={url}")
+    assert f'install "{url}"' in from_url and "uninstall -y paddlepaddle paddlepaddle-gpu" in from_url
+    set_up_as(makefile_copy, from_url)
+    assert "pip" not in make_dry_run(makefile_copy, f"PADDLE={url}")
+    assert 'install "paddlepaddle==3.3.1"' in make_dry_run(makefile_copy)

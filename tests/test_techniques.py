@@ -238,8 +238,10 @@ def test_recipes_set_flags_and_explicit_flags_win(tmp_path):
             loss_args.kl_weight) == ("gradnorm", 0.1, "lowpass", "vgg", 0.0)
     # Explicit flags win wherever they appear, including booleans' --no_ form and --flag=value.
     model_args, _, loss_args, _ = parse_arguments(
-        ["--posterior_std=0.3"] + BASE + ["--recipe", "balanced", "--disc_type", "patch", "--no_adaptive_disc_weight"])
-    assert (model_args.posterior_std, model_args.disc_type, loss_args.loss_balancing) == (0.3, "patch", "gradnorm")
+        ["--posterior_std=0.3"] + BASE + ["--recipe", "balanced", "--disc_type", "patch", "--loss_balancing", "none",
+                                          "--no_adaptive_disc_weight"])
+    assert (model_args.posterior_std, model_args.disc_type, loss_args.loss_balancing,
+            loss_args.adaptive_disc_weight) == (0.3, "patch", "none", False)
     # ldm equals the defaults, except what is given.
     _, _, ldm, _ = parse_arguments(BASE + ["--recipe", "ldm", "--kl_weight", "1e-5"])
     _, _, default, _ = parse_arguments(BASE + ["--kl_weight", "1e-5"])

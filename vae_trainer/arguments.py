@@ -1,48 +1,42 @@
-"""Command-line arguments shared by both entry points, and the parser that turns them into dataclasses.
+"""Command-line arguments shared by both entry points: the dataclasses, their checks, and parsing them.
 
-Four dataclasses, parsed together by `VAEArgumentParser` (PaddleNLP's `PdArgumentParser`), so that
-`train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same flags with the same meaning:
+Four dataclasses, parsed together by `argument_parser.VAEArgumentParser` (PaddleNLP's `PdArgumentParser`),
+so that `train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same flags with the same
+meaning:
 
 - `ModelArguments`: which VAE to train, the discriminator, the LPIPS weights.
 - `DataArguments`: the filelists and image preprocessing (and the held-out images).
 - `LossArguments`: the weights and kinds of every loss term.
 - `VAETrainingArguments`: PaddleNLP's `TrainingArguments` with defaults suited to VAE training, plus our
-  own run-time options (EMA, image logging, discriminator LR).
+  own run-time options (EMA, image logging, discriminator LR). Which inherited flags are honoured, and
+  the reference scripts' aliases, is `flag_policy.py`; how fields become flags and --help groups,
+  `argument_parser.py`.
 
-Flags that work in both drivers only. Of PaddleNLP's ~90 inherited `TrainingArguments`, only those in
-`PADDLENLP_FLAGS` are honoured by both drivers with the same meaning (each is read by our shared code:
-optim.py, checkpoint.py, train_logging.py, evaluation.py, build.py; the Trainer's own loop adds nothing
-the plain loop lacks). Any other inherited flag set to a non-default value, on the command line, in a
-JSON args file or in code, is refused with a message (`refuse_unsupported_flags`), and is hidden from
-`--help`.
-
-`--help` groups flags by concern, in the order of `GROUPS`, before PaddleNLP's. A field's group is its
-metadata "group", else its dataclass's `_group`, so fields added to a dataclass land in a group without
-further work. Choice flags are typed `Literal[...]`: their choices show in `--help` and a bad value
-fails at parse time (`VAEArgumentParser` turns a Literal into argparse `choices`). `ALIASES` accepts the
-spellings of the ppdiffusers reference scripts (README "Flags from the ppdiffusers scripts").
-
-`parse_arguments` applies a `--recipe` preset (recipes.py) to every Model/Loss field the user did not
-give explicitly, then `validate`s.
+`validate` refuses contradictory flags, sizes the VAE cannot take and flags that would silently do nothing
+(e.g. --eval_steps without --eval_file_list, --ema_decay without --use_ema; the rules are flag_checks.py)
+before anything expensive is built. `parse_arguments` applies a `--recipe`
+preset (recipes.py) to every Model/Loss field the user did not give explicitly, then validates.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import os
+import re
 import sys
-import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, get_type_hints
 
-from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
+from . import flag_checks
+from .argument_parser import VAEArgumentParser, in_group as _in, literal_choices
 from .checkpoint import resume_requested
 from .evaluation import HIGHER_IS_BETTER
+from .flag_policy import refuse_unsupported_flags
 from .models.discriminator import NORM_TYPES
 from .recipes import RECIPES, apply_recipe, flags_given
 
@@ -60,74 +54,15 @@ SchedulerName = Literal[tuple(s.value for s in SchedulerType)]
 EvalMetric = Literal[tuple(HIGHER_IS_BETTER)]
 OptLevel = Literal["O1", "O2"]
 Reporter = Literal["visualdl", "none"]
-
-# ---------------------------------------------------------------- --help groups
-GROUPS = {
-    "data": "data: training images and preprocessing",
-    "model": "model: the VAE to train",
-    "loss": "loss: the VAE objective",
-    "discriminator": "discriminator: the adversarial term and its network",
-    "evaluation": "evaluation: held-out metrics during training",
-    "training": "training: run-time options of both entry points",
-}
-PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
-                   "(every other PaddleNLP flag is refused)")
-
-# PaddleNLP TrainingArguments that both drivers honour with the same meaning.
-PADDLENLP_FLAGS = frozenset({
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps",
-    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-    "lr_scheduler_type", "warmup_steps", "warmup_ratio", "num_cycles", "lr_end", "power",
-    "logging_dir", "logging_steps", "report_to", "disable_tqdm",
-    "save_steps", "save_total_limit",
-    "seed", "device", "dataloader_num_workers",
-    "fp16", "bf16", "fp16_opt_level", "scale_loss", "recompute",
-    "eval_steps", "metric_for_best_model",
-})
-
-# Why a well-known refused flag is refused, and what to use instead.
-_EVALUATION_IS_OURS = ("evaluation is the same code in both drivers: use --eval_file_list with --eval_steps "
-                       "(and --metric_for_best_model)")
-_DATA_PARALLEL_ONLY = "only data parallelism is supported (paddle.distributed.launch); drop it"
-REFUSAL_REASONS = {
-    "num_train_epochs": "the training stream is infinite: set the run's length with --max_steps",
-    "save_strategy": "checkpoints are saved every --save_steps optimizer steps (0: only at the end)",
-    "logging_strategy": "scalars are logged every --logging_steps optimizer steps",
-    "logging_first_step": "scalars are logged every --logging_steps optimizer steps",
-    "optim": "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)",
-    "greater_is_better": "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)",
-    "to_static": "both drivers train in dynamic-graph mode",
-    "amp_master_grad": "--fp16_opt_level O2 keeps float32 master weights in both optimizers",
-    "no_cuda": "use --device cpu",
-    "do_train": "both entry points always train; drop it",
-    "do_eval": _EVALUATION_IS_OURS, "do_predict": _EVALUATION_IS_OURS, "evaluation_strategy": _EVALUATION_IS_OURS,
-    "load_best_model_at_end": _EVALUATION_IS_OURS, "eval_accumulation_steps": _EVALUATION_IS_OURS,
-    "max_evaluate_steps": _EVALUATION_IS_OURS, "prediction_loss_only": _EVALUATION_IS_OURS,
-    "dataloader_drop_last": "training batches are always full (the stream is infinite)",
-    "ignore_data_skip": "the data stream always resumes at its saved position",
-    "run_name": "only VisualDL logs are written (--report_to visualdl|none)",
-    "wandb_api_key": "only VisualDL logs are written (--report_to visualdl|none)",
-    **{name: _DATA_PARALLEL_ONLY for name in (
-        "sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree",
-        "pipeline_parallel_degree", "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config",
-        "pipeline_parallel_config", "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel")},
-}
-
-# The ppdiffusers reference scripts' spellings -> our flag (meanings checked against their sources; README).
-ALIASES = {
-    "per_device_train_batch_size": ("train_batch_size", "batch_size"),
-    "max_steps": ("max_train_steps",),
-    "weight_decay": ("adam_weight_decay",),
-    "lr_scheduler_type": ("lr_scheduler",),
-    "warmup_steps": ("lr_warmup_steps",),
-    "dataloader_num_workers": ("num_workers",),
-}
+DEVICES = "cpu, gpu, gpu:N"
+_DEVICE = re.compile(r"cpu|gpu(:\d+)?")
 
 
-def _in(group: str, help: str) -> Dict[str, Any]:
-    """Field metadata placing a flag in a --help group other than its dataclass's."""
-    return {"help": help, "group": group}
+def device_name(value: str) -> str:
+    """--device: cpu, gpu (each process uses the GPU its launcher gave it) or gpu:N (a single process)."""
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {DEVICES})")
+    return value
 
 
 @dataclass
@@ -336,6 +271,11 @@ class VAETrainingArguments(TrainingArguments):
     recompute: bool = field(
         default=False, metadata=dict(help="Gradient checkpointing of the VAE (less memory, more compute).")
     )
+    device: str = field(
+        default="gpu",
+        metadata=dict(help="cpu, gpu (under paddle.distributed.launch each process uses the GPU it was given) or "
+                           "gpu:N (one process on GPU N).", parse=device_name, metavar="{cpu,gpu,gpu:N}"),
+    )
     learning_rate: float = field(default=1e-4, metadata=dict(help="Peak learning rate of the VAE optimizer."))
     adam_beta1: float = field(default=0.5, metadata=dict(help="AdamW beta1 (LDM uses 0.5)."))
     adam_beta2: float = field(default=0.9, metadata=dict(help="AdamW beta2 (LDM uses 0.9)."))
@@ -403,121 +343,52 @@ class VAETrainingArguments(TrainingArguments):
         # A fixed place users and tests can find (not a dated folder), relative to --output_dir as in the
         # ppdiffusers scripts.
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")
+        _check_device(self.device)
         super().__post_init__()
         if self.max_steps is None or self.max_steps <= 0:
             raise ValueError("--max_steps must be set: the training stream is infinite.")
         if self.overwrite_output_dir and resume_requested(self.resume_from_checkpoint):
             raise ValueError("--overwrite_output_dir deletes the checkpoints --resume_from_checkpoint would resume: "
                              "give one of them.")
+        output_dir, logging_dir = os.path.abspath(self.output_dir), os.path.abspath(self.logging_dir)
+        if os.path.commonpath([output_dir, logging_dir]) == logging_dir:
+            raise ValueError(f"--logging_dir {self.logging_dir} is --output_dir or a folder that contains it: give a "
+                             "folder of its own (default OUTPUT_DIR/logs; a relative path is inside --output_dir).")
+
+
+def _check_device(device: str) -> None:
+    """--device from a JSON file or code is checked like the flag; gpu:N would put every rank on one GPU."""
+    try:
+        device_name(device)
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"--device: {error}") from None
+    if device.startswith("gpu:") and int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        raise ValueError(f"--device {device} would put every process on that one GPU: under the launcher use "
+                         "--device gpu (each process takes the GPU the launcher gave it, see --gpus).")
 
 
 ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
 
 
-def _inherited_fields() -> Dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(TrainingArguments) if f.init}
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def refuse_unsupported_flags(args: TrainingArguments) -> None:
-    """Raise if any inherited PaddleNLP flag outside `PADDLENLP_FLAGS` differs from PaddleNLP's default."""
-    refused = [name for name, f in _inherited_fields().items()
-               if name not in PADDLENLP_FLAGS and getattr(args, name) != _default(f)]
-    if not refused:
-        return
-    lines = [f"--{name}: {REFUSAL_REASONS.get(name, 'not honoured the same way by both entry points')}"
-             for name in refused]
-    raise ValueError("refused PaddleNLP flag(s); train_vae_trainer.py and train_vae_no_trainer.py honour only the "
-                     "PaddleNLP flags listed under --help:\n  " + "\n  ".join(lines))
-
-
-USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
-         "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
-
-
-class _FlagTarget:
-    """Where PdArgumentParser adds one field's flags: an argparse group, plus the field's aliases."""
-
-    def __init__(self, group: argparse._ArgumentGroup, name: str, aliases: Sequence[str]):
-        self.group, self.name, self.aliases = group, name, aliases
-
-    def add_argument(self, *names: str, **kwargs):
-        if names == (f"--{self.name}",):
-            names = names + tuple(f"--{alias}" for alias in self.aliases)
-        return self.group.add_argument(*names, **kwargs)
-
-
-class VAEArgumentParser(PdArgumentParser):
-    """PdArgumentParser with --help groups by concern, Literal choices, reference aliases, hidden refused flags."""
-
-    def __init__(self, dataclass_types=ALL_ARGUMENT_CLASSES, **kwargs):
-        self._groups: Dict[str, argparse._ArgumentGroup] = {}
-        kwargs.setdefault("usage", USAGE)
-        super().__init__(dataclass_types, **kwargs)
-        self.allow_abbrev = False  # an abbreviated flag would not be recognised as explicit by the recipes
-
-    def _group(self, key: str) -> argparse._ArgumentGroup:
-        if not self._groups:  # created in a fixed order, so --help lists them in that order
-            for name, title in GROUPS.items():
-                self._groups[name] = self.add_argument_group(title)
-            self._groups["paddlenlp"] = self.add_argument_group(PADDLENLP_GROUP)
-        return self._groups[key]
-
-    def _add_dataclass_arguments(self, dtype) -> None:
-        hints = get_type_hints(dtype)
-        inherited = _inherited_fields() if issubclass(dtype, TrainingArguments) else {}
-        for f in dataclasses.fields(dtype):
-            if not f.init:
-                continue
-            metadata = dict(f.metadata)
-            group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited
-                                                     else getattr(dtype, "_group", "training"))
-            if f.name in inherited and f.name not in PADDLENLP_FLAGS:
-                metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
-            spec = copy.copy(f)
-            spec.type, choices = _argparse_type(hints[f.name])
-            if choices is not None:
-                metadata["choices"] = list(choices)
-            spec.metadata = types.MappingProxyType(metadata)
-            self._parse_dataclass_field(_FlagTarget(self._group(group), f.name, ALIASES.get(f.name, ())), spec)
-
-
-def _strip_optional(annotation: Any) -> Any:
-    if get_origin(annotation) is Union and type(None) in get_args(annotation):
-        inner = [a for a in get_args(annotation) if a is not type(None)]
-        return inner[0] if len(inner) == 1 else annotation
-    return annotation
-
-
-def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
-    """The values of a (possibly Optional) Literal type, else None."""
-    annotation = _strip_optional(annotation)
-    return get_args(annotation) if get_origin(annotation) is Literal else None
-
-
-def _argparse_type(annotation: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
-    """(type for PdArgumentParser, choices): Literal[...] and List[Literal[...]] become their value type + choices."""
-    choices = _literal_choices(annotation)
-    if choices is not None:
-        return type(choices[0]), choices
-    inner = _strip_optional(annotation)
-    if get_origin(inner) is list and _literal_choices(get_args(inner)[0]) is not None:
-        choices = _literal_choices(get_args(inner)[0])
-        return List[type(choices[0])], choices
-    return annotation, None
-
-
-def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments) -> None:
-    """Reject contradictory or unknown choices before anything expensive is built."""
+def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
+             training_args: Optional[VAETrainingArguments] = None, given: Optional[Set[str]] = None) -> None:
+    """Reject contradictory or unknown choices, sizes the VAE cannot take, and flags that would do nothing,
+    before anything is built. `given`: the flags the user gave (default: the fields that differ from their
+    defaults, for arguments made in code)."""
     _validate_vae_source(model_args)
     if data_args.file_list is None:
         raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a .filelist.list).")
     for arguments in (model_args, data_args, loss_args):
         _check_choices(arguments)
     _validate_techniques(model_args, loss_args)
+    flag_checks.check_sizes(model_args, data_args)
+    if training_args is None:
+        return
+    flag_checks.check_evaluation(model_args, data_args, training_args)
+    if given is None:
+        given = flag_checks.given_by_default_difference((model_args, data_args, loss_args, training_args))
+    flag_checks.refuse_idle_flags(flag_checks.Flags(model_args, data_args, loss_args, training_args),
+                                  flag_checks.canonical_names(given))
 
 
 def _validate_vae_source(model_args: ModelArguments) -> None:
@@ -538,7 +409,7 @@ def _check_choices(arguments: Any) -> None:
     """Literal-typed fields hold one of their values (the parser checks flags; this covers code and recipes)."""
     hints = get_type_hints(type(arguments))
     for f in dataclasses.fields(arguments):
-        choices = _literal_choices(hints[f.name])
+        choices = literal_choices(hints[f.name])
         value = getattr(arguments, f.name)
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
@@ -567,5 +438,5 @@ def parse_arguments(
         model_args, data_args, loss_args, training_args = parser.parse_args_into_dataclasses(args=argv)
         explicit = flags_given(sys.argv[1:] if argv is None else argv)
     apply_recipe((model_args, data_args, loss_args, training_args), explicit)
-    validate(model_args, data_args, loss_args)
+    validate(model_args, data_args, loss_args, training_args, given=explicit)
     return model_args, data_args, loss_args, training_args

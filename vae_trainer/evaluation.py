@@ -2,7 +2,7 @@
 
 This module owns the evaluation protocol (``EvalProtocol``: the one statement of how the numbers are
 made, printed by scripts/eval_vae.py and by every evaluation during training, written to
-metrics.json, quoted in the README), the evaluation loop, the encoder-only latent measurement
+metrics.json and to each line of a training run's ``eval_metrics.jsonl``, quoted in the README), the evaluation loop, the encoder-only latent measurement
 (``measure_latents``) and the reconstruction image grid; the metric math is in ``vae_trainer.metrics``.
 Latent statistics are those of posterior samples, computed exactly in expectation from the posterior
 means and variances. It takes any iterable of batches (tensors, or dicts with ``"pixel_values"`` as
@@ -16,8 +16,10 @@ ranks). The reconstruction grid is taken from the calling rank's first images.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,26 +47,37 @@ from vae_trainer.precision import half_precision_autocast
 logger = logging.getLogger(__name__)
 
 
+METRICS = ("psnr", "ssim", "lpips", "rfid")  # in the order they are stated
+
+
 @dataclass(frozen=True)
 class EvalProtocol:
     """How every evaluation number is made. `describe()` is the single statement of it.
 
-    The images come from `data.dataset.build_eval_dataloader` (resize, centre crop), the latents and
-    metrics from `evaluate_vae`; the values below are read from the constants those use.
+    The images come from `data.dataset.build_eval_dataloader` (full-size decode, resize, centre crop), the
+    latents and metrics from `evaluate_vae`; the values below are read from the constants those use.
+    `metrics` are those the evaluation measured (LPIPS and rFID need their weights): only they are stated.
     """
 
     resolution: int
     sample_posterior: bool = False
     seed: int = 0
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
+    metrics: tuple[str, ...] = METRICS
 
     def describe(self) -> dict[str, str]:
         from vae_trainer.data.images import RESAMPLING
 
         size = self.resolution
+        measured = [name for name in METRICS if name in self.metrics]
+        on_signed_range = [{"lpips": "LPIPS", "rfid": "rFID"}[name] for name in measured if name in ("lpips", "rfid")]
+        value_range = ("reconstructions clamped to [-1, 1]; PSNR and SSIM on images mapped to [0, 1] "
+                       "((x + 1) / 2, data range 1)")
+        if on_signed_range:
+            value_range += f"; {' and '.join(on_signed_range)} on [-1, 1]"
         return {
-            "images": f"shorter side resized to {size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, "
-                      "no flip",
+            "images": f"decoded at full size (no JPEG draft mode) to 8-bit sRGB, shorter side resized to {size} px "
+                      f"({RESAMPLING.name.lower()}), centre crop {size}x{size}, no flip",
             **({"encoder input": f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                  "(--input_size); metrics compare the decoder's output with the full image"}
                if self.input_size else {}),
@@ -72,21 +85,25 @@ class EvalProtocol:
                         else "the posterior mode (mean)"),
             "latent statistics": "per channel, of posterior samples (exact expectation from the posterior means "
                                  "and variances), before any scaling factor",
-            "value range": "reconstructions clamped to [-1, 1]; PSNR and SSIM on images mapped to [0, 1] "
-                           "((x + 1) / 2, data range 1); LPIPS and rFID on [-1, 1]",
-            "psnr": "10 log10(1 / MSE) per image over all pixels and channels, averaged over images",
-            "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, "
-                    f"K2 {SSIM_K2}, population covariances, valid region only, averaged over channels and images "
-                    "(scikit-image structural_similarity with gaussian_weights=True, use_sample_covariance=False, "
-                    "data_range=1)",
-            "lpips": "LPIPS v0.1 (VGG16), averaged over images",
-            "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
-                    "reconstructions",
+            "value range": value_range,
+            **{name: _METRIC_DEFINITIONS[name] for name in measured},
         }
 
     def text(self) -> str:
         """One line per item, as printed and as quoted in the README."""
         return "\n".join(f"{name}: {value}" for name, value in self.describe().items())
+
+
+_METRIC_DEFINITIONS = {
+    "psnr": "10 log10(1 / MSE) per image over all pixels and channels, averaged over images",
+    "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, "
+            f"K2 {SSIM_K2}, population covariances, valid region only, averaged over channels and images "
+            "(scikit-image structural_similarity with gaussian_weights=True, use_sample_covariance=False, "
+            "data_range=1)",
+    "lpips": "LPIPS v0.1 (VGG16), averaged over images",
+    "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
+            "reconstructions",
+}
 
 
 @dataclass
@@ -347,8 +364,8 @@ class TrainingEvaluator:
 
     Every --eval_steps (and at the end) it evaluates --eval_num_images held-out images from
     --eval_file_list with the EMA weights when --use_ema, logs `eval/*` scalars, per-channel latent
-    statistics and a reconstruction grid to VisualDL, and tracks the best value of
-    --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
+    statistics and a reconstruction grid to VisualDL, records the numbers with their protocol as one line
+    of OUTPUT_DIR/eval_metrics.jsonl, and tracks the best value of --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
     It keeps its last result, which the export reuses for the latent statistics (`latent_stats`).
     With --posterior_std the latents have that constant std, as in training and in the export.
     """
@@ -406,9 +423,10 @@ class TrainingEvaluator:
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
                                 posterior_std=self.posterior_std)
 
-    @property
-    def protocol(self) -> EvalProtocol:
-        return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size)
+    def protocol_of(self, result: EvalResult) -> EvalProtocol:
+        """The protocol of an evaluation's result, stating the metrics it measured."""
+        return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
+                            metrics=tuple(result.metrics))
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation measure these weights (the EMA's when `ema` is given, else the raw ones) at
@@ -438,9 +456,18 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
+        protocol = self.protocol_of(result)
         logger.info("eval at step %d on %d images%s: %s\nprotocol:\n%s", step, result.num_images,
                     " (EMA weights)" if ema is not None else "",
-                    ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), self.protocol.text())
+                    ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), protocol.text())
+        better = self._is_new_best(result, trainer_state)
+        record = {"step": step, "weights": "ema" if ema is not None else "raw", **result_record(result, protocol)}
+        if self.metric is not None:
+            record.update(metric_for_best_model=self.metric, is_best=better)
+        self._append_record(record)
+        return better
+
+    def _is_new_best(self, result: EvalResult, trainer_state) -> bool:
         if self.metric is None or self.metric not in result.metrics:
             return False
         value = result.metrics[self.metric]
@@ -449,3 +476,35 @@ class TrainingEvaluator:
         if better:
             trainer_state.best_metric = value
         return better
+
+    def _append_record(self, record: dict) -> None:
+        """Rank 0 adds one line to OUTPUT_DIR/eval_metrics.jsonl, replacing the lines of steps >= this one (an
+        earlier attempt's, after a resume), so the file is this run's history. Written whole, then renamed."""
+        from vae_trainer.output_dir import EVAL_METRICS_NAME
+        from vae_trainer.distributed import rank
+
+        if rank() != 0:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)  # (the loop writes nothing there before its first save)
+        path = os.path.join(self.args.output_dir, EVAL_METRICS_NAME)
+        kept = []
+        if os.path.isfile(path):
+            with open(path) as handle:
+                kept = [line for line in handle if line.strip() and json.loads(line)["step"] < record["step"]]
+        with open(path + ".tmp", "w") as handle:
+            handle.writelines(kept + [json.dumps(record) + "\n"])
+        os.replace(path + ".tmp", path)
+
+
+def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
+    """What an evaluation measured, with its protocol: scripts/eval_vae.py's metrics.json and each line of a
+    training run's eval_metrics.jsonl."""
+    return {
+        "metrics": result.metrics,
+        "protocol": protocol.describe(),
+        "num_images": result.num_images,
+        "latent_mean": result.latent_mean,
+        "latent_std": result.latent_std,
+        "scaling_factor": result.scaling_factor,
+        "shift_factor": result.shift_factor,
+    }

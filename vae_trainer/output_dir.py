@@ -28,8 +28,9 @@ from .distributed import rank, world_size
 
 logger = logging.getLogger(__name__)
 
-# What export.export_run writes into OUTPUT_DIR at the end of a run.
-EXPORTS = ("vae", "vae_raw", "discriminator")
+EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation (evaluation.TrainingEvaluator)
+# What a run writes into OUTPUT_DIR besides checkpoints: export.export_run's folders at the end, the evaluations.
+EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
 # The VisualDL record files our runs in OUTPUT_DIR wrote, one path per line, relative to OUTPUT_DIR.
 LOG_FILES_NAME = "visualdl_records.txt"
 _RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files

@@ -153,12 +153,15 @@ class ImageStream(RaisesInMainThread):
         aspect_ratio_buckets: bool = False,
         shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
         resume_state: dict | None = None,
+        draft_decode: bool = True,
+        record_counts: bool = True,
     ) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.file_list = file_list
-        self.sources = read_sources(file_list)
+        self.sources = read_sources(file_list, counts=record_counts)
+        self.draft_decode = draft_decode
         if not any(source.parts for source in self.sources):
             raise RuntimeError(f"{file_list}: names no part files")
         self.resolution, self.image_column = resolution, image_column
@@ -212,7 +215,7 @@ class ImageStream(RaisesInMainThread):
                     usable += 1
                     yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
             if usable == 0 and fresh:
-                raise RuntimeError(self._no_samples_message(shard, num_shards, sources))
+                raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
             yield _EpochEnd(epoch, end)
             if not self.infinite:
                 return
@@ -239,7 +242,7 @@ class ImageStream(RaisesInMainThread):
             image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
             bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
-            image = load_rgb(image, cover=size)
+            image = load_rgb(image, cover=size if self.draft_decode else None)
         except BadImage as bad:
             if counts is not None:
                 self._log.skip(record, bad.reason, bad.detail, counts)
@@ -252,12 +255,24 @@ class ImageStream(RaisesInMainThread):
             pixels = np.ascontiguousarray(pixels[:, ::-1])
         return bucket, pixels
 
-    def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource]) -> str:
+    def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
         shown = ", ".join(files[:10]) + (f" ... ({len(files)} files)" if len(files) > 10 else "")
-        return (
+        message = (
             f"{self.file_list}: shard {shard} of {num_shards} (rank {self.rank}) got no usable sample "
             f"in a whole pass over its files: [{shown}]; skipped so far: {self.skip_stats()}"
+        )
+        if records > 0:
+            return message
+        parts = sum(len(source.parts) for source in self.sources)
+        known = [part.records for source in self.sources for part in source.parts]
+        held = (f"holds {sum(known)} records in {parts} part(s), fewer than" if None not in known
+                else f"'s {parts} part(s) hold too few records for")
+        workers = num_shards // self.world_size
+        return (
+            f"{message}. It got no record at all: the data{held} the {num_shards} shards ({self.world_size} "
+            f"process(es) x {workers} DataLoader worker(s) each; every shard needs at least one record). Use fewer "
+            "--dataloader_num_workers or processes, or more images."
         )
 
 
@@ -336,12 +351,15 @@ def build_eval_dataloader(
 ) -> paddle.io.DataLoader:
     """Evaluation batches of this rank from an image folder or any training source; ranks never overlap.
 
-    The source is read once in list order (a folder sorted by relative path), centre-cropped to a
-    square and unflipped; unusable images are skipped and logged as in training. Every rank decodes
-    the same first `num_images` usable samples and keeps those with ``index % world_size == rank``,
-    so ranks may get one batch item more than others.
+    The source is read once in list order (a folder sorted by relative path), decoded at full size,
+    centre-cropped to a square and unflipped; unusable images are skipped and logged as in training.
+    Every rank decodes the same first `num_images` usable samples and keeps those with
+    ``index % world_size == rank``, so ranks may get one batch item more than others.
     """
-    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False)
+    # Full-size decoding (JPEG draft mode changes pixels: evaluation.EvalProtocol), and no record counts
+    # (they only even out training frequencies, so their warnings do not concern evaluation).
+    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
+                         draft_decode=False, record_counts=False)
     dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
     return NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
 

@@ -249,7 +249,7 @@ def _parse_weight(text: str, list_file: str, line_number: int) -> float:
     return weight
 
 
-def _source(name: str, weight: float, named_at: str, list_file: str | None) -> Source:
+def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool = True) -> Source:
     """One source from a name that is a folder, a tar spec or a ``.filelist``."""
     if is_tar_spec(name):
         spec = _resolve(name, list_file)
@@ -259,24 +259,24 @@ def _source(name: str, weight: float, named_at: str, list_file: str | None) -> S
         return folder_source(path, weight)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: not found (named at {named_at})")
-    return read_filelist(path, weight)
+    return read_filelist(path, weight, counts)
 
 
-def read_sources(file_list: str) -> list[Source]:
-    """All sources named by `file_list` (see the module doc), resolved.
+def read_sources(file_list: str, counts: bool = True) -> list[Source]:
+    """All sources named by `file_list` (see the module doc), resolved; `counts`: apply ``.counts`` files.
 
     Raises FileNotFoundError naming the missing path and the list file:line that named it, and
     ValueError with file:line for a malformed line or a bad weight.
     """
     if os.path.isdir(file_list) or is_tar_spec(file_list):
-        return [_source(file_list, 1.0, "--file_list", None)]
+        return [_source(file_list, 1.0, "--file_list", None, counts)]
     if not is_filelist_list(file_list):
-        return [read_filelist(file_list)]
+        return [read_filelist(file_list, counts=counts)]
     sources = []
     for line_number, text in _entries(file_list):
         fields = text.split()
         if len(fields) > 2:
             raise ValueError(f"{file_list}:{line_number}: expected 'path [weight]', got {text!r}")
         weight = _parse_weight(fields[1], file_list, line_number) if len(fields) == 2 else 1.0
-        sources.append(_source(fields[0], weight, f"{file_list}:{line_number}", file_list))
+        sources.append(_source(fields[0], weight, f"{file_list}:{line_number}", file_list, counts))
     return sources

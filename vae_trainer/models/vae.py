@@ -2,12 +2,12 @@
 
 Owns: `decoder_last_layer` (adaptive GAN weight), `encoder_parameters` (--freeze_encoder),
 `posterior_layer` (the --posterior_std export fix), and `encoder_input` / `check_reconstruction_size`
-(--input_size). Building and loading the VAE is `vae_loading.py`, saving it `vae_saving.py`.
+(--input_size, --resolution). Building and loading the VAE is `vae_loading.py`, saving it `vae_saving.py`.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 import paddle
 from ppdiffusers import AutoencoderKL
@@ -42,11 +42,21 @@ def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) ->
 
 def check_reconstruction_size(vae: AutoencoderKL, input_size: Optional[Sequence[int]], resolution: int) -> None:
     """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
-    encoder_factor = 2 ** (len(vae.config.down_block_types) - 1)
-    decoder_factor = 2 ** (len(vae.config.up_block_types) - 1)
+    check_reconstruction_shape(vae.config, input_size, resolution)
+
+
+def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[int]], resolution: int,
+                               where: str = "the VAE's config") -> None:
+    """`check_reconstruction_size` from an AutoencoderKL config (its block lists), before the VAE is built
+    (flag_checks.py): the encoder input is a multiple of its downsampling factor 2 ** (down blocks - 1), and
+    the decoder returns `resolution` from it."""
+    encoder_factor = 2 ** (len(config["down_block_types"]) - 1)
+    decoder_factor = 2 ** (len(config["up_block_types"]) - 1)
     height, width = input_size or (resolution, resolution)
     if height % encoder_factor or width % encoder_factor:
-        raise ValueError(f"the encoder input {height}x{width} must be divisible by its downsampling {encoder_factor}")
+        flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
+        raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {encoder_factor} "
+                         f"(2 ** (down blocks - 1), {where})")
     out = (height // encoder_factor * decoder_factor, width // encoder_factor * decoder_factor)
     if out != (resolution, resolution):
         raise ValueError(

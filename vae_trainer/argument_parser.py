@@ -1,0 +1,124 @@
+"""The command-line parser of both entry points: PaddleNLP's `PdArgumentParser` with our --help layout.
+
+Owns how the dataclasses of arguments.py become flags (not which flags exist, nor the PaddleNLP flag
+policy of flag_policy.py):
+
+- `--help` groups flags by concern, in the order of `GROUPS`, before PaddleNLP's. A field's group is its
+  metadata "group", else its dataclass's `_group`, so a field added to a dataclass lands in a group
+  without further work. Inherited PaddleNLP flags outside `flag_policy.PADDLENLP_FLAGS` are parsed (so
+  that they can be refused with a reason) but hidden from `--help`.
+- Choice flags are typed `Literal[...]`: their choices show in `--help` and a bad value fails at parse
+  time (a Literal becomes argparse `choices`). A field whose values are not a fixed list gives its own
+  checking function as metadata "parse" (e.g. --device: cpu, gpu or gpu:N).
+- `flag_policy.ALIASES` are added as further spellings of their flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import types
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+
+from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+
+from .flag_policy import ALIASES, PADDLENLP_FLAGS, inherited_fields
+
+GROUPS = {
+    "data": "data: training images and preprocessing",
+    "model": "model: the VAE to train",
+    "loss": "loss: the VAE objective",
+    "discriminator": "discriminator: the adversarial term and its network",
+    "evaluation": "evaluation: held-out metrics during training",
+    "training": "training: run-time options of both entry points",
+}
+PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
+                   "(every other PaddleNLP flag is refused)")
+USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
+         "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
+
+
+def in_group(group: str, help: str, **metadata: Any) -> Dict[str, Any]:
+    """Field metadata placing a flag in a --help group other than its dataclass's."""
+    return {"help": help, "group": group, **metadata}
+
+
+class _FlagTarget:
+    """Where PdArgumentParser adds one field's flags: an argparse group, plus the field's aliases."""
+
+    def __init__(self, group: argparse._ArgumentGroup, name: str, aliases: Sequence[str]):
+        self.group, self.name, self.aliases = group, name, aliases
+
+    def add_argument(self, *names: str, **kwargs):
+        if names == (f"--{self.name}",):
+            names = names + tuple(f"--{alias}" for alias in self.aliases)
+        return self.group.add_argument(*names, **kwargs)
+
+
+class VAEArgumentParser(PdArgumentParser):
+    """PdArgumentParser with --help groups by concern, Literal choices, reference aliases, hidden refused flags.
+
+    `dataclass_types` defaults to arguments.ALL_ARGUMENT_CLASSES."""
+
+    def __init__(self, dataclass_types=None, **kwargs):
+        if dataclass_types is None:
+            from .arguments import ALL_ARGUMENT_CLASSES  # (arguments.py parses with this class)
+
+            dataclass_types = ALL_ARGUMENT_CLASSES
+        self._groups: Dict[str, argparse._ArgumentGroup] = {}
+        kwargs.setdefault("usage", USAGE)
+        super().__init__(dataclass_types, **kwargs)
+        self.allow_abbrev = False  # an abbreviated flag would not be recognised as explicit by the recipes
+
+    def _group(self, key: str) -> argparse._ArgumentGroup:
+        if not self._groups:  # created in a fixed order, so --help lists them in that order
+            for name, title in GROUPS.items():
+                self._groups[name] = self.add_argument_group(title)
+            self._groups["paddlenlp"] = self.add_argument_group(PADDLENLP_GROUP)
+        return self._groups[key]
+
+    def _add_dataclass_arguments(self, dtype) -> None:
+        hints = get_type_hints(dtype)
+        inherited = inherited_fields() if issubclass(dtype, TrainingArguments) else {}
+        for f in dataclasses.fields(dtype):
+            if not f.init:
+                continue
+            metadata = dict(f.metadata)
+            group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited
+                                                     else getattr(dtype, "_group", "training"))
+            if f.name in inherited and f.name not in PADDLENLP_FLAGS:
+                metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
+            spec = copy.copy(f)
+            spec.type, choices = _argparse_type(hints[f.name])
+            if "parse" in metadata:
+                spec.type = metadata.pop("parse")
+            if choices is not None:
+                metadata["choices"] = list(choices)
+            spec.metadata = types.MappingProxyType(metadata)
+            self._parse_dataclass_field(_FlagTarget(self._group(group), f.name, ALIASES.get(f.name, ())), spec)
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if get_origin(annotation) is Union and type(None) in get_args(annotation):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
+    """The values of a (possibly Optional) Literal type, else None."""
+    annotation = _strip_optional(annotation)
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+def _argparse_type(annotation: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
+    """(type for PdArgumentParser, choices): Literal[...] and List[Literal[...]] become their value type + choices."""
+    choices = literal_choices(annotation)
+    if choices is not None:
+        return type(choices[0]), choices
+    inner = _strip_optional(annotation)
+    if get_origin(inner) is list and literal_choices(get_args(inner)[0]) is not None:
+        choices = literal_choices(get_args(inner)[0])
+        return List[type(choices[0])], choices
+    return annotation, None

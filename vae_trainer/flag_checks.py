@@ -1,0 +1,253 @@
+"""Flag combinations refused at parse time, before anything expensive is built, in both entry points.
+
+Owns three kinds of check (`arguments.validate` calls them; the dataclasses are arguments.py's):
+
+- `check_sizes`: --resolution, --input_size and the --aspect_ratio_buckets shapes against the VAE's
+  downsampling factor, 2 ** (number of down blocks - 1) (8 for SD, SDXL, FLUX), read from the VAE's
+  config file without building the VAE. A single-file checkpoint without --vae_config_file has no config
+  to read: its sizes are checked when it is built (build.py, the same `check_reconstruction_shape`).
+- `check_evaluation`: the evaluation flags act only together (--eval_file_list with --eval_steps, the
+  metric for the best checkpoint measured).
+- `refuse_idle_flags`: a flag the user gave that would silently do nothing with the other flags
+  (`idle_rules`: --ema_decay without --use_ema, discriminator flags with --disc_weight 0, ...). Only flags
+  the user gave count (a --recipe's values never do); the message names the flag to drop or to add.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Set, Tuple
+
+from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+def vae_config_for_checks(model_args) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(the AutoencoderKL config the run will build, where it comes from), read from JSON only; (None, why)
+    when no config file states it (a single-file checkpoint) or the file is missing (the build reports it)."""
+    from .checkpoint import checkpoint_vae_config
+
+    path = model_args.vae_config_file
+    if path is None and model_args.pretrained_model_name_or_path:
+        folder = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "")
+        path = os.path.join(folder, "config.json") if os.path.isdir(folder) else None
+    elif path is None and model_args.init_from_ckpt:
+        path = checkpoint_vae_config(model_args.init_from_ckpt)
+    if path is None or not os.path.isfile(path):
+        return None, "no config file"
+    with open(path) as handle:
+        return _with_defaults(json.load(handle)), path
+
+
+def _with_defaults(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The block lists AutoencoderKL uses when a config file leaves them out."""
+    from ppdiffusers import AutoencoderKL
+
+    parameters = inspect.signature(AutoencoderKL.__init__).parameters
+    defaults = {name: parameters[name].default for name in ("down_block_types", "up_block_types")}
+    return {**defaults, **{key: value for key, value in config.items() if value is not None}}
+
+
+def downsampling_factor(config: Dict[str, Any]) -> int:
+    """The encoder's downsampling factor: 2 ** (down blocks - 1)."""
+    return 2 ** (len(config["down_block_types"]) - 1)
+
+
+def check_sizes(model_args, data_args) -> None:
+    """--resolution / --input_size / bucket shapes that the VAE's encoder and decoder can take."""
+    from .models.vae import check_reconstruction_shape
+
+    resolution = data_args.resolution
+    if data_args.aspect_ratio_buckets:
+        if model_args.input_size is not None:
+            raise ValueError(
+                "--aspect_ratio_buckets cannot be combined with --input_size: --input_size is one fixed encoder "
+                "input size, while every bucket has its own shape. Drop one of them.")
+        if resolution % BUCKET_MULTIPLE:
+            raise ValueError(f"--aspect_ratio_buckets needs a --resolution that is a multiple of {BUCKET_MULTIPLE} "
+                             f"(bucket sides are), got {resolution}")
+    config, where = vae_config_for_checks(model_args)
+    if config is None:
+        return
+    check_reconstruction_shape(config, model_args.input_size, resolution, where)
+    if data_args.aspect_ratio_buckets:
+        _check_bucket_shapes(resolution, downsampling_factor(config), where)
+
+
+def _buckets_fit(resolution: int, factor: int) -> bool:
+    return all(width % factor == 0 and height % factor == 0 for width, height in bucket_shapes(resolution))
+
+
+def _check_bucket_shapes(resolution: int, factor: int, where: str) -> None:
+    if _buckets_fit(resolution, factor):
+        return
+    bad = next(shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor)
+    fits = next(r for r in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
+                if r % factor == 0 and _buckets_fit(r, factor))
+    raise ValueError(
+        f"--aspect_ratio_buckets at --resolution {resolution} makes buckets such as {bad[0]}x{bad[1]}, whose sides "
+        f"are not multiples of the VAE's downsampling factor {factor} ({where}): use e.g. --resolution {fits}, or "
+        "drop --aspect_ratio_buckets.")
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+def evaluates(data_args, training_args) -> bool:
+    """Does the run evaluate during training (evaluation.TrainingEvaluator.enabled)?"""
+    return bool(data_args.eval_file_list) and bool(training_args.eval_steps)
+
+
+def check_evaluation(model_args, data_args, training_args) -> None:
+    """Evaluation flags that only act together."""
+    from .models.lpips import DEFAULT_LPIPS_WEIGHTS
+
+    eval_steps = training_args.eval_steps
+    if eval_steps is not None and eval_steps < 1:
+        raise ValueError(f"--eval_steps must be >= 1, got {eval_steps} (leave it out to not evaluate)")
+    if eval_steps and not data_args.eval_file_list:
+        raise ValueError("--eval_steps needs --eval_file_list: the held-out images to evaluate on.")
+    if data_args.eval_file_list and not eval_steps:
+        raise ValueError("--eval_file_list without --eval_steps is never evaluated: add --eval_steps N (every N "
+                         "steps and at the end; --eval_steps equal to --max_steps evaluates once, at the end).")
+    metric = (training_args.metric_for_best_model or "").replace("eval_", "")
+    if metric and not evaluates(data_args, training_args):
+        raise ValueError(f"--metric_for_best_model {metric} needs evaluations: add --eval_file_list and --eval_steps.")
+    if metric == "rfid" and not data_args.inception_weights:
+        raise ValueError("--metric_for_best_model rfid needs --inception_weights: without them rFID is not measured.")
+    lpips_weights = model_args.lpips_weights or DEFAULT_LPIPS_WEIGHTS
+    if metric == "lpips" and not os.path.isfile(lpips_weights):
+        raise ValueError(f"--metric_for_best_model lpips needs the LPIPS weights {lpips_weights} (make setup writes "
+                         "them; or give --lpips_weights): without them LPIPS is not measured.")
+
+
+# --------------------------------------------------------------------------------------- idle flags
+@dataclass(frozen=True)
+class Flags:
+    """The four parsed argument objects, read by the rules below as one namespace."""
+
+    model: Any
+    data: Any
+    loss: Any
+    training: Any
+
+    def __getattr__(self, name: str) -> Any:
+        for arguments in (self.model, self.data, self.loss, self.training):
+            if hasattr(arguments, name):
+                return getattr(arguments, name)
+        raise AttributeError(name)
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    """`flags` do nothing when `idle(flags)` holds; `fix` says what to do instead."""
+
+    flags: Tuple[str, ...]
+    idle: Callable[[Flags], bool]
+    fix: str
+
+
+def _scheduler(f: Flags) -> str:
+    """--lr_scheduler_type's name (PaddleNLP turns it into a SchedulerType enum)."""
+    return getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)
+
+
+def _logs_to_visualdl(f: Flags) -> bool:
+    return bool({"visualdl", "all"} & set(f.report_to or []))
+
+
+def _logs_images(f: Flags) -> bool:
+    return _logs_to_visualdl(f) and (f.image_logging_steps > 0 or evaluates(f.data, f.training))
+
+
+def _measures_latent_scale(f: Flags) -> bool:
+    from .latent_scale import scaling_factor_mode
+
+    return scaling_factor_mode(f.model) == "measure"
+
+
+def discriminator_flags() -> Tuple[str, ...]:
+    """The flags of the --help group "discriminator" (but --disc_weight, which switches it on)."""
+    from .arguments import ALL_ARGUMENT_CLASSES
+
+    return tuple(f.name for arguments in ALL_ARGUMENT_CLASSES for f in dataclasses.fields(arguments)
+                 if f.metadata.get("group", getattr(arguments, "_group", None)) == "discriminator"
+                 and f.name != "disc_weight")
+
+
+def idle_rules() -> Sequence[IdleRule]:
+    return (
+        IdleRule(discriminator_flags(), lambda f: f.disc_weight == 0,
+                 "with --disc_weight 0 the discriminator never trains: drop it, or set --disc_weight > 0"),
+        IdleRule(("disc_norm", "disc_num_layers"), lambda f: f.disc_type == "vgg",
+                 "the VGG16 discriminator (--disc_type vgg) has no such setting: drop it"),
+        IdleRule(("relative_hinge_margin",), lambda f: f.gen_loss != "relative_hinge",
+                 "it is the margin of --gen_loss relative_hinge: add that, or drop it"),
+        IdleRule(("lecam_decay",), lambda f: f.lecam_weight == 0, "add --lecam_weight > 0, or drop it"),
+        IdleRule(("gradnorm_scope",), lambda f: f.loss_balancing != "gradnorm",
+                 "add --loss_balancing gradnorm, or drop it"),
+        IdleRule(("adaptive_disc_weight", "logvar_init"), lambda f: f.loss_balancing == "gradnorm",
+                 "--loss_balancing gradnorm replaces the adaptive weight and the nll: drop it"),
+        IdleRule(("pixel_loss_mask_threshold",), lambda f: f.pixel_loss_mask == "none",
+                 "add --pixel_loss_mask lowpass, or drop it"),
+        IdleRule(("subfolder",), lambda f: not f.pretrained_model_name_or_path,
+                 "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
+        IdleRule(("inception_weights",), lambda f: not evaluates(f.data, f.training),
+                 "rFID is measured in evaluations: add --eval_file_list and --eval_steps, or drop it "
+                 "(scripts/eval_vae.py --inception_weights measures a saved VAE)"),
+        IdleRule(("latent_stats_num_images",), lambda f: not _measures_latent_scale(f),
+                 "it counts the images of a measured scaling factor, and this run keeps or is given its "
+                 "factor: add --scaling_factor measure, or drop it"),
+        IdleRule(("ema_decay",), lambda f: not f.use_ema, "add --use_ema true, or drop it"),
+        IdleRule(("num_logged_images",), lambda f: not _logs_images(f),
+                 "no image grid is logged (it needs VisualDL logs, --report_to visualdl, and "
+                 "--image_logging_steps > 0 or evaluation): drop it"),
+        IdleRule(("image_logging_steps",), lambda f: f.image_logging_steps > 0 and not _logs_to_visualdl(f),
+                 "images are logged to VisualDL only: drop it or --report_to none"),
+        IdleRule(("logging_dir",), lambda f: not _logs_to_visualdl(f),
+                 "it is the VisualDL log folder, and --report_to none writes none: drop one of them"),
+        IdleRule(("fp16_opt_level",), lambda f: not (f.fp16 or f.bf16), "add --fp16 or --bf16, or drop it"),
+        IdleRule(("scale_loss", "min_loss_scale", "max_consecutive_overflow_steps"), lambda f: not f.fp16,
+                 "only --fp16 scales the loss (bf16 needs no scaling): add --fp16, or drop it"),
+        IdleRule(("num_cycles",), lambda f: _scheduler(f) != "cosine",
+                 "only --lr_scheduler_type cosine reads it: drop it"),
+        IdleRule(("lr_end", "power"), lambda f: _scheduler(f) != "polynomial",
+                 "only --lr_scheduler_type polynomial reads it: drop it"),
+        IdleRule(("warmup_steps", "warmup_ratio"), lambda f: _scheduler(f) == "constant",
+                 "--lr_scheduler_type constant has no warm-up (constant_with_warmup has): drop it"),
+        IdleRule(("warmup_ratio",), lambda f: f.warmup_steps > 0, "--warmup_steps > 0 wins over it: drop one"),
+    )
+
+
+def given_by_default_difference(objects: Iterable[Any]) -> Set[str]:
+    """For arguments made in code (no command line): the fields whose value differs from a default instance's
+    (for TrainingArguments one with the same --output_dir and --max_steps, as PaddleNLP rewrites fields)."""
+    from paddlenlp.trainer import TrainingArguments
+
+    given = set()
+    for arguments in objects:
+        if isinstance(arguments, TrainingArguments):
+            reference = type(arguments)(output_dir=arguments.output_dir, max_steps=arguments.max_steps)
+        else:
+            reference = type(arguments)()
+        given |= {f.name for f in dataclasses.fields(arguments)
+                  if f.init and getattr(arguments, f.name) != getattr(reference, f.name)}
+    return given
+
+
+def canonical_names(names: Iterable[str]) -> Set[str]:
+    """Flag names as typed (aliases of flag_policy.ALIASES included) -> field names."""
+    from .flag_policy import ALIASES
+
+    alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
+    return {alias_of.get(name, name) for name in names}
+
+
+def refuse_idle_flags(flags: Flags, given: Set[str]) -> None:
+    """Raise naming every flag in `given` that would do nothing with the other flags (`idle_rules`)."""
+    idle = [f"--{name}: {rule.fix}" for rule in idle_rules() for name in rule.flags
+            if name in given and rule.idle(flags)]
+    if idle:
+        raise ValueError("flag(s) that would do nothing with the other flags:\n  " + "\n  ".join(dict.fromkeys(idle)))
