@@ -35,7 +35,7 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 import paddle  # noqa: E402
 
 from vae_trainer import checkpoint as ckpt  # noqa: E402
-from vae_trainer.ema import load_ema  # noqa: E402
+from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
 from vae_trainer.evaluation import measure_latents_of  # noqa: E402
 from vae_trainer.export import export_vae_folder  # noqa: E402
 from vae_trainer.latent_scale import decide, parse_scaling_factor  # noqa: E402
@@ -74,7 +74,7 @@ def load_checkpoint_vae(checkpoint_dir: str, vae_config_file: str | None, use_em
     load_vae_weights(vae, checkpoint_dir)
     if not use_ema:
         return vae, None
-    ema_file = os.path.join(checkpoint_dir, "ema.pdparams")
+    ema_file = os.path.join(checkpoint_dir, EMA_NAME)
     if not os.path.isfile(ema_file):
         raise FileNotFoundError(f"--ema: {ema_file} does not exist (the run did not use --use_ema)")
     return vae, load_ema(vae, ema_file)
@@ -121,6 +121,9 @@ def main(argv=None) -> str:
                if diffusers_can_load(vae) else "ppdiffusers.AutoencoderKL.from_pretrained (PyTorch diffusers cannot "
                "describe this VAE's separate decoder widths)")
     print(f"exported {args.checkpoint_dir} ({weights}) to {args.out_dir}: loads with {readers}")
+    if ema is None and os.path.isfile(os.path.join(args.checkpoint_dir, EMA_NAME)):
+        print(f"note: {args.checkpoint_dir} also holds EMA weights ({EMA_NAME}); the run's own vae/ holds those, "
+              "and --ema exports them")
     return args.out_dir
 
 

@@ -133,6 +133,27 @@ def test_decide_writes_what_the_mode_says_and_records_it():
     json.dumps(record)  # the record is latent_stats.json
 
 
+def test_the_readme_example_of_latent_stats_json_is_what_the_export_writes():
+    """README "The latent scale" shows a latent_stats.json; the same inputs give exactly that record."""
+    import re
+
+    from conftest import REPO
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    (example,) = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+                  if "suggested_scaling_factor" in block]
+    measured = example["measured"]
+    stats = SimpleNamespace(scaling_factor=measured["suggested_scaling_factor"],
+                            shift_factor=measured["suggested_shift_factor"], num_images=measured["num_images"],
+                            latent_mean=measured["latent_mean"], latent_std=measured["latent_std"])
+    config = {"scaling_factor": example["scaling_factor"], "shift_factor": example["shift_factor"]}
+    assert decide("keep", config, stats, measured["from"], example["weights"])[1] == example
+    # Its suggested factors are those of its per-channel numbers (total variance over equally many values each).
+    mean, std = np.array(measured["latent_mean"]), np.array(measured["latent_std"])
+    assert measured["suggested_scaling_factor"] == pytest.approx(1 / np.sqrt((std**2).mean() + mean.var()), abs=1e-4)
+    assert measured["suggested_shift_factor"] == pytest.approx(mean.mean(), abs=1e-4)
+
+
 # ---- --posterior_std: the written factor is that of the exported VAE (whose std is posterior_std)
 
 class _Monitor:

@@ -106,6 +106,8 @@ def test_a_super_resolving_vae_exports_a_folder_that_reloads_with_the_same_weigh
     vae = _super_resolving_vae(tmp_path, config)
     assert _encoder_widths(vae) == config["block_out_channels"]
     check_reconstruction_size(vae, input_size, resolution)  # the README's "--input_size 256 256 at --resolution 512"
+    save_vae(build_vae(MICRO), str(tmp_path / "vae"))  # an earlier export into the same folder (export_vae.py)
+    assert "diffusion_pytorch_model.safetensors" in os.listdir(tmp_path / "vae")
     save_vae(vae, str(tmp_path / "vae"))
     for reloaded in (AutoencoderKL.from_pretrained(str(tmp_path / "vae")),
                      build_vae(pretrained_model_name_or_path=str(tmp_path / "vae")),
@@ -115,7 +117,8 @@ def test_a_super_resolving_vae_exports_a_folder_that_reloads_with_the_same_weigh
     reloaded = AutoencoderKL.from_pretrained(str(tmp_path / "vae"))
     for key, value in vae.state_dict().items():
         np.testing.assert_array_equal(reloaded.state_dict()[key].numpy(), value.numpy(), err_msg=key)
-    # PyTorch diffusers would load a PyTorch file of it with a freshly initialised extra layer and no error.
+    # PyTorch diffusers would load a PyTorch file of it with a freshly initialised extra layer and no error; the
+    # earlier export's PyTorch file, another VAE, is gone too.
     assert "diffusion_pytorch_model.safetensors" not in os.listdir(tmp_path / "vae")
 
 
@@ -182,8 +185,9 @@ def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
             np.testing.assert_array_equal(started.state_dict()[key].numpy(), value.numpy(), err_msg=key)
     with pytest.raises(ValueError, match="--disc_norm 'group' \\(this run: 'batch'\\)"):
         components(tmp_path, discriminator_path=str(tmp_path / "discriminator"), disc_norm="batch")
-    with pytest.raises(FileNotFoundError, match="--discriminator_path"):
+    with pytest.raises(FileNotFoundError, match="--discriminator_path") as error:  # the run's folder, not its export
         components(tmp_path, discriminator_path=str(tmp_path))
+    assert str(error.value).endswith(f"give --discriminator_path {tmp_path / 'discriminator'}.")
 
 
 def _checkpoint_of(parts, folder, **export_config):

@@ -39,12 +39,13 @@ def source(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(source, photo_filelist, tmp_path_factory):
-    """Decoder-only fine-tuning, GAN on from step 3, EMA, no evaluation: one run per entry point."""
+    """Decoder-only fine-tuning, GAN on from step 3, EMA, no evaluation, a checkpoint every step: one run per
+    entry point."""
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
         run_entry_point(driver, finetune_args(photo_filelist, output_dir, source, freeze_encoder="true",
-                                              max_steps=STEPS, save_steps=STEPS))
+                                              max_steps=STEPS, save_steps=1))
         out[driver] = output_dir
     return out
 
@@ -76,13 +77,25 @@ def test_decoder_only_fine_tuning_keeps_the_encoder_and_the_scaling_factor(runs,
     assert raw["scaling_factor"] == MICRO["scaling_factor"] and raw["weights"].startswith("the raw weights")
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-def test_the_exported_folder_reconstructs_the_same_in_ppdiffusers_and_pytorch_diffusers(runs, driver):
-    folder = os.path.join(runs[driver], "vae")
+def torch_config(folder) -> dict:
+    """The config PyTorch diffusers builds the VAE from (defaults filled in; bookkeeping keys dropped)."""
+    config = diffusers().AutoencoderKL.from_pretrained(str(folder)).config
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def assert_loads_alike_in_both_libraries(folder, source_folder):
+    """`folder` reconstructs real photos the same in ppdiffusers and in PyTorch diffusers (<= 1e-4), and PyTorch
+    diffusers reads from it the source VAE's whole config (scaling/shift factors, force_upcast, sample_size, ...)."""
     images = photos(count=4)
-    in_paddle = paddle_reconstruct(AutoencoderKL.from_pretrained(folder), images)
-    in_torch = torch_reconstruct(diffusers().AutoencoderKL.from_pretrained(folder).eval(), images)
+    in_paddle = paddle_reconstruct(AutoencoderKL.from_pretrained(str(folder)), images)
+    in_torch = torch_reconstruct(diffusers().AutoencoderKL.from_pretrained(str(folder)).eval(), images)
     np.testing.assert_allclose(in_torch, in_paddle, atol=1e-4)
+    assert torch_config(folder) == torch_config(source_folder)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_exported_folder_reconstructs_the_same_in_ppdiffusers_and_pytorch_diffusers(runs, source, driver):
+    assert_loads_alike_in_both_libraries(os.path.join(runs[driver], "vae"), source)
 
 
 def test_both_entry_points_fine_tune_to_the_same_weights(runs):
@@ -106,6 +119,64 @@ def test_export_vae_script_writes_the_same_dual_format_folder_from_a_checkpoint(
     in_torch = torch_reconstruct(diffusers().AutoencoderKL.from_pretrained(str(out)).eval(), images)
     np.testing.assert_allclose(in_torch, paddle_reconstruct(AutoencoderKL.from_pretrained(str(out)), images), atol=1e-4)
     assert json.load(open(out / "latent_stats.json"))["scaling_factor"] == MICRO["scaling_factor"]
+
+
+def test_export_vae_script_exports_the_ema_of_an_early_checkpoint(runs, source, tmp_path, capsys):
+    """checkpoint-1 of a 3-step run, with and without --ema. After one step ppdiffusers' EMAModel holds
+    d * initial + (1 - d) * raw weights, with its warm-up decay d = min(2 / 11, --ema_decay): an export of
+    the final EMA, of the raw weights or of another checkpoint's EMA would not match."""
+    from conftest import load_script
+
+    checkpoint = os.path.join(runs[DRIVERS[0]], "checkpoint-1")
+    export_vae = load_script("export_vae")
+    export_vae.main([checkpoint, str(tmp_path / "raw")])
+    assert "--ema exports them" in capsys.readouterr().out  # the run's vae/ holds EMA weights: say so
+    export_vae.main([checkpoint, str(tmp_path / "ema"), "--ema"])
+    initial = {k: v.numpy() for k, v in build_vae(pretrained_model_name_or_path=source).state_dict().items()}
+    raw, ema = vae_weights(str(tmp_path), "raw"), vae_weights(str(tmp_path), "ema")
+    decay = 2 / 11
+    for key, value in ema.items():
+        expected = initial[key] - (1 - decay) * (initial[key] - raw[key])
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7, err_msg=key)
+    assert any(not np.allclose(ema[k], raw[k]) for k in ema if k.startswith("decoder."))
+    final = vae_weights(runs[DRIVERS[0]], "vae")
+    assert any(not np.allclose(ema[k], final[k]) for k in ema if k.startswith("decoder."))
+    assert_loads_alike_in_both_libraries(tmp_path / "ema", source)
+
+
+# ---- a FLUX-style VAE (16 latent channels, shift_factor, no quant_conv / post_quant_conv) with the reference
+# trainer's recipe: --ignore_keys decoder. (a fresh decoder) and --freeze_encoder
+
+FLUX_LIKE = dict(MICRO, latent_channels=16, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611,
+                 shift_factor=0.1159, force_upcast=True, sample_size=1024,
+                 latents_mean=[0.01 * c for c in range(16)], latents_std=[1.0 + 0.1 * c for c in range(16)])
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_flux_style_vae_fine_tunes_with_a_fresh_decoder_and_keeps_both_factors(driver, photo_filelist, tmp_path):
+    folder = tmp_path / "flux_vae"
+    make_torch_vae(FLUX_LIKE, seed=9).save_pretrained(str(folder))
+    out = tmp_path / "out"
+    run_in_process(driver, finetune_args(photo_filelist, out, folder, freeze_encoder="true", ignore_keys="decoder.",
+                                         max_steps=2, save_steps=2, image_logging_steps=0, report_to="none"))
+    original = {k: v.numpy() for k, v in build_vae(pretrained_model_name_or_path=str(folder)).state_dict().items()}
+    assert not any(k.startswith(("quant_conv.", "post_quant_conv.")) for k in original)
+    for exported_folder in ("vae", "vae_raw"):
+        exported = vae_weights(str(out), exported_folder)
+        assert exported.keys() == original.keys()
+        for key in (k for k in exported if k.startswith("encoder.")):  # frozen: bit-identical
+            np.testing.assert_array_equal(exported[key], original[key], err_msg=key)
+        # Not loaded (--ignore_keys): two steps at lr 1e-3 move a weight by at most ~2e-3 from where it started; a
+        # fresh initialisation is some 0.05 away from the source's weights.
+        moved = exported["decoder.conv_in.weight"] - original["decoder.conv_in.weight"]
+        assert np.abs(moved).mean() > 0.02
+        stats = json.load(open(out / exported_folder / "latent_stats.json"))
+        assert (stats["scaling_factor"], stats["shift_factor"]) == (0.3611, 0.1159)
+        assert stats["source"] == "kept from the VAE's config"
+        assert_loads_alike_in_both_libraries(out / exported_folder, folder)  # both factors, force_upcast, ...
+    config = AutoencoderKL.load_config(str(out / "vae"))
+    assert (config["scaling_factor"], config["shift_factor"], config["latents_std"]) == (
+        0.3611, 0.1159, FLUX_LIKE["latents_std"])
 
 
 # ---- issue 12.2: count the evaluation calls of in-process runs

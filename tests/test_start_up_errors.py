@@ -1,6 +1,7 @@
 """Mistakes at start-up end as one `error: ...` line (exit status 1), before any training, from both entry
-points: a folder with no VAE, a checkpoint given as a pretrained VAE, a discriminator that does not fit the
-flags, a --latent_stats_num_images that cannot be measured (0, or fewer images than ranks)."""
+points: a folder with no VAE, a checkpoint given as a pretrained VAE, a VAE folder's weight file given instead
+of the folder, a discriminator that does not fit the flags, a --latent_stats_num_images that cannot be
+measured (0, or fewer images than ranks)."""
 
 import json
 import os
@@ -12,6 +13,8 @@ import pytest
 from conftest import DRIVERS, REPO, run_in_process, tiny_args
 
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
+from vae_trainer.models.vae_loading import build_vae
+from vae_trainer.models.vae_saving import save_vae
 
 
 def refused(driver, argv) -> str:
@@ -41,6 +44,10 @@ def test_a_vae_source_that_cannot_be_loaded_is_one_line(driver, photo_filelist, 
     message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", **flags))
     assert "is a checkpoint of a training run" in message and f"--init_from_ckpt {checkpoint_folder}" in message
     assert not os.path.exists(tmp_path / "out" / "vae")
+    save_vae(build_vae("configs/vae_micro.json"), str(tmp_path / "exported"))
+    flags["pretrained_model_name_or_path"] = tmp_path / "exported" / "diffusion_pytorch_model.safetensors"
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", **flags))  # the file, not its folder
+    assert message.endswith(f"give the folder, --pretrained_model_name_or_path {tmp_path / 'exported'}")
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

@@ -97,6 +97,18 @@ def test_pretrained_subfolder_and_saved_config_as_config_file(tmp_path):
     assert {k: v.shape for k, v in fresh.state_dict().items()} == {k: v.shape for k, v in vae.state_dict().items()}
 
 
+def test_a_ppdiffusers_folder_with_pdparams_weights_loads(tmp_path):
+    """The older ppdiffusers format (model_state.pdparams, e.g. PaddleNLP community weights)."""
+    vae = build_vae(config_path("vae_micro"))
+    vae.eval()
+    vae.save_pretrained(str(tmp_path), safe_serialization=False)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model_state.pdparams"]
+    loaded = build_vae(pretrained_model_name_or_path=str(tmp_path))
+    loaded.eval()
+    z = fixed_latents(vae, 32)
+    np.testing.assert_array_equal(loaded.decode(z).sample.numpy(), vae.decode(z).sample.numpy())
+
+
 def test_decoder_last_layer_is_the_output_conv_and_receives_gradients():
     vae = build_vae(config_path("vae_micro"))
     weight = decoder_last_layer(vae)
@@ -116,7 +128,7 @@ def test_nothing_loadable_gives_one_error_naming_the_folder_and_the_files(tmp_pa
     message = str(error.value)
     assert str(tmp_path / "empty") in message
     for name in ("config.json", "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin",
-                 "diffusion_paddle_model.safetensors", "model_state.pdparams"):
+                 "diffusion_paddle_model.safetensors", "model_state.pdparams", "fp16"):
         assert name in message
     save_vae(build_vae(config_path("vae_micro")), str(tmp_path / "vae"))
     with pytest.raises(FileNotFoundError, match="--subfolder vae"):
@@ -127,6 +139,29 @@ def test_nothing_loadable_gives_one_error_naming_the_folder_and_the_files(tmp_pa
     (tmp_path / "weights_only" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         build_vae(pretrained_model_name_or_path=str(tmp_path / "weights_only"))
+
+
+def test_common_mistakes_with_the_weight_sources_are_refused_with_the_fix(tmp_path):
+    import re
+
+    folder = tmp_path / "vae"
+    save_vae(build_vae(config_path("vae_micro")), str(folder))
+    for weight_file in ("diffusion_paddle_model.safetensors", "diffusion_pytorch_model.safetensors"):
+        with pytest.raises(ValueError, match=re.escape(f"give the folder, --pretrained_model_name_or_path {folder}")):
+            build_vae(pretrained_model_name_or_path=str(folder / weight_file))  # the file instead of its folder
+    # A prefix that names no weight would silently load everything.
+    with pytest.raises(ValueError, match=re.escape("--ignore_keys decoders.: no weight of this VAE")):
+        build_vae(pretrained_model_name_or_path=str(folder), ignore_keys=["decoder.", "decoders."])
+    # --init_from_ckpt given a run's output folder (its newest checkpoint is suggested) or a VAE folder.
+    run = tmp_path / "run"
+    for step in (2, 10):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"e.g. --init_from_ckpt {run / 'checkpoint-10'}.")):
+        build_vae(init_from_ckpt=str(run))
+    for config_file in (None, config_path("vae_micro")):
+        with pytest.raises(FileNotFoundError, match=re.escape(f"fine-tune it with --pretrained_model_name_or_path {folder}")):
+            build_vae(config_file, init_from_ckpt=str(folder))
 
 
 # ---- the pretrained VAEs people have, each compared with the PyTorch source model on real photos
@@ -155,6 +190,24 @@ def test_pytorch_diffusers_folder_loads_and_reconstructs_like_torch(torch_micro,
     os.symlink(folder, tmp_path / "pipeline" / "vae")
     in_pipeline = build_vae(pretrained_model_name_or_path=str(tmp_path / "pipeline"), subfolder="vae")
     np.testing.assert_array_equal(paddle_reconstruct(in_pipeline, images), paddle_reconstruct(vae, images))
+
+
+@pytest.mark.parametrize("weights", ["bin", "fp16_variant"])
+def test_pytorch_diffusers_folders_with_other_weight_files_load(tmp_path, weights):
+    """`.bin` weights, and a folder holding only the fp16 variant (diffusion_pytorch_model.fp16.safetensors,
+    what an fp16 pipeline download has): loaded into a float32 VAE that reconstructs like the source."""
+    source = make_torch_vae(MICRO, seed=5)
+    folder = tmp_path / "vae"
+    if weights == "bin":
+        source.save_pretrained(str(folder), safe_serialization=False)
+    else:
+        source.half().save_pretrained(str(folder), variant="fp16")
+        source.float()  # the source model now holds the fp16 roundings the file holds
+    assert len(os.listdir(folder)) == 2  # config.json + the one weight file under test
+    vae = build_vae(pretrained_model_name_or_path=str(folder))
+    assert all(p.dtype == paddle.float32 for p in vae.parameters())
+    images = photos()
+    np.testing.assert_allclose(paddle_reconstruct(vae, images), torch_reconstruct(source, images), atol=1e-4)
 
 
 def _write_single_file(torch_vae, path, as_ckpt=False):
@@ -186,7 +239,7 @@ def test_original_single_file_loads_with_the_config_inferred_from_its_tensors(tm
 
 
 @pytest.mark.parametrize("quant_conv", [True, False], ids=["sdxl_like", "flux_like_no_quant_conv"])
-def test_single_file_with_a_config_file_takes_its_architecture_and_scaling_factor(tmp_path, quant_conv):
+def test_single_file_with_a_config_file_takes_its_architecture_and_scaling_factor(tmp_path, quant_conv, caplog):
     config = dict(MICRO, use_quant_conv=quant_conv, use_post_quant_conv=quant_conv, scaling_factor=0.13025)
     source = make_torch_vae(config, seed=2)
     file = _write_single_file(source, tmp_path / "sdxl_vae.safetensors")
@@ -198,6 +251,11 @@ def test_single_file_with_a_config_file_takes_its_architecture_and_scaling_facto
     assert vae.config.scaling_factor == 0.13025 and (vae.quant_conv is None) == (not quant_conv)
     with pytest.raises(ValueError, match="--vae_config_file"):  # SD's 32 norm groups do not fit these widths
         build_vae(pretrained_model_name_or_path=file)
+    # A config file without a factor (the reference trainer's config/vae.json): SD's default, said out loud.
+    config_file.write_text(json.dumps({k: v for k, v in config.items() if k != "scaling_factor"}))
+    with caplog.at_level("WARNING", logger="vae_trainer"):
+        assert build_vae(str(config_file), pretrained_model_name_or_path=file).config.scaling_factor == 0.18215
+    assert "states a scaling_factor" in caplog.text and "SDXL 0.13025" in caplog.text
 
 
 def test_eval_script_reads_a_single_file_with_the_config_file_its_error_asks_for(tmp_path, held_out_folder):

@@ -18,7 +18,7 @@ import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
-from .ema import build_ema
+from .ema import EMA_NAME, build_ema
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
                                    read_discriminator)
@@ -111,7 +111,7 @@ class TrainingParts:
             **self.precision.stateful(), "nonfinite_guard.pdparams": self.step.guard,
         }
         if self.ema is not None:
-            out["ema.pdparams"] = self.ema
+            out[EMA_NAME] = self.ema
         return out
 
     def restore_float32(self, model: paddle.nn.Layer) -> None:

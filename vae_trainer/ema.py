@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import paddle
 
+EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
+
 
 def build_ema(vae: paddle.nn.Layer, decay: float):
     """An EMA of `vae`'s weights. Build it while the weights are float32 (before O2 casts them): its

@@ -160,9 +160,12 @@ def read_discriminator(path: str) -> Tuple[dict, dict, str]:
         return read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)), state, path
     if os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
         return read_json(os.path.join(path, CONFIG_NAME)), paddle.load(os.path.join(path, WEIGHTS_NAME)), path
+    hint = ""
+    if os.path.isdir(os.path.join(path, "discriminator")):  # a run's OUTPUT_DIR
+        hint = f" It is a run's output folder: give --discriminator_path {os.path.join(path, 'discriminator')}."
     raise FileNotFoundError(
         f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
-        f"{WEIGHTS_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME})")
+        f"{WEIGHTS_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
 
 
 def load_discriminator(path: str) -> nn.Layer:

@@ -26,7 +26,7 @@ from ppdiffusers import AutoencoderKL
 from ppdiffusers.utils import constants as names
 
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_export_config,
-                          checkpoint_vae_config, read_model_state)
+                          checkpoint_vae_config, list_checkpoints, read_model_state)
 
 logger = logging.getLogger("vae_trainer")
 
@@ -36,6 +36,10 @@ PADDLE_WEIGHT_FILES = (names.PADDLE_SAFETENSORS_WEIGHTS_NAME, names.PADDLE_SAFET
                        names.PADDLE_WEIGHTS_NAME, names.PADDLE_WEIGHTS_NAME_INDEX_NAME)
 TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
                       names.TORCH_WEIGHTS_NAME, names.TORCH_WEIGHTS_NAME_INDEX_NAME)
+# ppdiffusers' from_pretrained falls back to the fp16 / fp32 variant of each name when the plain file is
+# missing (e.g. `diffusion_pytorch_model.fp16.safetensors`, all an fp16-only pipeline download holds), so a
+# folder with only a variant loads too (the weights are cast to the model's float32).
+WEIGHT_VARIANTS = ("fp16", "fp32")
 # Files only a checkpoint-N of our training runs has; its model_state.pdparams is not a VAE's.
 TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
@@ -80,17 +84,25 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSou
             f"VAE folder: start from its weights with --init_from_ckpt {location} (continue that run with "
             "--resume_from_checkpoint), or fine-tune the VAE that run exported, OUTPUT_DIR/vae.")
     for layout, files in (("ppdiffusers", PADDLE_WEIGHT_FILES), ("diffusers", TORCH_WEIGHT_FILES)):
-        if present & set(files):
+        found = sorted(present & set(with_variants(files)))
+        if found:
             if CONFIG_NAME not in present:
-                raise FileNotFoundError(f"{location} holds {sorted(present & set(files))[0]} but no {CONFIG_NAME}")
+                raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
             return PretrainedSource(layout, location)
     hint = ""
     if not subfolder and os.path.isdir(os.path.join(location, "vae")):
         hint = " It has a 'vae' folder: add --subfolder vae."
     raise FileNotFoundError(
         f"No loadable VAE in {location}: looked for {CONFIG_NAME} with one of "
-        f"{', '.join(PADDLE_WEIGHT_FILES + TORCH_WEIGHT_FILES)}. A single-file checkpoint "
+        f"{', '.join(PADDLE_WEIGHT_FILES + TORCH_WEIGHT_FILES)} (or their {'/'.join(WEIGHT_VARIANTS)} variants, "
+        f"e.g. {with_variants(TORCH_WEIGHT_FILES[:1])[1]}). A single-file checkpoint "
         f"({'/'.join(SINGLE_FILE_SUFFIXES)}) is given as the path of the file itself.{hint}")
+
+
+def with_variants(files: Sequence[str]) -> Tuple[str, ...]:
+    """`files` and their WEIGHT_VARIANTS names (ppdiffusers' spelling: name.fp16.ext)."""
+    stems = [name.rsplit(".", 1) for name in files]
+    return tuple(files) + tuple(f"{stem}.{variant}.{ext}" for variant in WEIGHT_VARIANTS for stem, ext in stems)
 
 
 def build_vae(
@@ -127,15 +139,43 @@ def build_vae(
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
         _carry_latent_scale(vae, latent_scale_of_weights(init_from_ckpt), vae_config_file)
+    check_ignore_keys(vae, ignore_keys)
     return vae
+
+
+def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
+    """An --ignore_keys prefix that names no weight (a typo such as `decoders.`) would leave the run loading
+    everything, with no sign of it: refuse it."""
+    names = list(vae.state_dict())
+    unmatched = [prefix for prefix in ignore_keys if not any(name.startswith(prefix) for name in names)]
+    if unmatched:
+        tops = sorted({name.split(".")[0] + "." for name in names})
+        raise ValueError(f"--ignore_keys {' '.join(unmatched)}: no weight of this VAE starts with that; its weight "
+                         f"names start with {', '.join(tops)} (e.g. --ignore_keys decoder.)")
 
 
 def _checkpoint_architecture(init_from_ckpt: str) -> str:
     config = checkpoint_vae_config(init_from_ckpt)
     if config is None:
         raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
-                                "this version): give the architecture with --vae_config_file")
+                                f"this version): give the architecture with --vae_config_file."
+                                f"{_not_a_checkpoint_hint(init_from_ckpt)}")
     return config
+
+
+def _not_a_checkpoint_hint(path: str) -> str:
+    """What a folder given to --init_from_ckpt is instead of a checkpoint-N, when it is something we know."""
+    if not os.path.isdir(path):
+        return ""
+    checkpoints = list_checkpoints(path)
+    if checkpoints:
+        return (f" It is a run's output folder: give one of its checkpoints, e.g. --init_from_ckpt "
+                f"{checkpoints[-1][1]}.")
+    try:
+        find_pretrained(path)
+    except (FileNotFoundError, ValueError):
+        return ""
+    return f" It is a VAE folder: fine-tune it with --pretrained_model_name_or_path {path}."
 
 
 # ---- the latent scale that belongs to loaded encoder weights
@@ -211,6 +251,10 @@ def with_encoder_widths(config: dict) -> dict:
 def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     if source.layout == "single_file":
         ldm_state = _read_single_file(source.path)
+        if config_file and "scaling_factor" not in AutoencoderKL.load_config(config_file):
+            logger.warning("neither %s nor the single file %s states a scaling_factor: ppdiffusers' default %s (Stable "
+                           "Diffusion's) is written; for another VAE state its factor in the config file (SDXL 0.13025)",
+                           config_file, source.path, SD_SCALING_FACTOR)
         vae = (vae_from_config_file(config_file) if config_file
                else vae_from_config(infer_single_file_config(ldm_state, source.path)))
         assign_weights(vae, _convert_single_file(vae, ldm_state), ignore_keys, source.path)
@@ -292,6 +336,9 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
     state = state.get("state_dict", state)
     if any(k.startswith("first_stage_model.") for k in state):  # a whole SD checkpoint: its VAE part
         state = {k[len("first_stage_model."):]: v for k, v in state.items() if k.startswith("first_stage_model.")}
+    if any(k.startswith("encoder.down_blocks.") for k in state):  # diffusers' names, not LDM's
+        raise ValueError(f"{path} is the weight file of a diffusers / ppdiffusers VAE folder, not an original LDM "
+                         f"single file: give the folder, --pretrained_model_name_or_path {os.path.dirname(path) or '.'}")
     if "encoder.conv_in.weight" not in state or "decoder.conv_out.weight" not in state:
         raise ValueError(f"{path} is not an original LDM/SD VAE checkpoint (no encoder.conv_in / decoder.conv_out "
                          "weights); a diffusers VAE is a folder with config.json")
@@ -364,7 +411,8 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
 
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight file)")
+        raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight "
+                                f"file).{_not_a_checkpoint_hint(path)}")
     state: Dict[str, object] = {}
     if file.endswith(".pdparams"):
         state = read_model_state(file)  # O2 checkpoints: the float32 master weights

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from typing import Iterator, List
 
 from ppdiffusers import AutoencoderKL
 
 from .vae import posterior_layer
+from .vae_loading import TORCH_WEIGHT_FILES, with_variants
 
 logger = logging.getLogger("vae_trainer")
 
@@ -37,11 +39,21 @@ def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0, **con
             # Second: its config.json (diffusers' spelling of the version key) is the one both libraries read.
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
     if not for_diffusers:
+        _remove_pytorch_weights(out_dir)
         logger.warning("%s: written for ppdiffusers only. PyTorch diffusers' AutoencoderKL builds the encoder and the "
                        "decoder from one list of widths, so this VAE (encoder %s, decoder %s) would load there "
                        "with freshly initialised layers and no error.", out_dir, encoder_widths(vae),
                        decoder_widths(vae))
     return for_diffusers
+
+
+def _remove_pytorch_weights(out_dir: str) -> None:
+    """A PyTorch weight file left in `out_dir` by an earlier export (e.g. scripts/export_vae.py run twice into one
+    folder) would be loaded by diffusers, silently, beside this ppdiffusers-only VAE: remove it."""
+    for name in with_variants(TORCH_WEIGHT_FILES):
+        if os.path.isfile(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+            logger.warning("%s: removed %s of an earlier export (it is not this VAE)", out_dir, name)
 
 
 def encoder_widths(vae: AutoencoderKL) -> List[int]:
