@@ -10,6 +10,7 @@ projections are transposed, so a Paddle file must never just be renamed) and a `
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0, **con
         if for_diffusers:
             # Second: its config.json (diffusers' spelling of the version key) is the one both libraries read.
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
+            _drop_ppdiffusers_only_entries(out_dir)
     if not for_diffusers:
         _remove_pytorch_weights(out_dir)
         logger.warning("%s: written for ppdiffusers only. PyTorch diffusers' AutoencoderKL builds the encoder and the "
@@ -45,6 +47,23 @@ def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0, **con
                        "with freshly initialised layers and no error.", out_dir, encoder_widths(vae),
                        decoder_widths(vae))
     return for_diffusers
+
+
+# AutoencoderKL config entries only ppdiffusers has. In a VAE that diffusers can load they are null (or repeat
+# block_out_channels), and diffusers would warn on every load that they "are not expected ... verify your config.json".
+PPDIFFUSERS_ONLY_ENTRIES = ("down_block_out_channels", "up_block_out_channels")
+
+
+def _drop_ppdiffusers_only_entries(out_dir: str) -> None:
+    path = os.path.join(out_dir, AutoencoderKL.config_name)
+    with open(path) as handle:
+        config = json.load(handle)
+    for key in PPDIFFUSERS_ONLY_ENTRIES:
+        if config.get(key) in (None, config.get("block_out_channels")):
+            config.pop(key, None)
+    with open(path, "w") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
 
 
 def _remove_pytorch_weights(out_dir: str) -> None:
