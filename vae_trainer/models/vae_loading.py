@@ -157,9 +157,10 @@ def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
 def _checkpoint_architecture(init_from_ckpt: str) -> str:
     config = checkpoint_vae_config(init_from_ckpt)
     if config is None:
-        raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
-                                f"this version): give the architecture with --vae_config_file."
-                                f"{_not_a_checkpoint_hint(init_from_ckpt)}")
+        hint = _not_a_checkpoint_hint(init_from_ckpt)
+        raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else
+                                f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
+                                "this version): give the architecture with --vae_config_file")
     return config
 
 
@@ -316,7 +317,8 @@ def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: It
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         logger.warning("%s: %d weights not used by this VAE, e.g. %s", source, len(unexpected), unexpected[:5])
-    vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) for k in expected if k in state})
+    # Ignored weights are given their own (fresh) values: a partial dict would make Paddle warn once per weight.
+    vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) if k in state else expected[k] for k in expected})
 
 
 def _as_dtype(value, dtype):
