@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in demo (what `make demo` runs): train the tiny VAE on the demo photos on CPU for a few
+# The built-in demo (what `make demo` runs): train the tiny VAE on the demo photos on CPU for about ten
 # minutes with the PaddleNLP Trainer entry point, then compare it with the untrained model on
 # held-out photos it never saw. Usage: bash scripts/run_demo.sh [OUTPUT_DIR] [extra training flags]
 # Re-running starts over in OUTPUT_DIR (--overwrite_output_dir).
@@ -9,6 +9,10 @@ PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo pyt
 OUT=${1:-outputs/demo}; shift || true
 EVAL_LIST=data/filelist/demo_eval.filelist
 STEPS=${STEPS:-200}
+# The tiny model at 64 px trains fastest on one thread: its many small kernels slow down with more
+# (docs/benchmarks.md, section 1: 2.9-3.3 s/step on 1 thread against 5.8-6.0 on 2, this very config).
+# Your own OMP_NUM_THREADS wins; the trainer's default for your own runs stays all usable cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 "$PYTHON" train_vae_trainer.py \
   --file_list data/filelist/demo.filelist.list --vae_config_file configs/vae_tiny.json \
@@ -32,6 +36,6 @@ trained = json.load(open(f"{out}/eval/metrics.json"))["metrics"]
 print(f"{'metric':8} {'untrained':>10} {'trained':>10}")
 for name in ("psnr", "ssim", "lpips"):
     print(f"{name:8} {untrained[name]:10.4f} {trained[name]:10.4f}")
-print(f"\nVAE (ppdiffusers format): {out}/vae   reconstructions: {out}/eval/reconstructions.png")
+print(f"\nVAE (ppdiffusers and PyTorch diffusers): {out}/vae   reconstructions: {out}/eval/reconstructions.png")
 print(f"VisualDL: .venv/bin/visualdl --logdir {out}/logs   (then open http://localhost:8040)")
 PY

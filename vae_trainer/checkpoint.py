@@ -44,6 +44,7 @@ import paddle
 import paddle.distributed as dist
 
 from .distributed import assert_parameters_in_sync, rank, world_size
+from .precision import HALF_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +236,6 @@ def load_rank_state(path: str) -> Dict[str, Any]:
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} missing: was the checkpoint written with a different number of ranks?")
     return paddle.load(file, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
-
-
-HALF_DTYPES = (paddle.float16, paddle.bfloat16)
 
 
 def read_model_state(file: str) -> Dict[str, Any]:
