@@ -14,7 +14,7 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
     set_default_threads(sys.argv[1:])
 
 from vae_trainer.arguments import parse_arguments  # noqa: E402
-from vae_trainer.distributed import rank  # noqa: E402
+from vae_trainer.distributed import rank, run_and_exit  # noqa: E402
 from vae_trainer.checkpoint import list_checkpoints  # noqa: E402
 from vae_trainer.loop import train  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
@@ -35,4 +35,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_and_exit(lambda: main(sys.argv[1:]))  # ends a multi-process run in a defined order (distributed.py)

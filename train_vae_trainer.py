@@ -16,8 +16,9 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.arguments import parse_arguments  # noqa: E402
 from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime  # noqa: E402
+from vae_trainer.distributed import run_and_exit  # noqa: E402
 from vae_trainer.export import export_run  # noqa: E402
-from vae_trainer.output_dir import prepare_output_dir  # noqa: E402
+from vae_trainer.output_dir import prepare_output_dir, run_inputs  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
 from vae_trainer.trainer import VAETrainer  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
@@ -28,20 +29,21 @@ def main(argv=None):
     with start_up():  # bad flags or files: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
         setup_runtime(training_args)
-        prepare_output_dir(training_args)  # a new run never eats an earlier one
+        prepare_output_dir(training_args, run_inputs(model_args, data_args))  # nor an input
         parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
         evaluator = build_evaluator(data_args, training_args, parts)
         trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
     seed_training(training_args.seed)
     with start_up():
         resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
+        ckpt.set_aside_later(training_args.output_dir, resume)  # rolling back is a branch
     try:
         trainer.train(resume_from_checkpoint=resume)
         trainer._save_checkpoint(trainer.model)  # always a checkpoint at the end (no-op if just saved)
     except NonFiniteError as error:
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:
-        trainer.monitor.close()
+        trainer.close()  # data loader workers joined, logs closed (the process group ends in run_and_exit)
     trainer.run.restore_float32(parts.model)  # O2: evaluate and export the float32 master weights
     vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
     if trainer.is_world_process_zero():
@@ -49,4 +51,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_and_exit(lambda: main(sys.argv[1:]))  # ends a multi-process run in a defined order (distributed.py)

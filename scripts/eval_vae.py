@@ -1,10 +1,13 @@
 """Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
 
     python scripts/eval_vae.py --vae out/vae --data data/filelist \\
-        --resolution 256 --num_images 1000 --batch_size 8 --output_dir eval_out
+        --resolution 256 --num_images 1000 --output_dir eval_out
 
 Optional: --vae_config_file CONFIG, --sample_posterior, --lpips_weights weights/lpips_vgg16.pdparams,
---inception_weights weights/fid_inception_v3.pdparams (adds rFID).
+--inception_weights weights/fid_inception_v3.pdparams (adds rFID), --batch_size N (default: as many images as hold
+the pixels of 8 images of 256 px, 1 to 8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px; the numbers do
+not depend on it), --eval_tiled
+[--eval_tile_size 512] (ppdiffusers' tiled encode/decode for 1024 px and larger; the protocol says so).
 
 Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics, latent statistics,
 the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. Images are decoded at full
@@ -42,10 +45,13 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vae_trainer.evaluation import EvalProtocol, EvalResult, evaluate_vae, result_record  # noqa: E402
+from vae_trainer.evaluation import (EvalProtocol, EvalResult, check_tiling, eval_batch_size, evaluate_vae,  # noqa: E402
+                                    result_record, tiling_of)
 
+from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
+from vae_trainer.distributed import run_and_exit  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -64,7 +70,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
                         help="the encoder sees the images resized to HxW (a VAE trained with --input_size)")
     parser.add_argument("--num_images", type=int, default=1000, help="total over all processes")
-    parser.add_argument("--batch_size", type=int, default=8, help="per process")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="per process (default: as many images as hold the pixels of 8 images of 256 px, 1 to "
+                             "8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px; "
+                             "vae_trainer.evaluation.eval_batch_size); the numbers do not depend on it")
+    parser.add_argument("--eval_tiled", action="store_true",
+                        help="encode and decode images larger than --eval_tile_size tile by tile (ppdiffusers' "
+                             "tiled VAE, for 1024 px and larger); the protocol says when tiling was used")
+    parser.add_argument("--eval_tile_size", type=int, default=None,
+                        help="tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's "
+                             "downsampling factor)")
     parser.add_argument("--sample_posterior", action="store_true",
                         help="decode a posterior sample instead of its mode")
     parser.add_argument("--seed", type=int, default=0)
@@ -74,7 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="converted FID Inception .pdparams; rFID is skipped without it")
     parser.add_argument("--grid_images", type=int, default=8)
     parser.add_argument("--output_dir", required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        # --eval_tiled / --eval_tile_size as the entry points check them (the VAE's factor: once it is loaded)
+        check_tiling_flags(args, args, None, "the VAE's config")
+        # the batch used, as metrics.json records
+        args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def setup_device_and_parallel() -> tuple[int, int]:
@@ -133,7 +156,11 @@ def format_table(result: EvalResult) -> str:
 def protocol_of(args: argparse.Namespace, result: EvalResult) -> EvalProtocol:
     """The protocol of this evaluation, stating the metrics it measured."""
     return EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
-                        input_size=args.input_size, metrics=tuple(result.metrics))
+                        input_size=args.input_size, metrics=tuple(result.metrics), tiling=_tiling(args))
+
+
+def _tiling(args: argparse.Namespace):
+    return tiling_of(args.eval_tiled, args.eval_tile_size)
 
 
 def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
@@ -153,6 +180,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
         check_reconstruction_size(vae, args.input_size, args.resolution)
+        check_tiling(vae.config, _tiling(args), args.input_size, "the VAE's config")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
                                            world_size, args.num_images)
     result = evaluate_vae(
@@ -166,6 +194,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         seed=args.seed,
         grid_images=args.grid_images,
         input_size=args.input_size,
+        tiling=_tiling(args),
     )
     if rank == 0:
         print(f"protocol:\n{protocol_of(args, result).text()}\n")
@@ -176,4 +205,4 @@ def main(argv: list[str] | None = None) -> EvalResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)  # ends a multi-process evaluation in a defined order (vae_trainer/distributed.py)

@@ -1,12 +1,14 @@
 """Export any checkpoint-N of a run as a VAE folder that ppdiffusers and PyTorch diffusers both load.
 
-    python scripts/export_vae.py outputs/sd_vae/checkpoint-6000 exported/sd_vae_6000 [--ema]
+    python scripts/export_vae.py outputs/sd_vae/checkpoint-6000 exported/sd_vae_6000 [--no_ema]
 
 Writes OUT_DIR exactly as a run writes OUTPUT_DIR/vae: `diffusion_paddle_model.safetensors` (ppdiffusers),
 `diffusion_pytorch_model.safetensors` (PyTorch diffusers; not for a super-resolving VAE, which diffusers
 cannot describe), `config.json` and `latent_stats.json`, with the run's --posterior_std applied.
-`--ema` exports the checkpoint's EMA weights (runs with --use_ema). A checkpoint of an O2 (half-precision)
-run is exported from the float32 master weights its optimizer.pdopt holds.
+When the checkpoint holds EMA weights (a run with --use_ema), they are exported, as the run's own vae/
+holds them; `--no_ema` (or `--ema false`) exports the raw weights instead, and `--ema` requires the EMA.
+The script prints which weights it exported and why. A checkpoint of an O2 (half-precision) run is
+exported from the float32 master weights its optimizer.pdopt holds.
 
 The latent scale follows the run (its `export_config.json`): kept as in the VAE's config, a given number,
 or measured on the images the run measures on (its --latent_stats_num_images of --eval_file_list, else of
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import List, Optional, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -36,34 +39,77 @@ import paddle  # noqa: E402
 
 from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
-from vae_trainer.evaluation import measure_latents_of  # noqa: E402
+from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: E402
 from vae_trainer.export import export_vae_folder  # noqa: E402
-from vae_trainer.latent_scale import decide, parse_scaling_factor  # noqa: E402
+from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 from vae_trainer.models.vae_saving import diffusers_can_load  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
+# The values `--ema VALUE` / `--ema=VALUE` take, as the training flags' booleans (`_ema_values_as_flags`).
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+_EMA_VALUES = f"argument --ema: expected no value or one of {', '.join(BOOLEANS)} (--no_ema exports the raw weights)"
 
-def parse_args(argv=None) -> argparse.Namespace:
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint_dir", help="a checkpoint-N folder of a run")
     parser.add_argument("out_dir", help="the VAE folder to write")
-    parser.add_argument("--ema", action="store_true", help="export the EMA weights (ema.pdparams)")
+    parser.add_argument("--ema", dest="ema", action="store_const", const=True, default=None,
+                        help="require and export the EMA weights (ema.pdparams); the default when the checkpoint "
+                             "holds them (`--ema false` is --no_ema)")
+    parser.add_argument("--no_ema", dest="ema", action="store_const", const=False,
+                        help="export the raw weights even when the checkpoint holds EMA weights")
     parser.add_argument("--scaling_factor", default=None,
                         help="keep | measure | a number > 0 (default: what the run used)")
     parser.add_argument("--data", default=None,
                         help="images to measure the latent statistics on, a filelist or a folder (default: the run's)")
     parser.add_argument("--num_images", type=int, default=None, help="images measured (default: the run's, else 64)")
     parser.add_argument("--resolution", type=int, default=None, help="crop size (default: the run's --resolution)")
-    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="images per batch of the measurement (default: as many images as hold the pixels of 8 "
+                             "images of 256 px, 1 to 8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px; "
+                             "vae_trainer.evaluation.eval_batch_size); the numbers do not depend on it")
     parser.add_argument("--vae_config_file", default=None,
                         help="the VAE config, for checkpoints that do not hold vae_config.json")
     parser.add_argument("--device", default=None, help="gpu or cpu (default: gpu when Paddle has CUDA)")
-    return parser.parse_args(argv)
+    try:
+        flags = _ema_values_as_flags(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as error:
+        parser.error(str(error))
+    args, extras = parser.parse_known_args(flags)
+    if extras:  # `--ema maybe`: a bare --ema is a switch, so `maybe` is left over as a third folder
+        after_ema = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--ema"
+                     and not flags[i + 1].startswith("-")]
+        parser.error(f"{_EMA_VALUES}, got {after_ema[0]!r}" if after_ema
+                     else f"unrecognized arguments: {' '.join(extras)}")
+    try:
+        eval_batch_size(1, args.batch_size, flag="--batch_size")  # refuses a batch < 1 before anything is loaded
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def _ema_values_as_flags(argv: List[str]) -> List[str]:
+    """`--ema true|false` / `--ema=...` -> `--ema` / `--no_ema`: the bare `--ema` stays a switch (so that it
+    can precede the positional folders) while the spelling with a value, as the training flags take, works.
+    `--ema=VALUE` with a VALUE not in BOOLEANS is refused (ValueError) rather than read as either."""
+    out, i = [], 0
+    while i < len(argv):
+        flag, value = argv[i], None
+        if flag.startswith("--ema="):
+            value = flag.split("=", 1)[1]
+            if value.lower() not in BOOLEANS:
+                raise ValueError(f"{_EMA_VALUES}, got {value!r}")
+        elif flag == "--ema" and i + 1 < len(argv) and argv[i + 1].lower() in BOOLEANS:
+            value, i = argv[i + 1], i + 1
+        out.append(flag if value is None else ("--ema" if BOOLEANS[value.lower()] else "--no_ema"))
+        i += 1
+    return out
 
 
 def load_checkpoint_vae(checkpoint_dir: str, vae_config_file: str | None, use_ema: bool):
-    """(vae with the checkpoint's float32 raw weights, its EMA or None)."""
+    """(vae with the checkpoint's float32 raw weights, its EMA or None; `use_ema` from `choose_ema`)."""
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"{checkpoint_dir}: no such checkpoint folder")
     config = vae_config_file or ckpt.checkpoint_vae_config(checkpoint_dir)
@@ -80,12 +126,17 @@ def load_checkpoint_vae(checkpoint_dir: str, vae_config_file: str | None, use_em
     return vae, load_ema(vae, ema_file)
 
 
-def scaling_factor_mode(args: argparse.Namespace, export_config: dict):
-    """--scaling_factor, else the run's, else keep."""
-    given = parse_scaling_factor(args.scaling_factor)
-    if given is not None:
-        return given
-    return parse_scaling_factor(export_config.get("scaling_factor")) or "keep"
+def choose_ema(checkpoint_dir: str, ema: Optional[bool]) -> Tuple[bool, str]:
+    """(export the EMA weights?, why): the EMA when the checkpoint holds one, as the run's vae/ does, unless
+    --no_ema; --ema requires it."""
+    held = os.path.isfile(os.path.join(checkpoint_dir, EMA_NAME))
+    if ema is None:
+        if held:
+            return True, f"the checkpoint holds EMA weights ({EMA_NAME}), as the run's vae/ does; --no_ema exports the raw ones"
+        return False, f"the checkpoint holds no EMA weights ({EMA_NAME}: the run did not use --use_ema)"
+    if ema:
+        return True, "--ema"
+    return False, f"--no_ema{f' (the checkpoint also holds EMA weights, {EMA_NAME})' if held else ''}"
 
 
 def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
@@ -99,7 +150,8 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
                          "--scaling_factor keep or a number")
     if num_images < 1:
         raise ValueError(f"--num_images must be at least 1, got {num_images}")
-    return measure_latents_of(vae, ema, data, resolution, args.batch_size, num_images,
+    batch_size = eval_batch_size(resolution, args.batch_size)  # fits wherever the run's images fit
+    return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
                               export_config.get("input_size"), export_config.get("posterior_std", 0.0))
 
 
@@ -109,21 +161,20 @@ def main(argv=None) -> str:
     paddle.set_device(args.device or ("gpu" if paddle.is_compiled_with_cuda() else "cpu"))
     with start_up():
         export_config = ckpt.checkpoint_export_config(args.checkpoint_dir) or {}
-        mode = scaling_factor_mode(args, export_config)
-        vae, ema = load_checkpoint_vae(args.checkpoint_dir, args.vae_config_file, args.ema)
+        mode = mode_of_checkpoint(args.scaling_factor, export_config)
+        use_ema, why = choose_ema(args.checkpoint_dir, args.ema)
+        vae, ema = load_checkpoint_vae(args.checkpoint_dir, args.vae_config_file, use_ema)
         stats, source = measured_stats(vae, ema, args, export_config) if mode == "measure" else (None, None)
     weights = "the EMA weights (ema.pdparams)" if ema is not None else "the raw weights"
     updates, record = decide(mode, vae.config, stats, source, f"{weights} of {args.checkpoint_dir}",
                              "scripts/export_vae.py measures with --scaling_factor measure (the factor then changes); "
-                             "scripts/eval_vae.py --vae on this folder measures the statistics alone")
+                             "scripts/eval_vae.py --vae on this folder measures the statistics alone",
+                             export_config.get(EXPORT_ORIGIN_KEY) or f"kept from the checkpoint's {ckpt.VAE_CONFIG_NAME}")
     export_vae_folder(vae, args.out_dir, ema, export_config.get("posterior_std", 0.0), updates, record)
     readers = ("ppdiffusers.AutoencoderKL.from_pretrained and diffusers.AutoencoderKL.from_pretrained"
                if diffusers_can_load(vae) else "ppdiffusers.AutoencoderKL.from_pretrained (PyTorch diffusers cannot "
                "describe this VAE's separate decoder widths)")
-    print(f"exported {args.checkpoint_dir} ({weights}) to {args.out_dir}: loads with {readers}")
-    if ema is None and os.path.isfile(os.path.join(args.checkpoint_dir, EMA_NAME)):
-        print(f"note: {args.checkpoint_dir} also holds EMA weights ({EMA_NAME}); the run's own vae/ holds those, "
-              "and --ema exports them")
+    print(f"exported {args.checkpoint_dir} ({weights}: {why}) to {args.out_dir}: loads with {readers}")
     return args.out_dir
 
 

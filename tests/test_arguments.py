@@ -19,7 +19,7 @@ from paddlenlp.trainer.trainer_utils import SchedulerType
 from vae_trainer import arguments
 from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser
 from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments, VAETrainingArguments, parse_arguments
-from vae_trainer.flag_policy import ALIASES, PADDLENLP_FLAGS
+from vae_trainer.flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS
 
 BASE = ["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
         "--output_dir", "/tmp/vae_trainer_args"]
@@ -64,7 +64,7 @@ def test_help_lists_our_groups_in_order_before_paddlenlp_and_hides_refused_flags
         assert where[f"--{name}"] == PADDLENLP_GROUP, name
     # Refused flags are not advertised; choices and aliases are.
     for refused in ("--optim", "--num_train_epochs", "--save_strategy", "--logging_strategy", "--to_static",
-                    "--amp_master_grad", "--greater_is_better", "--do_train", "--sharding"):
+                    "--amp_master_grad", "--greater_is_better", "--sharding"):
         assert refused not in where, refused
     text = VAEArgumentParser().format_help()
     assert "--pixel_loss {l1,l2}" in text and "--disc_norm {batch,group,spectral_group,none}" in text
@@ -148,7 +148,7 @@ def _non_default(f: dataclasses.Field):
 def test_every_inherited_flag_outside_the_allow_list_is_refused_even_from_code():
     refused = 0
     for f in dataclasses.fields(TrainingArguments):
-        if not f.init or f.name in PADDLENLP_FLAGS:
+        if not f.init or f.name in PADDLENLP_FLAGS or f.name in IGNORED_FLAGS:  # (--do_train: accepted, ignored)
             continue
         with pytest.raises(ValueError, match=f"--{f.name}:"):
             VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1, **{f.name: _non_default(f)})
@@ -214,7 +214,18 @@ def test_reference_aliases_set_our_flags_from_the_command_line_and_json(tmp_path
                 parsed.warmup_steps, parsed.dataloader_num_workers) == (3, 7, 0.05, SchedulerType.COSINE, 2, 1)
     assert {alias for names in ALIASES.values() for alias in names} == {
         "train_batch_size", "batch_size", "max_train_steps", "adam_weight_decay", "lr_scheduler", "lr_warmup_steps",
-        "num_workers"}
+        "num_workers", "gradient_checkpointing"}
+
+
+def test_gradient_checkpointing_is_recompute(tmp_path):
+    """diffusers' --gradient_checkpointing is accepted as --recompute (command line and JSON)."""
+    assert parse_arguments(BASE + ["--gradient_checkpointing"])[3].recompute is True
+    assert parse_arguments(BASE + ["--gradient_checkpointing", "false"])[3].recompute is False
+    assert parse_arguments(BASE)[3].recompute is False
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"file_list": "x", "vae_config_file": "c.json", "output_dir": str(tmp_path),
+                                  "max_steps": 2, "gradient_checkpointing": True}))
+    assert parse_arguments([str(config)])[3].recompute is True
 
 
 def test_lr_scheduler_names_mean_what_they_mean_in_ppdiffusers():
@@ -426,6 +437,7 @@ EVAL = ["--eval_file_list", "held_out", "--eval_steps", "2"]
     (["--lr_scheduler_type", "constant", "--warmup_steps", "5"], "--warmup_steps: --lr_scheduler_type constant has no "
                                                                   "warm-up"),
     (["--warmup_steps", "5", "--warmup_ratio", "0.1"], "--warmup_ratio: --warmup_steps > 0 wins over it"),
+    (["--eval_tiled", "true", "--scaling_factor", "0.2"], "--eval_tiled: it tiles evaluations and the measurement"),
 ])
 def test_flags_that_would_do_nothing_are_refused_naming_what_to_add_or_drop(extra, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -444,6 +456,8 @@ def test_flags_that_would_do_nothing_are_refused_naming_what_to_add_or_drop(extr
     ["--fp16", "--fp16_opt_level", "O2", "--scale_loss", "1024", "--min_loss_scale", "4", "--device", "gpu:1"],
     ["--recipe", "balanced", "--loss_balancing", "none"],  # the recipe's --gradnorm_scope is not given by the user
     ["--latent_stats_num_images", "8"],  # from scratch: the factor is measured
+    ["--eval_tiled", "true", "--eval_tile_size", "32"],  # from scratch: the measured factor is tiled
+    [*EVAL, "--eval_tiled", "true", "--scaling_factor", "0.2"],
 ])
 def test_the_same_flags_with_what_they_need_parse(extra):
     parse_arguments(BASE + extra)
@@ -489,3 +503,71 @@ def test_each_entry_point_refuses_sizes_idle_flags_and_devices_before_building(d
         run_in_process(driver, with_vae("configs/sd_vae.json", "--device", "cuda"))
     assert stopped.value.code == 2 and "invalid choice: 'cuda'" in capsys.readouterr().err
     assert not os.path.exists("/tmp/vae_trainer_args/vae")
+
+
+# ---------------------------------------------------------------- issue 17.8: ppdiffusers users' command lines
+# The TrainingArguments part of ppdiffusers' examples/text_to_image_laion400m README command (1.3.2, the
+# Trainer; as written there, quotes removed by the shell).
+LAION400M_TRAINING_ARGUMENTS = [
+    "--do_train", "--output_dir", "./laion400m_pretrain_output_trainer", "--per_device_train_batch_size", "16",
+    "--gradient_accumulation_steps", "2", "--learning_rate", "5e-5", "--weight_decay", "0.02",
+    "--max_steps", "1000000000", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+    "--image_logging_steps", "1000", "--logging_steps", "50", "--save_steps", "5000", "--save_total_limit", "50",
+    "--seed", "23", "--dataloader_num_workers", "6", "--max_grad_norm", "-1",
+]
+
+
+def _with(flags, **values):
+    """`flags` with some values replaced (--name value pairs)."""
+    flags = list(flags)
+    for name, value in values.items():
+        flags[flags.index(f"--{name}") + 1] = str(value)
+    return flags
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_ppdiffusers_laion400m_training_arguments_parse_in_each_entry_point(driver):
+    """Before: "--do_train: both entry points always train; drop it" and "--warmup_steps: --lr_scheduler_type
+    constant has no warm-up"."""
+    import importlib
+
+    parse = importlib.import_module(driver[:-len(".py")]).parse_arguments
+    _, _, _, training_args = parse(["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json",
+                                    *LAION400M_TRAINING_ARGUMENTS])
+    assert (training_args.warmup_steps, training_args.max_grad_norm, training_args.gradient_accumulation_steps,
+            training_args.per_device_train_batch_size, training_args.seed) == (0, -1, 2, 16, 23)
+    assert training_args.do_train  # accepted, and ignored: both always train
+    assert "--do_train" in VAEArgumentParser().format_help()  # listed, with why it is ignored
+
+
+@pytest.mark.parametrize("extra", [
+    ["--lr_scheduler_type", "constant", "--warmup_steps", "0"],        # ppdiffusers' commands
+    ["--lr_scheduler_type", "constant", "--warmup_ratio", "0"],
+    ["--warmup_steps", "5", "--warmup_ratio", "0.0"],
+    ["--disc_weight", "0", "--lecam_weight", "0"],                     # no LeCAM term, no discriminator
+    ["--report_to", "none", "--image_logging_steps", "0"],             # no image grid, no VisualDL
+    ["--eval_tiled", "false", "--scaling_factor", "0.2"],              # no tiling, nothing to tile
+])
+def test_a_flag_given_its_value_that_does_nothing_is_never_refused(extra):
+    parse_arguments(BASE + extra)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "500"], "--warmup_steps: --lr_scheduler_type constant"),
+    (["--lr_scheduler_type", "constant", "--warmup_ratio", "0.1"], "--warmup_ratio: --lr_scheduler_type constant"),
+    (["--disc_weight", "0", "--lecam_weight", "0.1"], "--lecam_weight: with --disc_weight 0"),
+])
+def test_other_values_of_those_flags_stay_refused_where_they_would_be_ignored(extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_arguments(BASE + extra)
+
+
+def test_a_short_run_with_the_ppdiffusers_training_arguments(photo_filelist, tmp_path):
+    """The laion400m TrainingArguments, as written but for the run's length and size (2 steps, batch 1, no
+    loader workers), train the micro VAE at 32 px on CPU."""
+    flags = _with(LAION400M_TRAINING_ARGUMENTS, output_dir=tmp_path / "out", per_device_train_batch_size=1,
+                  max_steps=2, dataloader_num_workers=0)
+    run_entry_point("train_vae_no_trainer.py", ["--file_list", photo_filelist, "--vae_config_file",
+                                                "configs/vae_micro.json", "--resolution", "32", "--device", "cpu",
+                                                "--disc_base_channels", "8", *flags])
+    assert os.path.isfile(tmp_path / "out" / "vae" / "config.json")

@@ -48,7 +48,7 @@ def bucket_runs(photo_folder, tmp_path_factory):
     return out
 
 
-def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs):
+def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs, photo_folder):
     logs = [os.path.join(bucket_runs[driver], "logs") for driver in DRIVERS]
     for tag in ("loss/total", "loss/pixel", "loss/discriminator"):
         a, b = read_scalars(logs[0], tag), read_scalars(logs[1], tag)
@@ -63,6 +63,9 @@ def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs):
     for driver in DRIVERS:  # the end-of-run summary, with the last logged count
         final = int(read_scalars(os.path.join(bucket_runs[driver], "logs"), "data/skipped_not_image")[4])
         assert f"data: {final} training records skipped (all ranks, resumed runs included): {{'not_image': {final}}}" \
+            in bucket_runs[driver + ":output"]
+        # ... naming the file, counted in the loader worker and carried to the summary by the batches' positions
+        assert f"Files with skips: 1, the worst 1:\n  {final:>8}  {os.path.join(photo_folder, 'broken.jpg')}" \
             in bucket_runs[driver + ":output"]
 
 

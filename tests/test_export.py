@@ -12,7 +12,7 @@ from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
 from vae_trainer.evaluation import evaluate_vae, measure_latents
-from vae_trainer.latent_scale import decide, scaling_factor_mode
+from vae_trainer.latent_scale import decide, mode_of_checkpoint, scaling_factor_mode
 from vae_trainer.metrics import LatentStatistics
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
@@ -119,6 +119,37 @@ def test_scaling_factor_is_kept_when_fine_tuning_and_measured_from_scratch():
             scaling_factor_mode(_args(scaling_factor=bad))
 
 
+def test_an_export_from_a_checkpoint_uses_the_given_mode_else_the_runs_else_keep():
+    assert mode_of_checkpoint("0.3", {"scaling_factor": "measure"}) == 0.3  # the script's --scaling_factor wins
+    assert mode_of_checkpoint(None, {"scaling_factor": "measure"}) == "measure"  # else the run's
+    assert mode_of_checkpoint("auto", {"scaling_factor": "0.5"}) == 0.5
+    assert mode_of_checkpoint(None, {}) == "keep"  # a checkpoint older than export_config.json
+    with pytest.raises(ValueError, match="--scaling_factor"):
+        mode_of_checkpoint("big", {})
+
+
+def test_export_vae_script_refuses_flag_values_when_parsing(tmp_path, capsys):
+    """Parse only: `--ema=maybe` / `--ema maybe` were read as --no_ema (or a third folder); --batch_size 0 was
+    refused after the checkpoint was loaded, naming the training flag --per_device_eval_batch_size."""
+    from conftest import load_script
+
+    export_vae = load_script("export_vae")
+    folders = [str(tmp_path / "checkpoint-1"), str(tmp_path / "out")]
+    for flags, value in ((["--ema=maybe"], "maybe"), (["--ema", "maybe"], "maybe"), (["--ema="], "")):
+        with pytest.raises(SystemExit) as stopped:
+            export_vae.parse_args(folders + flags)
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err
+        assert "argument --ema: expected no value or one of true, yes, 1, false, no, 0" in error, flags
+        assert f"got {value!r}" in error, flags
+    with pytest.raises(SystemExit):
+        export_vae.parse_args(folders + ["--batch_size", "0"])
+    error = capsys.readouterr().err
+    assert "--batch_size must be >= 1, got 0" in error and "per_device_eval_batch_size" not in error
+    assert [export_vae.parse_args(flags).ema for flags in (folders + ["--ema=No"], ["--ema", *folders],
+                                                           folders + ["--ema", "true"], folders)] == [False, True, True, None]
+
+
 def test_decide_writes_what_the_mode_says_and_records_it():
     stats = SimpleNamespace(scaling_factor=0.5, shift_factor=0.25, num_images=9, latent_mean=[0.1], latent_std=[2.0])
     sd, flux = {"scaling_factor": 0.18215, "shift_factor": None}, {"scaling_factor": 0.3611, "shift_factor": 0.1159}
@@ -147,7 +178,8 @@ def test_the_readme_example_of_latent_stats_json_is_what_the_export_writes():
                             shift_factor=measured["suggested_shift_factor"], num_images=measured["num_images"],
                             latent_mean=measured["latent_mean"], latent_std=measured["latent_std"])
     config = {"scaling_factor": example["scaling_factor"], "shift_factor": example["shift_factor"]}
-    assert decide("keep", config, stats, measured["from"], example["weights"])[1] == example
+    kept_from = "kept from the pretrained VAE /models/sdxl-vae"  # latent_scale.of_pretrained's origin
+    assert decide("keep", config, stats, measured["from"], example["weights"], origin=kept_from)[1] == example
     # Its suggested factors are those of its per-channel numbers (total variance over equally many values each).
     mean, std = np.array(measured["latent_mean"]), np.array(measured["latent_std"])
     assert measured["suggested_scaling_factor"] == pytest.approx(1 / np.sqrt((std**2).mean() + mean.var()), abs=1e-4)
@@ -286,10 +318,29 @@ def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weig
                 str(tmp_path / "checkpoint-3" / "optimizer.pdopt"))
     load_script("export_vae").main([checkpoint, str(tmp_path / "out"), "--scaling_factor", "keep"])
     note = json.load(open(tmp_path / "out" / "latent_stats.json"))["note"]  # by case: no training run to speak of
-    assert note.startswith("not measured: the scaling factor is kept") and "--scaling_factor measure" in note
+    # Kept: the factor of the run's --vae_config_file (a run from scratch), said as it is (export_config.json).
+    assert note.startswith("not measured: the scaling factor is from --vae_config_file configs/vae_micro.json;")
+    assert "--scaling_factor measure" in note
     exported = AutoencoderKL.from_pretrained(str(tmp_path / "out"))
     started = build_vae("configs/vae_micro.json", init_from_ckpt=checkpoint)
     for vae in (exported, started):
         for name, param in vae.named_parameters():
             master = masters[dict(parts.model.vae.named_parameters())[name].name]
             np.testing.assert_array_equal(param.numpy(), master, err_msg=name)  # not a float16 rounding
+
+
+@pytest.mark.parametrize("data, stored", [
+    ("pipe:curl -s http://host/shard-{000..009}.tar", "pipe:curl -s http://host/shard-{000..009}.tar"),
+    ("held_out/", os.path.abspath("held_out")),
+])
+def test_export_config_keeps_pipe_sources_as_given(data, stored):
+    """Issue 17.7: abspath made `pipe:curl ...` the path `<cwd>/pipe:curl ...`, which export_vae.py cannot read."""
+    from types import SimpleNamespace
+
+    from vae_trainer.checkpoint import EXPORT_CONFIG_NAME
+    from vae_trainer.export import checkpoint_configs
+
+    model = SimpleNamespace(posterior_std=0.0, input_size=None, vae=SimpleNamespace(config={"scaling_factor": 0.5}))
+    parts = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
+    evaluator = SimpleNamespace(latent_stats_data=(data, 8))
+    assert checkpoint_configs(parts, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored

@@ -70,7 +70,7 @@ def test_decoder_only_fine_tuning_keeps_the_encoder_and_the_scaling_factor(runs,
         np.testing.assert_array_equal(encode(vae, images), encode(build_vae(pretrained_model_name_or_path=source), images))
         assert vae.config.scaling_factor == MICRO["scaling_factor"]
     stats = json.load(open(os.path.join(runs[driver], "vae", "latent_stats.json")))
-    assert stats["scaling_factor"] == MICRO["scaling_factor"] and stats["source"] == "kept from the VAE's config"
+    assert stats["scaling_factor"] == MICRO["scaling_factor"] and stats["source"] == f"kept from the pretrained VAE {source}"
     assert stats["measured"] is None  # no evaluation ran, so nothing was measured at the end
     assert "no evaluation of these weights ran at the last step" in stats["note"]
     raw = json.load(open(os.path.join(runs[driver], "vae_raw", "latent_stats.json")))
@@ -110,7 +110,7 @@ def test_export_vae_script_writes_the_same_dual_format_folder_from_a_checkpoint(
     run = runs[DRIVERS[1]]
     out = tmp_path / "exported"
     command = [sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), os.path.join(run, f"checkpoint-{STEPS}"),
-               str(out)] + (["--ema"] if ema else [])
+               str(out)] + ([] if ema else ["--no_ema"])  # the EMA is exported by default when the run kept one
     completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     exported, final = vae_weights(str(tmp_path), "exported"), vae_weights(run, folder)
@@ -130,11 +130,17 @@ def test_export_vae_script_exports_the_ema_of_an_early_checkpoint(runs, source, 
 
     checkpoint = os.path.join(runs[DRIVERS[0]], "checkpoint-1")
     export_vae = load_script("export_vae")
-    export_vae.main([checkpoint, str(tmp_path / "raw")])
-    assert "--ema exports them" in capsys.readouterr().out  # the run's vae/ holds EMA weights: say so
-    export_vae.main([checkpoint, str(tmp_path / "ema"), "--ema"])
+    export_vae.main([checkpoint, str(tmp_path / "raw"), "--no_ema"])
+    assert "--no_ema (the checkpoint also holds EMA weights" in capsys.readouterr().out
+    export_vae.main([checkpoint, str(tmp_path / "ema")])  # by default: the EMA the checkpoint holds, as vae/
+    assert "as the run's vae/ does; --no_ema exports the raw ones" in capsys.readouterr().out
+    export_vae.main([checkpoint, str(tmp_path / "ema_flag"), "--ema"])  # still accepted
+    export_vae.main(["--ema", "false", checkpoint, str(tmp_path / "raw_flag")])  # the training flags' spelling
     initial = {k: v.numpy() for k, v in build_vae(pretrained_model_name_or_path=source).state_dict().items()}
     raw, ema = vae_weights(str(tmp_path), "raw"), vae_weights(str(tmp_path), "ema")
+    for same, folder in ((ema, "ema_flag"), (raw, "raw_flag")):
+        for key, value in vae_weights(str(tmp_path), folder).items():
+            np.testing.assert_array_equal(value, same[key], err_msg=f"{folder}: {key}")
     decay = 2 / 11
     for key, value in ema.items():
         expected = initial[key] - (1 - decay) * (initial[key] - raw[key])
@@ -173,7 +179,7 @@ def test_a_flux_style_vae_fine_tunes_with_a_fresh_decoder_and_keeps_both_factors
         assert np.abs(moved).mean() > 0.02
         stats = json.load(open(out / exported_folder / "latent_stats.json"))
         assert (stats["scaling_factor"], stats["shift_factor"]) == (0.3611, 0.1159)
-        assert stats["source"] == "kept from the VAE's config"
+        assert stats["source"] == f"kept from the pretrained VAE {folder}"
         assert_loads_alike_in_both_libraries(out / exported_folder, folder)  # both factors, force_upcast, ...
     config = AutoencoderKL.load_config(str(out / "vae"))
     assert (config["scaling_factor"], config["shift_factor"], config["latents_std"]) == (

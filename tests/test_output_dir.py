@@ -107,6 +107,65 @@ def test_resume_and_empty_folders_start_without_question(tmp_path):
     run_dir.prepare_output_dir(Args(only_logs))
 
 
+def _input_cases(out):
+    """(flag, path as the user gives it, path the message names) of inputs inside what clearing deletes."""
+    os.symlink(out / "discriminator", out.parent / "disc_link")
+    part = out / "checkpoint-2" / "part-0.gz"  # a part file a user parked in a checkpoint folder
+    part.write_bytes(b"")
+    (out.parent / "mine.filelist").write_text(f"{part}\n")
+    os.symlink(out / "checkpoint-2", out.parent / "parked")  # a part reached through a symlinked folder
+    (out.parent / "linked.filelist").write_text(f"{out.parent / 'parked' / 'part-0.gz'}\n")
+    return [
+        ("--pretrained_model_name_or_path", "out/vae/", "out/vae"),  # relative, trailing slash
+        ("--init_from_ckpt", str(out / "checkpoint-4" / "model_state.pdparams"), "checkpoint-4"),
+        ("--discriminator_path", str(out.parent / "disc_link"), "discriminator"),  # a symlink into OUT
+        ("--file_list", str(out.parent / "mine.filelist"), str(part)),  # a part the list names
+        ("--file_list", str(out.parent / "linked.filelist"), "checkpoint-2"),
+        ("--eval_file_list", str(out / "vae"), "vae"),
+    ]
+
+
+def test_overwrite_refuses_before_deleting_what_the_run_reads(tmp_path, monkeypatch):
+    """Issue 17.2: `--pretrained_model_name_or_path OUT/vae --output_dir OUT --overwrite_output_dir` deleted
+    OUT/vae, then failed "No pretrained VAE". Now every input inside what clearing deletes is refused first."""
+    out = tmp_path / "out"
+    earlier_run(str(out))
+    monkeypatch.chdir(tmp_path)
+    for flag, given, named in _input_cases(out):
+        before = snapshot(out)
+        with pytest.raises(FileExistsError) as refused:
+            run_dir.prepare_output_dir(Args(out, overwrite=True), {flag: given})
+        message = str(refused.value)
+        assert f"{flag} {given}" in message and named in message and "Nothing was deleted" in message, message
+        assert "--resume_from_checkpoint latest" in message and "cp -r" in message
+        assert snapshot(out) == before, flag
+
+
+def test_overwrite_clears_when_the_inputs_are_elsewhere(tmp_path):
+    out = tmp_path / "out"
+    earlier_run(str(out))
+    (out / "my_parts").mkdir()  # the user's own data inside OUTPUT_DIR is never deleted, so may be read
+    (out / "my_parts" / "part-0.gz").write_bytes(b"")
+    (out / "my.filelist").write_text("my_parts/part-0.gz\n")
+    reads = {"--pretrained_model_name_or_path": str(tmp_path / "vae"), "--file_list": str(out / "my.filelist"),
+             "--eval_file_list": "pipe:cat out/vae/x.tar", "--init_from_ckpt": None}
+    run_dir.prepare_output_dir(Args(out, overwrite=True), reads)
+    assert sorted(os.listdir(out)) == ["launch_logs", "my.filelist", "my_parts", "notes.txt"]
+
+
+def test_run_inputs_name_the_pretrained_subfolder_and_not_a_resumed_checkpoint():
+    """A resumed run never clears its folder (prepare_output_dir returns first), so the resumed checkpoint is
+    not among the inputs to protect."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(pretrained_model_name_or_path="OUT", subfolder="vae", vae_config_file=None,
+                            init_from_ckpt=None, discriminator_path=None, lpips_weights=None)
+    data = SimpleNamespace(file_list="a.filelist", eval_file_list=None, inception_weights=None)
+    reads = run_dir.run_inputs(model, data)
+    assert reads["--pretrained_model_name_or_path"] == os.path.join("OUT", "vae")
+    assert "--resume_from_checkpoint" not in reads and reads["--file_list"] == "a.filelist"
+
+
 WORKER = textwrap.dedent(
     """
     import json, sys
@@ -129,6 +188,8 @@ WORKER = textwrap.dedent(
     except FileExistsError:
         outcome = "refused"
     print("RESULT " + json.dumps({"outcome": outcome}))
+    from vae_trainer.distributed import run_and_exit
+    run_and_exit(lambda: None)  # ends as the entry points do (no SIGABRT at exit)
     """
 )
 
@@ -189,3 +250,12 @@ def test_second_run_is_refused_then_overwrite_starts_clean(photo_filelist, tmp_p
     assert ckpt.resolve_resume(output_dir, "latest").endswith("checkpoint-1")
     second = snapshot(output_dir)
     assert all(second[path] > first.get(path, 0) for path in second)  # all of it is the new run's
+
+    # Issue 17.2: continuing from the last export into the same folder "from scratch" deleted OUT/vae first.
+    from_export = run_args(photo_filelist, output_dir, max_steps=1, overwrite_output_dir="true",
+                           pretrained_model_name_or_path=os.path.join(output_dir, "vae") + os.sep)
+    refused = subprocess.run([sys.executable, os.path.join(REPO, driver), *map(str, from_export)], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--overwrite_output_dir would delete" in refused.stderr and "--pretrained_model_name_or_path" in refused.stderr
+    assert snapshot(output_dir) == second  # the export it reads, and everything else, still there

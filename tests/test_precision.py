@@ -168,6 +168,38 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
         np.testing.assert_array_equal(param.numpy(), original[name], err_msg=name)
 
 
+def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypatch):
+    """Under O2 the VAE and discriminator weights are cast, but not the container's own scalars: a learnable
+    log-variance of 0.1 stays 0.1 (fp16: 0.09998), and a LeCAM EMA step of decay 0.99 from 1.0 towards 1.05
+    gives 1.0005 (fp16, whose spacing at 1.0 is 0.00098, would keep 1.0). Paddle's O2 cast is forced on CPU."""
+    from paddle.amp.auto_cast import amp_initialize
+    from test_step import make_args
+
+    import vae_trainer.precision as precision
+    from vae_trainer.arguments import LossArguments, ModelArguments
+    from vae_trainer.build import build_components, build_training
+    from vae_trainer.losses import update_lecam_ema
+
+    monkeypatch.setattr(precision, "on_gpu", lambda: True)
+    monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
+                        amp_initialize([models], dtype, excluded_layers))
+    loss = LossArguments(perceptual_weight=0.0, learn_logvar=True, logvar_init=0.1, lecam_weight=0.1)
+    parts = build_components(ModelArguments(vae_config_file="configs/vae_micro.json", disc_norm="group",
+                                            disc_num_layers=2, disc_base_channels=8), loss, make_args(tmp_path))
+    model = parts.model
+    run = build_training(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2"))
+    assert model.vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
+    assert model.discriminator.parameters()[0].dtype == paddle.float16
+    state = model.state_dict()
+    assert state["logvar"].dtype == paddle.float32 and state["lecam_ema"].dtype == paddle.float32  # ... not here
+    assert model.logvar.item() == np.float32(0.1)
+    assert any(p is model.logvar for p in run.vae_optimizer._parameter_list)  # still trained, in float32
+    model.lecam_ema.set_value(paddle.ones([2], "float32"))
+    update_lecam_ema(model.lecam_ema, paddle.full([4], 1.05, "float16"), paddle.full([4], 1.05, "float16"), 0.99)
+    assert model.lecam_ema.dtype == paddle.float32
+    np.testing.assert_allclose(model.lecam_ema.numpy(), [1.0005, 1.0005], rtol=0, atol=2e-6)
+
+
 @pytest.mark.skipif(not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0,
                     reason="real O2 needs a CUDA GPU")
 @pytest.mark.parametrize("driver", DRIVERS)

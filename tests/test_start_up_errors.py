@@ -81,3 +81,11 @@ def test_the_message_is_printed_without_a_traceback(tmp_path):
                                cwd=REPO, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1
     assert "Traceback" not in completed.stderr and f"error: No pretrained VAE at {tmp_path / 'none'}" in completed.stderr
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_freeze_encoder_on_a_vae_trained_from_scratch_is_refused(driver, photo_filelist, tmp_path):
+    """Issue 17.7: its encoder would stay at its random initialisation for the whole run (before: it trained)."""
+    message = refused(driver, tiny_args(photo_filelist, tmp_path / "out", freeze_encoder="true"))
+    assert "\n" not in message and "--freeze_encoder" in message and "--pretrained_model_name_or_path" in message
+    assert not os.path.exists(tmp_path / "out")  # refused before anything is built or written

@@ -245,28 +245,49 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
     assert np.array_equal(model.vae.decoder.conv_out.weight.numpy(), raw)
 
 
-def test_recompute_gives_the_same_gradients(tmp_path):
-    """--recompute (gradient checkpointing) trades compute for memory without changing the gradients."""
+def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
+    """--recompute (every resnet, attention and sampler recomputed in the backward) trades compute for memory
+    without changing the numbers: one step with the GAN on (the adaptive weight's paddle.grad at the decoder's
+    last layer) and a sampled posterior gives the same losses, VAE and discriminator gradients."""
+    from vae_trainer.models.vae import enable_recompute, recompute_calls
+
     x = images()
-    grads = []
+    results = []
     for recompute in (False, True):
         model = make_model()
-        if recompute:
-            model.vae.enable_gradient_checkpointing()
-        step = make_step(model, tmp_path, disc_weight=0.0, sample_posterior=False)
-        step.forward_backward(x, global_step=0)
-        grads.append([p.grad.numpy() for p in model.vae.parameters()])
-    for plain, checkpointed in zip(*grads):
-        np.testing.assert_allclose(checkpointed, plain, rtol=1e-5, atol=1e-7)
+        segments = enable_recompute(model.vae) if recompute else []
+        step = make_step(model, tmp_path)  # disc_start 0: GAN, adaptive weight and discriminator update on
+        paddle.seed(11)
+        logs = step.forward_backward(x, global_step=0)
+        assert recompute_calls(model.vae) == len(segments)  # each segment's forward ran once, under recompute
+        results.append(({k: v.numpy() for k, v in logs.items()},
+                         [p.grad.numpy() for p in model.vae.parameters() + model.discriminator.parameters()]))
+    (plain_logs, plain_grads), (logs, grads) = results
+    assert len(segments) == 14  # micro: down blocks 2 resnets + 1 downsampler, up blocks 4 + 1, 2 mid blocks 2x3
+    assert "gan/adaptive_weight" in logs and plain_logs["gan/adaptive_weight"] > 0
+    for key, value in plain_logs.items():
+        assert np.allclose(np.atleast_1d(logs[key]), np.atleast_1d(value), rtol=1e-5, atol=1e-7), key  # (0-d: np.bool)
+    for plain, checkpointed in zip(plain_grads, grads):
+        np.testing.assert_allclose(checkpointed, plain, rtol=1e-4, atol=1e-7)
 
 
-def test_recompute_flag_turns_on_gradient_checkpointing(tmp_path):
+def test_recompute_flag_recomputes_each_resnet_attention_and_sampler(tmp_path):
     from vae_trainer.arguments import ModelArguments
     from vae_trainer.build import build_components
+    from vae_trainer.models.vae import RecomputedForward, recompute_segments
 
     for recompute in (False, True):
         parts = build_components(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),
                                  LossArguments(perceptual_weight=0.0), make_args(tmp_path, recompute=recompute))
         vae = parts.model.vae
-        assert vae.encoder.gradient_checkpointing == recompute and vae.decoder.gradient_checkpointing == recompute
+        names = [name for name, layer in recompute_segments(vae)
+                 if isinstance(layer.__dict__.get("forward"), RecomputedForward)]
+        assert bool(names) == recompute
+        if recompute:
+            assert {"encoder.mid_block.attentions.0", "decoder.mid_block.attentions.0",
+                    "decoder.up_blocks.1.resnets.1", "encoder.down_blocks.0.downsamplers.0",
+                    "decoder.up_blocks.0.upsamplers.0"} <= set(names)
+        # ppdiffusers' block-level checkpointing stays off (nested, it would recompute everything twice)
+        assert not vae.encoder.gradient_checkpointing and not vae.decoder.gradient_checkpointing
+        assert set(vae.state_dict()) == set(build_vae(MICRO).state_dict())  # parameter names unchanged
 

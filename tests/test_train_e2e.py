@@ -144,6 +144,71 @@ def test_resume_continues_exactly(runs, photo_filelist, held_out_folder, tmp_pat
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
+def test_the_other_entry_points_checkpoint_resumes_exactly_and_rolling_back_is_a_branch(
+        runs, photo_filelist, held_out_folder, tmp_path, driver):
+    """Issue 17.3, the issue's scenario on the OTHER entry point's 4-step run (saved every 2, evaluated at 2 and
+    4): roll back to checkpoint-2 with a 10x lower --learning_rate and train to step 3. Step 3 is this entry
+    point's uninterrupted step 3 (the loss comes before the update), at the lower rate; checkpoint-4 and the
+    step-4 evaluation of the abandoned branch go to OUT/abandoned/ before the first save, so `latest` is the new
+    branch's checkpoint-3 and --save_total_limit 1 does not count checkpoint-4."""
+    import json
+
+    from vae_trainer import checkpoint as ckpt
+
+    other = runs[DRIVERS[1 - DRIVERS.index(driver)]]
+    resumed = tmp_path / "resumed"
+    for name in ("checkpoint-2", "checkpoint-4"):
+        shutil.copytree(os.path.join(other, name), resumed / name)
+    shutil.copy(os.path.join(other, ckpt.EVAL_METRICS_NAME), resumed / ckpt.EVAL_METRICS_NAME)
+    result = run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint=resumed / "checkpoint-2",
+                                               learning_rate=1e-4, max_steps=3, save_total_limit=1,
+                                               **EVAL_FLAGS(held_out_folder)))
+    for tag in ("loss/total", "loss/discriminator"):
+        a, b = read_scalars(os.path.join(runs[driver], "logs"), tag), read_scalars(str(resumed / "logs"), tag)
+        assert sorted(b) == [3] and a[3] == b[3], tag
+    a, b = (read_scalars(os.path.join(folder, "logs"), "train/learning_rate") for folder in (runs[driver], resumed))
+    assert b[3] == pytest.approx(a[3] / 10)
+    branches = os.listdir(resumed / "abandoned")
+    assert len(branches) == 1 and branches[0].endswith("-after-checkpoint-2")
+    abandoned = resumed / "abandoned" / branches[0]
+    assert os.path.isfile(abandoned / "checkpoint-4" / "model_state.pdparams")
+    assert "checkpoint-4" in result.stderr.split("not the newest checkpoint", 1)[1].splitlines()[0]
+    assert [step for step, _ in ckpt.list_checkpoints(str(resumed))] == [3]
+    assert ckpt.resolve_resume(str(resumed), "latest") == str(resumed / "checkpoint-3")
+
+    def eval_steps(path):
+        return [json.loads(line)["step"] for line in open(path)]
+
+    assert eval_steps(resumed / ckpt.EVAL_METRICS_NAME) == [2, 3]  # the new branch's history
+    assert eval_steps(abandoned / ckpt.EVAL_METRICS_NAME) == [4]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_resuming_from_the_final_checkpoint_trains_no_step_and_exports(runs, photo_filelist, held_out_folder, tmp_path,
+                                                                        driver):
+    """Issue 17.3: --max_steps equal to the checkpoint's step: no extra step is trained (the PaddleNLP Trainer's
+    own loop would train one), no loss is logged, the checkpoint is left as it is (not deleted and saved again),
+    and the run still exits cleanly with the export of the checkpoint's weights."""
+    driver_run = runs[driver]
+    resumed = tmp_path / "resumed"
+    shutil.copytree(os.path.join(driver_run, "checkpoint-4"), resumed / "checkpoint-4")
+
+    def files(folder):
+        return {name: (os.stat(folder / name).st_ino, os.stat(folder / name).st_mtime_ns)
+                for name in sorted(os.listdir(folder))}
+
+    before = (os.stat(resumed / "checkpoint-4").st_ino, files(resumed / "checkpoint-4"))
+    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
+                                      **EVAL_FLAGS(held_out_folder)))
+    assert (os.stat(resumed / "checkpoint-4").st_ino, files(resumed / "checkpoint-4")) == before  # not rewritten
+    assert [name for name in os.listdir(resumed) if name.startswith("checkpoint")] == ["checkpoint-4"]
+    assert read_scalars(str(resumed / "logs"), "loss/total") == {}  # no step trained (no step 5), none logged
+    straight, again = vae_weights(driver_run, "vae_raw"), vae_weights(str(resumed), "vae_raw")
+    for name in straight:
+        np.testing.assert_array_equal(straight[name], again[name], err_msg=name)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 def test_two_processes_stay_in_sync_and_read_different_data(photo_filelist, tmp_path, driver):
     output_dir = tmp_path / "out"
     run_entry_point(driver, tiny_args(photo_filelist, output_dir, max_steps=3, save_steps=3, image_logging_steps=0),
@@ -215,7 +280,7 @@ def test_export_vae_script_exports_a_from_scratch_checkpoint_as_the_run_did(runs
 
     run = runs[DRIVERS[0]]
     command = [sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), os.path.join(run, "checkpoint-4"),
-               str(tmp_path / "out")] + (["--ema"] if ema else [])
+               str(tmp_path / "out")] + ([] if ema else ["--no_ema"])
     completed = subprocess.run(command, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     exported = AutoencoderKL.load_config(str(tmp_path / "out"))["scaling_factor"]

@@ -32,3 +32,73 @@ def test_only_the_writing_rank_asks_for_the_image_grid(tmp_path, is_main_process
         records = LogReader(file_path=str(files[0])).get_data("image", "reconstructions")
         assert [r.id for r in records] == [2, 4]
         assert np.asarray(records[0].value).size > 0
+
+
+def test_data_seconds_count_only_the_wait_for_batches(tmp_path, monkeypatch):
+    """Issue 17.7: the time from one micro-step's end to the next one's start counted as data time, so the optimizer
+    step, logging, evaluation and saves in between showed up in perf/data_seconds_per_step. A fake clock: exact
+    numbers, whatever the machine's load."""
+    from types import SimpleNamespace
+
+    from vae_trainer import train_logging
+
+    now = [100.0]
+    monkeypatch.setattr(train_logging, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=2, logging_steps=2, report_to=[])
+    monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
+
+    def slow_loader():
+        while True:
+            now[0] += 0.125  # waiting for the batch
+            yield {}
+
+    batches = monitor.timed(slow_loader())  # as both drivers iterate their batches
+    iteration = iter(batches)
+    for step in (1, 2):
+        next(iteration)
+        monitor.micro_step_end({"loss/total": paddle.ones([])})
+        now[0] += 0.25  # the optimizer step, evaluation, a save: not waiting for data
+        scalars = monitor.optimizer_step_end(step, {})
+    batches.close()
+    monitor.close()
+    assert scalars["perf/data_seconds_per_step"] == 0.125
+    assert scalars["perf/seconds_per_step"] == 0.375 and scalars["perf/compute_seconds_per_step"] == 0.25
+    assert scalars["perf/images_per_second"] == 2 / 0.375
+    with pytest.raises(StopIteration):  # closed: the loader's iteration has ended
+        next(iteration)
+
+
+def test_the_skip_summary_is_complete_at_the_end_and_names_the_worst_files(tmp_path, caplog):
+    """Issue 17.7: the summary was as of the last logging step and named no file; the console names only each
+    file's first few problems, so a part that broke after that could not be found."""
+    import logging
+    from collections import Counter
+
+    from vae_trainer.data.position import StreamPosition, encode_position
+
+    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, logging_steps=2, report_to=[])
+    monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
+    position = StreamPosition(0, 1, 0, 1000)
+    position.files = [f"/data/part-{i:05d}.gz" for i in range(30)]
+    monitor.watch_data(position)
+    skips = Counter()
+    for step in (1, 2, 3):  # the run ends after step 3 (a non-finite stop, a signal): not a logging step
+        for index in range(25):
+            skips[index] += index
+            skips["not_image"] += index
+        position.update(encode_position(0, 0, 8 * step, skips, []))
+        monitor.micro_step_end({"loss/total": paddle.ones([])})
+        monitor.optimizer_step_end(step, {})
+    with caplog.at_level(logging.INFO, logger="vae_trainer"):
+        monitor.close()
+    assert "data: 900 training records skipped" in caplog.text and "{'not_image': 900}" in caplog.text
+    assert "Files with skips: 24, the worst 20:" in caplog.text
+    assert "      72  /data/part-00024.gz" in caplog.text and "      15  /data/part-00005.gz" in caplog.text
+    assert "part-00004.gz" not in caplog.text
+
+    # Checkpoints keep the per-file counts by path, so a resumed run goes on counting for the right files.
+    state = position.state_dict()
+    assert state["skipped_files"]["0"]["/data/part-00024.gz"] == 72
+    restored = StreamPosition.from_state(state)
+    restored.files = list(reversed(position.files))  # another order of the same parts
+    assert restored.start_of(0).skipped_files[5] == 72 and restored.skipped_by_file() == position.skipped_by_file()

@@ -4,13 +4,14 @@ import json
 import os
 import shutil
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import pytest
 from ppdiffusers import AutoencoderKL
 
-from vae_trainer.latent_scale import decide
+from vae_trainer.latent_scale import decide, origin_of, scaling_factor_mode
 from vae_trainer.models.vae import decoder_last_layer
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
@@ -223,7 +224,7 @@ def _write_single_file(torch_vae, path, as_ckpt=False):
     return str(path)
 
 
-def test_original_single_file_loads_with_the_config_inferred_from_its_tensors(tmp_path):
+def test_original_single_file_loads_with_the_config_inferred_from_its_tensors(tmp_path, caplog):
     source = make_torch_vae(SD_LIKE, seed=1)
     source.save_pretrained(str(tmp_path / "config_only"))
     file = _write_single_file(source, tmp_path / "vae-ft.safetensors")
@@ -232,9 +233,19 @@ def test_original_single_file_loads_with_the_config_inferred_from_its_tensors(tm
     reread = diffusers().AutoencoderKL.from_single_file(file, config=str(tmp_path / "config_only"), local_files_only=True)
     np.testing.assert_array_equal(torch_reconstruct(reread.eval(), images), expected)
 
-    vae = build_vae(pretrained_model_name_or_path=file)
+    with caplog.at_level("WARNING", logger="vae_trainer"):
+        vae = build_vae(pretrained_model_name_or_path=file)
     np.testing.assert_allclose(paddle_reconstruct(vae, images), expected, atol=1e-4)
     assert (vae.config.scaling_factor, vae.config.norm_num_groups, list(vae.config.block_out_channels)) == (0.18215, 32, [32, 32])
+    # The factor is assumed in one place (latent_scale.py), with one warning giving both ways to state another.
+    warned = [r.getMessage() for r in caplog.records if "scaling_factor" in r.getMessage()]
+    assert len(warned) == 1 and "Stable Diffusion's 0.18215 is assumed" in warned[0], warned
+    assert "--scaling_factor 0.13025" in warned[0] and "--vae_config_file configs/sdxl_vae.json" in warned[0]
+    assert origin_of(vae).startswith(f"Stable Diffusion's 0.18215, assumed for the single file {file}")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vae_trainer"):  # an encoder re-initialised measures its own factor
+        build_vae(pretrained_model_name_or_path=file, ignore_keys=["encoder."])
+    assert not [r for r in caplog.records if "scaling_factor" in r.getMessage()]
     ckpt = build_vae(pretrained_model_name_or_path=_write_single_file(source, tmp_path / "sd.ckpt", as_ckpt=True))
     np.testing.assert_allclose(paddle_reconstruct(ckpt, images), expected, atol=1e-4)
 
@@ -330,9 +341,10 @@ def test_another_architecture_takes_what_fits_and_needs_ignore_keys_for_the_rest
     assert len(vae.decoder.up_blocks) == 3
 
 
-def test_a_config_file_with_a_pretrained_folder_keeps_the_folders_latent_scale(tmp_path):
+def test_a_config_file_with_a_pretrained_folder_keeps_the_folders_latent_scale(tmp_path, caplog):
     """The reference recipe (a pretrained folder + --vae_config_file): the latent space is the folder's, so is
-    its scale, unless the config file states one itself."""
+    its scale, whatever the config file states (a differing value is warned about, naming both values and
+    --scaling_factor, which chooses the exported factor)."""
     folder = tmp_path / "flux_like_source"
     make_torch_vae(dict(MICRO, shift_factor=0.0625), seed=3).save_pretrained(str(folder))  # scaling_factor 0.13025
     wider = {k: v for k, v in MICRO.items() if k not in ("scaling_factor", "shift_factor")}
@@ -343,9 +355,38 @@ def test_a_config_file_with_a_pretrained_folder_keeps_the_folders_latent_scale(t
     assert (vae.config.scaling_factor, vae.config.shift_factor) == (0.13025, 0.0625)
     updates, record = decide("keep", vae.config)
     assert updates == {} and (record["scaling_factor"], record["shift_factor"]) == (0.13025, 0.0625)
-    config_file.write_text(json.dumps(dict(wider, scaling_factor=0.5)))  # stated by the user: theirs
-    vae = build_vae(str(config_file), pretrained_model_name_or_path=str(folder), ignore_keys=["decoder."])
-    assert (vae.config.scaling_factor, vae.config.shift_factor) == (0.5, 0.0625)
+    config_file.write_text(json.dumps(dict(wider, scaling_factor=0.5, shift_factor=0.0)))  # another latent space's
+    with caplog.at_level("WARNING", logger="vae_trainer"):
+        vae = build_vae(str(config_file), pretrained_model_name_or_path=str(folder), ignore_keys=["decoder."])
+    assert (vae.config.scaling_factor, vae.config.shift_factor) == (0.13025, 0.0625)
+    warned = [r.getMessage() for r in caplog.records if "states scaling_factor" in r.getMessage()]
+    assert len(warned) == 1 and "0.5" in warned[0] and "0.13025" in warned[0] and "keeping 0.13025" in warned[0]
+    assert "--scaling_factor 0.5" in warned[0] and "shift_factor 0.0" in caplog.text
+    updates, record = decide("keep", vae.config, origin=origin_of(vae))
+    assert updates == {} and record["source"] == f"kept from the pretrained VAE {folder}"
+    updates, record = decide(0.5, vae.config, origin=origin_of(vae))  # --scaling_factor 0.5 chooses
+    assert updates == {"scaling_factor": 0.5} and record["source"] == "given by --scaling_factor"
+
+
+def test_with_a_reinitialised_encoder_the_conflict_warning_says_the_factor_is_measured_at_export(tmp_path, caplog):
+    """--ignore_keys encoder.: the folder's factor is not that of the (new) latent space, and default_mode
+    measures the exported one; the warning about a config file stating another factor says so."""
+    folder = tmp_path / "source"
+    make_torch_vae(MICRO, seed=3).save_pretrained(str(folder))  # scaling_factor 0.13025
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(dict(MICRO, scaling_factor=0.5)))
+    for ignore_keys, says in (([], "the scale of the latent space the encoder's weights come from"),
+                              (["encoder."], "the encoder is re-initialised (--ignore_keys), so the exported "
+                                             "scaling_factor is measured at export")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="vae_trainer"):
+            vae = build_vae(str(config_file), pretrained_model_name_or_path=str(folder), ignore_keys=ignore_keys)
+        warned = [r.getMessage() for r in caplog.records if "states scaling_factor" in r.getMessage()]
+        assert len(warned) == 1 and "keeping 0.13025" in warned[0] and says in warned[0], warned
+        assert vae.config.scaling_factor == 0.13025
+    assert "weights come from" not in warned[0] and "--scaling_factor keep exports 0.13025" in warned[0]
+    assert scaling_factor_mode(SimpleNamespace(scaling_factor=None, ignore_keys=["encoder."], init_from_ckpt=None,
+                                               pretrained_model_name_or_path=str(folder))) == "measure"
 
 
 def test_init_from_ckpt_loads_weights_from_a_checkpoint_or_a_weight_file(torch_micro, tmp_path):

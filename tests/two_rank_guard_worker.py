@@ -59,4 +59,6 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from vae_trainer.distributed import run_and_exit
+
+    run_and_exit(lambda: main(sys.argv[1]))  # ends as the entry points do (no SIGABRT at exit)

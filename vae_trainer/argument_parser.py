@@ -6,7 +6,8 @@ policy of flag_policy.py):
 - `--help` groups flags by concern, in the order of `GROUPS`, before PaddleNLP's. A field's group is its
   metadata "group", else its dataclass's `_group`, so a field added to a dataclass lands in a group
   without further work. Inherited PaddleNLP flags outside `flag_policy.PADDLENLP_FLAGS` are parsed (so
-  that they can be refused with a reason) but hidden from `--help`.
+  that they can be refused with a reason) but hidden from `--help`, but for `flag_policy.IGNORED_FLAGS`,
+  listed with why they are ignored.
 - Choice flags are typed `Literal[...]`: their choices show in `--help` and a bad value fails at parse
   time (a Literal becomes argparse `choices`). A field whose values are not a fixed list gives its own
   checking function as metadata "parse" (e.g. --device: cpu, gpu or gpu:N).
@@ -23,7 +24,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, g
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .flag_policy import ALIASES, PADDLENLP_FLAGS, inherited_fields
+from .flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS, inherited_fields
 
 GROUPS = {
     "data": "data: training images and preprocessing",
@@ -87,7 +88,9 @@ class VAEArgumentParser(PdArgumentParser):
             metadata = dict(f.metadata)
             group = metadata.pop("group", None) or ("paddlenlp" if f.name in inherited
                                                      else getattr(dtype, "_group", "training"))
-            if f.name in inherited and f.name not in PADDLENLP_FLAGS:
+            if f.name in IGNORED_FLAGS:
+                metadata["help"] = IGNORED_FLAGS[f.name]
+            elif f.name in inherited and f.name not in PADDLENLP_FLAGS:
                 metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
             spec = copy.copy(f)
             spec.type, choices = _argparse_type(hints[f.name])

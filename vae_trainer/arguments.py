@@ -77,9 +77,10 @@ class ModelArguments:
         default=None,
         metadata={"help": "Pretrained VAE to fine-tune, local only: a ppdiffusers or PyTorch diffusers folder "
                           "(config.json + weights; a pipeline folder with --subfolder vae), or an original LDM/SD/SDXL "
-                          "single-file checkpoint (.safetensors/.ckpt). A single file's config is inferred from its "
-                          "tensors with SD's scaling_factor 0.18215; also give --vae_config_file (e.g. "
-                          "configs/sdxl_vae.json, configs/flux_vae.json) to set it. With a folder, --vae_config_file "
+                          "single-file checkpoint (.safetensors/.ckpt). A single file's architecture is inferred from its "
+                          "tensors and SD's scaling_factor 0.18215 assumed; for another VAE give its config with "
+                          "--vae_config_file (configs/sdxl_vae.json, configs/flux_vae.json) or, for SDXL's, "
+                          "--scaling_factor 0.13025. With a folder, --vae_config_file "
                           "replaces the architecture (load what fits; see --ignore_keys)."},
     )
     subfolder: Optional[str] = field(
@@ -181,6 +182,17 @@ class DataArguments:
         default=None,
         metadata=_in("evaluation", "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) "
                                    "to add rFID to evaluations."),
+    )
+    eval_tiled: bool = field(
+        default=False,
+        metadata=_in("evaluation", "Evaluations and the export's latent measurement encode and decode images larger "
+                                   "than --eval_tile_size tile by tile (ppdiffusers' tiled VAE; for 1024 px and "
+                                   "larger). Training is never tiled; the protocol says when tiling was used."),
+    )
+    eval_tile_size: Optional[int] = field(
+        default=None,
+        metadata=_in("evaluation", "Tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's "
+                                   "downsampling factor); tiles overlap by a quarter, blended."),
     )
 
 
@@ -306,6 +318,12 @@ class VAETrainingArguments(TrainingArguments):
     eval_steps: Optional[int] = field(
         default=None, metadata=_in("evaluation", "Evaluate every N optimizer steps and at the end (needs --eval_file_list).")
     )
+    per_device_eval_batch_size: Optional[int] = field(
+        default=None,
+        metadata=dict(help="Batch per device of evaluations and of the export's latent measurement (default: "
+                           "--per_device_train_batch_size, which fits at this --resolution; a step without "
+                           "gradients needs less memory than a training step). Results do not depend on it."),
+    )
     metric_for_best_model: Optional[EvalMetric] = field(
         default=None, metadata=_in("evaluation", "Keep the checkpoint with the best value of this evaluation metric.")
     )
@@ -398,6 +416,10 @@ def _validate_vae_source(model_args: ModelArguments) -> None:
                          "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
     if model_args.ignore_keys and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
         raise ValueError("--ignore_keys needs --pretrained_model_name_or_path or --init_from_ckpt (weights to skip).")
+    if model_args.freeze_encoder and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        # A frozen encoder of a VAE trained from scratch stays at its random initialisation for the whole run.
+        raise ValueError("--freeze_encoder keeps the encoder's weights, and a VAE trained from scratch has only random "
+                         "ones: give --pretrained_model_name_or_path or --init_from_ckpt, or drop --freeze_encoder.")
     if model_args.input_size is not None and (len(model_args.input_size) != 2 or min(model_args.input_size) < 1):
         raise ValueError(f"--input_size takes two positive numbers H W, got {model_args.input_size}")
     from .latent_scale import scaling_factor_mode

@@ -23,7 +23,7 @@ from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
                                    read_discriminator)
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.vae import check_reconstruction_size
+from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, restore_float32, setup_precision
@@ -66,8 +66,10 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
                     ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
     if resolution is not None:
         check_reconstruction_size(vae, model_args.input_size, resolution)
-    if training_args.recompute:
-        vae.enable_gradient_checkpointing()
+    if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
+        segments = enable_recompute(vae)
+        logger.info("--recompute: %d segments of the VAE are recomputed in the backward (every resnet, attention, "
+                    "down- and upsampler of the encoder, the decoder and their mid blocks)", len(segments))
     disc_config = {
         "disc_type": model_args.disc_type,
         "norm": model_args.disc_norm,
@@ -163,6 +165,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
     position = (StreamPosition.from_state(data_state) if data_state
                 else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
                                     data_args.shuffle_buffer_size))
+    position.files = loader.dataset.stream.part_paths  # names the files in the skip summary
     return loader, position
 
 

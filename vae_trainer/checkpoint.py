@@ -20,8 +20,10 @@ PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
 finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
 most a `.tmp` folder, which `latest` never picks and the next save removes. A checkpoint is deleted
 (rotation, or re-saving a step) by first renaming it to `checkpoint-N.old`, so a kill during the deletion
-never leaves a half-deleted folder that still looks complete. Assumes OUTPUT_DIR is on a file system
-that all ranks share (one node, or a shared mount across nodes).
+never leaves a half-deleted folder that still looks complete. Resuming from a checkpoint that is not the
+newest starts a new branch: the later ones (all of OUTPUT_DIR's, when the resumed one is elsewhere) move to
+`OUTPUT_DIR/abandoned/` (`set_aside_later`), where `latest` and rotation do not look. Assumes OUTPUT_DIR is on
+a file system that all ranks share (one node, or a shared mount across nodes).
 
 The three JSON files are written by this version and are not needed to resume (older checkpoints resume
 as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`;
@@ -37,6 +39,7 @@ import os
 import random
 import re
 import shutil
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -54,6 +57,8 @@ TRAINER_STATE_NAME = "trainer_state.json"
 VAE_CONFIG_NAME = "vae_config.json"
 DISCRIMINATOR_CONFIG_NAME = "discriminator_config.json"
 EXPORT_CONFIG_NAME = "export_config.json"
+ABANDONED_DIR = "abandoned"  # later checkpoints set aside when a run resumes from an earlier one (set_aside_later)
+EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation (evaluation.TrainingEvaluator)
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 
@@ -74,7 +79,8 @@ def list_checkpoints(output_dir: str) -> List[Tuple[int, str]]:
     return sorted(found)
 
 
-_LATEST = ("latest", "true", "True")
+# The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR".
+LATEST = ("latest", "true", "True")
 _NO_RESUME = (None, "", "none", "None", "false", "False")
 
 
@@ -90,7 +96,7 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
     """
     if not resume_requested(resume_from_checkpoint):
         return None
-    if resume_from_checkpoint not in _LATEST:
+    if resume_from_checkpoint not in LATEST:
         unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
         if unfinished or not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
             raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint folder")
@@ -196,12 +202,115 @@ def delete_checkpoint(path: str) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+def unfinished_checkpoints(output_dir: str) -> List[str]:
+    """`.tmp` and `.old` folders left by a process killed while saving or deleting a checkpoint."""
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    return [os.path.join(output_dir, name) for name in sorted(names) if _UNFINISHED_RE.match(name)]
+
+
 def remove_unfinished(output_dir: str) -> None:
     """Delete `.tmp` and `.old` folders left by a process killed while saving or deleting a checkpoint."""
-    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
-        if _UNFINISHED_RE.match(name):
-            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-            logger.info("removed unfinished %s", name)
+    for path in unfinished_checkpoints(output_dir):
+        shutil.rmtree(path, ignore_errors=True)
+        logger.info("removed unfinished %s", os.path.basename(path))
+
+
+def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
+    """Rolling back is a branch: before the first step, move the checkpoints of OUTPUT_DIR that do not belong
+    to the branch resumed from `resume` (and their lines of eval_metrics.jsonl) into OUTPUT_DIR/abandoned/,
+    so that `latest`, rotation, the best-checkpoint bookkeeping and the next saves see only the new branch:
+    - `resume` is one of OUTPUT_DIR's checkpoints: those newer than it, to `<when>-after-checkpoint-N/`;
+    - `resume` is elsewhere (another run's folder, an abandoned branch): all of OUTPUT_DIR's, to
+      `<when>-before-resuming-<its name>/`.
+    Nothing is deleted: a moved checkpoint still resumes or exports by its path. Rank 0 moves; all ranks call
+    it (a barrier). Returns the moved checkpoints' new paths."""
+    moved: List[str] = []
+    if resume and rank() == 0:
+        moved = _set_aside(output_dir, resume)
+    _barrier()
+    return moved
+
+
+def is_checkpoint_of(output_dir: str, checkpoint: str, step: Optional[int] = None) -> bool:
+    """Whether `checkpoint` is one of OUTPUT_DIR's complete checkpoints (with `step`: OUTPUT_DIR/checkpoint-`step`
+    itself, decided without listing the folder). Compared after realpath."""
+    real = os.path.realpath(checkpoint)
+    candidates = list_checkpoints(output_dir) if step is None else [(step, checkpoint_path(output_dir, step))]
+    return any(os.path.realpath(path) == real for _, path in candidates)
+
+
+def _set_aside(output_dir: str, resume: str) -> List[str]:
+    found = list_checkpoints(output_dir)
+    step = checkpoint_step(resume)
+    if is_checkpoint_of(output_dir, resume):
+        later = [path for found_step, path in found if step is not None and found_step > step]
+        name, after = f"after-{PREFIX}-{step}", step
+    else:
+        later = [path for _, path in found]
+        name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
+    if not later:
+        return []
+    branch = _new_branch_folder(output_dir, name)
+    moved = []
+    for path in later:  # one atomic rename each: a kill mid-way leaves every checkpoint whole
+        moved.append(os.path.join(branch, os.path.basename(path)))
+        os.replace(path, moved[-1])
+    _move_eval_lines(output_dir, branch, after)
+    logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
+                   "to %s (delete it when no longer needed)", resume, output_dir,
+                   ", ".join(os.path.basename(path) for path in later), branch)
+    return moved
+
+
+def _new_branch_folder(output_dir: str, name: str) -> str:
+    """OUTPUT_DIR/abandoned/<date>-<time>-`name`, made; `-2`, `-3`... appended if two rollbacks share a second."""
+    base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    branch, count = base, 1
+    while os.path.lexists(branch):
+        count += 1
+        branch = f"{base}-{count}"
+    os.makedirs(branch)
+    return branch
+
+
+def checkpoint_step(checkpoint: str) -> Optional[int]:
+    """The step a checkpoint folder was saved at (its trainer_state.json), or None if unreadable."""
+    try:
+        return int(read_json(os.path.join(checkpoint, TRAINER_STATE_NAME))["global_step"])
+    except (OSError, ValueError, KeyError):
+        match = _CHECKPOINT_RE.match(os.path.basename(os.path.normpath(checkpoint)))
+        return int(match.group(1)) if match else None
+
+
+def _move_eval_lines(output_dir: str, branch: str, after: Optional[int]) -> None:
+    """The evaluations of steps after `after` (all of them if None) belong to the abandoned branch: move them
+    next to its checkpoints. A line that cannot be read (half-written by a killed run) stays where it is."""
+    path = os.path.join(output_dir, EVAL_METRICS_NAME)
+    if not os.path.isfile(path):
+        return
+    kept: List[str] = []
+    later: List[str] = []
+    with open(path) as handle:
+        for line in handle:
+            if line.strip():
+                step = eval_line_step(line)
+                moves = step is not None and (after is None or step > after)
+                (later if moves else kept).append(line if line.endswith("\n") else line + "\n")
+    if not later:
+        return
+    with open(os.path.join(branch, EVAL_METRICS_NAME), "w") as handle:
+        handle.writelines(later)
+    with open(path + ".tmp", "w") as handle:
+        handle.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
+def eval_line_step(line: str) -> Optional[int]:
+    """The step of one line of eval_metrics.jsonl, None if the line cannot be read."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
@@ -228,6 +337,10 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
             obj.set_state_dict(state)
         else:
             obj.load_state_dict(state)
+        if isinstance(obj, paddle.optimizer.lr.LRScheduler):
+            # The saved `last_lr` was computed from the saved run's peak rate; recompute it from this run's
+            # (same value when unchanged), so a --learning_rate given on resume applies from the first step.
+            obj.last_lr = obj.get_lr()
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:

@@ -7,12 +7,18 @@ Trainer's default `find_unused_parameters=False` the VAE weights silently drift 
 Instead each rank accumulates local gradients and, once per optimizer step, averages them with
 `fused_allreduce_gradients` (bucketed all-reduce; the same call the PaddleNLP Trainer uses for its own
 no-sync path). Micro-steps of gradient accumulation therefore never communicate.
+
+It also owns how a process of a run ends (`run_and_exit`): see there for why a multi-process run ends with
+`os._exit`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-from typing import Iterable
+import sys
+import traceback
+from typing import Callable, Iterable, NoReturn
 
 import numpy as np
 
@@ -33,6 +39,67 @@ def init_distributed() -> None:
     """Join the process group when launched with several processes (idempotent)."""
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1 and not dist.is_initialized():
         dist.init_parallel_env()
+
+
+def run_and_exit(main: Callable[[], None]) -> NoReturn:
+    """Run an entry point's `main` and end the process in one defined order, on every exit path.
+
+    `main` has already stopped its data loader workers and reader threads and closed its logs (the drivers
+    do that in their own `finally`). Then, with several processes:
+    1. success only: a final barrier, so no rank leaves while another still communicates (on an error path
+       the other ranks may never get there: they are ended by the launcher, which sees this one fail);
+    2. the process group is destroyed (Python's registry of groups: Paddle offers no call that stops the store);
+    3. Python's exit functions run (logging flushed, Paddle's shared-memory files removed, child processes
+       joined) and stdout/stderr are flushed;
+    4. the process ends with `os._exit`, skipping the C++ static destructors.
+
+    Why 4 (Paddle 3.3.1; no upstream report found, see docs/benchmarks.md "Clean exits"): rank 0 hosts the
+    process group's TCP store, whose libuv server thread (`LibUVMasterDaemon`) is never stopped before the
+    process exits. When another rank exits at the same moment, its store connection closes and that thread
+    handles the EOF (`LibUVClient::readCallback`, which calls glog's `VLOG(5)`) while rank 0's main thread is
+    already running the C++ exit handlers that destroy glog's locks: glog calls abort(). The run had finished,
+    yet rank 0 died with SIGABRT and the launcher reported the job failed (about 1 run in 20 of the two-process
+    tests, more with torch installed, whose libraries lengthen the exit handlers). A core dump shows both
+    threads. Ending with `os._exit` after everything of ours is closed leaves no window for that thread.
+    One process runs no store: it exits normally.
+
+    Exit status: 0, `SystemExit`'s code (a message: printed, status 1), or 1 after any other exception
+    (traceback printed; 130 for Ctrl-C).
+    """
+    status = 0
+    try:
+        main()
+    except SystemExit as stop:
+        status = _status_of(stop)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        status = 130
+    except BaseException:  # noqa: B902 (every exit path ends below)
+        traceback.print_exc()
+        status = 1
+    if not dist.is_initialized():
+        sys.exit(status)
+    try:
+        if status == 0:
+            dist.barrier()
+        dist.destroy_process_group()  # (Python's group registry; the C++ store lives until os._exit)
+    except BaseException:  # noqa: B902 (a failed barrier must still end below, not in the exit handlers)
+        traceback.print_exc()
+        status = status or 1
+    atexit._run_exitfuncs()  # what interpreter shutdown would run before the C++ destructors
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _status_of(stop: SystemExit) -> int:
+    """The exit status Python gives a `SystemExit` (printing a message code, as Python does)."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:

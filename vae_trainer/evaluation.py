@@ -8,6 +8,10 @@ Latent statistics are those of posterior samples, computed exactly in expectatio
 means and variances. It takes any iterable of batches (tensors, or dicts with ``"pixel_values"`` as
 ``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
 
+Large images: the evaluation batch follows the training batch or the resolution unless given
+(``eval_batch_size``), and --eval_tiled runs ppdiffusers' tiled encode/decode for the evaluation only
+(``Tiling``, ``tiled``), stated in the protocol.
+
 Data parallel: each rank evaluates its own shard and the accumulators sum over ranks, so every rank
 returns the same metrics. Every rank must call ``evaluate_vae`` (the final reduction is a
 collective) with the same optional models (``lpips``/``inception`` both set or both None on all
@@ -20,13 +24,16 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import paddle
 
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
 from vae_trainer.metrics import (
     SSIM_K1,
     SSIM_K2,
@@ -50,6 +57,123 @@ logger = logging.getLogger(__name__)
 METRICS = ("psnr", "ssim", "lpips", "rfid")  # in the order they are stated
 
 
+# ------------------------------------------------------------------------------ the evaluation batch
+# The evaluation batch follows the resolution unless --per_device_eval_batch_size (scripts: --batch_size)
+# says otherwise. An evaluation step runs the VAE without gradients: nothing is kept for a backward pass, so
+# its activation memory at batch B is a fraction of a training step's at batch B (which also holds the
+# LPIPS backward and the discriminator). During training the default is therefore the training batch
+# (--per_device_train_batch_size), which the user already sized to fit at this --resolution: evaluation and
+# the export's latent measurement then fit wherever training fits, at any size. Standalone (eval_vae.py,
+# export_vae.py: no training batch to go by) the default keeps the pixels of a batch at those of 8 images of
+# 256 px (rounded down), 1 to 8 images: 8 up to 256 px, 4 up to 362 px, 2 from 419 to 512 px, 1 above 512 px
+# (600 px: 1; a 513 px image already holds more than half of those pixels). The numbers never depend on
+# the batch (metrics are per-image averages, latent statistics sums; tested with batches 1 and 4).
+STANDALONE_EVAL_PIXELS = 8 * 256 * 256
+MAX_STANDALONE_EVAL_BATCH = 8
+
+
+def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
+                    flag: str = "--per_device_eval_batch_size") -> int:
+    """The per-device evaluation batch: `given` (the user's `flag`, named in the error for a batch < 1) if set,
+    else the training batch when there is one, else as many `resolution`-px images as hold the pixels of 8 at
+    256 px (1 to 8)."""
+    if given is not None:
+        check_eval_batch_size(given, flag)
+        return int(given)
+    if train_batch_size is not None:
+        return int(train_batch_size)
+    return max(1, min(MAX_STANDALONE_EVAL_BATCH, STANDALONE_EVAL_PIXELS // (resolution * resolution)))
+
+
+# ---------------------------------------------------------------------------------------- tiling
+# --eval_tiled: ppdiffusers' AutoencoderKL.tiled_encode / tiled_decode (enable_tiling()), for 1024 px and
+# larger. ppdiffusers tiles an image only when it is larger than `tile_sample_min_size` (by default the
+# config's sample_size, the same for the latent side divided by the decoder's factor); the tiles overlap by
+# `tile_overlap_factor` (0.25) and the overlaps are blended linearly. We set the tile size (--eval_tile_size,
+# default 512 px: the SD VAE's sample_size, and a fixed memory bound whatever the VAE's config says) for the
+# evaluation only and put every setting back afterwards, so training never runs tiled. The tile-size rules
+# (and DEFAULT_TILE_SIZE) are flag_checks.py's, which refuses bad tiling flags at parse time.
+TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tiled encode/decode with `tile_size`-pixel tiles (and tile_size / factor latent tiles)."""
+
+    tile_size: int = DEFAULT_TILE_SIZE
+    overlap: float = TILE_OVERLAP
+
+    def used_at(self, resolution: int) -> bool:
+        """ppdiffusers tiles only images larger than one tile."""
+        return resolution > self.tile_size
+
+    def describe(self, resolution: int) -> str:
+        if not self.used_at(resolution):
+            return (f"requested (--eval_tiled) but not used: a {resolution} px image fits in one {self.tile_size} px "
+                    "tile, so encoder and decoder saw whole images")
+        return (f"tiled (--eval_tiled): encoder and decoder run on {self.tile_size}x{self.tile_size}-pixel tiles (the "
+                f"matching latent tiles for the decoder) overlapping by {self.overlap:.0%}, overlaps blended linearly "
+                "(ppdiffusers tiled_encode / tiled_decode); differs from untiled reconstructions near tile seams")
+
+    def source(self, resolution: int) -> str:
+        """A few words for the sentence saying where latent statistics come from."""
+        return f", tiled ({self.tile_size} px tiles)" if self.used_at(resolution) else ""
+
+
+def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> Tiling | None:
+    """The Tiling of --eval_tiled / --eval_tile_size (None: untiled)."""
+    return Tiling(eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
+
+
+def check_tiling(config: Mapping | None, tiling: Tiling | None, input_size: list[int] | None = None,
+                 where: str = "the VAE's config") -> None:
+    """Refuse tiling settings ppdiffusers' tiled encode/decode would get wrong (`flag_checks.check_tile_size`,
+    which the parse-time check `flag_checks.check_tiling_flags` also applies), at each evaluation."""
+    if tiling is not None:
+        check_tile_size(tiling.tile_size, config, input_size, where)
+
+
+class _PassThrough(paddle.nn.Layer):
+    """Stands in for a missing quant_conv / post_quant_conv (FLUX: use_quant_conv false) during tiling:
+    ppdiffusers' tiled_encode / tiled_decode call them unconditionally, and decode() reads `.weight.dtype`."""
+
+    def __init__(self, dtype) -> None:
+        super().__init__()
+        self.weight = SimpleNamespace(dtype=dtype)  # not a parameter: nothing is added to the state dict
+
+    def forward(self, x):
+        return x
+
+
+_TILING_ATTRIBUTES = ("use_tiling", "tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor")
+
+
+@contextmanager
+def tiled(vae: paddle.nn.Layer, tiling: Tiling | None) -> Iterator[None]:
+    """Within: `vae` encodes and decodes images larger than `tiling.tile_size` tile by tile. Every tiling
+    setting of the VAE (and its missing quant convs) is put back on leaving, even on an error. No-op for None."""
+    if tiling is None:
+        yield
+        return
+    saved = {name: getattr(vae, name) for name in _TILING_ATTRIBUTES}
+    stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]
+    try:
+        for name, owner in zip(("quant_conv", "post_quant_conv"), ("encoder", "decoder")):
+            if name in stand_ins:
+                setattr(vae, name, _PassThrough(getattr(vae, owner).conv_in.weight.dtype))
+        vae.enable_tiling()
+        vae.tile_sample_min_size = tiling.tile_size
+        vae.tile_latent_min_size = tiling.tile_size // downsampling_factor(vae.config)
+        vae.tile_overlap_factor = tiling.overlap
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(vae, name, value)
+        for name in stand_ins:
+            delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
+            setattr(vae, name, None)
+
+
 @dataclass(frozen=True)
 class EvalProtocol:
     """How every evaluation number is made. `describe()` is the single statement of it.
@@ -64,6 +188,7 @@ class EvalProtocol:
     seed: int = 0
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
     metrics: tuple[str, ...] = METRICS
+    tiling: Tiling | None = None  # --eval_tiled: stated (used or not) only when requested
 
     def describe(self) -> dict[str, str]:
         from vae_trainer.data.images import RESAMPLING
@@ -83,6 +208,7 @@ class EvalProtocol:
                if self.input_size else {}),
             "latents": (f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
                         else "the posterior mode (mean)"),
+            **({"tiling": self.tiling.describe(size)} if self.tiling is not None else {}),
             "latent statistics": "per channel, of posterior samples (exact expectation from the posterior means "
                                  "and variances), before any scaling factor",
             "value range": value_range,
@@ -271,6 +397,7 @@ def evaluate_vae(
     grid_images: int = 8,
     input_size: list[int] | None = None,
     posterior_std: float = 0.0,
+    tiling: Tiling | None = None,
 ) -> EvalResult:
     """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
 
@@ -283,8 +410,10 @@ def evaluate_vae(
     those of posterior samples (exact expectation from the posterior means and variances; raw, before
     any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
     (--input_size); ``posterior_std`` > 0 is the constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
-    is the total over all ranks. The VAE's train/eval mode is restored afterwards.
+    is the total over all ranks. ``tiling`` (--eval_tiled) encodes and decodes images larger than its tile
+    tile by tile (``tiled``). The VAE's train/eval mode and tiling settings are restored afterwards.
     """
+    check_tiling(getattr(vae, "config", None), tiling, input_size)
     if inception is None:
         logger.info("rFID skipped: no Inception model given (needs converted FID weights)")
     rank = paddle.distributed.get_rank() if paddle.distributed.is_initialized() else 0
@@ -296,7 +425,7 @@ def evaluate_vae(
     was_training = vae.training
     vae.eval()
     try:
-        with paddle.no_grad():
+        with paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
                 with half_precision_autocast(vae):  # O2: float32 images into half-precision weights
                     posterior = _posterior(vae, pixels, input_size, posterior_std)
@@ -320,15 +449,17 @@ def _check_no_empty_rank(what: str, count: int) -> None:
 
 def measure_latents(
     vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None, input_size: list[int] | None = None,
-    posterior_std: float = 0.0,
+    posterior_std: float = 0.0, tiling: Tiling | None = None,
 ) -> LatentStats:
     """Latent statistics of ``batches`` from the encoder alone (no decoder, LPIPS or rFID): what a scaling
-    factor needs. Collective like ``evaluate_vae``; the VAE's train/eval mode is restored."""
+    factor needs; tiled with ``tiling``. Collective like ``evaluate_vae``; the VAE's train/eval mode and tiling
+    settings are restored."""
+    check_tiling(getattr(vae, "config", None), tiling, input_size)
     statistics, count = LatentStatistics(), 0
     was_training = vae.training
     vae.eval()
     try:
-        with paddle.no_grad():
+        with paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
                 _add_posterior(statistics, _posterior(vae, pixels, input_size, posterior_std))
                 count += pixels.shape[0]
@@ -340,20 +471,23 @@ def measure_latents(
 
 
 def measure_latents_of(
-    vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int, num_images: int,
-    input_size: list[int] | None = None, posterior_std: float = 0.0,
+    vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
+    input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: Tiling | None = None,
 ) -> tuple[LatentStats, str]:
     """Latent statistics of `vae` (with the EMA's weights when `ema` is given) over the first `num_images`
     images of `data` (a filelist or a folder; each rank reads its share), from the encoder alone, and the
-    sentence saying where they come from (latent_stats.json). Collective."""
+    sentence saying where they come from (latent_stats.json). `batch_size` None: the standalone rule of
+    `eval_batch_size`; `tiling`: --eval_tiled. Collective."""
+    batch_size = eval_batch_size(resolution, batch_size)
     from vae_trainer.data.dataset import build_eval_dataloader
     from vae_trainer.distributed import rank, world_size
     from vae_trainer.ema import ema_weights
 
     loader = build_eval_dataloader(data, resolution, batch_size, rank(), world_size(), num_images)
     with ema_weights(ema, vae):
-        stats = measure_latents(vae, loader, num_images, input_size, posterior_std)
-    return stats, f"an encoder-only pass over {stats.num_images} images of {data}"
+        stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
+    tiles = tiling.source(resolution) if tiling is not None else ""
+    return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles}"
 
 
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
@@ -368,6 +502,8 @@ class TrainingEvaluator:
     of OUTPUT_DIR/eval_metrics.jsonl, and tracks the best value of --metric_for_best_model. Uses no global random state, so training numbers are unaffected.
     It keeps its last result, which the export reuses for the latent statistics (`latent_stats`).
     With --posterior_std the latents have that constant std, as in training and in the export.
+    Batch: --per_device_eval_batch_size, default the training batch (`eval_batch_size`); with --eval_tiled the
+    evaluation and the export's measurement run tiled (`tiled`), and training never does.
     """
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0):
@@ -376,6 +512,10 @@ class TrainingEvaluator:
         self.input_size = input_size
         self.posterior_std = posterior_std
         self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
+                                          getattr(args, "per_device_train_batch_size", None))
+        self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
+        check_tiling(None, self.tiling, input_size)  # the tile size against the VAE: parse time, and each evaluation
         # (step, result, evaluated the EMA weights?) of the last evaluation
         self.last: tuple[int, EvalResult, bool] | None = None
         self._check_image_counts()
@@ -416,17 +556,16 @@ class TrainingEvaluator:
         from vae_trainer.ema import ema_weights
 
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution,
-                                       self.args.per_device_eval_batch_size, rank(), world_size(),
-                                       self.data_args.eval_num_images)
+                                       self.batch_size, rank(), world_size(), self.data_args.eval_num_images)
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
-                                posterior_std=self.posterior_std)
+                                posterior_std=self.posterior_std, tiling=self.tiling)
 
     def protocol_of(self, result: EvalResult) -> EvalProtocol:
         """The protocol of an evaluation's result, stating the metrics it measured."""
         return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
-                            metrics=tuple(result.metrics))
+                            metrics=tuple(result.metrics), tiling=self.tiling)
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation measure these weights (the EMA's when `ema` is given, else the raw ones) at
@@ -440,10 +579,11 @@ class TrainingEvaluator:
         evaluation of those weights at that step when there was one (no extra work), else an encoder-only
         pass (`measure_latents_of`) over `latent_stats_data`."""
         if self.evaluated_at(step, ema):
-            return self.last[1], f"the evaluation at step {step}"
+            tiles = self.tiling.source(self.data_args.resolution) if self.tiling is not None else ""
+            return self.last[1], f"the evaluation at step {step}{tiles}"
         path, num_images = self.latent_stats_data
-        return measure_latents_of(vae, ema, path, self.data_args.resolution, self.args.per_device_eval_batch_size,
-                                  num_images, self.input_size, self.posterior_std)
+        return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size,
+                                  num_images, self.input_size, self.posterior_std, self.tiling)
 
     def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
         """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""
@@ -480,7 +620,7 @@ class TrainingEvaluator:
     def _append_record(self, record: dict) -> None:
         """Rank 0 adds one line to OUTPUT_DIR/eval_metrics.jsonl, replacing the lines of steps >= this one (an
         earlier attempt's, after a resume), so the file is this run's history. Written whole, then renamed."""
-        from vae_trainer.output_dir import EVAL_METRICS_NAME
+        from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
         from vae_trainer.distributed import rank
 
         if rank() != 0:
@@ -490,7 +630,9 @@ class TrainingEvaluator:
         kept = []
         if os.path.isfile(path):
             with open(path) as handle:
-                kept = [line for line in handle if line.strip() and json.loads(line)["step"] < record["step"]]
+                steps = [(line, eval_line_step(line)) for line in handle]
+            # (a line that cannot be read, the half-written tail of a killed run, is dropped)
+            kept = [line.rstrip("\n") + "\n" for line, step in steps if step is not None and step < record["step"]]
         with open(path + ".tmp", "w") as handle:
             handle.writelines(kept + [json.dumps(record) + "\n"])
         os.replace(path + ".tmp", path)

@@ -21,9 +21,10 @@ from typing import Any, Dict, Optional, Tuple
 import paddle.distributed as dist
 
 from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
+from .data.filelists import PIPE_PREFIX
 from .distributed import rank, world_size
 from .ema import ema_weights
-from .latent_scale import latent_scales_at_export, write_latent_stats
+from .latent_scale import EXPORT_ORIGIN_KEY, latent_scales_at_export, origin_of, write_latent_stats
 from .models.discriminator import save_discriminator
 from .models.vae_saving import save_vae
 
@@ -33,16 +34,25 @@ def checkpoint_configs(components, evaluator=None) -> Dict[str, dict]:
     with the images its latent statistics are measured on (the evaluator's `latent_stats_data`)."""
     model = components.model
     export = {"posterior_std": model.posterior_std, "scaling_factor": components.scaling_factor_mode,
+              EXPORT_ORIGIN_KEY: origin_of(model.vae),  # so that export_vae.py says where a kept factor came from
               "input_size": model.input_size, "resolution": components.resolution}
     if evaluator is not None:
         data, num_images = evaluator.latent_stats_data
-        export.update(latent_stats_data=os.path.abspath(data) if data else None,
-                      latent_stats_num_images=num_images)
+        export.update(latent_stats_data=stored_data_path(data), latent_stats_num_images=num_images)
     return {
         VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
         DISCRIMINATOR_CONFIG_NAME: components.discriminator_config,
         EXPORT_CONFIG_NAME: export,
     }
+
+
+def stored_data_path(data: Optional[str]) -> Optional[str]:
+    """A data source as a checkpoint records it: a path made absolute (the checkpoint may be exported from
+    another folder); a WebDataset `pipe:COMMAND` kept as given (it is a command: abspath would make it a
+    path that does not exist)."""
+    if not data or data.startswith(PIPE_PREFIX):
+        return data or None
+    return os.path.abspath(data)
 
 
 def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,

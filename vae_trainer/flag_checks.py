@@ -6,11 +6,16 @@ Owns three kinds of check (`arguments.validate` calls them; the dataclasses are 
   downsampling factor, 2 ** (number of down blocks - 1) (8 for SD, SDXL, FLUX), read from the VAE's
   config file without building the VAE. A single-file checkpoint without --vae_config_file has no config
   to read: its sizes are checked when it is built (build.py, the same `check_reconstruction_shape`).
+  Also --eval_tiled / --eval_tile_size (`check_tiling_flags`; evaluation.py applies `check_tile_size` again
+  at each evaluation, with the built VAE's config).
 - `check_evaluation`: the evaluation flags act only together (--eval_file_list with --eval_steps, the
-  metric for the best checkpoint measured).
+  metric for the best checkpoint measured), and --per_device_eval_batch_size >= 1 (`check_eval_batch_size`,
+  which evaluation.eval_batch_size and the scripts' --batch_size share).
 - `refuse_idle_flags`: a flag the user gave that would silently do nothing with the other flags
   (`idle_rules`: --ema_decay without --use_ema, discriminator flags with --disc_weight 0, ...). Only flags
-  the user gave count (a --recipe's values never do); the message names the flag to drop or to add.
+  the user gave count (a --recipe's values never do), and never a flag given its value that does nothing
+  (`INERT_VALUES`: `--warmup_steps 0` with `--lr_scheduler_type constant`, as ppdiffusers' commands pass
+  it); the message names the flag to drop or to add.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import inspect
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
 
 from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 
@@ -71,6 +76,7 @@ def check_sizes(model_args, data_args) -> None:
             raise ValueError(f"--aspect_ratio_buckets needs a --resolution that is a multiple of {BUCKET_MULTIPLE} "
                              f"(bucket sides are), got {resolution}")
     config, where = vae_config_for_checks(model_args)
+    check_tiling_flags(model_args, data_args, config, where)  # --eval_tiled / --eval_tile_size
     if config is None:
         return
     check_reconstruction_shape(config, model_args.input_size, resolution, where)
@@ -94,6 +100,48 @@ def _check_bucket_shapes(resolution: int, factor: int, where: str) -> None:
         "drop --aspect_ratio_buckets.")
 
 
+# ------------------------------------------------------------------------ evaluation batch and tiling
+# The rules evaluation.py applies at run time (eval_batch_size, check_tiling), here so that the flags are
+# refused at parse time, before --overwrite_output_dir deletes anything, without importing evaluation.py.
+DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size (evaluation.Tiling)
+
+
+def check_eval_batch_size(given: Optional[int], flag: str = "--per_device_eval_batch_size") -> None:
+    """An evaluation batch the user gave (`flag`: --per_device_eval_batch_size, the scripts' --batch_size)."""
+    if given is not None and given < 1:
+        raise ValueError(f"{flag} must be >= 1, got {given}")
+
+
+def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_size: Optional[Sequence[int]] = None,
+                    where: str = "the VAE's config") -> None:
+    """Refuse tiling settings ppdiffusers' tiled encode/decode would get wrong: with --input_size (the tiles
+    assume the decoder returns the encoder's input size) and tile sizes that are not a multiple of 4 x the
+    downsampling factor (the tile starts, 75% of a tile apart, must fall on latent pixels in both passes, or
+    the stitched output has the wrong size). `config` None: the VAE's factor is not known yet."""
+    if input_size is not None:
+        raise ValueError("--eval_tiled cannot be combined with --input_size: ppdiffusers' tiles assume the decoder "
+                         "returns the size the encoder saw. Drop --eval_tiled.")
+    if config is None:
+        return
+    multiple = 4 * downsampling_factor(config)
+    if tile_size < multiple or tile_size % multiple:
+        fits = max(multiple, round(tile_size / multiple) * multiple)
+        raise ValueError(f"--eval_tile_size {tile_size} must be a multiple of {multiple} (4 x the VAE's "
+                         f"downsampling factor {multiple // 4}, {where}) for ppdiffusers' tiled encode/decode to "
+                         f"stitch the tiles back to the image's size: use e.g. --eval_tile_size {fits}")
+
+
+def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]], where: str) -> None:
+    """--eval_tile_size needs --eval_tiled and is >= 1; `check_tile_size` (`config`: the VAE's, None if unknown)."""
+    eval_tiled, tile_size = getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None)
+    if tile_size is not None and not eval_tiled:
+        raise ValueError("--eval_tile_size does nothing without --eval_tiled: add --eval_tiled, or drop it")
+    if tile_size is not None and tile_size < 1:
+        raise ValueError(f"--eval_tile_size must be >= 1, got {tile_size}")
+    if eval_tiled:
+        check_tile_size(tile_size or DEFAULT_TILE_SIZE, config, model_args.input_size, where)
+
+
 # ----------------------------------------------------------------------------------------- evaluation
 def evaluates(data_args, training_args) -> bool:
     """Does the run evaluate during training (evaluation.TrainingEvaluator.enabled)?"""
@@ -101,9 +149,10 @@ def evaluates(data_args, training_args) -> bool:
 
 
 def check_evaluation(model_args, data_args, training_args) -> None:
-    """Evaluation flags that only act together."""
+    """Evaluation flags that only act together, and the evaluation batch."""
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
+    check_eval_batch_size(getattr(training_args, "per_device_eval_batch_size", None))
     eval_steps = training_args.eval_steps
     if eval_steps is not None and eval_steps < 1:
         raise ValueError(f"--eval_steps must be >= 1, got {eval_steps} (leave it out to not evaluate)")
@@ -200,6 +249,10 @@ def idle_rules() -> Sequence[IdleRule]:
         IdleRule(("latent_stats_num_images",), lambda f: not _measures_latent_scale(f),
                  "it counts the images of a measured scaling factor, and this run keeps or is given its "
                  "factor: add --scaling_factor measure, or drop it"),
+        IdleRule(("eval_tiled", "eval_tile_size"), lambda f: not evaluates(f.data, f.training)
+                 and not _measures_latent_scale(f),
+                 "it tiles evaluations and the measurement of the scaling factor, and this run has neither: add "
+                 "--eval_file_list and --eval_steps (or --scaling_factor measure), or drop it"),
         IdleRule(("ema_decay",), lambda f: not f.use_ema, "add --use_ema true, or drop it"),
         IdleRule(("num_logged_images",), lambda f: not _logs_images(f),
                  "no image grid is logged (it needs VisualDL logs, --report_to visualdl, and "
@@ -219,6 +272,24 @@ def idle_rules() -> Sequence[IdleRule]:
                  "--lr_scheduler_type constant has no warm-up (constant_with_warmup has): drop it"),
         IdleRule(("warmup_ratio",), lambda f: f.warmup_steps > 0, "--warmup_steps > 0 wins over it: drop one"),
     )
+
+
+# The value with which a flag does nothing by itself. Such a value is never refused: with it, the flag cannot be
+# "silently ignored" (it asks for nothing), and command lines copied from ppdiffusers pass e.g.
+# `--lr_scheduler_type constant --warmup_steps 0`. Any other value of these flags stays refused where idle.
+INERT_VALUES: Dict[str, Any] = {
+    "warmup_steps": 0,        # no warm-up
+    "warmup_ratio": 0.0,      # no warm-up
+    "lecam_weight": 0.0,      # no LeCAM term (a discriminator flag, idle with --disc_weight 0)
+    "image_logging_steps": 0,  # no image grid
+    "subfolder": "",          # the folder itself
+    "eval_tiled": False,      # no tiling
+}
+
+
+def is_inert(flags: Flags, name: str) -> bool:
+    """Does flag `name` hold its value that does nothing (`INERT_VALUES`)?"""
+    return name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]
 
 
 def given_by_default_difference(objects: Iterable[Any]) -> Set[str]:
@@ -248,6 +319,6 @@ def canonical_names(names: Iterable[str]) -> Set[str]:
 def refuse_idle_flags(flags: Flags, given: Set[str]) -> None:
     """Raise naming every flag in `given` that would do nothing with the other flags (`idle_rules`)."""
     idle = [f"--{name}: {rule.fix}" for rule in idle_rules() for name in rule.flags
-            if name in given and rule.idle(flags)]
+            if name in given and not is_inert(flags, name) and rule.idle(flags)]
     if idle:
         raise ValueError("flag(s) that would do nothing with the other flags:\n  " + "\n  ".join(dict.fromkeys(idle)))

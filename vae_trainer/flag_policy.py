@@ -5,6 +5,8 @@ Owns the flag policy, not the parsing (argument_parser.py) nor our own flags (ar
 - `PADDLENLP_FLAGS`: of PaddleNLP's ~90 `TrainingArguments`, the allow-list that both drivers honour with
   the same meaning (each is read by our shared code: optim.py, checkpoint.py, train_logging.py,
   evaluation.py, build.py; the Trainer's own loop adds nothing the plain loop lacks).
+- `IGNORED_FLAGS`: inherited flags accepted and ignored, because what they ask is what both drivers always
+  do (`--do_train`, which every ppdiffusers trainer command passes: we always train).
 - `refuse_unsupported_flags`: any other inherited flag set to a non-default value, on the command line,
   in a JSON args file or in code, is refused with the reason from `REFUSAL_REASONS` (and the parser hides
   it from `--help`).
@@ -32,6 +34,12 @@ PADDLENLP_FLAGS = frozenset({
     "eval_steps", "metric_for_best_model",
 })
 
+# Accepted and ignored -> the --help text saying why: the flag asks for what both drivers do anyway, so
+# refusing it would only break command lines copied from the ppdiffusers examples.
+IGNORED_FLAGS = {
+    "do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train.",
+}
+
 # Why a well-known refused flag is refused, and what to use instead.
 _EVALUATION_IS_OURS = ("evaluation is the same code in both drivers: use --eval_file_list with --eval_steps "
                        "(and --metric_for_best_model)")
@@ -46,7 +54,6 @@ REFUSAL_REASONS = {
     "to_static": "both drivers train in dynamic-graph mode",
     "amp_master_grad": "--fp16_opt_level O2 keeps float32 master weights in both optimizers",
     "no_cuda": "use --device cpu",
-    "do_train": "both entry points always train; drop it",
     "do_eval": _EVALUATION_IS_OURS, "do_predict": _EVALUATION_IS_OURS, "evaluation_strategy": _EVALUATION_IS_OURS,
     "load_best_model_at_end": _EVALUATION_IS_OURS, "eval_accumulation_steps": _EVALUATION_IS_OURS,
     "max_evaluate_steps": _EVALUATION_IS_OURS, "prediction_loss_only": _EVALUATION_IS_OURS,
@@ -68,6 +75,7 @@ ALIASES = {
     "lr_scheduler_type": ("lr_scheduler",),
     "warmup_steps": ("lr_warmup_steps",),
     "dataloader_num_workers": ("num_workers",),
+    "recompute": ("gradient_checkpointing",),  # diffusers' / ppdiffusers' trainers' name
 }
 
 
@@ -83,7 +91,7 @@ def _default(f: dataclasses.Field) -> Any:
 def refuse_unsupported_flags(args: TrainingArguments) -> None:
     """Raise if any inherited PaddleNLP flag outside `PADDLENLP_FLAGS` differs from PaddleNLP's default."""
     refused = [name for name, f in inherited_fields().items()
-               if name not in PADDLENLP_FLAGS and getattr(args, name) != _default(f)]
+               if name not in PADDLENLP_FLAGS and name not in IGNORED_FLAGS and getattr(args, name) != _default(f)]
     if not refused:
         return
     lines = [f"--{name}: {REFUSAL_REASONS.get(name, 'not honoured the same way by both entry points')}"

@@ -1,4 +1,19 @@
-"""The latent scale written into an exported VAE: the --scaling_factor policy and `vae/latent_stats.json`.
+"""The latent scale: the one home of the rule that decides a VAE's `scaling_factor`, `shift_factor`,
+`latents_mean` and `latents_std`, from loading to export, and of `vae/latent_stats.json`.
+
+Owns, in the order a run meets them:
+- at loading (`settle`, called by models/vae_loading.py `build_vae`): which source's latent scale the VAE
+  carries. The latent space is the one the encoder's weights come from, so the scale stated by the
+  source of those weights (a pretrained VAE's config.json; for --init_from_ckpt, its run's) is KEPT
+  whatever --vae_config_file says; a config file that states another value gets a warning naming both
+  values and `--scaling_factor`, the flag that chooses the exported one. Entries the weights' source does
+  not state come from the config file, else ppdiffusers' default (0.18215); a single file without config
+  states none, and Stable Diffusion's is assumed for it here (`assumed_for_single_file`, one warning). With
+  the encoder re-initialised by --ignore_keys the warnings say that the factor is measured at export. The
+  VAE remembers where its factor came from (`origin_of`), so that every log line and latent_stats.json say
+  it truthfully;
+- at export (`decide`, `latent_scales_at_export`; for scripts/export_vae.py, `mode_of_checkpoint`): what the
+  exported config.json holds.
 
 A diffusion model is trained on `(z - shift_factor) * scaling_factor` (SD: shift 0). Those numbers belong
 to the latent space, so:
@@ -10,6 +25,8 @@ to the latent space, so:
   posterior samples of --latent_stats_num_images images, computed exactly in expectation from the
   posterior means and variances (see `metrics.LatentStatistics`);
 - `--scaling_factor keep|measure|<number>` overrides (a number sets scaling_factor, shift_factor is kept).
+Other modules ask: models/vae_loading.py hands its sources to `settle`, evaluation.py measures the statistics,
+models/vae_saving.py writes the updates `decide` returns; none of them chooses a factor itself.
 
 No unrequested work at export: the statistics come from the last in-training evaluation when it measured
 the exported weights on the same images; otherwise, only when the factor is measured, from an
@@ -25,17 +42,177 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from ppdiffusers import AutoencoderKL
 
 logger = logging.getLogger("vae_trainer")
 
 LATENT_STATS_NAME = "latent_stats.json"
 Mode = Union[str, float]  # "keep", "measure" or a number
+LATENT_SCALE_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
+# ppdiffusers' AutoencoderKL default, Stable Diffusion 1.x/2.x's factor (SDXL: 0.13025, FLUX: 0.3611).
+DEFAULT_SCALING_FACTOR = 0.18215
+SDXL_SCALING_FACTOR = 0.13025  # SDXL's VAE: the same tensors as SD's, another factor (configs/sdxl_vae.json)
+_ORIGIN = "latent_scale_origin"  # the attribute of a built VAE saying where its factor came from
+_UNKNOWN_ORIGIN = "kept from the VAE's config"
+EXPORT_ORIGIN_KEY = "latent_scale_origin"  # the same, in a checkpoint's export_config.json
+
+
+# ---- loading: which source's latent scale the VAE carries
+
+@dataclass(frozen=True)
+class Statement:
+    """The latent-scale entries one source states (`entries`), named for messages (`name`), what the
+    exported factor's log line says when this source's scaling_factor is kept (`origin`), and, for an entry
+    that is assumed rather than stated (`assumed_for_single_file`), the warning `settle` logs when it is kept."""
+
+    entries: Mapping[str, Any]
+    name: str
+    origin: str
+    assumption: str = ""
+
+
+def stated_entries(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The latent-scale entries a config states (a null entry is a statement: "no shift")."""
+    return {key: config[key] for key in LATENT_SCALE_KEYS if key in config}
+
+
+def _read_config(path: str) -> Dict[str, Any]:
+    """A config JSON, or the config.json of a folder."""
+    with open(os.path.join(path, "config.json") if os.path.isdir(path) else path) as handle:
+        return json.load(handle)
+
+
+def of_pretrained(folder: str) -> Statement:
+    """What a pretrained VAE folder (ppdiffusers or PyTorch diffusers) states."""
+    return Statement(stated_entries(_read_config(folder)), f"the pretrained VAE {folder}",
+                     f"kept from the pretrained VAE {folder}")
+
+
+def of_config_file(path: str, name: Optional[str] = None) -> Statement:
+    """What a config file states (--vae_config_file, or the architecture a checkpoint holds)."""
+    name = name or f"--vae_config_file {path}"
+    return Statement(stated_entries(_read_config(path)), name, f"from {name}")
+
+
+def of_single_file(path: str) -> Statement:
+    """An original LDM single file: tensors only, no latent scale."""
+    return Statement({}, f"the single file {path}", "")
+
+
+def assumed_for_single_file(path: str) -> Statement:
+    """A single file without config holds no factor: Stable Diffusion's is assumed (models/vae_loading.py
+    infers only the architecture, and refuses files other than 4 latent channels without a config). The one
+    warning about it, logged by `settle` when it is kept, names both ways to state another VAE's factor."""
+    return Statement({"scaling_factor": DEFAULT_SCALING_FACTOR}, f"the single file {path}",
+                     f"Stable Diffusion's {DEFAULT_SCALING_FACTOR}, assumed for the single file {path}, which holds "
+                     "no factor",
+                     f"{path} holds no scaling_factor: Stable Diffusion's {DEFAULT_SCALING_FACTOR} is assumed. For "
+                     f"another VAE state its factor, e.g. for SDXL's: --scaling_factor {SDXL_SCALING_FACTOR} (the "
+                     "exported factor), or its config, --vae_config_file configs/sdxl_vae.json")
+
+
+def of_weights(path: str) -> Statement:
+    """What is known of the latent scale of --init_from_ckpt weights (nothing: no entries):
+    - a checkpoint of ours: its run's --scaling_factor (export_config.json): "keep" -> the factors in its
+      vae_config.json, a number -> that number; "measure" -> unknown (measured only at the run's export,
+      from its EMA weights; the checkpoint does not hold it);
+    - a weight file inside a VAE folder: the config.json beside it."""
+    from .checkpoint import checkpoint_export_config, checkpoint_vae_config
+
+    name = f"the --init_from_ckpt weights {path}"
+    exported = checkpoint_export_config(path)
+    if exported is not None:
+        mode, config_file = exported.get("scaling_factor"), checkpoint_vae_config(path)
+        if mode == "measure" or config_file is None:
+            return Statement({}, name, "")
+        entries = stated_entries(_read_config(config_file))
+        if mode != "keep":
+            entries["scaling_factor"] = float(mode)
+        return Statement(entries, name, f"kept from the checkpoint {path} (its run's factor)")
+    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
+    if os.path.isfile(beside):
+        return Statement(stated_entries(_read_config(beside)), name, f"kept from {beside}, beside {path}")
+    return Statement({}, name, "")
+
+
+def settle(vae: AutoencoderKL, statements: Sequence[Statement], weights_loaded: bool = True,
+           encoder_reinitialised: bool = False) -> str:
+    """Give `vae` the latent scale of `statements`, ordered from the source of its encoder's weights (first)
+    to the config file (last): each entry comes from the first statement stating it, and a later statement
+    stating another value is warned about. Returns, and remembers on `vae` (`origin_of`), where its
+    scaling_factor came from. `weights_loaded`: a missing factor is warned about only for loaded weights
+    (a fresh VAE measures its own). `encoder_reinitialised`: --ignore_keys leaves the encoder (or quant_conv)
+    freshly initialised (`reinitialises_encoder`), so the exported factor is measured at export (`default_mode`)
+    and the warnings say so."""
+    chosen: Dict[str, Tuple[Any, Statement]] = {}
+    for statement in statements:
+        for key, value in statement.entries.items():
+            if key not in chosen:
+                chosen[key] = (value, statement)
+            elif chosen[key][0] != value:
+                _warn_conflict(key, chosen[key], (value, statement), encoder_reinitialised)
+    if chosen:
+        vae.register_to_config(**{key: value for key, (value, _) in chosen.items()})
+    if "scaling_factor" in chosen:
+        kept = chosen["scaling_factor"][1]
+        origin = kept.origin
+        if kept.assumption and not encoder_reinitialised:
+            logger.warning("%s", kept.assumption)
+    else:
+        unstated = _none_states([statement.name for statement in statements])
+        origin = f"ppdiffusers' default {DEFAULT_SCALING_FACTOR}: {unstated}"
+        if weights_loaded and not encoder_reinitialised:
+            logger.warning("%s: ppdiffusers' default %s (Stable Diffusion's) is written; for another VAE give "
+                           "--scaling_factor (SDXL %s)", unstated, DEFAULT_SCALING_FACTOR, SDXL_SCALING_FACTOR)
+    setattr(vae, _ORIGIN, origin)
+    return origin
+
+
+def _none_states(names: Sequence[str]) -> str:
+    if len(names) < 2:
+        return f"{names[0] if names else 'the VAE'} states no scaling_factor"
+    return f"neither {' nor '.join(names)} states a scaling_factor"
+
+
+def _warn_conflict(key: str, kept: Tuple[Any, Statement], other: Tuple[Any, Statement],
+                   encoder_reinitialised: bool = False) -> None:
+    """One line naming both values, the one kept (and why), and the flag that chooses the exported factor."""
+    measured = key == "scaling_factor" or (key == "shift_factor" and kept[0] is not None)  # what `decide` measures
+    if encoder_reinitialised and measured:  # default_mode: the exported factor is measured, not this one
+        why = (f"in the VAE's config, but the encoder is re-initialised (--ignore_keys), so the exported {key} is "
+               "measured at export")
+        choose = (f"--scaling_factor keep exports {kept[0]}, --scaling_factor {other[0]} exports {other[0]}"
+                  if key == "scaling_factor" else f"--scaling_factor keep exports {kept[0]}")
+    else:
+        why = ("in the VAE's config (the encoder is re-initialised by --ignore_keys; only the scaling_factor and "
+               "shift_factor are measured at export)" if encoder_reinitialised
+               else "the scale of the latent space the encoder's weights come from")
+        choose = (f"--scaling_factor {other[0]} exports {other[0]} instead" if key == "scaling_factor"
+                  else "only the scaling_factor can be chosen, with --scaling_factor")
+    logger.warning("%s states %s %s, %s %s: keeping %s, %s; %s", other[1].name, key, other[0], kept[1].name,
+                   kept[0], kept[0], why, choose)
+
+
+def origin_of(vae: AutoencoderKL) -> str:
+    """Where `vae`'s scaling_factor came from (`settle`), for log lines and latent_stats.json."""
+    return getattr(vae, _ORIGIN, _UNKNOWN_ORIGIN)
+
+
+# ---- export: what the exported config.json holds
 
 
 def _touches_encoder(prefix: str) -> bool:
     """Does an --ignore_keys prefix leave some encoder or quant_conv weight freshly initialised?"""
     return any(prefix.startswith(name) or name.startswith(prefix) for name in ("encoder.", "quant_conv."))
+
+
+def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
+    """Do --ignore_keys leave some encoder or quant_conv weight freshly initialised (a new latent space)?"""
+    return any(_touches_encoder(prefix) for prefix in ignore_keys or ())
 
 
 def scaling_factor_mode(model_args) -> Mode:
@@ -59,14 +236,24 @@ def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
     return number
 
 
+def mode_of_checkpoint(given: Optional[str], export_config: Mapping[str, Any]) -> Mode:
+    """The mode of an export from a checkpoint (scripts/export_vae.py): `given` (its --scaling_factor), else
+    what the run used (the checkpoint's export_config.json), else "keep" (a checkpoint written before
+    export_config.json stated it: the factor its vae_config.json holds)."""
+    mode = parse_scaling_factor(given)
+    if mode is not None:
+        return mode
+    return parse_scaling_factor(export_config.get("scaling_factor")) or "keep"
+
+
 def default_mode(model_args) -> Mode:
     """Keep when the encoder's weights are loaded (--pretrained_model_name_or_path or --init_from_ckpt, not
     re-initialised by --ignore_keys): its latents are those a diffusion model was trained on, and the VAE's
-    config holds their scale (models/vae_loading.py carries it over). Measure otherwise, and for an
+    config holds their scale (`settle` gives it to the VAE). Measure otherwise, and for an
     --init_from_ckpt checkpoint whose run measured its factor (at its export; the checkpoint does not hold it)."""
     from .checkpoint import checkpoint_export_config
 
-    if any(_touches_encoder(p) for p in model_args.ignore_keys or ()):
+    if reinitialises_encoder(model_args.ignore_keys):
         return "measure"
     if getattr(model_args, "init_from_ckpt", None):
         exported = checkpoint_export_config(model_args.init_from_ckpt)
@@ -76,11 +263,11 @@ def default_mode(model_args) -> Mode:
 
 def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
-           ) -> Tuple[Dict[str, float], Dict[str, Any]]:
+           origin: str = _UNKNOWN_ORIGIN) -> Tuple[Dict[str, float], Dict[str, Any]]:
     """(config updates for the exported VAE, the latent_stats.json record) from the mode and, if any, the
     measured `stats` (an `evaluation.LatentStats`) of the exported `weights` ("the EMA weights", ...).
     "measure" needs `stats`. `unmeasured` completes the record's note when nothing was measured: why, and
-    how to measure."""
+    how to measure. `origin`: where the VAE's own factor came from (`origin_of`), said when it is kept."""
     uses_shift = vae_config.get("shift_factor") is not None
     if mode == "measure":
         if stats is None:
@@ -90,7 +277,7 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
             updates["shift_factor"] = stats.shift_factor
         source = f"measured on {stats_source}"
     elif mode == "keep":
-        updates, source = {}, "kept from the VAE's config"
+        updates, source = {}, origin
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
     record: Dict[str, Any] = {
@@ -132,7 +319,8 @@ def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
         stats, source = evaluator.latent_stats(vae, ema, step)
     weights = "the EMA weights (--use_ema)" if ema is not None else "the trained weights"
     scales = {"vae": decide(mode, vae.config, stats, source, weights,
-                            f"no evaluation of these weights ran at the last step (step {step}); {how_to_measure}")}
+                            f"no evaluation of these weights ran at the last step (step {step}); {how_to_measure}",
+                            origin_of(vae))}
     if ema is None:
         return scales
     raw_weights = "the raw weights (vae/ holds the EMA weights)"
@@ -145,7 +333,7 @@ def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
         stats, source = None, None
     scales["vae_raw"] = decide(mode, vae.config, stats, source, raw_weights,
                                f"evaluations measure the EMA weights (vae/), and a factor that is not measured needs no "
-                               f"pass over the raw ones; {how_to_measure}")
+                               f"pass over the raw ones; {how_to_measure}", origin_of(vae))
     return scales
 
 

@@ -19,7 +19,7 @@ from .build import (build_components, build_evaluator, build_train_data, build_t
                     setup_runtime)
 from .distributed import rank, world_size
 from .export import checkpoint_configs, export_run
-from .output_dir import prepare_output_dir
+from .output_dir import prepare_output_dir, run_inputs
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import start_up
@@ -31,11 +31,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
         setup_runtime(args)
-        prepare_output_dir(args)  # a new run never eats an earlier one
+        prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input
         parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
         run = build_training(parts, loss_args, args)
         evaluator = build_evaluator(data_args, args, parts)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
+        ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
     model = parts.model
     state = TrainerState(max_steps=args.max_steps)
     rank_state: Optional[dict] = None
@@ -59,7 +60,10 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     progress = tqdm(total=args.max_steps, initial=state.global_step, disable=rank() != 0 or args.disable_tqdm,
                     desc="train", dynamic_ncols=True)
 
-    saved_at = [None]
+    # Resumed from OUTPUT_DIR's own checkpoint of this step (e.g. one already at --max_steps): it is this very
+    # state, so the final save must not delete and rewrite it.
+    saved_at = [state.global_step if resume and ckpt.is_checkpoint_of(args.output_dir, resume, state.global_step)
+                else None]
 
     def save() -> None:
         if saved_at[0] == state.global_step:
@@ -70,12 +74,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                              configs=checkpoint_configs(parts, evaluator))
         saved_at[0] = state.global_step
 
-    batches = iter(dataloader)
+    batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
+    iteration = iter(batches)
     try:
         while state.global_step < args.max_steps:
             for _ in range(args.gradient_accumulation_steps):
-                batch = next(batches)
-                monitor.micro_step_begin()
+                batch = next(iteration)
                 logs = run.step.forward_backward(batch["pixel_values"], state.global_step)
                 position.update(batch["position"])
                 monitor.micro_step_end(logs)

@@ -239,13 +239,14 @@ def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Ten
 
 
 def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
-    """ema = [ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means (averaged over ranks)."""
-    with paddle.no_grad():
+    """ema = [ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means (averaged over ranks), in float32
+    even inside an O2 autocast (which would round the update in half precision; the buffer stays float32)."""
+    with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
         means = paddle.stack([logits_real.astype("float32").mean(), logits_fake.astype("float32").mean()])
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(means)
             means = means / dist.get_world_size()
-        ema.set_value(decay * ema + (1.0 - decay) * means)
+        ema.set_value((decay * ema.astype("float32") + (1.0 - decay) * means).astype(ema.dtype))
 
 
 def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,

@@ -11,6 +11,12 @@ VisualDL record files listed in `OUTPUT_DIR/visualdl_records.txt`, to which ever
 record file it opens (`note_log_file`). A log folder left empty by that is removed too if it is inside
 OUTPUT_DIR. Everything else stays: the user's own files (also when --logging_dir is OUTPUT_DIR itself),
 `launch_logs/`, and the record files of other runs that share a --logging_dir.
+
+Nothing the run reads is deleted: before deleting anything, --overwrite_output_dir refuses when a path
+the run reads (`run_inputs`: the pretrained VAE, --init_from_ckpt, --discriminator_path, the file lists
+and the parts a file list names, ...) lies inside what it would delete (`doomed_paths`), e.g.
+`--pretrained_model_name_or_path OUT/vae --output_dir OUT` (continue from the last export). Paths are
+compared after `realpath`, so relative paths, trailing slashes and symlinks cannot hide a match.
 """
 
 from __future__ import annotations
@@ -18,17 +24,21 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import List
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import paddle
 import paddle.distributed as dist
 
-from .checkpoint import delete_checkpoint, list_checkpoints, remove_unfinished, resume_requested
+from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, remove_unfinished,
+                         resume_requested, unfinished_checkpoints)
+from .data.filelists import PIPE_PREFIX, read_sources
 from .distributed import rank, world_size
+
+if TYPE_CHECKING:
+    from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 
 logger = logging.getLogger(__name__)
 
-EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation (evaluation.TrainingEvaluator)
 # What a run writes into OUTPUT_DIR besides checkpoints: export.export_run's folders at the end, the evaluations.
 EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
 # The VisualDL record files our runs in OUTPUT_DIR wrote, one path per line, relative to OUTPUT_DIR.
@@ -42,29 +52,129 @@ def earlier_run(output_dir: str) -> List[str]:
     return names + [name for name in EXPORTS if os.path.exists(os.path.join(output_dir, name))]
 
 
-def prepare_output_dir(args) -> None:
+_STARTS, _HOLDS_EARLIER_RUN, _READS_DOOMED = 0, 1, 2  # rank 0's decision, broadcast to the other ranks
+
+
+def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
     """Refuse, or clear with --overwrite_output_dir, an --output_dir that holds an earlier run.
 
-    Decided once, by rank 0, and broadcast, so that all ranks refuse together and only rank 0 deletes
-    (the others wait for it). Resuming (--resume_from_checkpoint) leaves the folder as it is.
+    `reads` (`run_inputs`: flag -> path) are what this run reads; clearing refuses, before deleting
+    anything, if one of them lies inside what it would delete. Decided once, by rank 0, and broadcast,
+    so that all ranks refuse together and only rank 0 deletes (the others wait for it). Resuming
+    (--resume_from_checkpoint) leaves the folder as it is.
     """
     if resume_requested(args.resume_from_checkpoint):
         return
     found = earlier_run(args.output_dir) if rank() == 0 else []
-    if found and args.overwrite_output_dir and rank() == 0:
+    decision, endangered = _STARTS, None
+    if found and not args.overwrite_output_dir:
+        decision = _HOLDS_EARLIER_RUN
+    elif found and rank() == 0:
+        endangered = endangered_input(args.output_dir, reads or {})
+        decision = _READS_DOOMED if endangered else _STARTS
+    if decision == _STARTS and found and rank() == 0:
         clear_run(args.output_dir)
         logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
-    refused = bool(found) and not args.overwrite_output_dir
     if world_size() > 1:  # also the point where the other ranks wait until rank 0 has cleared
-        shared = paddle.to_tensor([int(refused)], dtype="int64")
+        shared = paddle.to_tensor([decision], dtype="int64")
         dist.broadcast(shared, src=0)
-        refused = bool(shared.item())
-    if refused:
+        decision = int(shared.item())
+    if decision == _HOLDS_EARLIER_RUN:
         shown = ", ".join(found) if found else "checkpoints"
         raise FileExistsError(
             f"--output_dir {args.output_dir} already holds an earlier run ({shown}). Continue it with "
             "--resume_from_checkpoint latest, or start over with --overwrite_output_dir (deletes its checkpoints, "
             "logs and exports), or choose another --output_dir.")
+    if decision == _READS_DOOMED:
+        raise FileExistsError(_endangered_message(args.output_dir, endangered) if endangered else
+                              "--overwrite_output_dir refused on rank 0: this run reads a file it would delete "
+                              "(rank 0's message says which); nothing was deleted")
+
+
+def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str, Optional[str]]:
+    """Flag -> local path of everything a run reads that an --output_dir could hold (None: not given).
+    Not --resume_from_checkpoint: a resumed run never clears its folder (`prepare_output_dir`)."""
+    pretrained = model_args.pretrained_model_name_or_path
+    if pretrained and model_args.subfolder:
+        pretrained = os.path.join(pretrained, model_args.subfolder)
+    return {
+        "--pretrained_model_name_or_path": pretrained,
+        "--vae_config_file": model_args.vae_config_file,
+        "--init_from_ckpt": model_args.init_from_ckpt,
+        "--discriminator_path": model_args.discriminator_path,
+        "--lpips_weights": model_args.lpips_weights,
+        "--file_list": data_args.file_list,
+        "--eval_file_list": getattr(data_args, "eval_file_list", None),
+        "--inception_weights": getattr(data_args, "inception_weights", None),
+    }
+
+
+def doomed_paths(output_dir: str) -> List[str]:
+    """What `clear_run` would delete (the same list, in the same terms), for the checks before it."""
+    paths = [path for _, path in list_checkpoints(output_dir)] + unfinished_checkpoints(output_dir)
+    paths += [os.path.join(output_dir, name) for name in EXPORTS + (ABANDONED_DIR,)]
+    paths += _noted_log_files(output_dir)
+    return [path for path in paths if os.path.lexists(path)]
+
+
+def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Optional[Tuple[str, str, str, str]]:
+    """(flag, given path, the path it reads, the doomed path holding it) of the first input that clearing
+    `output_dir` would delete, or None. A file list counts with the lists and parts it names.
+    Each input is resolved once and its folders are looked up among the doomed paths (a set), so a list
+    of 100k parts costs about one stat per part, not one comparison per part and doomed path."""
+    doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
+    if not doomed:
+        return None
+    real_folders: Dict[str, str] = {}
+    for flag, given in reads.items():
+        if not given or given.startswith(PIPE_PREFIX):
+            continue
+        members = _file_list_members(given) if flag.endswith("file_list") else [given]
+        for member in members:
+            holder = _doomed_holder(_realpath(member, real_folders), doomed)
+            if holder is not None:
+                return flag, given, member, holder
+    return None
+
+
+def _realpath(path: str, real_folders: Dict[str, str]) -> str:
+    """os.path.realpath(path), resolving each folder once (the parts of a file list share a few folders)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if folder not in real_folders:
+        real_folders[folder] = os.path.realpath(folder)
+    real = os.path.join(real_folders[folder], name)
+    return os.path.realpath(real) if os.path.islink(real) else real
+
+
+def _doomed_holder(real: str, doomed: Dict[str, str]) -> Optional[str]:
+    """The doomed path that is `real` or one of its folders, or None."""
+    while True:
+        if real in doomed:
+            return doomed[real]
+        parent = os.path.dirname(real)
+        if parent == real:
+            return None
+        real = parent
+
+
+def _file_list_members(file_list: str) -> List[str]:
+    """The list itself and every local filelist, folder and part it names (pipes skipped); just the list if
+    it cannot be read now (the run's own start-up then says why)."""
+    try:
+        sources = read_sources(file_list, counts=False)
+    except Exception:  # noqa: BLE001 - a broken list is reported where the data is built, with file:line
+        return [file_list]
+    names = [source.name for source in sources] + [part.path for source in sources for part in source.parts]
+    return [file_list] + [name for name in names if not name.startswith(PIPE_PREFIX)]
+
+
+def _endangered_message(output_dir: str, endangered: Tuple[str, str, str, str]) -> str:
+    flag, given, member, doomed = endangered
+    named = "" if member == given else f" (it names {member})"
+    return (f"--overwrite_output_dir would delete {doomed}, which this run reads: {flag} {given}{named}. Nothing "
+            f"was deleted. Copy it out of {output_dir} first and give {flag} the copy (e.g. cp -r {doomed} "
+            f"{os.path.normpath(output_dir)}_{os.path.basename(os.path.normpath(doomed))}), or continue the earlier "
+            "run with --resume_from_checkpoint latest instead of starting over, or choose another --output_dir.")
 
 
 def clear_run(output_dir: str) -> None:
@@ -72,7 +182,7 @@ def clear_run(output_dir: str) -> None:
     for _, path in list_checkpoints(output_dir):
         delete_checkpoint(path)
     remove_unfinished(output_dir)
-    for name in EXPORTS:
+    for name in EXPORTS + (ABANDONED_DIR,):  # rolled-back branches (checkpoint.set_aside_later) are ours too
         path = os.path.join(output_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)

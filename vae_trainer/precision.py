@@ -13,6 +13,7 @@ image logging of an O2 (half-precision) VAE under O2 autocast, so float32 images
 correctly; `restore_float32` puts the optimizers' float32 master weights back into the model after O2
 training, so the final evaluation and the export are float32. Frozen layers (--freeze_encoder) are never
 cast: they stay float32 under O2 (`setup_precision`'s `keep_float32`), bit-identical to what was loaded.
+The model's own tensors (the container's log-variance and LeCAM's EMA buffer) stay float32 under O2 too.
 
 On CPU Paddle does no autocast (`auto_cast` is a no-op there and GradScaler disables itself), and
 half-precision conv kernels do not exist, so O2 decoration is skipped: the flags run in float32 with a
@@ -165,6 +166,10 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
             "(the mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16", paddle.get_device()
         )
     elif args.fp16_opt_level == "O2":
+        # O2 casts layer by layer, the root's own tensors included: the container's log-variance and LeCAM's
+        # EMA (scalars; 0.1 becomes 0.09998 and an EMA step of decay 0.99 vanishes under fp16 rounding). The
+        # flag Paddle's `excluded_layers` sets, on the root alone, keeps them float32; sublayers are cast as usual.
+        model._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
     scalers = {}
     if args.fp16:

@@ -14,7 +14,7 @@ Per optimizer step, `optimizer_step`, one straight block:
   4. clip each network's gradients to --max_grad_norm (optim.clip_grads);
   5. step the VAE optimizer, 6. step the discriminator optimizer (each unless its step is skipped);
   7. both LR schedules follow the step counter (a skipped step still counts);
-  8. update the fp16 loss scales from the decision, clear both networks' gradients;
+  8. update the fp16 loss scales from the decision, free both networks' gradients (not zeroed: memory);
   9. update the EMA of the VAE weights.
 The drivers call this block and step nothing themselves (trainer.py: how the PaddleNLP Trainer's own
 optimizer/scheduler calls become no-ops).
@@ -217,8 +217,11 @@ class TrainStep:
         if gan:
             self.disc_scheduler.step()
         self.precision.update_scales(not take["vae"], (not take["discriminator"]) if gan else None)  # 8.
-        self.vae_optimizer.clear_grad()
-        self.disc_optimizer.clear_grad()
+        # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
+        # as its weights (335 MB for SD), and between steps, through the next forward and any checkpoint save,
+        # nothing needs them. The next backward creates them, as at the first step.
+        self.vae_optimizer.clear_grad(set_to_zero=False)
+        self.disc_optimizer.clear_grad(set_to_zero=False)
         if self.ema is not None:                                                          # 9. EMA
             self.ema.step(self.model.vae.parameters())
 

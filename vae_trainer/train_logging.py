@@ -15,7 +15,9 @@ data/skipped_<reason> (training records skipped so far, summed over all ranks an
 per reason of `data.position.SKIP_REASONS`; cumulative over the whole run, resumes included). The skip
 counts are host numbers; with several ranks, summing them is one small all-reduce per logging step.
 Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
-At the end of the run rank 0 prints a summary of the skipped records.
+At the end of the run rank 0 prints a summary of the skipped records: per reason, and the files with the most
+skips (the console names only each file's first few problems; a broken part is found here); with several
+processes, as of the last logging step (`TrainMonitor._final_skip_counts` says exactly what it covers).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import logging
 import resource
 import sys
 import time
-from typing import Callable, Dict, Optional, Tuple
+from collections import Counter
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -34,6 +37,8 @@ from .distributed import world_size
 from .output_dir import note_log_file
 
 logger = logging.getLogger("vae_trainer")
+
+SUMMARY_FILES = 20  # files named in the end-of-run summary of skipped records, those with the most skips
 
 
 def peak_memory_gb() -> float:
@@ -61,25 +66,34 @@ class TrainMonitor:
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._data_seconds = 0.0
-        self._last_step_end: Optional[float] = None
         self._data_position = None
-        self._skipped: Optional[Dict[str, int]] = None
+        self._skipped: Optional[Dict[str, int]] = None  # all ranks, as of `_skipped_step`
+        self._skipped_step = 0
+        self._skipped_files: Optional[Dict[str, int]] = None  # all ranks, gathered at the last step
 
     def watch_data(self, position) -> None:
         """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
         self._data_position = position
 
-    # --- timing: the drivers call these around every micro-step
-    def micro_step_begin(self) -> None:
-        now = time.perf_counter()
-        if self._last_step_end is not None:
-            self._data_seconds += now - self._last_step_end  # waiting for the next batch
+    # --- timing: perf/data_seconds_per_step is the time spent waiting for batches and nothing else (not the
+    # optimizer step, logging, evaluation or saves that happen between two batches)
+    def timed(self, loader: Iterable) -> _TimedBatches:
+        """`loader`, each batch's wait counted as data time. Both drivers iterate their batches through this
+        (the Trainer iterates it itself); its `close()` ends the running iteration and the loader's workers."""
+        return _TimedBatches(loader, self)
+
+    def _next_batch(self, batches: Iterator) -> Any:
+        """next(batches), its wait counted as data time."""
+        start = time.perf_counter()
+        try:
+            return next(batches)
+        finally:
+            self._data_seconds += time.perf_counter() - start
 
     def micro_step_end(self, logs: Dict[str, paddle.Tensor]) -> None:
         for name, value in logs.items():
             self._sums[name] = self._sums[name] + value if name in self._sums else value
             self._counts[name] = self._counts.get(name, 0) + 1
-        self._last_step_end = time.perf_counter()
 
     def optimizer_step_end(self, step: int, report: Dict[str, object],
                            images: Optional[Callable[[], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
@@ -99,7 +113,7 @@ class TrainMonitor:
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
-        scalars.update(self._skip_scalars())
+        scalars.update(self._skip_scalars(step))
         self._write(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
@@ -117,8 +131,9 @@ class TrainMonitor:
             "perf/peak_memory_gb": peak_memory_gb(),
         }
 
-    def _skip_scalars(self) -> Dict[str, float]:
-        """data/skipped_<reason>, summed over ranks (one small all-reduce per logging step, on every rank)."""
+    def _skip_scalars(self, step: int) -> Dict[str, float]:
+        """data/skipped_<reason>, summed over ranks (one small all-reduce per logging step, on every rank; at
+        the last step also the per-file counts, for the end-of-run summary)."""
         if self._data_position is None:
             return {}
         totals = self._data_position.skipped_totals()
@@ -127,7 +142,11 @@ class TrainMonitor:
             summed = paddle.to_tensor(counts, dtype="int64")
             dist.all_reduce(summed)
             counts = summed.tolist()
-        self._skipped = dict(zip(totals, counts))
+            if step >= self.args.max_steps:
+                gathered: list = []
+                dist.all_gather_object(gathered, self._data_position.skipped_by_file())
+                self._skipped_files = dict(sum((Counter(files) for files in gathered), Counter()))
+        self._skipped, self._skipped_step = dict(zip(totals, counts)), step
         return {f"data/skipped_{reason}": float(count) for reason, count in self._skipped.items()}
 
     def _write(self, step: int, scalars: Dict[str, float]) -> None:
@@ -154,16 +173,76 @@ class TrainMonitor:
         self._write(step, scalars)
 
     def close(self) -> None:
-        """Print the skipped-records summary (as of the last logging step) and close the writer."""
-        if self.is_main and self._skipped is not None:
-            skipped = {reason: count for reason, count in self._skipped.items() if count}
-            if skipped:
-                logger.warning("data: %d training records skipped (all ranks, resumed runs included): %s; see the "
-                               "data/skipped_* scalars", sum(skipped.values()), skipped)
-            else:
-                logger.info("data: no training record was skipped")
+        """Print the skipped-records summary and close the writer."""
+        if self.is_main:
+            self._log_skip_summary()
         if self.writer is not None:
             self.writer.close()
+
+    def _log_skip_summary(self) -> None:
+        """Skips per reason and the files with the most skips (the console shows only each file's first few)."""
+        counts = self._final_skip_counts()
+        if counts is None:
+            return
+        totals, files, when = counts
+        skipped = {reason: count for reason, count in totals.items() if count}
+        if not skipped:
+            logger.info("data: no training record was skipped%s", when)
+            return
+        worst = sorted(files.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_FILES]
+        shown = "".join(f"\n  {count:>8}  {path}" for path, count in worst)
+        logger.warning("data: %d training records skipped (all ranks, resumed runs included)%s: %s; see the "
+                       "data/skipped_* scalars. Files with skips: %d, the worst %d:%s", sum(skipped.values()), when,
+                       skipped, len(files), len(worst), shown)
+
+    def _final_skip_counts(self) -> Optional[Tuple[Dict[str, int], Dict[str, int], str]]:
+        """(skips per reason, skips per file, a note on what they cover) for the end-of-run summary, or None.
+        One process: as of the last batch taken (it sees every batch). Several: the per-reason totals summed
+        over ranks at the last logging step, and every rank's files if that was the step of --max_steps
+        (gathered then), else rank 0's only; ranks may end at different moments, so no collective call is
+        safe here. None with several ranks before any logging step."""
+        if self._data_position is None:
+            return None
+        if world_size() == 1:
+            return self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
+        if self._skipped is None:
+            return None
+        when = f" (as of step {self._skipped_step})"
+        if self._skipped_files is not None:
+            return self._skipped, self._skipped_files, when
+        return self._skipped, self._data_position.skipped_by_file(), when + "; files: rank 0's only"
+
+
+class _TimedBatches:
+    """An iterable over a loader's batches whose waits count as data time (`TrainMonitor.timed`); ending the
+    iteration (`close()`, or the end of the loader) ends the loader's (its workers stop and are joined)."""
+
+    def __init__(self, loader: Iterable, monitor: TrainMonitor):
+        self.loader, self.monitor = loader, monitor
+        self._iteration: Optional[Iterator] = None
+
+    def __iter__(self) -> Iterator:
+        self._iteration = self._batches()
+        return self._iteration
+
+    def close(self) -> None:
+        """End the running iteration now (its workers stop and are joined), not whenever it is collected."""
+        if self._iteration is not None:
+            self._iteration.close()
+
+    def _batches(self) -> Iterator:
+        batches = iter(self.loader)
+        try:
+            while True:
+                try:
+                    batch = self.monitor._next_batch(batches)
+                except StopIteration:
+                    return
+                yield batch
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
 
 def format_scalars(scalars: Dict[str, float]) -> str:

@@ -8,7 +8,9 @@ pieces a two-optimizer GAN needs:
   optimizers and BOTH schedules, clears the gradients and updates the EMA (as the plain loop does);
 - `_wrap_model`: no `paddle.DataParallel` (see distributed.py); mixed precision is set up by
   `precision.py` for both drivers (the Trainer's own fp16/bf16 handling is kept off);
-- `get_train_dataloader`: our streaming reader, resumed at the saved data position;
+- `get_train_dataloader`: our streaming reader, resumed at the saved data position, its waits timed;
+- `train`: from a checkpoint already at --max_steps, nothing is trained (the Trainer's loop checks for the
+  end only after a step, so it would train one step more);
 - `_save_checkpoint` / `_load_from_checkpoint` / `_load_optimizer_and_scheduler`: `checkpoint.py`, so the
   discriminator, its optimizer, scalers, EMA, RNG states and data position are saved and restored too.
 After each optimizer step a callback runs the same bookkeeping as the loop (telemetry, evaluation).
@@ -26,13 +28,16 @@ of the Trainer touches them.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import paddle
-from paddlenlp.trainer import Trainer, TrainerCallback
+from paddlenlp.trainer import Trainer, TrainerCallback, TrainerState
+from paddlenlp.trainer.trainer_utils import TrainOutput
 
 from . import checkpoint as ckpt
 from .build import build_train_data, build_training
+from .data.position import StreamPosition
 from .distributed import rank, world_size
 from .export import checkpoint_configs
 from .step import NonFiniteError
@@ -88,11 +93,35 @@ class VAETrainer(Trainer):
         self.run = None
         self.resume_rank_state: Optional[dict] = None
         self.position = None
+        self.train_batches = None  # the training batches, once the Trainer asked for them
         self.micro_steps = 0
         self.step_report = {}
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
         self.add_callback(_AfterOptimizerStep(self))
+
+    # ---- training
+    def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs) -> Optional[TrainOutput]:
+        """The Trainer's training, except from a checkpoint at or past --max_steps: the Trainer's loop checks
+        for the end only after a step, so it would train one step more; here nothing is trained (None is
+        returned), and the state is restored as for a resume so that the final checkpoint and export are the
+        checkpoint's."""
+        if resume_from_checkpoint and (ckpt.checkpoint_step(resume_from_checkpoint) or 0) >= self.args.max_steps:
+            self._restore_finished(resume_from_checkpoint)
+            return None
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _restore_finished(self, checkpoint: str) -> None:
+        self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps)
+        self._load_from_checkpoint(checkpoint)
+        self._load_optimizer_and_scheduler(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
+        self.position = StreamPosition.from_state(self.resume_rank_state["data"])
+        self.monitor.watch_data(self.position)
+        if ckpt.is_checkpoint_of(self.args.output_dir, checkpoint, self.state.global_step):
+            self.saved_at_step = self.state.global_step  # it is this very state: the final save leaves it alone
+        logger.info("%s is at step %d, --max_steps %d: nothing to train", checkpoint, self.state.global_step,
+                    self.args.max_steps)
 
     # ---- building
     def create_optimizer_and_scheduler(self, num_training_steps: int):
@@ -108,11 +137,17 @@ class VAETrainer(Trainer):
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args, data_state)
         self.monitor.watch_data(self.position)
-        return loader
+        self.train_batches = self.monitor.timed(loader)  # perf/data_seconds_per_step: the Trainer's waits
+        return self.train_batches
+
+    def close(self) -> None:
+        """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
+        if self.train_batches is not None:
+            self.train_batches.close()
+        self.monitor.close()
 
     # ---- the step
     def training_step(self, model, inputs):
-        self.monitor.micro_step_begin()
         logs = self.run.step.forward_backward(inputs["pixel_values"], self.state.global_step)
         self.position.update(inputs["position"])
         self.monitor.micro_step_end(logs)

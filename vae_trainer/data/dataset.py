@@ -24,10 +24,11 @@ Batches and positions
     Training batches are made inside the stream (:class:`TrainBatches`; the DataLoader runs with
     ``batch_size=None``), one bucket shape per batch (:mod:`~vae_trainer.data.buckets`). Each batch
     carries ``"position"`` (:mod:`~vae_trainer.data.position`), a list of ints: ``[shard, epoch,
-    consumed, *skipped, num_pending, *pending]`` where ``consumed`` = records of the shard epoch read
-    up to and including the batch's last sample (bad ones included), ``skipped`` = this shard's
-    cumulative skip counts in :data:`~vae_trainer.data.position.SKIP_REASONS` order, and ``pending`` =
-    record indices (this epoch) of samples waiting in other buckets. Per-sample randomness (crop,
+    consumed, *skipped, num_pending, *pending, num_files, *(file, skips)]`` where ``consumed`` = records
+    of the shard epoch read up to and including the batch's last sample (bad ones included), ``skipped`` =
+    this shard's cumulative skip counts in :data:`~vae_trainer.data.position.SKIP_REASONS` order,
+    ``pending`` = record indices (this epoch) of samples waiting in other buckets, and the pairs = this
+    shard's cumulative skips per part file (index into ``ImageStream.part_paths``; the worst ones). Per-sample randomness (crop,
     flip) is drawn from an RNG seeded by (seed, shard, epoch, record index), so replaying needs no RNG
     state.
 
@@ -164,6 +165,9 @@ class ImageStream(RaisesInMainThread):
         self.draft_decode = draft_decode
         if not any(source.parts for source in self.sources):
             raise RuntimeError(f"{file_list}: names no part files")
+        # Every part file once, in list order: positions count skips per file by index into this list.
+        self.part_paths = list(dict.fromkeys(part.path for source in self.sources for part in source.parts))
+        self._part_index = {path: index for index, path in enumerate(self.part_paths)}
         self.resolution, self.image_column = resolution, image_column
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.infinite, self.shuffle, self.shuffle_buffer_size = infinite, shuffle, shuffle_buffer_size
@@ -174,6 +178,7 @@ class ImageStream(RaisesInMainThread):
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
         if self.resume:
             self.resume.check_resume(world_size, seed, shuffle_buffer_size)
+            self.resume.files = self.part_paths
         self._log = _SkipLog()
 
     def skip_stats(self) -> dict[str, int]:
@@ -193,7 +198,7 @@ class ImageStream(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         shard, num_shards, start = self.worker_shard()
-        for item in self.samples(shard, num_shards, start, Counter(start.skipped)):
+        for item in self.samples(shard, num_shards, start, _start_counts(start)):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
                 yield {"pixel_values": to_float(item.pixels), "position": position}
@@ -246,6 +251,8 @@ class ImageStream(RaisesInMainThread):
         except BadImage as bad:
             if counts is not None:
                 self._log.skip(record, bad.reason, bad.detail, counts)
+                if record.part.path in self._part_index:  # per file, for the end-of-run summary
+                    counts[self._part_index[record.part.path]] += 1
             return None
         sample_rng = rng(self.seed, PER_SAMPLE, *keys)
         if self.random_crop:
@@ -276,6 +283,11 @@ class ImageStream(RaisesInMainThread):
         )
 
 
+def _start_counts(start: ShardStart) -> Counter:
+    """A shard's skip counts to go on from: per reason (str keys) and per part file (int keys)."""
+    return Counter({**start.skipped, **start.skipped_files})
+
+
 class TrainBatches(RaisesInMainThread):
     """Batches of one bucket shape each, with their positions (module doc, "Batches and positions")."""
 
@@ -287,7 +299,7 @@ class TrainBatches(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict]:
         shard, num_shards, start = self.stream.worker_shard()
-        counts = Counter(start.skipped)
+        counts = _start_counts(start)
         batcher = Batcher(len(self.stream.buckets), self.batch_size)
         for item in self.stream.samples(shard, num_shards, start, counts):
             if isinstance(item, _EpochEnd):

@@ -2,8 +2,10 @@
 checkpoints hold (:class:`StreamPosition`), and where each shard starts again (:class:`ShardStart`).
 
 A batch's position is a list of ints (:func:`encode_position`):
-``[shard, epoch, consumed, *skipped, num_pending, *pending]``; the meaning of each field is in
-:mod:`vae_trainer.data.dataset` ("Batches and positions"). Plain ints pass through the DataLoader and the
+``[shard, epoch, consumed, *skipped, num_pending, *pending, num_files, *(file, skips)]``; the meaning of each
+field is in :mod:`vae_trainer.data.dataset` ("Batches and positions"). The trailing pairs are the shard's
+skip counts per part file (an index into ``ImageStream.part_paths``; the :data:`FILES_IN_POSITION` files
+with the most skips), so that the end-of-run summary can name the broken parts. Plain ints pass through the DataLoader and the
 Trainer without becoming device tensors, so tracking costs no device synchronisation.
 
 The resume state also records what the positions are relative to: the number of DataLoader workers
@@ -26,11 +28,16 @@ from . import images, records
 # Why a training record was skipped: one data/skipped_<reason> scalar each.
 SKIP_REASONS = images.REASONS + records.REASONS
 _HEADER = 3  # shard, epoch, consumed
+FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every batch carries them)
 
 
 def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int]) -> list[int]:
-    """A batch's ``"position"`` (module doc)."""
-    return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending]
+    """A batch's ``"position"`` (module doc). `skipped` counts per reason (str keys) and per part file (int
+    keys: indices into ``ImageStream.part_paths``)."""
+    files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n), key=lambda kv: (-kv[1], kv[0]))
+    pairs = [value for pair in files[:FILES_IN_POSITION] for value in pair]
+    return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending,
+            len(pairs) // 2, *pairs]
 
 
 @dataclass
@@ -41,6 +48,7 @@ class ShardStart:
     consumed: int = 0
     pending: tuple[int, ...] = ()
     skipped: dict[str, int] = field(default_factory=dict)
+    skipped_files: dict[int, int] = field(default_factory=dict)  # part index -> skips
 
 
 class StreamPosition:
@@ -58,6 +66,8 @@ class StreamPosition:
         self.positions: dict[int, tuple[int, int]] = {}
         self.pending: dict[int, list[int]] = {}
         self.skipped: dict[int, dict[str, int]] = {}
+        self.skipped_files: dict[int, dict[int | str, int]] = {}  # shard -> {part index (or saved path): skips}
+        self.files: list[str] | None = None  # ImageStream.part_paths: names the part indices
         self.batches_consumed = 0
 
     def update(self, position) -> None:
@@ -72,6 +82,10 @@ class StreamPosition:
         self.positions[shard] = (epoch, consumed)
         self.pending[shard] = values[first : first + num_pending]
         self.skipped[shard] = {reason: count for reason, count in zip(SKIP_REASONS, counts) if count}
+        rest = values[first + num_pending :]
+        if rest:  # (positions of older versions end after the pending records)
+            pairs = rest[1 : 1 + 2 * rest[0]]
+            self.skipped_files[shard] = dict(zip(pairs[::2], pairs[1::2]))
         self.batches_consumed += 1
 
     def skipped_totals(self) -> dict[str, int]:
@@ -81,9 +95,29 @@ class StreamPosition:
             totals.update(counts)
         return {reason: totals.get(reason, 0) for reason in SKIP_REASONS}
 
+    def skipped_by_file(self) -> dict[str, int]:
+        """Skipped records per part file (those with skips), summed over this rank's shards."""
+        totals = Counter()
+        for counts in self.skipped_files.values():
+            totals.update({self._name(key): n for key, n in counts.items()})
+        return dict(totals)
+
+    def _name(self, key: int | str) -> str:
+        return self.files[key] if isinstance(key, int) and self.files and key < len(self.files) else str(key)
+
+    def _index(self, key: int | str) -> int | None:
+        """A part index from a saved key: a path (looked up in `files`) or an index."""
+        if isinstance(key, int):
+            return key
+        if self.files and key in self.files:
+            return self.files.index(key)
+        return int(key) if key.isdigit() else None  # a path no longer in the file list: dropped
+
     def start_of(self, shard: int) -> ShardStart:
         epoch, consumed = self.positions.get(shard, (0, 0))
-        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})))
+        files = {self._index(key): n for key, n in self.skipped_files.get(shard, {}).items()}
+        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})),
+                          {index: n for index, n in files.items() if index is not None})
 
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
@@ -91,6 +125,9 @@ class StreamPosition:
             "positions": {str(shard): list(position) for shard, position in sorted(self.positions.items())},
             "pending": {str(shard): list(pending) for shard, pending in sorted(self.pending.items()) if pending},
             "skipped": {str(shard): dict(counts) for shard, counts in sorted(self.skipped.items()) if counts},
+            # by path, so that a checkpoint names its files whatever the order of a later file list
+            "skipped_files": {str(shard): {self._name(key): n for key, n in counts.items()}
+                              for shard, counts in sorted(self.skipped_files.items()) if counts},
             "batches_consumed": self.batches_consumed,
             "num_workers": self.num_workers,
             "world_size": self.world_size,
@@ -103,6 +140,8 @@ class StreamPosition:
         self.pending = {int(shard): [int(i) for i in p] for shard, p in state.get("pending", {}).items()}
         self.skipped = {int(shard): {str(r): int(n) for r, n in counts.items()}
                         for shard, counts in state.get("skipped", {}).items()}
+        self.skipped_files = {int(shard): {str(key): int(n) for key, n in counts.items()}
+                              for shard, counts in state.get("skipped_files", {}).items()}
         self.batches_consumed = int(state["batches_consumed"])
         self.num_workers, self.world_size = state.get("num_workers"), state.get("world_size")
         self.seed, self.shuffle_buffer_size = state.get("seed"), state.get("shuffle_buffer_size")

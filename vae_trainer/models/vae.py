@@ -1,8 +1,19 @@
 """The parts of the ppdiffusers AutoencoderKL that training and export touch.
 
 Owns: `decoder_last_layer` (adaptive GAN weight), `encoder_parameters` (--freeze_encoder),
-`posterior_layer` (the --posterior_std export fix), and `encoder_input` / `check_reconstruction_size`
-(--input_size, --resolution). Building and loading the VAE is `vae_loading.py`, saving it `vae_saving.py`.
+`posterior_layer` (the --posterior_std export fix), `encoder_input` / `check_reconstruction_size`
+(--input_size, --resolution) and `enable_recompute` (--recompute). Building and loading the VAE is
+`vae_loading.py`, saving it `vae_saving.py`.
+
+--recompute, and why not ppdiffusers' `enable_gradient_checkpointing()`: that one recomputes whole blocks,
+so the backward of the decoder's last up block holds all of its full-resolution activations at once (3
+resnets at 128 channels, plus the upsampled 256-channel map before it). `enable_recompute` recomputes each
+resnet, attention, down- and upsampler of the encoder's and decoder's blocks and of both mid blocks on its
+own (Paddle's non-reentrant `recompute`, the one ppdiffusers uses): the forward keeps only each segment's
+input, and the backward rebuilds one segment at a time. Outside the segments stay: the convs in and out and
+the output norm, so the adaptive GAN weight's `paddle.grad` from the reconstruction to `decoder.conv_out`
+(losses.py) never enters a recomputed segment. The parameter tree is untouched (the wrapped layers keep their
+names, so checkpoints and exports are unchanged): each wrapped layer's `forward` is replaced on the instance.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 from typing import List, Mapping, Optional, Sequence
 
 import paddle
+from paddle.distributed.fleet.utils import recompute
 from ppdiffusers import AutoencoderKL
 
 
@@ -64,3 +76,52 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
             f"latents) returns {out[0]}x{out[1]}, but the loss compares {resolution}x{resolution} targets "
             "(--resolution). With --input_size H W the decoder needs more up blocks than the encoder has down "
             "blocks (up_block_types / up_block_out_channels in --vae_config_file), so that it returns --resolution.")
+
+
+class RecomputedForward:
+    """A layer's forward run under Paddle's non-reentrant `recompute` when a graph is being built: the
+    activations inside are dropped after the forward and rebuilt in the backward. `calls` counts the
+    recomputed forwards (tests, and the log line that says what --recompute covers)."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        if paddle.is_grad_enabled() and any(isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args):
+            self.calls += 1
+            return recompute(self.forward, *args, use_reentrant=False, **kwargs)
+        return self.forward(*args, **kwargs)  # evaluation, a frozen encoder: nothing to keep for a backward
+
+
+def recompute_segments(vae: AutoencoderKL) -> List[tuple]:
+    """(name, layer) of what --recompute recomputes one by one: every resnet, attention, down- and upsampler
+    in the encoder's down blocks, the decoder's up blocks and both mid blocks."""
+    out = []
+    for coder_name, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks")):
+        coder = getattr(vae, coder_name)
+        named_blocks = [(f"{blocks}.{i}", block) for i, block in enumerate(getattr(coder, blocks))]
+        for block_name, block in named_blocks + [("mid_block", coder.mid_block)]:
+            for kind in ("resnets", "attentions", "downsamplers", "upsamplers"):
+                for i, layer in enumerate(getattr(block, kind, None) or []):
+                    if layer is not None:
+                        out.append((f"{coder_name}.{block_name}.{kind}.{i}", layer))
+    return out
+
+
+def enable_recompute(vae: AutoencoderKL) -> List[str]:
+    """--recompute: each segment of `recompute_segments` recomputed in the backward (module doc). Returns
+    the segments' names. Idempotent; ppdiffusers' own block-level checkpointing stays off (nesting the two
+    would recompute the segments twice)."""
+    names = []
+    for name, layer in recompute_segments(vae):
+        if not isinstance(layer.__dict__.get("forward"), RecomputedForward):
+            layer.forward = RecomputedForward(layer.forward)
+        names.append(name)
+    return names
+
+
+def recompute_calls(vae: AutoencoderKL) -> int:
+    """How many segment forwards ran under recompute so far (0 without --recompute)."""
+    return sum(layer.forward.calls for _, layer in recompute_segments(vae)
+               if isinstance(layer.__dict__.get("forward"), RecomputedForward))

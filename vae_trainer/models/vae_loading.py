@@ -25,8 +25,9 @@ import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.utils import constants as names
 
-from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_export_config,
-                          checkpoint_vae_config, list_checkpoints, read_model_state)
+from .. import latent_scale
+from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
+                          list_checkpoints, read_model_state)
 
 logger = logging.getLogger("vae_trainer")
 
@@ -45,10 +46,9 @@ TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 CONFIG_NAME = AutoencoderKL.config_name  # config.json
 
-# Scaling factors of the published single-file VAEs, which carry no config: SD 1.x/2.x (SDXL's VAE has the
-# same tensors but 0.13025: give configs/sdxl_vae.json), and 16-channel VAEs without quant_conv (FLUX; SD3
-# has the same shapes with other factors, so those need a config file).
-SD_SCALING_FACTOR = 0.18215
+# The published single-file VAEs carry no config. Their latent scale is latent_scale.py's to assume
+# (`assumed_for_single_file`: SD's; SDXL's VAE has the same tensors but 0.13025); 16-channel VAEs without
+# quant_conv (FLUX; SD3 has the same shapes with other factors) need a config file.
 SD_NORM_GROUPS = 32  # not in the tensors either
 
 
@@ -118,29 +118,48 @@ def build_vae(
     - `pretrained_model_name_or_path` (+ `subfolder`): the pretrained VAE, with its own config, or with
       the architecture of `vae_config_file` when both are given (e.g. a different decoder; its weights
       then need `ignore_keys`). A single file without `vae_config_file` gets a config inferred from its
-      tensor shapes, with SD's scaling factor for 4 latent channels.
+      tensor shapes, and SD's scaling factor (latent_scale.assumed_for_single_file, with a warning).
     - `ignore_keys`: weight-name prefixes (e.g. "decoder.") not loaded; those weights keep their fresh,
       seeded initialisation.
     - `init_from_ckpt`: weights only (after the above), see `load_vae_weights`; alone, the architecture is the
       checkpoint's `vae_config.json`.
     The VAE's `scaling_factor` / `shift_factor` (and `latents_mean` / `latents_std`) are those of the latent
-    space its encoder weights come from (`latent_scale_of`), unless `vae_config_file` states them.
+    space its encoder weights come from, whatever `vae_config_file` states (the rule: latent_scale.py `settle`).
     """
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
         raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
+    source = None
     if pretrained_model_name_or_path is None:
         vae = vae_from_config_file(vae_config_file or _checkpoint_architecture(init_from_ckpt))
     else:
         source = find_pretrained(pretrained_model_name_or_path, subfolder)
         vae = _load_pretrained(source, vae_config_file, ignore_keys)
-        _carry_latent_scale(vae, latent_scale_of(source), vae_config_file)
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
-        _carry_latent_scale(vae, latent_scale_of_weights(init_from_ckpt), vae_config_file)
+    latent_scale.settle(vae, _latent_scale_statements(source, vae_config_file, init_from_ckpt),
+                        weights_loaded=bool(source or init_from_ckpt),
+                        encoder_reinitialised=latent_scale.reinitialises_encoder(ignore_keys))
     check_ignore_keys(vae, ignore_keys)
     return vae
+
+
+def _latent_scale_statements(source: Optional[PretrainedSource], config_file: Optional[str],
+                             init_from_ckpt: Optional[str]) -> List[latent_scale.Statement]:
+    """Who states the latent scale, the source of the encoder's weights first (latent_scale.settle's order)."""
+    statements = [latent_scale.of_weights(init_from_ckpt)] if init_from_ckpt else []
+    if source is not None:
+        statements.append(latent_scale.of_single_file(source.path) if source.layout == "single_file"
+                          else latent_scale.of_pretrained(source.path))
+    if config_file:
+        statements.append(latent_scale.of_config_file(config_file))
+    elif source is not None and source.layout == "single_file":
+        statements.append(latent_scale.assumed_for_single_file(source.path))
+    elif source is None and not statements[0].entries:  # the architecture a checkpoint holds, for its factor
+        statements.append(latent_scale.of_config_file(checkpoint_vae_config(init_from_ckpt),
+                                                      f"the vae_config.json of {init_from_ckpt}"))
+    return statements
 
 
 def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
@@ -179,49 +198,6 @@ def _not_a_checkpoint_hint(path: str) -> str:
     return f" It is a VAE folder: fine-tune it with --pretrained_model_name_or_path {path}."
 
 
-# ---- the latent scale that belongs to loaded encoder weights
-
-LATENT_SCALE_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
-
-
-def latent_scale_of(source: PretrainedSource) -> Dict[str, object]:
-    """The latent-scale entries of a pretrained VAE's config (a single file has none: {})."""
-    if source.layout == "single_file":
-        return {}
-    config = AutoencoderKL.load_config(source.path)
-    return {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
-
-
-def latent_scale_of_weights(path: str) -> Dict[str, object]:
-    """The latent scale that belongs to --init_from_ckpt weights, where it is known ({} otherwise):
-    - a checkpoint of ours: its run's --scaling_factor (export_config.json): "keep" -> the factors in its
-      vae_config.json, a number -> that number; "measure" -> unknown (measured only at the run's export,
-      from its EMA weights; the checkpoint does not hold it);
-    - a weight file inside a VAE folder: the config.json beside it."""
-    exported = checkpoint_export_config(path)
-    if exported is not None:
-        mode, config_file = exported.get("scaling_factor"), checkpoint_vae_config(path)
-        if mode == "measure" or config_file is None:
-            return {}
-        config = AutoencoderKL.load_config(config_file)
-        scale = {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
-        return scale if mode == "keep" else {**scale, "scaling_factor": float(mode)}
-    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), CONFIG_NAME)
-    if os.path.isfile(beside):
-        config = AutoencoderKL.load_config(beside)
-        return {key: config.get(key) for key in LATENT_SCALE_KEYS if key in config}
-    return {}
-
-
-def _carry_latent_scale(vae: AutoencoderKL, scale: Dict[str, object], config_file: Optional[str]) -> None:
-    """Give `vae` the latent scale of its encoder weights' source, except entries `config_file` states."""
-    stated = set(AutoencoderKL.load_config(config_file)) if config_file else set()
-    carried = {key: value for key, value in scale.items() if key not in stated}
-    if carried:
-        vae.register_to_config(**carried)
-        logger.info("latent scale of the loaded encoder weights: %s", carried)
-
-
 def vae_from_config_file(config_file: str) -> AutoencoderKL:
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
@@ -252,10 +228,6 @@ def with_encoder_widths(config: dict) -> dict:
 def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     if source.layout == "single_file":
         ldm_state = _read_single_file(source.path)
-        if config_file and "scaling_factor" not in AutoencoderKL.load_config(config_file):
-            logger.warning("neither %s nor the single file %s states a scaling_factor: ppdiffusers' default %s (Stable "
-                           "Diffusion's) is written; for another VAE state its factor in the config file (SDXL 0.13025)",
-                           config_file, source.path, SD_SCALING_FACTOR)
         vae = (vae_from_config_file(config_file) if config_file
                else vae_from_config(infer_single_file_config(ldm_state, source.path)))
         assign_weights(vae, _convert_single_file(vae, ldm_state), ignore_keys, source.path)
@@ -348,9 +320,10 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
 
 
 def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
-    """AutoencoderKL kwargs from an LDM VAE's tensor shapes. GroupNorm's group count and the latent scale are
-    not in the tensors: SD's values are assumed (32 groups; 0.18215 for 4 latent channels). Other VAEs
-    (SDXL: 0.13025, FLUX, SD3) need --vae_config_file (configs/sdxl_vae.json, configs/flux_vae.json)."""
+    """AutoencoderKL kwargs (the architecture) from an LDM VAE's tensor shapes. GroupNorm's group count is not
+    in the tensors: SD's 32 is assumed. Nor is the latent scale, which this config does not state: `build_vae`
+    gives the VAE SD's factor through latent_scale.assumed_for_single_file (and its one warning). 16-channel
+    VAEs (FLUX, SD3) and non-SD widths need --vae_config_file (configs/flux_vae.json)."""
     levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.down.")})
     widths = [int(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0]) for i in levels]
     layers = len({k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")})
@@ -361,9 +334,8 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
     if any(width % SD_NORM_GROUPS for width in widths):
         raise ValueError(f"{path}: block widths {widths} are not SD's (GroupNorm of {SD_NORM_GROUPS} groups); give "
                          "the VAE's config with --vae_config_file")
-    logger.warning("%s: config inferred from the tensor shapes with Stable Diffusion's scaling_factor %s; for the "
-                   "SDXL VAE pass --vae_config_file configs/sdxl_vae.json (scaling_factor 0.13025)", path,
-                   SD_SCALING_FACTOR)
+    logger.info("%s: architecture inferred from the tensor shapes (block widths %s, %d latent channels; SD's %d "
+                "GroupNorm groups)", path, widths, latent_channels, SD_NORM_GROUPS)
     return {
         "in_channels": int(state["encoder.conv_in.weight"].shape[1]),
         "out_channels": int(state["decoder.conv_out.weight"].shape[0]),
@@ -374,7 +346,6 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
         "latent_channels": latent_channels,
         "norm_num_groups": SD_NORM_GROUPS,
         "sample_size": 512,
-        "scaling_factor": SD_SCALING_FACTOR,
         "use_quant_conv": "quant_conv.weight" in state,
         "use_post_quant_conv": "post_quant_conv.weight" in state,
     }
