@@ -35,7 +35,7 @@ from paddlenlp.trainer.trainer_utils import SchedulerType
 from . import flag_checks
 from .argument_parser import VAEArgumentParser, in_group as _in, literal_choices
 from .checkpoint import resume_requested
-from .evaluation import HIGHER_IS_BETTER
+from .metrics import HIGHER_IS_BETTER
 from .flag_policy import refuse_unsupported_flags
 from .models.discriminator import NORM_TYPES
 from .recipes import RECIPES, apply_recipe, flags_given

@@ -35,6 +35,7 @@ import paddle
 
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
 from vae_trainer.metrics import (
+    HIGHER_IS_BETTER,
     SSIM_K1,
     SSIM_K2,
     SSIM_SIGMA,
@@ -489,8 +490,6 @@ def measure_latents_of(
     tiles = tiling.source(resolution) if tiling is not None else ""
     return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles}"
 
-
-HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
 
 
 class TrainingEvaluator:

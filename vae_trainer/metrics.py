@@ -27,6 +27,9 @@ from scipy import linalg
 
 logger = logging.getLogger(__name__)
 
+# The metrics an evaluation reports, and which way is better (--metric_for_best_model).
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
+
 SSIM_WINDOW_SIZE = 11
 SSIM_SIGMA = 1.5
 SSIM_K1 = 0.01
