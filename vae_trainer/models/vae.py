@@ -81,7 +81,7 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
 class RecomputedForward:
     """A layer's forward run under Paddle's non-reentrant `recompute` when a graph is being built: the
     activations inside are dropped after the forward and rebuilt in the backward. `calls` counts the
-    recomputed forwards (tests, and the log line that says what --recompute covers)."""
+    recomputed forwards (`recompute_calls`, which the tests read)."""
 
     def __init__(self, forward):
         self.forward = forward
