@@ -33,6 +33,16 @@ $(TEST_STAMP): $(STAMP) requirements-test.txt
 	$(PIP) install --no-deps pytorch-fid==0.3.0
 	touch $(TEST_STAMP)
 
+# Test-only, a virtualenv of its own: diffusers 0.42.1 (AutoencoderKLFlux2, the FLUX.2 / ERNIE-Image VAE) cannot
+# share .venv with paddlenlp's huggingface_hub pin; see requirements-flux2-test.txt.
+FLUX2_VENV  := .venv-flux2
+FLUX2_STAMP := $(FLUX2_VENV)/.installed
+
+$(FLUX2_STAMP): requirements-flux2-test.txt
+	test -x $(FLUX2_VENV)/bin/python || $(PYTHON) -m venv $(FLUX2_VENV)
+	$(FLUX2_VENV)/bin/python -m pip --disable-pip-version-check -q install -r requirements-flux2-test.txt
+	touch $(FLUX2_STAMP)
+
 # Order-only on the environment: switching the Paddle wheel does not redo the weights or the demo data.
 weights/lpips_vgg16.pdparams: scripts/convert_lpips_weights.py | $(STAMP)
 	$(BIN)/python scripts/convert_lpips_weights.py --output $@
@@ -45,7 +55,7 @@ demo: setup
 	bash scripts/run_demo.sh $(DEMO_OUT)
 
 # VAE_TRAINER_REQUIRE_TEST_EXTRAS: a test extra that failed to install fails its tests instead of skipping them.
-test: setup $(TEST_STAMP)
+test: setup $(TEST_STAMP) $(FLUX2_STAMP)
 	VAE_TRAINER_REQUIRE_TEST_EXTRAS=1 $(BIN)/python -m pytest -q tests
 
 clean-demo:

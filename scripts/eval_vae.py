@@ -10,7 +10,8 @@ not depend on it), --eval_tiled
 [--eval_tile_size 512] (ppdiffusers' tiled encode/decode for 1024 px and larger; the protocol says so).
 
 Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics, latent statistics,
-the protocol and the settings) and ``reconstructions.png`` to ``--output_dir``. Images are decoded at full
+the protocol and the settings; for a FLUX.2 / ERNIE-Image VAE, AutoencoderKLFlux2, also its bn statistics,
+``latent_normalisation``, beside the measured statistics of its 2x2-patchified posterior modes) and ``reconstructions.png`` to ``--output_dir``. Images are decoded at full
 size, resized and centre-cropped; PSNR and SSIM are on [0, 1] images with data range 1; the protocol
 states only the metrics measured (``vae_trainer.evaluation.EvalProtocol``).
 
@@ -52,6 +53,8 @@ from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
 from vae_trainer.distributed import run_and_exit  # noqa: E402
+from vae_trainer.latent_scale import kept_normalisation  # noqa: E402
+from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -140,15 +143,24 @@ def load_inception(args: argparse.Namespace):
     return load_fid_inception(args.inception_weights)
 
 
-def format_table(result: EvalResult) -> str:
+def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None) -> str:
+    """The metrics and latent statistics; for FLUX.2's VAE (`normalisation`, its bn statistics) those instead
+    of the scaling factor a FLUX.2 pipeline does not read, beside what this evaluation measured."""
     rows = [(name, f"{value:.4f}") for name, value in sorted(result.metrics.items())]
+    rows.append(("images", str(result.num_images)))
+    if normalisation is None:
+        rows += [("scaling_factor", f"{result.scaling_factor:.5f}"), ("shift_factor", f"{result.shift_factor:.5f}")]
     rows += [
-        ("images", str(result.num_images)),
-        ("scaling_factor", f"{result.scaling_factor:.5f}"),
-        ("shift_factor", f"{result.shift_factor:.5f}"),
         ("latent_mean", " ".join(f"{v:+.3f}" for v in result.latent_mean)),
         ("latent_std", " ".join(f"{v:.3f}" for v in result.latent_std)),
     ]
+    if normalisation is not None:
+        rows += [
+            ("bn running_mean (the VAE's)", " ".join(f"{v:+.3f}" for v in normalisation.running_mean)),
+            ("patchified mode mean (measured)", " ".join(f"{v:+.3f}" for v in result.patchified_mode_mean)),
+            ("bn running_var (the VAE's)", " ".join(f"{v:.3f}" for v in normalisation.running_var)),
+            ("patchified mode var (measured)", " ".join(f"{v:.3f}" for v in result.patchified_mode_var)),
+        ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -156,16 +168,20 @@ def format_table(result: EvalResult) -> str:
 def protocol_of(args: argparse.Namespace, result: EvalResult) -> EvalProtocol:
     """The protocol of this evaluation, stating the metrics it measured."""
     return EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
-                        input_size=args.input_size, metrics=tuple(result.metrics), tiling=_tiling(args))
+                        input_size=args.input_size, metrics=tuple(result.metrics), tiling=_tiling(args),
+                        patchified=result.patchified_mode_mean is not None)
 
 
 def _tiling(args: argparse.Namespace):
     return tiling_of(args.eval_tiled, args.eval_tile_size)
 
 
-def write_outputs(result: EvalResult, args: argparse.Namespace) -> None:
+def write_outputs(result: EvalResult, args: argparse.Namespace, vae=None) -> None:
     os.makedirs(args.output_dir, exist_ok=True)
     summary = {**result_record(result, protocol_of(args, result)), "settings": vars(args)}
+    normalisation = kept_normalisation(vae) if vae is not None else None
+    if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
+        summary["latent_normalisation"] = normalisation.record(vae.config.batch_norm_eps)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
     Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
@@ -198,8 +214,8 @@ def main(argv: list[str] | None = None) -> EvalResult:
     )
     if rank == 0:
         print(f"protocol:\n{protocol_of(args, result).text()}\n")
-        print(format_table(result))
-        write_outputs(result, args)
+        print(format_table(result, kept_normalisation(vae)))
+        write_outputs(result, args, vae)
         print(f"wrote metrics.json and reconstructions.png to {args.output_dir}")
     return result
 

@@ -59,13 +59,14 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
     """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank.
 
     `resolution` (--resolution), when given, is checked against what the decoder returns (--input_size)."""
-    from .latent_scale import scaling_factor_mode
+    from .latent_scale import mode_for
 
     set_seed(training_args.seed)
     vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                     ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
     if resolution is not None:
         check_reconstruction_size(vae, model_args.input_size, resolution)
+    scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
     if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
         segments = enable_recompute(vae)
         logger.info("--recompute: %d segments of the VAE are recomputed in the backward (every resnet, attention, "
@@ -89,7 +90,7 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     return Components(model=model, lpips=lpips, discriminator_config=disc_config,
-                      lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode(model_args),
+                      lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode,
                       resolution=resolution)
 
 

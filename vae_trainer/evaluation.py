@@ -49,6 +49,7 @@ from vae_trainer.metrics import (
     ssim,
     to_unit_range,
 )
+from vae_trainer.models.flux2 import is_flux2, patchify
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
 
@@ -190,6 +191,7 @@ class EvalProtocol:
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
     metrics: tuple[str, ...] = METRICS
     tiling: Tiling | None = None  # --eval_tiled: stated (used or not) only when requested
+    patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
 
     def describe(self) -> dict[str, str]:
         from vae_trainer.data.images import RESAMPLING
@@ -212,6 +214,10 @@ class EvalProtocol:
             **({"tiling": self.tiling.describe(size)} if self.tiling is not None else {}),
             "latent statistics": "per channel, of posterior samples (exact expectation from the posterior means "
                                  "and variances), before any scaling factor",
+            **({"patchified latent statistics": "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode "
+                                                "(Flux2Pipeline's channel order), population mean and variance over "
+                                                "all images and positions, what its bn statistics hold"}
+               if self.patchified else {}),
             "value range": value_range,
             **{name: _METRIC_DEFINITIONS[name] for name in measured},
         }
@@ -235,21 +241,49 @@ _METRIC_DEFINITIONS = {
 
 @dataclass
 class LatentStats:
-    """Per-channel statistics of posterior samples and the suggested factors (``LatentStatistics``)."""
+    """Per-channel statistics of posterior samples and the suggested factors (``LatentStatistics``); for
+    FLUX.2's VAE also the population mean and variance of its 2x2-patchified posterior modes per patchified
+    channel, what its bn statistics hold (latent_scale.py ``decide_normalisation``)."""
 
     latent_mean: list[float]
     latent_std: list[float]
     scaling_factor: float
     shift_factor: float
     num_images: int
+    patchified_mode_mean: list[float] | None = None
+    patchified_mode_var: list[float] | None = None
 
     @classmethod
-    def from_statistics(cls, statistics: LatentStatistics, count: int) -> "LatentStats":
+    def from_statistics(cls, statistics: LatentStatistics, count: int,
+                        patches: LatentStatistics | None = None) -> "LatentStats":
         """Reduce over ranks (a collective); ``count`` is this rank's number of images."""
         mean, std = statistics.compute()
         scaling_factor, shift_factor = statistics.suggested_factors()
         total = int(all_reduce_sum(np.array([count], dtype=np.float64))[0])
-        return cls(mean.tolist(), std.tolist(), scaling_factor, shift_factor, total)
+        patch_mean = patch_var = None
+        if patches is not None:
+            patch_mean, patch_std = patches.compute()
+            patch_mean, patch_var = patch_mean.tolist(), (patch_std**2).tolist()
+        return cls(mean.tolist(), std.tolist(), scaling_factor, shift_factor, total, patch_mean, patch_var)
+
+
+class _LatentAccumulator:
+    """The latent statistics of one pass: of posterior samples, and for FLUX.2's VAE of its patchified modes."""
+
+    def __init__(self, vae) -> None:
+        self.samples = LatentStatistics()
+        self.patch_size = vae.config.patch_size if is_flux2(vae) else None
+        self.patches = LatentStatistics() if self.patch_size else None
+        self.count = 0
+
+    def add(self, posterior, images: int) -> None:
+        self.count += images
+        self.samples.update(posterior.mean.astype("float32"), posterior.var.astype("float32"))
+        if self.patches is not None:
+            self.patches.update(patchify(posterior.mode().astype("float32"), self.patch_size))
+
+    def result(self) -> LatentStats:
+        return LatentStats.from_statistics(self.samples, self.count, self.patches)
 
 
 @dataclass
@@ -334,19 +368,15 @@ def _latent(posterior, rng: np.random.Generator | None) -> paddle.Tensor:
     return posterior.mean + posterior.std * paddle.to_tensor(noise).astype(posterior.mean.dtype)
 
 
-def _add_posterior(statistics: LatentStatistics, posterior) -> None:
-    statistics.update(posterior.mean.astype("float32"), posterior.var.astype("float32"))
-
-
 class _Evaluation:
     """Accumulators for one evaluation pass (one instance per call of ``evaluate_vae``)."""
 
-    def __init__(self, lpips, inception, grid_images: int) -> None:
+    def __init__(self, vae, lpips, inception, grid_images: int) -> None:
         self.lpips = lpips
         self.inception = inception
         self.grid_images = grid_images
         self.metrics = MetricAccumulator()
-        self.latents = LatentStatistics()
+        self.latents = _LatentAccumulator(vae)
         self.real_features = FeatureStatistics() if inception is not None else None
         self.recon_features = FeatureStatistics() if inception is not None else None
         self.grid_inputs: list[np.ndarray] = []
@@ -356,7 +386,7 @@ class _Evaluation:
     def add(self, pixels: paddle.Tensor, posterior, recons: paddle.Tensor) -> None:
         """One batch of [-1, 1] inputs, their posterior and their clamped [-1, 1] reconstructions."""
         self.count += pixels.shape[0]
-        _add_posterior(self.latents, posterior)
+        self.latents.add(posterior, pixels.shape[0])
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
@@ -378,7 +408,7 @@ class _Evaluation:
         if self.inception is not None:
             metrics["rfid"] = frechet_distance(*self.real_features.compute(),
                                                *self.recon_features.compute())
-        latents = LatentStats.from_statistics(self.latents, self.count)
+        latents = self.latents.result()
         return EvalResult(
             **vars(latents),
             metrics=metrics,
@@ -422,7 +452,7 @@ def evaluate_vae(
     for metric_network in (lpips, inception):
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
-    evaluation = _Evaluation(lpips, inception, grid_images)
+    evaluation = _Evaluation(vae, lpips, inception, grid_images)
     was_training = vae.training
     vae.eval()
     try:
@@ -456,19 +486,18 @@ def measure_latents(
     factor needs; tiled with ``tiling``. Collective like ``evaluate_vae``; the VAE's train/eval mode and tiling
     settings are restored."""
     check_tiling(getattr(vae, "config", None), tiling, input_size)
-    statistics, count = LatentStatistics(), 0
+    latents = _LatentAccumulator(vae)
     was_training = vae.training
     vae.eval()
     try:
         with paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
-                _add_posterior(statistics, _posterior(vae, pixels, input_size, posterior_std))
-                count += pixels.shape[0]
+                latents.add(_posterior(vae, pixels, input_size, posterior_std), pixels.shape[0])
     finally:
         if was_training:
             vae.train()
-    _check_no_empty_rank("measure_latents", count)
-    return LatentStats.from_statistics(statistics, count)
+    _check_no_empty_rank("measure_latents", latents.count)
+    return latents.result()
 
 
 def measure_latents_of(
@@ -564,7 +593,8 @@ class TrainingEvaluator:
     def protocol_of(self, result: EvalResult) -> EvalProtocol:
         """The protocol of an evaluation's result, stating the metrics it measured."""
         return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
-                            metrics=tuple(result.metrics), tiling=self.tiling)
+                            metrics=tuple(result.metrics), tiling=self.tiling,
+                            patchified=result.patchified_mode_mean is not None)
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation measure these weights (the EMA's when `ema` is given, else the raw ones) at
@@ -648,4 +678,6 @@ def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
         "latent_std": result.latent_std,
         "scaling_factor": result.scaling_factor,
         "shift_factor": result.shift_factor,
+        **({"patchified_mode_mean": result.patchified_mode_mean, "patchified_mode_var": result.patchified_mode_var}
+           if result.patchified_mode_mean is not None else {}),
     }

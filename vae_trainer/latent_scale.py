@@ -25,6 +25,12 @@ to the latent space, so:
   posterior samples of --latent_stats_num_images images, computed exactly in expectation from the
   posterior means and variances (see `metrics.LatentStatistics`);
 - `--scaling_factor keep|measure|<number>` overrides (a number sets scaling_factor, shift_factor is kept).
+FLUX.2's VAE (models/flux2.py AutoencoderKLFlux2, also ERNIE-Image's) has no scaling_factor: its latent scale
+is the latent normalisation its `bn` holds, the running mean and variance of the 2x2-patchified posterior
+modes. The same rule applies to it: "keep" (the default for loaded encoder weights, and always with
+--freeze_encoder) exports the source's statistics; "measure" (the default from scratch) sets them from the
+patchified posterior modes of --latent_stats_num_images images (population mean and variance per
+patchified channel); a number has no meaning for it and is refused (`mode_for`).
 Other modules ask: models/vae_loading.py hands its sources to `settle`, evaluation.py measures the statistics,
 models/vae_saving.py writes the updates `decide` returns; none of them chooses a factor itself.
 
@@ -44,6 +50,9 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from .models.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
+from .models.flux2 import BatchNormStatistics, bn_statistics, is_flux2, is_flux2_config
 
 if TYPE_CHECKING:
     from ppdiffusers import AutoencoderKL
@@ -148,6 +157,10 @@ def settle(vae: AutoencoderKL, statements: Sequence[Statement], weights_loaded: 
     (a fresh VAE measures its own). `encoder_reinitialised`: --ignore_keys leaves the encoder (or quant_conv)
     freshly initialised (`reinitialises_encoder`), so the exported factor is measured at export (`default_mode`)
     and the warnings say so."""
+    if is_flux2(vae):
+        origin = _settle_normalisation(statements, weights_loaded, encoder_reinitialised)
+        setattr(vae, _ORIGIN, origin)
+        return origin
     chosen: Dict[str, Tuple[Any, Statement]] = {}
     for statement in statements:
         for key, value in statement.entries.items():
@@ -170,6 +183,20 @@ def settle(vae: AutoencoderKL, statements: Sequence[Statement], weights_loaded: 
                            "--scaling_factor (SDXL %s)", unstated, DEFAULT_SCALING_FACTOR, SDXL_SCALING_FACTOR)
     setattr(vae, _ORIGIN, origin)
     return origin
+
+
+def _settle_normalisation(statements: Sequence[Statement], weights_loaded: bool, encoder_reinitialised: bool) -> str:
+    """FLUX.2's VAE: its latent scale is its bn statistics, which come with the encoder's weights (the first
+    statement's source) or start at mean 0, variance 1; a scaling factor stated anywhere means nothing to it."""
+    for statement in statements:
+        stated = sorted(key for key, value in statement.entries.items() if value is not None)
+        if stated:
+            logger.warning("%s states %s, which %s does not have: ignored (its latent scale is the bn statistics, "
+                           "kept or measured by --scaling_factor keep|measure)", statement.name, ", ".join(stated),
+                           FLUX2_CLASS_NAME)
+    if weights_loaded and not encoder_reinitialised and statements:
+        return f"the bn statistics kept from {statements[0].name}"
+    return "the bn statistics of a fresh VAE (mean 0, variance 1)"
 
 
 def _none_states(names: Sequence[str]) -> str:
@@ -206,12 +233,14 @@ def origin_of(vae: AutoencoderKL) -> str:
 
 
 def _touches_encoder(prefix: str) -> bool:
-    """Does an --ignore_keys prefix leave some encoder or quant_conv weight freshly initialised?"""
-    return any(prefix.startswith(name) or name.startswith(prefix) for name in ("encoder.", "quant_conv."))
+    """Does an --ignore_keys prefix leave some encoder or quant_conv weight (or FLUX.2's bn statistics)
+    freshly initialised?"""
+    return any(prefix.startswith(name) or name.startswith(prefix) for name in ("encoder.", "quant_conv.", "bn."))
 
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
-    """Do --ignore_keys leave some encoder or quant_conv weight freshly initialised (a new latent space)?"""
+    """Do --ignore_keys leave some encoder or quant_conv weight (or FLUX.2's bn statistics) freshly initialised
+    (a new latent space, or its scale)?"""
     return any(_touches_encoder(prefix) for prefix in ignore_keys or ())
 
 
@@ -219,6 +248,24 @@ def scaling_factor_mode(model_args) -> Mode:
     """--scaling_factor as "keep", "measure" or a float; the default when it is not given: `default_mode`."""
     mode = parse_scaling_factor(model_args.scaling_factor)
     return default_mode(model_args) if mode is None else mode
+
+
+def mode_for(vae: AutoencoderKL, model_args) -> Mode:
+    """`scaling_factor_mode`, checked against the VAE built. FLUX.2's VAE has no scaling factor, so a number is
+    refused; with --freeze_encoder its bn statistics are kept (measuring them on the user's images would change
+    the normalisation a DiT trained on the source's latents expects), so "measure" is refused."""
+    mode = scaling_factor_mode(model_args)
+    if not is_flux2(vae):
+        return mode
+    if mode not in ("keep", "measure"):
+        raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} (FLUX.2, ERNIE-Image) has no scaling_factor; its "
+                         "pipelines normalise the latents with its bn statistics. Use --scaling_factor keep (the "
+                         "source's statistics) or measure (from the trained encoder).")
+    if mode == "measure" and getattr(model_args, "freeze_encoder", False):
+        raise ValueError(f"--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of {FLUX2_CLASS_NAME} "
+                         "keeps the source's bn statistics (the latent normalisation its DiT was trained with); drop "
+                         "--scaling_factor.")
+    return mode
 
 
 def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
@@ -263,11 +310,16 @@ def default_mode(model_args) -> Mode:
 
 def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
-           origin: str = _UNKNOWN_ORIGIN) -> Tuple[Dict[str, float], Dict[str, Any]]:
-    """(config updates for the exported VAE, the latent_stats.json record) from the mode and, if any, the
+           origin: str = _UNKNOWN_ORIGIN,
+           normalisation: Optional[BatchNormStatistics] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(updates for the exported VAE, the latent_stats.json record) from the mode and, if any, the
     measured `stats` (an `evaluation.LatentStats`) of the exported `weights` ("the EMA weights", ...).
     "measure" needs `stats`. `unmeasured` completes the record's note when nothing was measured: why, and
-    how to measure. `origin`: where the VAE's own factor came from (`origin_of`), said when it is kept."""
+    how to measure. `origin`: where the VAE's own factor came from (`origin_of`), said when it is kept.
+    The updates are config entries (models/vae_saving.py `save_vae` writes them), or for FLUX.2's VAE
+    `bn_statistics` (`decide_normalisation`; `normalisation` is the VAE's own, `kept_normalisation`)."""
+    if is_flux2_config(vae_config):
+        return decide_normalisation(mode, vae_config, normalisation, stats, stats_source, weights, unmeasured, origin)
     uses_shift = vae_config.get("shift_factor") is not None
     if mode == "measure":
         if stats is None:
@@ -305,6 +357,48 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
     return updates, record
 
 
+def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
+    """The bn statistics FLUX.2's VAE holds now (what "keep" exports); None for other VAEs."""
+    return bn_statistics(vae) if is_flux2(vae) else None
+
+
+def decide_normalisation(mode: Mode, vae_config, kept: Optional[BatchNormStatistics], stats=None,
+                         stats_source: Optional[str] = None, weights: Optional[str] = None,
+                         unmeasured: str = "", origin: str = _UNKNOWN_ORIGIN) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """`decide` for FLUX.2's VAE: its bn statistics kept (`kept`, the VAE's own) or, with "measure", the
+    population mean and variance of the measured patchified posterior modes; num_batches_tracked then counts
+    the images they were measured on (PyTorch's counter; no pipeline reads it)."""
+    if mode == "measure":
+        if stats is None or stats.patchified_mode_mean is None:
+            raise ValueError("measuring the latent normalisation needs the patchified posterior modes' statistics")
+        exported = BatchNormStatistics(stats.patchified_mode_mean, stats.patchified_mode_var, stats.num_images)
+        updates, source = {"bn_statistics": exported}, f"measured on {stats_source}"
+    elif mode == "keep":
+        if kept is None:
+            raise ValueError("keeping the latent normalisation needs the VAE's bn statistics")
+        exported, updates, source = kept, {}, origin
+    else:
+        raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} has no scaling_factor (use keep or measure)")
+    eps = vae_config.get("batch_norm_eps")
+    record: Dict[str, Any] = {"class": FLUX2_CLASS_NAME, "latent_normalisation": exported.record(eps),
+                              "source": source, "weights": weights, "measured": None}
+    if stats is not None:
+        record["measured"] = {
+            "from": stats_source, "num_images": stats.num_images,
+            "statistic": "per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order): population "
+                         "mean and variance over all images and positions",
+            "patchified_mode_mean": stats.patchified_mode_mean, "patchified_mode_var": stats.patchified_mode_var,
+            "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
+        }
+    else:
+        record["note"] = f"not measured: the latent normalisation is {source}; {unmeasured}"
+    logger.info("exported latent normalisation (bn running_mean / running_var of %d patchified channels, mean of the "
+                "means %.5g, mean of the variances %.5g, eps %s): %s%s", len(exported.running_mean),
+                sum(exported.running_mean) / len(exported.running_mean),
+                sum(exported.running_var) / len(exported.running_var), eps, source, f"; {weights}" if weights else "")
+    return updates, record
+
+
 def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
                             encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, float], Dict[str, Any]]]:
     """{"vae": (config updates, latent_stats.json record)}, and "vae_raw" for the raw weights when there is an
@@ -320,7 +414,7 @@ def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
     weights = "the EMA weights (--use_ema)" if ema is not None else "the trained weights"
     scales = {"vae": decide(mode, vae.config, stats, source, weights,
                             f"no evaluation of these weights ran at the last step (step {step}); {how_to_measure}",
-                            origin_of(vae))}
+                            origin_of(vae), kept_normalisation(vae))}
     if ema is None:
         return scales
     raw_weights = "the raw weights (vae/ holds the EMA weights)"
@@ -333,7 +427,7 @@ def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
         stats, source = None, None
     scales["vae_raw"] = decide(mode, vae.config, stats, source, raw_weights,
                                f"evaluations measure the EMA weights (vae/), and a factor that is not measured needs no "
-                               f"pass over the raw ones; {how_to_measure}", origin_of(vae))
+                               f"pass over the raw ones; {how_to_measure}", origin_of(vae), kept_normalisation(vae))
     return scales
 
 

@@ -14,11 +14,12 @@ Saving is `vae_saving.py`; the layers training touches are `vae.py`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -28,6 +29,8 @@ from ppdiffusers.utils import constants as names
 from .. import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
+from .flux2 import CLASS_NAME as FLUX2_CLASS_NAME
+from .flux2 import AutoencoderKLFlux2, flux2_from_config, is_flux2, is_flux2_config, with_source_entries
 
 logger = logging.getLogger("vae_trainer")
 
@@ -204,8 +207,16 @@ def vae_from_config_file(config_file: str) -> AutoencoderKL:
     return vae_from_config(AutoencoderKL.load_config(config_file))
 
 
+def vae_class(config: dict) -> type:
+    """The class a config describes: FLUX.2's AutoencoderKLFlux2 (by its _class_name or its own keys,
+    models/flux2.py), else ppdiffusers' AutoencoderKL."""
+    return AutoencoderKLFlux2 if is_flux2_config(config) else AutoencoderKL
+
+
 def vae_from_config(config: dict) -> AutoencoderKL:
-    """A fresh AutoencoderKL (initialised from Paddle's global RNG) whose saved config rebuilds it."""
+    """A fresh VAE (initialised from Paddle's global RNG) whose saved config rebuilds it."""
+    if is_flux2_config(config):
+        return flux2_from_config(config)
     return AutoencoderKL.from_config(with_encoder_widths(config))
 
 
@@ -242,13 +253,88 @@ def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignor
 def _from_pretrained(source: PretrainedSource, ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     """ppdiffusers' own loader (PyTorch folders converted with from_diffusers=True); ignored weights keep
     their fresh initialisation (low_cpu_mem_usage=False initialises every weight before loading)."""
-    _check_encoder_widths(source.path)
-    vae, info = AutoencoderKL.from_pretrained(
-        source.path, from_diffusers=source.from_diffusers, ignore_keys=list(ignore_keys),
-        low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
-    _check_missing(source.path, info["missing_keys"], ignore_keys)
+    cls = vae_class(AutoencoderKL.load_config(source.path))
+    if cls is AutoencoderKL:
+        _check_encoder_widths(source.path)
+    with _counter_not_reported_missing():
+        vae, info = cls.from_pretrained(
+            source.path, from_diffusers=source.from_diffusers, ignore_keys=list(ignore_keys),
+            low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
+    missing = info["missing_keys"]
+    if is_flux2(vae):
+        with_source_entries(vae, AutoencoderKL.load_config(source.path))
+        if source.from_diffusers:
+            missing = _load_torch_counters(vae, source.path, missing, ignore_keys)
+    _check_missing(source.path, missing, ignore_keys)
+    _check_unexpected(source.path, info["unexpected_keys"])
     vae.train()  # from_pretrained returns eval mode; the trainer sets modes itself, as for a fresh model
     return vae
+
+
+# BatchNorm's step counter: ppdiffusers' PyTorch -> Paddle conversion drops it (Paddle's BatchNorm has none);
+# models/flux2.py keeps it as a buffer so that diffusers finds it in our exports.
+COUNTER_SUFFIX = ".num_batches_tracked"
+
+
+def torch_counters(state: Dict[str, object]) -> Dict[str, np.ndarray]:
+    """The BatchNorm counters of a PyTorch state dict, as Paddle's [1]-shaped int64, before conversion drops them."""
+    return {key: np.asarray(value, dtype=np.int64).reshape([1]) for key, value in state.items()
+            if key.endswith(COUNTER_SUFFIX)}
+
+
+def _load_torch_counters(vae: AutoencoderKL, folder: str, missing: List[str], ignore_keys: Iterable[str]) -> List[str]:
+    """Load the counters ppdiffusers' loader dropped from the PyTorch weight file of `folder`; the keys still missing."""
+    from ppdiffusers.models.modeling_utils import load_state_dict
+
+    wanted = [key for key in missing if key.endswith(COUNTER_SUFFIX) and not _ignored(key, ignore_keys)]
+    if not wanted:
+        return missing
+    present = set(os.listdir(folder))
+    files = [name for name in with_variants(TORCH_WEIGHT_FILES) if name in present and not name.endswith(".json")]
+    state: Dict[str, object] = {}
+    if files:
+        load_state_dict(os.path.join(folder, files[0]), state)
+    counters = torch_counters({key: _numpy(value) for key, value in state.items()})
+    own = vae.state_dict()
+    for key in wanted:
+        if key in counters:
+            own[key].set_value(paddle.to_tensor(counters[key]))
+    return [key for key in missing if key not in counters]
+
+
+class _DropCounterWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"newly initialized: ['bn{COUNTER_SUFFIX}']" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _counter_not_reported_missing() -> Iterator[None]:
+    """ppdiffusers' loader says FLUX.2's bn counter is "newly initialized" (its PyTorch conversion drops it);
+    `_load_torch_counters` loads it right after, so that one line would be false. Other lines pass."""
+    library_logger, dropped = logging.getLogger("ppdiffusers.models.modeling_utils"), _DropCounterWarning()
+    library_logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        library_logger.removeFilter(dropped)
+
+
+def _numpy(value) -> np.ndarray:
+    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
+
+
+def _check_unexpected(source: str, unexpected: List[str]) -> None:
+    """A weight of the source that this VAE has no place for is not dropped silently."""
+    if not unexpected:
+        return
+    if any(key.startswith("bn.") for key in unexpected):
+        raise ValueError(
+            f"{source} holds {', '.join(k for k in unexpected if k.startswith('bn.'))}: the latent normalisation "
+            f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2_CLASS_NAME}), which this VAE (AutoencoderKL) has no place "
+            f"for. Give a config of class {FLUX2_CLASS_NAME} (\"_class_name\": \"{FLUX2_CLASS_NAME}\", e.g. "
+            "configs/flux2_vae.json), or none: the source's own config is used.")
+    raise ValueError(f"{source} holds {len(unexpected)} weights this VAE has no place for, e.g. {unexpected[:5]}: a "
+                     "different architecture? Give the matching --vae_config_file.")
 
 
 def _check_encoder_widths(folder: str) -> None:
@@ -286,9 +372,7 @@ def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: It
         raise ValueError(f"{source}: {len(mismatched)} weights have other shapes than this VAE's, e.g. "
                          f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
     _check_missing(source, [k for k in expected if k not in state], ignore_keys)
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        logger.warning("%s: %d weights not used by this VAE, e.g. %s", source, len(unexpected), unexpected[:5])
+    _check_unexpected(source, sorted(set(state) - set(expected)))
     # Ignored weights are given their own (fresh) values: a partial dict would make Paddle warn once per weight.
     vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) if k in state else expected[k] for k in expected})
 
@@ -390,7 +474,9 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
     if file.endswith(".pdparams"):
         state = read_model_state(file)  # O2 checkpoints: the float32 master weights
     elif load_state_dict(file, state) == "pt":
+        counters = torch_counters({key: _numpy(value) for key, value in state.items()})
         convert_pytorch_state_dict_to_paddle(vae, state)
+        state.update(counters)
     if any(k.startswith("vae.") for k in state):  # our checkpoint: the VAE part of VAEWithDiscriminator
         state = {k[len("vae."):]: v for k, v in state.items() if k.startswith("vae.")}
     assign_weights(vae, state, ignore_keys, file)

@@ -1,0 +1,314 @@
+"""FLUX.2's VAE (AutoencoderKLFlux2, also ERNIE-Image's), issue 23: in, trained, its latent normalisation kept
+or measured, and out, checked against diffusers' own class.
+
+The PyTorch side runs in .venv-flux2 (diffusers 0.42.1; `make test` builds it, requirements-flux2-test.txt)
+through tests/flux2_torch_side.py in a subprocess: .venv's diffusers 0.32.2 has no AutoencoderKLFlux2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import DRIVERS, REPO, REQUIRE_TEST_EXTRAS, run_entry_point, tiny_args
+
+FLUX2_PYTHON = os.environ.get("VAE_TRAINER_FLUX2_PYTHON", os.path.join(REPO, ".venv-flux2", "bin", "python"))
+TORCH_SIDE = os.path.join(REPO, "tests", "flux2_torch_side.py")
+# Tiny, with a decoder of other widths than the encoder's (decoder_block_out_channels) and 16 patchified channels.
+TINY_FLUX2 = dict(block_out_channels=[16, 32], decoder_block_out_channels=[16, 24],
+                  down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                  layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=32)
+ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+BN_KEYS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+def torch_side(*args: str) -> None:
+    if not os.path.isfile(FLUX2_PYTHON):
+        message = f"{FLUX2_PYTHON} is missing: `make test` builds it (requirements-flux2-test.txt)"
+        if os.environ.get(REQUIRE_TEST_EXTRAS) == "1":
+            raise FileNotFoundError(message)
+        pytest.skip(message)
+    result = subprocess.run([FLUX2_PYTHON, TORCH_SIDE, *args], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def make_source(folder, config=TINY_FLUX2, seed=0, variant=None, bin_format=False) -> str:
+    flags = ["--variant", variant] if variant else []
+    torch_side("make", str(folder), "--config", json.dumps(config), "--seed", str(seed), *flags,
+               *(["--bin"] if bin_format else []))
+    return str(folder)
+
+
+def in_diffusers(folder, images: np.ndarray, work, variant=None) -> dict:
+    """What diffusers' AutoencoderKLFlux2 makes of `images` with the VAE in `folder` (flux2_torch_side.py run)."""
+    np.save(os.path.join(work, "images.npy"), images)
+    out = os.path.join(work, "torch_out.npz")
+    torch_side("run", str(folder), "--images", os.path.join(work, "images.npy"), "--out", out,
+               *(["--variant", variant] if variant else []))
+    result = dict(np.load(out))
+    result["loading_info"] = json.loads(str(result["loading_info"]))
+    return result
+
+
+def in_ours(vae, images: np.ndarray) -> dict:
+    import paddle
+
+    from vae_trainer.models.flux2 import bn_statistics, patchify
+
+    vae.eval()
+    with paddle.no_grad():
+        mode = vae.encode(paddle.to_tensor(images)).latent_dist.mode()
+        decoded = vae.decode(mode).sample
+    stats = bn_statistics(vae)
+    mean = np.asarray(stats.running_mean, np.float32).reshape(1, -1, 1, 1)
+    var = np.asarray(stats.running_var, np.float32).reshape(1, -1, 1, 1)
+    normalised = (patchify(mode).numpy() - mean) / np.sqrt(var + vae.config.batch_norm_eps)
+    return {"mode": mode.numpy(), "decoded": decoded.numpy(), "normalised": normalised,
+            "running_mean": np.asarray(stats.running_mean, np.float32),
+            "running_var": np.asarray(stats.running_var, np.float32), "num_batches_tracked": stats.num_batches_tracked}
+
+
+def torch_weights(folder, variant=None) -> dict:
+    from safetensors.numpy import load_file
+
+    name = "diffusion_pytorch_model" + (f".{variant}" if variant else "") + ".safetensors"
+    return load_file(os.path.join(folder, name))
+
+
+def images(count=2, size=32, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (count, 3, size, size)).astype(np.float32)
+
+
+def assert_same_outputs(ours: dict, theirs: dict, atol=1e-5) -> None:
+    for key in ("mode", "decoded", "normalised"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=atol, err_msg=key)
+    np.testing.assert_array_equal(ours["running_mean"], theirs["running_mean"])
+    np.testing.assert_array_equal(ours["running_var"], theirs["running_var"])
+    assert ours["num_batches_tracked"] == int(theirs["num_batches_tracked"])
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    """A diffusers AutoencoderKLFlux2 folder: seeded weights, bn statistics far from 0 / 1, counter 7."""
+    return make_source(tmp_path_factory.mktemp("flux2_source"))
+
+
+# ---- in
+
+@pytest.mark.parametrize("variant,bin_format", [(None, False), ("fp16", False), (None, True)],
+                         ids=["safetensors", "fp16_variant", "bin"])
+def test_a_diffusers_flux2_folder_loads_with_every_weight_and_its_bn_statistics(tmp_path, variant, bin_format):
+    from vae_trainer.models.flux2 import AutoencoderKLFlux2
+    from vae_trainer.models.vae_loading import build_vae
+
+    folder = make_source(tmp_path / "vae", seed=3, variant=variant, bin_format=bin_format)
+    vae = build_vae(pretrained_model_name_or_path=folder)
+    assert isinstance(vae, AutoencoderKLFlux2)
+    assert list(vae.config.decoder_block_out_channels) == [16, 24]
+    x = images()
+    ours, theirs = in_ours(vae, x), in_diffusers(folder, x, tmp_path, variant)
+    assert theirs["loading_info"]["missing_keys"] == [] and theirs["num_batches_tracked"] == 7
+    assert_same_outputs(ours, theirs, atol=1e-5)
+    assert np.abs(theirs["running_mean"]).max() > 0.1 and np.abs(theirs["running_var"] - 1).max() > 0.1
+
+
+def test_a_flux2_folder_in_a_pipeline_download_loads_with_subfolder_vae(source, tmp_path):
+    import shutil
+
+    from vae_trainer.models.flux2 import AutoencoderKLFlux2
+    from vae_trainer.models.vae_loading import build_vae
+
+    shutil.copytree(source, tmp_path / "ERNIE-Image" / "vae")
+    assert isinstance(build_vae(pretrained_model_name_or_path=str(tmp_path / "ERNIE-Image"), subfolder="vae"),
+                      AutoencoderKLFlux2)
+
+
+def test_the_published_flux2_config_builds_diffusers_architecture(tmp_path):
+    """configs/flux2_vae.json: the same weight names and shapes as diffusers' AutoencoderKLFlux2 of that
+    config, 84,046,115 parameters (the published FLUX.2 VAE's count), and its force_upcast kept."""
+    from vae_trainer.models.vae_loading import build_vae
+    from vae_trainer.models.vae_saving import save_vae
+
+    vae = build_vae("configs/flux2_vae.json")
+    trainable = sum(int(np.prod(p.shape)) for p in vae.parameters() if not p.stop_gradient)
+    assert trainable == 84_046_115
+    save_vae(vae, str(tmp_path / "vae"))
+    theirs = in_diffusers(tmp_path / "vae", images(1, 16), tmp_path)["loading_info"]
+    assert theirs == {"class": "AutoencoderKLFlux2", "missing_keys": [], "unexpected_keys": [],
+                      "mismatched_keys": [], "error_msgs": []}
+    config = json.load(open(tmp_path / "vae" / "config.json"))
+    published = json.load(open(os.path.join(REPO, "configs", "flux2_vae.json")))
+    written = {k: v for k, v in config.items() if not k.startswith("_")}
+    assert {k: written.get(k) for k in published if not k.startswith("_")} == {
+        k: v for k, v in published.items() if not k.startswith("_")}
+    # beside them only what diffusers 0.42.1 itself writes for this class (the published file predates the key)
+    assert {k: v for k, v in written.items() if k not in published} == {"decoder_block_out_channels": None}
+    assert config["_class_name"] == "AutoencoderKLFlux2"
+
+
+def test_bn_statistics_that_do_not_fit_are_an_error_naming_them(source, tmp_path):
+    """Into an AutoencoderKL (a config file of that class, or a folder whose config says AutoencoderKL), the bn
+    statistics have no place: an error naming them, never the old "weights ... were not used" line."""
+    from vae_trainer.models.vae_loading import build_vae
+
+    config = {k: v for k, v in TINY_FLUX2.items() if k != "decoder_block_out_channels"}
+    config_file = tmp_path / "kl.json"
+    config_file.write_text(json.dumps({"_class_name": "AutoencoderKL", **config}))
+    with pytest.raises(ValueError, match=r"bn\.running_mean|bn\._mean"):
+        build_vae(str(config_file), pretrained_model_name_or_path=source, ignore_keys=["decoder."])
+    import shutil
+
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(source, relabelled)
+    saved = json.load(open(relabelled / "config.json"))
+    for key in ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size",
+                "mid_block_add_attention"):
+        saved.pop(key, None)
+    saved.update(_class_name="AutoencoderKL", block_out_channels=[16, 32])
+    (relabelled / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"bn\._mean|bn\._variance"):
+        build_vae(pretrained_model_name_or_path=str(relabelled), ignore_keys=["decoder."])
+
+
+# ---- trained, exported: decoder-only keeps the encoder and the statistics bit for bit
+
+@pytest.fixture(scope="module")
+def decoder_only_runs(source, photo_filelist, tmp_path_factory) -> dict:
+    out = {}
+    for driver in DRIVERS:
+        output_dir = str(tmp_path_factory.mktemp(f"flux2_{driver.split('.')[0]}"))
+        args = tiny_args(photo_filelist, output_dir, max_steps=3, save_steps=3, learning_rate=3e-3)
+        args = [a for a in args if a not in ("--vae_config_file", "configs/vae_micro.json")]
+        run_entry_point(driver, args + ["--pretrained_model_name_or_path", source, "--freeze_encoder", "true"])
+        out[driver] = output_dir
+    return out
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_decoder_only_fine_tuning_exports_what_diffusers_loads_as_flux2_with_the_source_encoder_and_statistics(
+        decoder_only_runs, source, driver, tmp_path):
+    from vae_trainer.models.vae_loading import build_vae
+
+    vae_dir = os.path.join(decoder_only_runs[driver], "vae")
+    config, source_config = json.load(open(os.path.join(vae_dir, "config.json"))), json.load(
+        open(os.path.join(source, "config.json")))
+    assert config["_class_name"] == "AutoencoderKLFlux2" and "scaling_factor" not in config
+    assert {k for k in config if not k.startswith("_")} == {k for k in source_config if not k.startswith("_")}
+    exported, original = torch_weights(vae_dir), torch_weights(source)
+    assert set(exported) == set(original)
+    for key in original:
+        if key.startswith(ENCODER_PREFIXES) or key in BN_KEYS:
+            np.testing.assert_array_equal(exported[key], original[key].reshape(exported[key].shape), err_msg=key)
+    assert not np.array_equal(exported["decoder.conv_out.weight"], original["decoder.conv_out.weight"])
+    x = images(seed=1)
+    theirs = in_diffusers(vae_dir, x, tmp_path)
+    assert theirs["loading_info"]["missing_keys"] == [] and theirs["loading_info"]["unexpected_keys"] == []
+    assert theirs["num_batches_tracked"] == 7
+    assert_same_outputs(in_ours(build_vae(pretrained_model_name_or_path=vae_dir), x), theirs)
+    record = json.load(open(os.path.join(vae_dir, "latent_stats.json")))
+    assert record["class"] == "AutoencoderKLFlux2" and "kept from the pretrained VAE" in record["source"]
+    np.testing.assert_array_equal(np.float32(record["latent_normalisation"]["running_var"]),
+                                  original["bn.running_var"])
+
+
+def test_both_entry_points_fine_tune_flux2_to_the_same_weights(decoder_only_runs):
+    first, second = (torch_weights(os.path.join(decoder_only_runs[d], "vae")) for d in DRIVERS)
+    for key in first:
+        np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+
+
+def test_export_vae_script_writes_the_flux2_folder_from_a_checkpoint(decoder_only_runs, tmp_path):
+    from conftest import load_script
+
+    run = decoder_only_runs["train_vae_no_trainer.py"]
+    out = load_script("export_vae").main([os.path.join(run, "checkpoint-3"), str(tmp_path / "vae")])
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["_class_name"] == "AutoencoderKLFlux2" and "scaling_factor" not in config
+    exported, run_export = torch_weights(out), torch_weights(os.path.join(run, "vae"))
+    for key in run_export:
+        np.testing.assert_array_equal(exported[key], run_export[key], err_msg=key)
+
+
+# ---- whole-model fine-tuning with --scaling_factor measure: the statistics of the exported encoder
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_measure_exports_the_patchified_mode_statistics_of_the_exported_encoder(source, photo_filelist, driver,
+                                                                                 tmp_path):
+    from vae_trainer.data.dataset import build_eval_dataloader
+
+    output_dir = str(tmp_path / "run")
+    args = tiny_args(photo_filelist, output_dir, max_steps=2, save_steps=2, use_ema="false", learning_rate=3e-3)
+    args = [a for a in args if a not in ("--vae_config_file", "configs/vae_micro.json")]
+    run_entry_point(driver, args + ["--pretrained_model_name_or_path", source, "--scaling_factor", "measure",
+                                    "--latent_stats_num_images", "6"])
+    vae_dir = os.path.join(output_dir, "vae")
+    # The same 6 images the export measured on, encoded by diffusers' class from the exported folder.
+    batch = next(iter(build_eval_dataloader(photo_filelist, 32, 6, 0, 1, 6)))
+    pixels = np.asarray(batch["pixel_values"] if isinstance(batch, dict) else batch[0], dtype=np.float32)
+    assert pixels.shape[0] == 6
+    theirs = in_diffusers(vae_dir, pixels, tmp_path)
+    mode = theirs["mode"]
+    b, c, h, w = mode.shape
+    patches = mode.reshape(b, c, h // 2, 2, w // 2, 2).transpose(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+    per_channel = patches.transpose(1, 0, 2, 3).reshape(c * 4, -1).astype(np.float64)
+    np.testing.assert_allclose(theirs["running_mean"], per_channel.mean(axis=1), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(theirs["running_var"], per_channel.var(axis=1), rtol=1e-4, atol=1e-6)
+    assert int(theirs["num_batches_tracked"]) == 6
+    original = torch_weights(source)
+    assert not np.array_equal(torch_weights(vae_dir)["encoder.conv_in.weight"], original["encoder.conv_in.weight"])
+    assert np.abs(theirs["running_mean"] - original["bn.running_mean"]).max() > 0.05
+    record = json.load(open(os.path.join(vae_dir, "latent_stats.json")))
+    assert record["source"].startswith("measured on") and record["measured"]["num_images"] == 6
+
+
+def test_keep_exports_the_source_statistics_after_a_whole_model_fine_tune(source, photo_filelist, tmp_path):
+    """Training moves the encoder, never the statistics: no optimizer step and no forward pass touches them."""
+    output_dir = str(tmp_path / "run")
+    args = tiny_args(photo_filelist, output_dir, max_steps=2, save_steps=2, learning_rate=3e-3)
+    args = [a for a in args if a not in ("--vae_config_file", "configs/vae_micro.json")]
+    run_entry_point("train_vae_no_trainer.py", args + ["--pretrained_model_name_or_path", source])
+    exported, original = torch_weights(os.path.join(output_dir, "vae")), torch_weights(source)
+    assert not np.array_equal(exported["encoder.conv_in.weight"], original["encoder.conv_in.weight"])
+    for key in BN_KEYS:
+        np.testing.assert_array_equal(exported[key], original[key].reshape(exported[key].shape), err_msg=key)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--scaling_factor", "0.5"], "has no scaling_factor"),
+    (["--freeze_encoder", "true", "--scaling_factor", "measure"], "keeps the source's bn statistics"),
+])
+def test_flux2_refuses_a_latent_scale_it_cannot_have(source, photo_filelist, tmp_path, flags, message):
+    args = tiny_args(photo_filelist, str(tmp_path / "run"), max_steps=1)
+    args = [a for a in args if a not in ("--vae_config_file", "configs/vae_micro.json")]
+    with pytest.raises(AssertionError, match=message):
+        run_entry_point("train_vae_no_trainer.py", args + ["--pretrained_model_name_or_path", source, *flags])
+
+
+def test_a_flux2_vae_from_scratch_measures_its_statistics(photo_filelist, tmp_path):
+    """From a config file (class AutoencoderKLFlux2): the default is measure; diffusers loads the export."""
+    config_file = tmp_path / "flux2_tiny.json"
+    config_file.write_text(json.dumps({"_class_name": "AutoencoderKLFlux2", **TINY_FLUX2}))
+    output_dir = str(tmp_path / "run")
+    args = tiny_args(photo_filelist, output_dir, max_steps=1, save_steps=1, use_ema="false",
+                     vae_config_file=str(config_file))
+    run_entry_point("train_vae_trainer.py", args + ["--latent_stats_num_images", "4"])
+    record = json.load(open(os.path.join(output_dir, "vae", "latent_stats.json")))
+    assert record["source"].startswith("measured on")
+    theirs = in_diffusers(os.path.join(output_dir, "vae"), images(1), tmp_path)
+    assert theirs["loading_info"]["missing_keys"] == [] and int(theirs["num_batches_tracked"]) == 4
+    assert np.abs(theirs["running_var"] - 1).max() > 1e-3  # not the fresh 1s
+
+
+def test_run_script_fine_tunes_a_flux2_vae(source, photo_filelist, tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "FILE_LIST": photo_filelist, "OUTPUT_DIR": str(tmp_path / "out"),
+           "RESOLUTION": "32", "BATCH_SIZE": "2", "MAX_STEPS": "1"}
+    env.pop("VAE_CONFIG", None)
+    result = subprocess.run(["bash", "scripts/run_single_no_trainer.sh", "--pretrained_model_name_or_path", source,
+                             "--freeze_encoder", "true", "--disc_base_channels", "8", "--dataloader_num_workers", "0",
+                             "--disable_tqdm", "true"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = torch_weights(str(tmp_path / "out" / "vae"))
+    np.testing.assert_array_equal(exported["bn.running_mean"], torch_weights(source)["bn.running_mean"])

@@ -1,0 +1,149 @@
+"""FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's) as a ppdiffusers AutoencoderKL.
+
+Owns `AutoencoderKLFlux2`, `is_flux2_config` (which configs are this class), `with_source_entries` (the
+source config's entries kept), `patchify` (the pipelines'
+2x2 latent patches) and the latent normalisation its `bn` holds (`BatchNormStatistics`, `bn_statistics`,
+`set_bn_statistics`).
+
+The class is ppdiffusers' AutoencoderKL (so recompute, EMA, --freeze_encoder, --ignore_keys, evaluation and
+every loss see the same layers) with diffusers' constructor signature, so that its saved config.json is the
+one diffusers writes for this class: `decoder_block_out_channels` becomes ppdiffusers'
+`up_block_out_channels` (the decoder may be wider or narrower than the encoder), and there is no
+`scaling_factor`. Its one addition, `bn`, is a BatchNorm over the 2x2-patchified latent channels
+(4 * latent_channels) that the model's forward never calls: FLUX.2 / ERNIE-Image pipelines take its
+running mean and variance to normalise what their DiT sees, `(patchify(z) - mean) / sqrt(var + eps)`,
+z the posterior mode. Those statistics are the latent scale of this VAE: latent_scale.py decides them
+(kept from the source, or measured at export), nothing else changes them. They are non-trainable
+parameters (Paddle's BatchNorm), so the optimizer never updates them; `num_batches_tracked` is a buffer,
+as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Sequence
+
+import numpy as np
+import paddle
+from ppdiffusers import AutoencoderKL
+from ppdiffusers.configuration_utils import register_to_config
+
+CLASS_NAME = "AutoencoderKLFlux2"
+# Config keys only this class has (a hand-written config with one of them is one of these VAEs; diffusers'
+# AutoencoderKL also has mid_block_add_attention).
+FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
+
+
+def is_flux2_config(config: Mapping[str, Any]) -> bool:
+    """Is `config` (a config.json or AutoencoderKL kwargs) FLUX.2's VAE class?"""
+    return config.get("_class_name") == CLASS_NAME or any(key in config for key in FLUX2_ONLY_KEYS)
+
+
+def is_flux2(vae: paddle.nn.Layer) -> bool:
+    return isinstance(vae, AutoencoderKLFlux2)
+
+
+class AutoencoderKLFlux2(AutoencoderKL):
+    """diffusers' AutoencoderKLFlux2 (0.42.1) on ppdiffusers' AutoencoderKL: same parameters, same config keys."""
+
+    @register_to_config
+    def __init__(
+        self,
+        in_channels: int = 3,
+        out_channels: int = 3,
+        down_block_types: Sequence[str] = ("DownEncoderBlock2D",) * 4,
+        up_block_types: Sequence[str] = ("UpDecoderBlock2D",) * 4,
+        block_out_channels: Sequence[int] = (128, 256, 512, 512),
+        decoder_block_out_channels: Sequence[int] | None = None,
+        layers_per_block: int = 2,
+        act_fn: str = "silu",
+        latent_channels: int = 32,
+        norm_num_groups: int = 32,
+        sample_size: int = 1024,
+        use_quant_conv: bool = True,
+        use_post_quant_conv: bool = True,
+        mid_block_add_attention: bool = True,
+        batch_norm_eps: float = 1e-4,
+        batch_norm_momentum: float = 0.1,
+        patch_size: Sequence[int] = (2, 2),
+    ):
+        if not mid_block_add_attention:
+            raise ValueError("mid_block_add_attention false: ppdiffusers 0.29's AutoencoderKL always has the mid-block "
+                             "attention, so this VAE cannot be built here")
+        # The parent's undecorated constructor: this class's config is diffusers' (registered by the decorator
+        # above), not AutoencoderKL's (scaling_factor, force_upcast, ...).
+        AutoencoderKL.__init__.__wrapped__(
+            self, in_channels=in_channels, out_channels=out_channels, down_block_types=tuple(down_block_types),
+            down_block_out_channels=tuple(block_out_channels), up_block_types=tuple(up_block_types),
+            up_block_out_channels=tuple(decoder_block_out_channels or block_out_channels),
+            block_out_channels=tuple(block_out_channels), layers_per_block=layers_per_block, act_fn=act_fn,
+            latent_channels=latent_channels, norm_num_groups=norm_num_groups, sample_size=sample_size,
+            use_quant_conv=use_quant_conv, use_post_quant_conv=use_post_quant_conv)
+        # That constructor states the decoder's widths as block_out_channels; diffusers' key is the encoder's.
+        self.register_to_config(block_out_channels=list(block_out_channels))
+        # Paddle's momentum weighs the running value, PyTorch's the batch: 1 - momentum. Never used here
+        # (the statistics are set, not tracked), kept for a faithful layer.
+        self.bn = paddle.nn.BatchNorm2D(math.prod(patch_size) * latent_channels, momentum=1.0 - batch_norm_momentum,
+                                        epsilon=batch_norm_eps, weight_attr=False, bias_attr=False)
+        # [1], not PyTorch's 0-d: ppdiffusers saves a 0-d tensor as [1] (and writes it 0-d for PyTorch).
+        self.bn.register_buffer("num_batches_tracked", paddle.zeros([1], dtype="int64"))
+
+
+def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
+    """A fresh AutoencoderKLFlux2 from a config (Paddle's global RNG), keeping the entries its constructor does
+    not take (`with_source_entries`) without ppdiffusers' "not expected and will be ignored" warning."""
+    accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
+    vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
+    return with_source_entries(vae, config)
+
+
+def with_source_entries(vae: AutoencoderKLFlux2, config: Mapping[str, Any]) -> AutoencoderKLFlux2:
+    """`vae` whose config also holds the entries of `config` its constructor does not take (the published FLUX.2
+    config's `force_upcast`): the export writes every entry of the source's config."""
+    extra = {key: value for key, value in config.items() if not key.startswith("_") and key not in vae.config}
+    if extra:
+        vae.register_to_config(**extra)
+    return vae
+
+
+def patchify(latents: paddle.Tensor, patch_size: Sequence[int] = (2, 2)) -> paddle.Tensor:
+    """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw), channel c*ph*pw + i*pw + j holding pixel (i, j) of each patch:
+    the order of diffusers' Flux2Pipeline._patchify_latents, so that `bn`'s channels line up."""
+    ph, pw = patch_size
+    batch, channels, height, width = latents.shape
+    patches = latents.reshape([batch, channels, height // ph, ph, width // pw, pw]).transpose([0, 1, 3, 5, 2, 4])
+    return patches.reshape([batch, channels * ph * pw, height // ph, width // pw])
+
+
+@dataclass
+class BatchNormStatistics:
+    """What FLUX.2's `bn` holds: per patchified channel the running mean and (population) variance, and the
+    counter PyTorch keeps beside them."""
+
+    running_mean: List[float]
+    running_var: List[float]
+    num_batches_tracked: int
+
+    def record(self, eps: float) -> dict:
+        """For latent_stats.json: the statistics and the normalisation they give."""
+        return {"running_mean": self.running_mean, "running_var": self.running_var,
+                "num_batches_tracked": self.num_batches_tracked, "batch_norm_eps": eps,
+                "normalisation": "(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior "
+                                 "mode, patchify 2x2 (Flux2Pipeline)"}
+
+
+def bn_statistics(vae: AutoencoderKLFlux2) -> BatchNormStatistics:
+    return BatchNormStatistics(vae.bn._mean.astype("float32").numpy().tolist(),
+                               vae.bn._variance.astype("float32").numpy().tolist(),
+                               int(vae.bn.num_batches_tracked.numpy().reshape(-1)[0]))
+
+
+def set_bn_statistics(vae: AutoencoderKLFlux2, statistics: BatchNormStatistics) -> None:
+    channels = vae.bn._mean.shape[0]
+    if len(statistics.running_mean) != channels or len(statistics.running_var) != channels:
+        raise ValueError(f"bn statistics for {len(statistics.running_mean)} channels, the VAE's bn has {channels}")
+    for layer_value, values in ((vae.bn._mean, statistics.running_mean), (vae.bn._variance, statistics.running_var)):
+        layer_value.set_value(paddle.to_tensor(np.asarray(values, dtype=np.float32)).astype(layer_value.dtype))
+    vae.bn.num_batches_tracked.set_value(paddle.to_tensor([statistics.num_batches_tracked], dtype="int64"))
