@@ -27,6 +27,7 @@ from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, restore_float32, setup_precision
+from .preemption import StopRequest
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -133,8 +134,10 @@ def build_training(components: Components, loss_args, training_args) -> Training
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
+    stop_request = StopRequest(single_process=world_size() == 1)  # installed by the drivers, for the loop only
     step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
-                     training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard)
+                     training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard,
+                     stop_request)
     return TrainingParts(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 

@@ -26,6 +26,8 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
+from .preemption import PREEMPTED_EXIT_CODE, Preempted
+
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
@@ -63,14 +65,18 @@ def run_and_exit(main: Callable[[], None]) -> NoReturn:
     threads. Ending with `os._exit` after everything of ours is closed leaves no window for that thread.
     One process runs no store: it exits normally.
 
-    Exit status: 0, `SystemExit`'s code (a message: printed, status 1), or 1 after any other exception
-    (traceback printed; 130 for Ctrl-C).
+    Exit status: 0, `SystemExit`'s code (a message: printed, status 1), PREEMPTED_EXIT_CODE (75) after a
+    signal made the run save and stop (preemption.py), or 1 after any other exception (traceback printed;
+    130 for Ctrl-C, a second one in a single process).
     """
     status = 0
     try:
         main()
     except SystemExit as stop:
         status = _status_of(stop)
+    except Preempted as stopped:  # saved where it stopped: a message, not a traceback
+        print(f"stopped: {stopped}", file=sys.stderr)
+        status = PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:
         traceback.print_exc()
         status = 130

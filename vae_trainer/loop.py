@@ -20,6 +20,7 @@ from .build import (build_components, build_evaluator, build_train_data, build_t
 from .distributed import rank, world_size
 from .export import checkpoint_configs, export_run
 from .output_dir import prepare_output_dir, run_inputs
+from .preemption import STOP_REQUESTED, stop_after_step
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import start_up
@@ -65,10 +66,10 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     saved_at = [state.global_step if resume and ckpt.is_checkpoint_of(args.output_dir, resume, state.global_step)
                 else None]
 
-    def save() -> None:
+    def save() -> str:
         if saved_at[0] == state.global_step:
-            return
-        ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
+            return ckpt.checkpoint_path(args.output_dir, state.global_step)
+        return ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
                              save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
                              configs=checkpoint_configs(parts, evaluator))
@@ -76,6 +77,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
 
     batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
     iteration = iter(batches)
+    stop_request = run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
     try:
         while state.global_step < args.max_steps:
             for _ in range(args.gradient_accumulation_steps):
@@ -85,6 +87,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                 monitor.micro_step_end(logs)
             # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
             report = run.step.optimizer_step(state.global_step)
+            stop = report.pop(STOP_REQUESTED)  # some rank was signalled: agreed by the step's one read
             state.global_step += 1
             progress.update(1)
 
@@ -97,11 +100,13 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                 save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
                 save()
+            stop_after_step(stop, stop_request, state.global_step, save)
         save()  # always a checkpoint at the end, to continue training later
     except NonFiniteError:
         save()  # the weights are those of the last good step: a checkpoint to go back to
         raise
     finally:
+        stop_request.uninstall()
         batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
         monitor.close()

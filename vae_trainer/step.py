@@ -48,6 +48,7 @@ from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
+from .preemption import STOP_REQUESTED, StopRequest
 
 logger = logging.getLogger("vae_trainer")
 
@@ -142,6 +143,7 @@ class TrainStep:
         ema=None,
         max_grad_norm: float = 0.0,
         guard: Optional[NonFiniteGuard] = None,
+        stop_request: Optional[StopRequest] = None,
     ):
         self.model = model
         self.lpips = lpips
@@ -153,6 +155,7 @@ class TrainStep:
         self.ema = ema
         self.max_grad_norm = max_grad_norm
         self.guard = guard or NonFiniteGuard()
+        self.stop_request = stop_request  # read here, agreed across ranks in `_read_checks` (preemption.py)
         self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
         self._window_gan_overflows: List[paddle.Tensor] = []
 
@@ -192,18 +195,19 @@ class TrainStep:
         """The update after the last micro-batch of optimizer step `global_step` (0-based).
 
         Returns this step's values for logging: learning rates, skip counters and loss scales (host
-        numbers) and the gradient norms (device scalars, read only when logged).
+        numbers) and the gradient norms (device scalars, read only when logged); and under STOP_REQUESTED,
+        which the drivers take out before logging, whether any rank was signalled to stop (preemption.py).
         """
         gan = self.gan_active(global_step)
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
-        report = {"train/learning_rate": self.vae_optimizer.get_lr(),
+        report: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
                   "train/disc_learning_rate": self.disc_optimizer.get_lr()}
 
         sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
         self.precision.unscale(self.vae_optimizer, self.disc_optimizer if gan else None)  # 2. unscale
         vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
-        losses_finite, vae_finite, disc_finite, gan_overflows = self._read_checks(vae_norm, disc_norm)  # 3.
+        losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(vae_norm, disc_norm)  # 3.
         self.guard.count_gan_overflows(global_step + 1, gan_overflows)
         take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
                                  self.precision.scales_losses, self.precision.loss_scales())
@@ -232,13 +236,14 @@ class TrainStep:
         if self.precision.scales_losses:
             scales = self.precision.loss_scales()
             report.update({"train/loss_scale": scales["vae"], "train/disc_loss_scale": scales["discriminator"]})
+        report[STOP_REQUESTED] = stop
         return report
 
-    def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int]:
+    def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
         """THE host sync of an optimizer step: (all losses finite on every rank, VAE gradients finite,
-        discriminator gradients finite, GAN terms skipped for overflow on all ranks), from one read of
-        a few numbers summed over ranks. Gradients are already all-reduced (a non-finite value on one
-        rank is non-finite on all); losses are per rank, hence the sum."""
+        discriminator gradients finite, GAN terms skipped for overflow on all ranks, some rank signalled to
+        stop), from one read of a few numbers summed over ranks. Gradients are already all-reduced (a
+        non-finite value on one rank is non-finite on all); losses and signals are per rank, hence the sum."""
         losses = paddle.stack(self._window_losses).astype("float32")
         gan_overflows = (paddle.stack(self._window_gan_overflows).sum() if self._window_gan_overflows
                          else paddle.zeros([], "float32"))
@@ -248,9 +253,10 @@ class TrainStep:
             (~paddle.isfinite(vae_norm)).astype("float32"),
             (~paddle.isfinite(disc_norm)).astype("float32"),
             gan_overflows.astype("float32"),
+            paddle.full([], 1.0 if self.stop_request is not None and self.stop_request.received else 0.0, "float32"),
         ])
-        bad_losses, bad_vae, bad_disc, overflows = sum_over_ranks(bad).numpy().tolist()
-        return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows)
+        bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
+        return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
 
     def images_for_logging(self) -> Tuple[paddle.Tensor, paddle.Tensor]:
         """(inputs, reconstructions) of the last micro-batch; with EMA, reconstructed by the EMA weights.

@@ -40,6 +40,7 @@ from .build import build_train_data, build_training
 from .data.position import StreamPosition
 from .distributed import rank, world_size
 from .export import checkpoint_configs
+from .preemption import STOP_REQUESTED, stop_after_step
 from .step import NonFiniteError
 from .train_logging import TrainMonitor
 from .user_errors import start_up
@@ -96,6 +97,7 @@ class VAETrainer(Trainer):
         self.train_batches = None  # the training batches, once the Trainer asked for them
         self.micro_steps = 0
         self.step_report = {}
+        self.stop = False
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
         self.add_callback(_AfterOptimizerStep(self))
@@ -127,6 +129,7 @@ class VAETrainer(Trainer):
     def create_optimizer_and_scheduler(self, num_training_steps: int):
         with start_up():  # inside Trainer.train: bad flags still end as one line (train_vae_trainer.py)
             self.run = build_training(self.components, self.loss_args, self.args)
+        self.run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
         self.optimizer = self.lr_scheduler = AlreadyStepped(self.run.vae_optimizer)
 
     def _wrap_model(self, model, training=True):
@@ -142,6 +145,8 @@ class VAETrainer(Trainer):
 
     def close(self) -> None:
         """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
+        if self.run is not None:
+            self.run.step.stop_request.uninstall()
         if self.train_batches is not None:
             self.train_batches.close()
         self.monitor.close()
@@ -155,6 +160,7 @@ class VAETrainer(Trainer):
         if self.micro_steps % self.args.gradient_accumulation_steps == 0:
             try:  # the Trainer's optimizer/scheduler calls that follow are no-ops (AlreadyStepped)
                 self.step_report = self.run.step.optimizer_step(self.state.global_step)
+                self.stop = self.step_report.pop(STOP_REQUESTED)  # some rank was signalled (preemption.py)
             except NonFiniteError:
                 self._save_checkpoint(model)  # the weights are those of the last good step
                 raise
@@ -170,17 +176,20 @@ class VAETrainer(Trainer):
         if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.run.ema, self.monitor, self.state):
             self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation
+        # Before the Trainer's own --save_steps save of this step, which would then find it saved.
+        stop_after_step(self.stop, self.run.step.stop_request, step, lambda: self._save_checkpoint(self.model))
 
     # ---- checkpoints
-    def _save_checkpoint(self, model, metrics=None):
+    def _save_checkpoint(self, model, metrics=None) -> str:
         if self.saved_at_step == self.state.global_step:
-            return
-        ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
+            return ckpt.checkpoint_path(self.args.output_dir, self.state.global_step)
+        path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
                              stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint,
                              configs=checkpoint_configs(self.components, self.evaluator))
         self.saved_at_step = self.state.global_step
+        return path
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         if resume_from_checkpoint is None:
