@@ -17,6 +17,8 @@ import numpy as np
 import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
+from .checkpoint import estimated_checkpoint_bytes
+from .disk import warn_if_short
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
 from .models.autoencoder_gan import VAEWithDiscriminator
@@ -134,6 +136,8 @@ def build_training(components: Components, loss_args, training_args) -> Training
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
+    if rank() == 0:
+        warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
     stop_request = StopRequest(single_process=world_size() == 1)  # installed by the drivers, for the loop only
     step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard,

@@ -46,6 +46,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from .disk import failed_write, folder_bytes, is_disk_error
 from .distributed import assert_parameters_in_sync, rank, world_size
 from .precision import HALF_DTYPES
 
@@ -158,19 +159,27 @@ def save_checkpoint(
     `keep` names a checkpoint that rotation must not delete (the best one).
     """
     final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"
-    if rank() == 0:
-        remove_unfinished(output_dir)
-        os.makedirs(tmp)
-    _barrier()
-    if rank() == 0:
-        paddle.save(model.state_dict(), os.path.join(tmp, MODEL_NAME))
-        for name, obj in stateful.items():
-            paddle.save(obj.state_dict(), os.path.join(tmp, name))
-        trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
-        for name, config in (configs or {}).items():
-            with open(os.path.join(tmp, name), "w") as handle:
-                json.dump(config, handle, indent=2, sort_keys=True)
-    paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
+    try:
+        if rank() == 0:
+            remove_unfinished(output_dir)
+            os.makedirs(tmp)
+        _barrier()
+        if rank() == 0:
+            paddle.save(model.state_dict(), os.path.join(tmp, MODEL_NAME))
+            for name, obj in stateful.items():
+                paddle.save(obj.state_dict(), os.path.join(tmp, name))
+            trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
+            for name, config in (configs or {}).items():
+                with open(os.path.join(tmp, name), "w") as handle:
+                    json.dump(config, handle, indent=2, sort_keys=True)
+        paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
+    except OSError as error:  # a full disk, quota, read-only or I/O error: a message, the partial folder removed
+        if not is_disk_error(error):
+            raise
+        previous = list_checkpoints(output_dir)
+        last_good = previous[-1][1] if previous else None
+        needed = folder_bytes(last_good) or tensor_bytes([model.state_dict()] + [o.state_dict() for o in stateful.values()])
+        raise failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good) from None
     _barrier()
     if rank() == 0:
         if os.path.isdir(final):
@@ -180,6 +189,28 @@ def save_checkpoint(
     _barrier()
     logger.info("saved %s", final)
     return final
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: what saving it writes, about."""
+    if isinstance(state, paddle.Tensor):
+        return int(np.prod(state.shape)) * state.element_size()
+    if isinstance(state, np.ndarray):
+        return state.nbytes
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
+
+
+def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
+    """A checkpoint's size before the optimizers hold state: the weights, two AdamW moments per trainable
+    float32 weight, and the EMA of the VAE's weights."""
+    weights = tensor_bytes(model.state_dict())
+    trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
+    vae = sum(int(np.prod(p.shape)) * 4 for p in model.vae.parameters()) if ema is not None else 0
+    return weights + 2 * trainable + vae
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:

@@ -8,7 +8,9 @@ At the end of training (both drivers, `export_run`), on rank 0 after the latent 
                                (a measured factor is measured on the raw weights: their latent space
                                differs from the EMA's unless --freeze_encoder)
     OUTPUT_DIR/discriminator/  config.json + model_state.pdparams, for --discriminator_path
-With --posterior_std the exported encoder's log-variance outputs give that constant std.
+With --posterior_std the exported encoder's log-variance outputs give that constant std. Each folder is
+written as FOLDER.tmp and then moved into place, so it is always the previous complete export or the new
+one; a full disk stops with a message and leaves the previous export (disk.py).
 `scripts/export_vae.py` writes the same folder from any checkpoint-N, with what `checkpoint_configs`
 saves in every checkpoint.
 """
@@ -22,6 +24,7 @@ import paddle.distributed as dist
 
 from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
 from .data.filelists import PIPE_PREFIX
+from .disk import written_atomically
 from .distributed import rank, world_size
 from .ema import ema_weights
 from .latent_scale import EXPORT_ORIGIN_KEY, latent_scales_at_export, origin_of, write_latent_stats
@@ -72,12 +75,14 @@ def export_run(output_dir: str, components, ema, evaluator, step: int) -> Tuple[
     scales = latent_scales_at_export(components.scaling_factor_mode, model.vae, ema, evaluator, step,
                                      encoder_frozen=model.freeze_encoder)
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
-    if rank() == 0:
+    if rank() == 0:  # each folder written beside its place, then moved in (disk.py): never half an export
         if ema is not None:
-            export_vae_folder(model.vae, os.path.join(output_dir, "vae_raw"), None, model.posterior_std,
-                              *scales["vae_raw"])
-        export_vae_folder(model.vae, vae_dir, ema, model.posterior_std, *scales["vae"])
-        save_discriminator(model.discriminator, components.discriminator_config, disc_dir)
+            with written_atomically(os.path.join(output_dir, "vae_raw")) as partial:
+                export_vae_folder(model.vae, partial, None, model.posterior_std, *scales["vae_raw"])
+        with written_atomically(vae_dir) as partial:
+            export_vae_folder(model.vae, partial, ema, model.posterior_std, *scales["vae"])
+        with written_atomically(disc_dir) as partial:
+            save_discriminator(model.discriminator, components.discriminator_config, partial)
     if world_size() > 1:
         dist.barrier()
     return vae_dir, disc_dir

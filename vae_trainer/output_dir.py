@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # What a run writes into OUTPUT_DIR besides checkpoints: export.export_run's folders at the end, the evaluations.
 EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
+# What an export killed mid-way leaves (disk.written_atomically writes FOLDER.tmp, keeps FOLDER.old briefly).
+EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
 # The VisualDL record files our runs in OUTPUT_DIR wrote, one path per line, relative to OUTPUT_DIR.
 LOG_FILES_NAME = "visualdl_records.txt"
 _RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
@@ -112,7 +114,7 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str
 def doomed_paths(output_dir: str) -> List[str]:
     """What `clear_run` would delete (the same list, in the same terms), for the checks before it."""
     paths = [path for _, path in list_checkpoints(output_dir)] + unfinished_checkpoints(output_dir)
-    paths += [os.path.join(output_dir, name) for name in EXPORTS + (ABANDONED_DIR,)]
+    paths += [os.path.join(output_dir, name) for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,)]
     paths += _noted_log_files(output_dir)
     return [path for path in paths if os.path.lexists(path)]
 
@@ -182,7 +184,7 @@ def clear_run(output_dir: str) -> None:
     for _, path in list_checkpoints(output_dir):
         delete_checkpoint(path)
     remove_unfinished(output_dir)
-    for name in EXPORTS + (ABANDONED_DIR,):  # rolled-back branches (checkpoint.set_aside_later) are ours too
+    for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,):  # rolled-back branches (set_aside_later): ours too
         path = os.path.join(output_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
