@@ -22,6 +22,7 @@ from vae_trainer.output_dir import prepare_output_dir, run_inputs  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
 from vae_trainer.trainer import VAETrainer  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
+from vae_trainer import watchdog  # noqa: E402
 
 
 @exit_on_user_error
@@ -45,7 +46,11 @@ def main(argv=None):
     finally:
         trainer.close()  # data loader workers joined, logs closed (the process group ends in run_and_exit)
     trainer.run.restore_float32(parts.model)  # O2: evaluate and export the float32 master weights
-    vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
+    watchdog.start(training_args.stall_timeout, trainer.args.process_index, "exporting")
+    try:
+        vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
+    finally:
+        watchdog.stop()
     if trainer.is_world_process_zero():
         print(f"VAE saved to {vae_dir}\nVisualDL logs: {training_args.logging_dir}")
 

@@ -39,6 +39,7 @@ from .metrics import HIGHER_IS_BETTER
 from .flag_policy import refuse_unsupported_flags
 from .models.discriminator import NORM_TYPES
 from .recipes import RECIPES, apply_recipe, flags_given
+from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
 # ---------------------------------------------------------------- typed choices
 PixelLoss = Literal["l1", "l2"]
@@ -282,6 +283,13 @@ class VAETrainingArguments(TrainingArguments):
     )
     recompute: bool = field(
         default=False, metadata=dict(help="Gradient checkpointing of the VAE (less memory, more compute).")
+    )
+    stall_timeout: float = field(
+        default=DEFAULT_STALL_TIMEOUT,
+        metadata=dict(help="Seconds without a finished training step, evaluation batch or save (on any rank, the "
+                           "first batch's wait included) after which the run reports what each thread was doing and "
+                           f"exits with {STALL_EXIT_CODE}, so the launcher stops it and a scheduler can requeue it. "
+                           "0: off. Pick it above your slowest save or evaluation batch."),
     )
     device: str = field(
         default="gpu",

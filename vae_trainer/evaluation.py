@@ -49,6 +49,7 @@ from vae_trainer.metrics import (
     ssim,
     to_unit_range,
 )
+from vae_trainer import watchdog
 from vae_trainer.models.flux2 import is_flux2, patchify
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
@@ -453,6 +454,7 @@ def evaluate_vae(
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
     evaluation = _Evaluation(vae, lpips, inception, grid_images)
+    watchdog.doing("evaluating")
     was_training = vae.training
     vae.eval()
     try:
@@ -462,6 +464,7 @@ def evaluate_vae(
                     posterior = _posterior(vae, pixels, input_size, posterior_std)
                     recons = vae.decode(_latent(posterior, rng)).sample
                 evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0))
+                watchdog.beat("an evaluation batch")
     finally:
         if was_training:
             vae.train()
@@ -487,12 +490,14 @@ def measure_latents(
     settings are restored."""
     check_tiling(getattr(vae, "config", None), tiling, input_size)
     latents = _LatentAccumulator(vae)
+    watchdog.doing("measuring latent statistics")
     was_training = vae.training
     vae.eval()
     try:
         with paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
                 latents.add(_posterior(vae, pixels, input_size, posterior_std), pixels.shape[0])
+                watchdog.beat("a latent-statistics batch")
     finally:
         if was_training:
             vae.train()

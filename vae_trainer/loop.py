@@ -20,6 +20,7 @@ from .build import (build_components, build_evaluator, build_train_data, build_t
 from .distributed import rank, world_size
 from .export import checkpoint_configs, export_run
 from .output_dir import prepare_output_dir, run_inputs
+from . import watchdog
 from .preemption import STOP_REQUESTED, stop_after_step
 from .step import NonFiniteError
 from .train_logging import TrainMonitor, format_scalars
@@ -69,15 +70,19 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     def save() -> str:
         if saved_at[0] == state.global_step:
             return ckpt.checkpoint_path(args.output_dir, state.global_step)
-        return ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
+        watchdog.doing(f"saving checkpoint-{state.global_step}")
+        path = ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
                              save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
                              configs=checkpoint_configs(parts, evaluator))
         saved_at[0] = state.global_step
+        watchdog.beat(f"saving checkpoint-{state.global_step}", state.global_step)
+        return path
 
     batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
     iteration = iter(batches)
     stop_request = run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
+    watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
     try:
         while state.global_step < args.max_steps:
             for _ in range(args.gradient_accumulation_steps):
@@ -89,6 +94,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
             report = run.step.optimizer_step(state.global_step)
             stop = report.pop(STOP_REQUESTED)  # some rank was signalled: agreed by the step's one read
             state.global_step += 1
+            watchdog.beat(f"step {state.global_step}", state.global_step)
             progress.update(1)
 
             scalars = monitor.optimizer_step_end(state.global_step, report, run.step.images_for_logging)
@@ -106,10 +112,15 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         save()  # the weights are those of the last good step: a checkpoint to go back to
         raise
     finally:
+        watchdog.stop()
         stop_request.uninstall()
         batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
         monitor.close()
     run.restore_float32(model)  # O2: evaluate and export the float32 master weights
-    vae_dir, disc_dir = export_run(args.output_dir, parts, run.ema, evaluator, state.global_step)
+    watchdog.start(args.stall_timeout, rank(), "exporting")
+    try:
+        vae_dir, disc_dir = export_run(args.output_dir, parts, run.ema, evaluator, state.global_step)
+    finally:
+        watchdog.stop()
     return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}

@@ -35,6 +35,7 @@ import paddle.distributed as dist
 
 from .distributed import world_size
 from .output_dir import note_log_file
+from . import watchdog
 
 logger = logging.getLogger("vae_trainer")
 
@@ -85,10 +86,12 @@ class TrainMonitor:
     def _next_batch(self, batches: Iterator) -> Any:
         """next(batches), its wait counted as data time."""
         start = time.perf_counter()
+        watchdog.doing("waiting for data (the data reader)")  # what a stall report says (watchdog.py)
         try:
             return next(batches)
         finally:
             self._data_seconds += time.perf_counter() - start
+            watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
 
     def micro_step_end(self, logs: Dict[str, paddle.Tensor]) -> None:
         for name, value in logs.items():

@@ -40,6 +40,7 @@ from .build import build_train_data, build_training
 from .data.position import StreamPosition
 from .distributed import rank, world_size
 from .export import checkpoint_configs
+from . import watchdog
 from .preemption import STOP_REQUESTED, stop_after_step
 from .step import NonFiniteError
 from .train_logging import TrainMonitor
@@ -130,6 +131,7 @@ class VAETrainer(Trainer):
         with start_up():  # inside Trainer.train: bad flags still end as one line (train_vae_trainer.py)
             self.run = build_training(self.components, self.loss_args, self.args)
         self.run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
+        watchdog.start(self.args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
         self.optimizer = self.lr_scheduler = AlreadyStepped(self.run.vae_optimizer)
 
     def _wrap_model(self, model, training=True):
@@ -145,6 +147,7 @@ class VAETrainer(Trainer):
 
     def close(self) -> None:
         """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
+        watchdog.stop()
         if self.run is not None:
             self.run.step.stop_request.uninstall()
         if self.train_batches is not None:
@@ -170,6 +173,7 @@ class VAETrainer(Trainer):
 
     def after_optimizer_step(self) -> None:
         step = self.state.global_step
+        watchdog.beat(f"step {step}", step)
         scalars = self.monitor.optimizer_step_end(step, self.step_report, self.run.step.images_for_logging)
         if scalars is not None:
             self.state.log_history.append({"step": step, **scalars})
@@ -183,12 +187,14 @@ class VAETrainer(Trainer):
     def _save_checkpoint(self, model, metrics=None) -> str:
         if self.saved_at_step == self.state.global_step:
             return ckpt.checkpoint_path(self.args.output_dir, self.state.global_step)
+        watchdog.doing(f"saving checkpoint-{self.state.global_step}")
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
                              stateful=self.run.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint,
                              configs=checkpoint_configs(self.components, self.evaluator))
         self.saved_at_step = self.state.global_step
+        watchdog.beat(f"saving checkpoint-{self.state.global_step}", self.state.global_step)
         return path
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):

@@ -1,0 +1,142 @@
+"""A stall is reported, not waited out (issue 22.3): `--stall_timeout SECONDS`.
+
+Owns the process's stall watchdog: `start`, `beat` (something finished: a training step, an evaluation or
+latent-statistics batch, a save), `doing` (what the process is busy with now), `stop`, and STALL_EXIT_CODE.
+
+A daemon thread wakes a few times per timeout. When nothing finished for --stall_timeout seconds it logs
+which rank, the last step finished and when, what the rank was doing (waiting for data, the first batch
+included; in the step or its collectives; evaluating; saving), dumps the stacks of all threads
+(`faulthandler`), kills the processes it started (a hung `pipe:` command, loader workers) and ends with
+STALL_EXIT_CODE: a stuck `pipe:` download, a dead data mount or a
+rank stuck in a collective then ends the job, so the launcher stops the other ranks and a scheduler can
+requeue it, instead of holding the allocation until its time limit. The training loop pays nothing: `beat`
+and `doing` set two attributes, no device read. One watchdog per process (module state), so that evaluation
+and data code can beat without being handed an object.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+logger = logging.getLogger("vae_trainer")
+
+STALL_EXIT_CODE = 124  # as coreutils' `timeout`: the run was ended because it stopped making progress
+DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; above any save or eval batch of
+# the SD VAE at 1024 px, far below a day of 8 GPUs
+
+
+class _Watchdog:
+    def __init__(self, timeout: float, rank: int) -> None:
+        self.timeout, self.rank = timeout, rank
+        self.activity = "starting: waiting for the first batch"
+        self.last_step: Optional[int] = None
+        self.last_done = "the start"
+        self.last_time = time.monotonic()
+        self.last_wall = time.time()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
+
+    def beat(self, done: str, step: Optional[int] = None) -> None:
+        self.last_time, self.last_wall, self.last_done = time.monotonic(), time.time(), done
+        if step is not None:
+            self.last_step = step
+
+    def _watch(self) -> None:
+        interval = min(max(self.timeout / 4.0, 0.05), 10.0)
+        while not self._stopped.wait(interval):
+            if time.monotonic() - self.last_time > self.timeout:
+                self._fire()
+
+    def _fire(self) -> None:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.last_wall))
+        step = f"step {self.last_step}" if self.last_step is not None else "no step yet"
+        message = (f"stalled: rank {self.rank} finished nothing for {self.timeout:g} s (--stall_timeout). Last "
+                   f"finished: {self.last_done} at {since} ({step}); now: {self.activity}. Stacks of all threads "
+                   f"follow; exiting with {STALL_EXIT_CODE} so that the launcher stops the other ranks and the job can "
+                   "be requeued (--resume_from_checkpoint latest continues from the last checkpoint).")
+        logger.error("%s", message)
+        for handler in logging.getLogger().handlers + logger.handlers:
+            handler.flush()
+        print(message, file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        _kill_descendants()
+        os._exit(STALL_EXIT_CODE)
+
+
+def _descendants(pid: int) -> list:
+    """Child processes of `pid`, recursively (Linux /proc)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found += [child] + _descendants(child)
+    return found
+
+
+def _kill_descendants() -> None:
+    """What this process started must not outlive it: a hung `pipe:` command (its own session: its whole process
+    group) holds the job's output streams, and loader workers hold memory."""
+    own_group = os.getpgrp()
+    for pid in _descendants(os.getpid()):
+        try:
+            group = os.getpgid(pid)
+            if group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+_current: Optional[_Watchdog] = None
+
+
+def start(timeout: Optional[float], rank: int = 0, activity: Optional[str] = None) -> None:
+    """Watch this process from now on (`timeout` None or 0: off), busy with `activity` (default: waiting for
+    the first batch)."""
+    global _current
+    stop()
+    if timeout and timeout > 0:
+        _current = _Watchdog(float(timeout), rank)
+        if activity:
+            _current.activity = activity
+        _current._thread.start()
+        if activity:
+            return
+        logger.info("stall watchdog: a rank that finishes no step, evaluation batch or save for %g s ends the run "
+                    "(--stall_timeout; 0 turns it off)", timeout)
+
+
+def stop() -> None:
+    global _current
+    if _current is not None:
+        _current._stopped.set()
+        _current = None
+
+
+def beat(done: str, step: Optional[int] = None) -> None:
+    """Something finished (`done`, e.g. "step 12", "an evaluation batch", "saving checkpoint-12")."""
+    if _current is not None:
+        _current.beat(done, step)
+
+
+def doing(activity: str) -> None:
+    """What this process is busy with from now on, said if it stalls."""
+    if _current is not None:
+        _current.activity = activity
+
