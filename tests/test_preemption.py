@@ -45,8 +45,8 @@ run_and_exit(lambda: module.main(argv))
 """
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("driver,signum", [(DRIVERS[0], signal.SIGTERM), (DRIVERS[1], signal.SIGUSR1),
+                                            (DRIVERS[1], signal.SIGINT)])
 def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrupted_run(
         photo_filelist, tmp_path, driver, signum):
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
@@ -65,7 +65,7 @@ def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrup
     run_entry_point(driver, tiny_args(photo_filelist, stopped, resume_from_checkpoint="latest", **FLAGS))
     a, b = final_weights(straight, 6), final_weights(stopped, 6)
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        assert np.array_equal(a[key], b[key]), key  # (np.testing trips on 0-d arrays once ppdiffusers set np.bool)
 
 
 def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process():
@@ -93,7 +93,7 @@ def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process()
 def test_two_ranks_stop_at_the_same_step_when_only_one_is_signalled(photo_filelist, tmp_path, driver):
     """Rank 1 alone gets SIGTERM; both ranks save checkpoint-N of one step, and the resumed run ends with the
     weights of an uninterrupted 2-process run."""
-    flags = dict(max_steps=40, save_steps=4, use_ema="false", image_logging_steps=0, save_total_limit=1)
+    flags = dict(max_steps=16, save_steps=4, use_ema="false", image_logging_steps=0, save_total_limit=1)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     run_entry_point(driver, tiny_args(photo_filelist, straight, **flags), nproc=2, log_dir=tmp_path / "l1")
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
@@ -109,16 +109,16 @@ def test_two_ranks_stop_at_the_same_step_when_only_one_is_signalled(photo_fileli
     assert launcher.returncode != 0
     checkpoints = sorted((int(p.split("-")[1]) for p in os.listdir(stopped) if p.startswith("checkpoint-")))
     step = checkpoints[-1]
-    assert 4 <= step < 40
+    assert 4 <= step < 16
     assert {"rank_state_0.pdparams", "rank_state_1.pdparams"} <= set(os.listdir(stopped / f"checkpoint-{step}"))
     logs = {r: open(tmp_path / "l2" / f"workerlog.{r}").read() for r in (0, 1)}
     for r in (0, 1):
         assert f"after step {step}: saved" in logs[r], logs[r][-2000:]
     run_entry_point(driver, tiny_args(photo_filelist, stopped, resume_from_checkpoint="latest", **flags), nproc=2,
                     log_dir=tmp_path / "l3")
-    a, b = final_weights(str(straight), 40), final_weights(str(stopped), 40)
+    a, b = final_weights(str(straight), 16), final_weights(str(stopped), 16)
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        assert np.array_equal(a[key], b[key]), key  # (np.testing trips on 0-d arrays once ppdiffusers set np.bool)
 
 
 def _worker_of_rank(launcher_pid: int, rank: int) -> int:
