@@ -27,8 +27,21 @@ class OutOfSpace(UserError):
     """A checkpoint or export could not be written; what it half-wrote is removed."""
 
 
+# safetensors (the exports' weight files) reports the same failures as its own SafetensorError, naming the OS error.
+_SAFETENSORS_DISK_ERRORS = tuple(f"code: {code}," for code in DISK_ERRNOS) + (
+    "StorageFull", "QuotaExceeded", "ReadOnlyFilesystem")
+
+
 def is_disk_error(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in DISK_ERRNOS
+    if isinstance(error, OSError):
+        return error.errno in DISK_ERRNOS
+    return type(error).__name__ == "SafetensorError" and any(text in str(error) for text in _SAFETENSORS_DISK_ERRORS)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno is not None:
+        return f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})"
+    return str(error)
 
 
 def folder_bytes(path: Optional[str]) -> int:
@@ -48,7 +61,7 @@ def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
-def failed_write(error: OSError, what: str, folder: str, partial: str, needed: int,
+def failed_write(error: BaseException, what: str, folder: str, partial: str, needed: int,
                  last_good: Optional[str]) -> OutOfSpace:
     """Remove `partial` (what the failed write of `what` left) and describe the failure: the folder, what the
     write needs and what is free, the last good checkpoint, the command that continues."""
@@ -56,7 +69,7 @@ def failed_write(error: OSError, what: str, folder: str, partial: str, needed: i
     kept = (f"{last_good} (the last complete checkpoint) is intact" if last_good
             else "no earlier checkpoint exists")
     return OutOfSpace(
-        f"writing {what} in {folder} failed: {os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)}). "
+        f"writing {what} in {folder} failed: {_reason(error)}. "
         f"It needs about {gib(needed)} and {gib(free_bytes(folder))} is free; the partial {os.path.basename(partial)} "
         f"was removed. {kept}. Free space (or lower --save_total_limit), then run the same command with "
         "--resume_from_checkpoint latest to continue.")
@@ -71,7 +84,7 @@ def written_atomically(path: str) -> Iterator[str]:
     shutil.rmtree(partial, ignore_errors=True)
     try:
         yield partial
-    except OSError as error:
+    except Exception as error:  # OSError, or safetensors' SafetensorError for the same failures
         if not is_disk_error(error):
             raise
         needed = folder_bytes(path) or folder_bytes(partial)

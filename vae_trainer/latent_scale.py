@@ -263,8 +263,9 @@ def mode_for(vae: AutoencoderKL, model_args) -> Mode:
                          "source's statistics) or measure (from the trained encoder).")
     if mode == "measure" and getattr(model_args, "freeze_encoder", False):
         raise ValueError(f"--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of {FLUX2_CLASS_NAME} "
-                         "keeps the source's bn statistics (the latent normalisation its DiT was trained with); drop "
-                         "--scaling_factor.")
+                         "keeps the source's bn statistics (the latent normalisation its DiT was trained with). Drop "
+                         "--scaling_factor measure (measure is also the default for a fresh VAE or with --ignore_keys bn.: "
+                         "give --scaling_factor keep, or train the encoder).")
     return mode
 
 

@@ -146,4 +146,5 @@ def set_bn_statistics(vae: AutoencoderKLFlux2, statistics: BatchNormStatistics) 
         raise ValueError(f"bn statistics for {len(statistics.running_mean)} channels, the VAE's bn has {channels}")
     for layer_value, values in ((vae.bn._mean, statistics.running_mean), (vae.bn._variance, statistics.running_var)):
         layer_value.set_value(paddle.to_tensor(np.asarray(values, dtype=np.float32)).astype(layer_value.dtype))
-    vae.bn.num_batches_tracked.set_value(paddle.to_tensor([statistics.num_batches_tracked], dtype="int64"))
+    counter = vae.bn.num_batches_tracked  # int64, or float32 after an O2 run's restore_float32 cast every buffer
+    counter.set_value(paddle.to_tensor([statistics.num_batches_tracked], dtype="int64").astype(counter.dtype))
