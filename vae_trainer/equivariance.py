@@ -99,9 +99,9 @@ def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
 # ---------------------------------------------------------------------------------------- resampling
 @lru_cache(maxsize=64)
 def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
-    """[out, in] antialiased bilinear (triangle filter) weights: PIL's BILINEAR resize and PyTorch's
-    interpolate(mode="bilinear", antialias=True, align_corners=False). Downscaling widens the triangle
-    to the input's sample spacing per output sample (1 / scale), so every input pixel contributes."""
+    """[out, in] antialiased bilinear (triangle filter) weights: PIL's BILINEAR resize (also PyTorch's
+    interpolate(mode="bilinear", antialias=True), except where an output side is 1). Downscaling widens the
+    triangle to the input's sample spacing per output sample (1 / scale), so every input pixel contributes."""
     scale = in_size / out_size
     support = max(scale, 1.0)  # the triangle's half-width, in input samples
     weights = np.zeros((out_size, in_size), dtype=np.float64)
