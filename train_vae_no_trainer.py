@@ -13,7 +13,7 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 
     set_default_threads(sys.argv[1:])
 
-from vae_trainer.arguments import parse_arguments  # noqa: E402
+from vae_trainer.argument_parser import parse_arguments  # noqa: E402
 from vae_trainer.distributed import rank, run_and_exit  # noqa: E402
 from vae_trainer.checkpoint import list_checkpoints  # noqa: E402
 from vae_trainer.loop import train  # noqa: E402

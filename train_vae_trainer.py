@@ -14,10 +14,10 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
     set_default_threads(sys.argv[1:])
 
 from vae_trainer import checkpoint as ckpt  # noqa: E402
-from vae_trainer.arguments import parse_arguments  # noqa: E402
-from vae_trainer.build import build_components, build_evaluator, seed_training, setup_runtime  # noqa: E402
+from vae_trainer.argument_parser import parse_arguments  # noqa: E402
+from vae_trainer.build import build_evaluator, build_networks, init_process, seed_training  # noqa: E402
 from vae_trainer.distributed import run_and_exit  # noqa: E402
-from vae_trainer.export import export_run  # noqa: E402
+from vae_trainer.final_save import save_final_models  # noqa: E402
 from vae_trainer.output_dir import prepare_output_dir, run_inputs  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
 from vae_trainer.trainer import VAETrainer  # noqa: E402
@@ -29,11 +29,11 @@ from vae_trainer import watchdog  # noqa: E402
 def main(argv=None):
     with start_up():  # bad flags or files: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
-        setup_runtime(training_args)
+        init_process(training_args)
         prepare_output_dir(training_args, run_inputs(model_args, data_args))  # nor an input
-        parts = build_components(model_args, loss_args, training_args, resolution=data_args.resolution)
-        evaluator = build_evaluator(data_args, training_args, parts)
-        trainer = VAETrainer(parts.model, training_args, parts, data_args, loss_args, evaluator)
+        networks = build_networks(model_args, loss_args, training_args, resolution=data_args.resolution)
+        evaluator = build_evaluator(data_args, training_args, networks)
+        trainer = VAETrainer(networks.model, training_args, networks, data_args, loss_args, evaluator)
     seed_training(training_args.seed)
     with start_up():
         resume = ckpt.resolve_resume(training_args.output_dir, training_args.resume_from_checkpoint)
@@ -45,10 +45,10 @@ def main(argv=None):
         sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
     finally:
         trainer.close()  # data loader workers joined, logs closed (the process group ends in run_and_exit)
-    trainer.run.restore_float32(parts.model)  # O2: evaluate and export the float32 master weights
+    trainer.optimization.restore_float32(networks.model)  # O2: evaluate and export the float32 master weights
     watchdog.start(training_args.stall_timeout, trainer.args.process_index, "exporting")
     try:
-        vae_dir, _ = export_run(training_args.output_dir, parts, trainer.run.ema, evaluator, trainer.state.global_step)
+        vae_dir, _ = save_final_models(training_args.output_dir, networks, trainer.optimization.ema, evaluator, trainer.state.global_step)
     finally:
         watchdog.stop()
     if trainer.is_world_process_zero():

@@ -40,7 +40,7 @@ import paddle  # noqa: E402
 from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
 from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: E402
-from vae_trainer.export import export_vae_folder  # noqa: E402
+from vae_trainer.final_save import export_vae_folder  # noqa: E402
 from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, kept_normalisation, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 from vae_trainer.models.vae_saving import diffusers_can_load  # noqa: E402

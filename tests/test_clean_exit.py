@@ -1,7 +1,7 @@
 """How a process of a run ends (distributed.run_and_exit) and the stress script that counts unclean exits.
 
 A finished multi-process run must exit 0 every time (issue: rank 0 died with SIGABRT after its last line,
-about one run in twenty). The race itself cannot be forced in a test; scripts/stress_launch.py measures it
+about one run in twenty). The race itself cannot be forced in a test; benchmarks/stress_launch.py measures it
 (docs/benchmarks.md "Clean exits"). These tests pin what the fix must keep: the exit status of every path,
 Python's exit functions and buffered output still run/flushed although the process ends with os._exit, and
 the stress script's counting.
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import stress_launch  # noqa: E402
 
 SCRIPT = textwrap.dedent("""
@@ -107,7 +107,7 @@ def test_the_stress_script_counts_failed_launches(tmp_path):
     """Two launches of a command whose rank 1 exits 3: both counted, with the rank and its status."""
     script = tmp_path / "rank1_fails.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ.get('PADDLE_TRAINER_ID') == '1' else 0)\n")
-    done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "stress_launch.py"), "--runs", "2",
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "stress_launch.py"), "--runs", "2",
                            "--work_dir", str(tmp_path / "runs"), "--", str(script)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -122,7 +122,7 @@ def test_a_hung_launch_is_counted_and_ended_with_its_workers(tmp_path):
     marker = f"hangs_{os.getpid()}"
     script = tmp_path / f"{marker}.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "stress_launch.py"), "--runs", "1",
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "stress_launch.py"), "--runs", "1",
                            "--timeout", "20", "--work_dir", str(tmp_path / "runs"), "--", str(script)],
                           capture_output=True, text=True, timeout=300)
     assert "1 x hung (timeout)" in done.stdout, done.stdout + done.stderr

@@ -86,11 +86,11 @@ def assert_checkpoint_loads(path: str, step: int, model: paddle.nn.Layer) -> Non
 
 
 def build_model(args):
-    from vae_trainer.arguments import parse_arguments
-    from vae_trainer.build import build_components
+    from vae_trainer.argument_parser import parse_arguments
+    from vae_trainer.build import build_networks
 
     model_args, _, loss_args, training_args = parse_arguments([*map(str, args), "--perceptual_weight", "0"])
-    return build_components(model_args, loss_args, training_args).model
+    return build_networks(model_args, loss_args, training_args).model
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

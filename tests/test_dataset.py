@@ -643,7 +643,7 @@ def test_resume_with_another_seed_or_shuffle_buffer_is_refused(tmp_path):
 
 def test_the_drivers_data_position_records_seed_and_shuffle_buffer(tmp_path):
     """What the drivers checkpoint (build.build_train_data's tracker) carries the values the check needs."""
-    from vae_trainer.arguments import parse_arguments
+    from vae_trainer.argument_parser import parse_arguments
     from vae_trainer.build import build_train_data
 
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 4))

@@ -19,7 +19,7 @@ from skimage import data as skimage_data
 from skimage.transform import resize
 
 import vae_trainer.data.dataset as dataset
-from vae_trainer.arguments import parse_arguments
+from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.evaluation import (EvalProtocol, Tiling, TrainingEvaluator, eval_batch_size, evaluate_vae,
                                     measure_latents, measure_latents_of, tiled)
 

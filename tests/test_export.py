@@ -196,20 +196,20 @@ class _Monitor:
         pass
 
 
-def _run_parts(tmp_path, photo_filelist, held_out_folder, model=None, **data):
-    """Components and an evaluator on held_out_folder (6 images at 32 px), as a run builds them."""
+def _run_networks(tmp_path, photo_filelist, held_out_folder, model=None, **data):
+    """Networks and an evaluator on held_out_folder (6 images at 32 px), as a run builds them."""
     from test_step import make_args
 
     from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments
-    from vae_trainer.build import build_components, build_evaluator
+    from vae_trainer.build import build_networks, build_evaluator
 
     args = make_args(tmp_path, eval_steps=1, per_device_eval_batch_size=4)
     model = {"vae_config_file": "configs/vae_micro.json", "disc_norm": "group", "disc_num_layers": 2,
              "disc_base_channels": 8, **(model or {})}
-    parts = build_components(ModelArguments(**model), LossArguments(perceptual_weight=0.0), args, resolution=32)
+    networks = build_networks(ModelArguments(**model), LossArguments(perceptual_weight=0.0), args, resolution=32)
     data_args = DataArguments(file_list=photo_filelist, eval_file_list=held_out_folder, eval_num_images=6,
                               resolution=32, **data)
-    return parts, build_evaluator(data_args, args, parts)
+    return networks, build_evaluator(data_args, args, networks)
 
 
 def _remeasured(folder, held_out_folder):
@@ -223,15 +223,15 @@ def test_with_posterior_std_the_written_factor_is_that_of_the_reloaded_export(
         tmp_path, photo_filelist, held_out_folder, evaluate_first):
     from paddlenlp.trainer import TrainerState
 
-    from vae_trainer.export import export_run
+    from vae_trainer.final_save import save_final_models
 
-    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder, {"posterior_std": 0.1},
+    networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder, {"posterior_std": 0.1},
                                   latent_stats_num_images=6)
     suggested = None
     if evaluate_first:  # the in-training evaluation (eval/latent_std_*, eval/suggested_scaling_factor)
-        evaluator.run(1, parts.model.vae, None, _Monitor(), TrainerState())
+        evaluator.run(1, networks.model.vae, None, _Monitor(), TrainerState())
         suggested = evaluator.last[1].scaling_factor
-    vae_dir, _ = export_run(str(tmp_path / "out"), parts, None, evaluator, step=1)
+    vae_dir, _ = save_final_models(str(tmp_path / "out"), networks, None, evaluator, step=1)
     written = AutoencoderKL.load_config(vae_dir)["scaling_factor"]
     remeasured = _remeasured(vae_dir, held_out_folder)
     assert written == pytest.approx(remeasured.scaling_factor, rel=1e-5)
@@ -248,11 +248,11 @@ def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelis
                                                          freeze_encoder):
     import vae_trainer.evaluation as evaluation
     from vae_trainer.ema import build_ema
-    from vae_trainer.export import export_run
+    from vae_trainer.final_save import save_final_models
     from vae_trainer.models.vae import encoder_parameters
 
-    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder, {"freeze_encoder": freeze_encoder})
-    vae = parts.model.vae
+    networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder, {"freeze_encoder": freeze_encoder})
+    vae = networks.model.vae
     ema = build_ema(vae, decay=0.5)
     frozen = {id(p) for p in encoder_parameters(vae)} if freeze_encoder else set()
     with paddle.no_grad():  # "training": the raw weights move away from their average (not the frozen ones)
@@ -262,7 +262,7 @@ def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelis
     passes = []
     monkeypatch.setattr(evaluation, "measure_latents",
                         lambda *a, _real=evaluation.measure_latents, **k: passes.append(1) or _real(*a, **k))
-    export_run(str(tmp_path / "out"), parts, ema, evaluator, step=1)
+    save_final_models(str(tmp_path / "out"), networks, ema, evaluator, step=1)
     written = {}
     for folder in ("vae", "vae_raw"):
         path = str(tmp_path / "out" / folder)
@@ -278,12 +278,12 @@ def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelis
 
 # ---- scripts/export_vae.py on checkpoints written in-process
 
-def _checkpoint(parts, evaluator, folder):
-    from vae_trainer.export import checkpoint_configs
+def _checkpoint(networks, evaluator, folder):
+    from vae_trainer.final_save import checkpoint_configs
 
     folder.mkdir()
-    paddle.save(parts.model.state_dict(), str(folder / "model_state.pdparams"))
-    for name, config in checkpoint_configs(parts, evaluator).items():
+    paddle.save(networks.model.state_dict(), str(folder / "model_state.pdparams"))
+    for name, config in checkpoint_configs(networks, evaluator).items():
         (folder / name).write_text(json.dumps(config))
     return str(folder)
 
@@ -291,8 +291,8 @@ def _checkpoint(parts, evaluator, folder):
 def test_export_vae_script_takes_its_scaling_factor_as_the_training_flag_does(tmp_path, photo_filelist, held_out_folder):
     from conftest import load_script
 
-    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder)
-    checkpoint = _checkpoint(parts, evaluator, tmp_path / "checkpoint-1")
+    networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder)
+    checkpoint = _checkpoint(networks, evaluator, tmp_path / "checkpoint-1")
     export_vae = load_script("export_vae")
     for bad, message in (("-1", "must be > 0"), ("big", "keep, measure or a number")):
         with pytest.raises(SystemExit) as stopped:
@@ -310,10 +310,10 @@ def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weig
     optimizer.pdopt (by parameter name): the export, and --init_from_ckpt, take the master weights."""
     from conftest import load_script
 
-    parts, evaluator = _run_parts(tmp_path, photo_filelist, held_out_folder)
-    masters = {p.name: p.numpy().copy() for p in parts.model.vae.parameters()}
-    parts.model.to(dtype="float16")  # the weights as O2 trains them (paddle.amp.decorate on a GPU)
-    checkpoint = _checkpoint(parts, evaluator, tmp_path / "checkpoint-3")
+    networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder)
+    masters = {p.name: p.numpy().copy() for p in networks.model.vae.parameters()}
+    networks.model.to(dtype="float16")  # the weights as O2 trains them (paddle.amp.decorate on a GPU)
+    checkpoint = _checkpoint(networks, evaluator, tmp_path / "checkpoint-3")
     paddle.save({"master_weights": {name: paddle.to_tensor(value) for name, value in masters.items()}},
                 str(tmp_path / "checkpoint-3" / "optimizer.pdopt"))
     load_script("export_vae").main([checkpoint, str(tmp_path / "out"), "--scaling_factor", "keep"])
@@ -325,7 +325,7 @@ def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weig
     started = build_vae("configs/vae_micro.json", init_from_ckpt=checkpoint)
     for vae in (exported, started):
         for name, param in vae.named_parameters():
-            master = masters[dict(parts.model.vae.named_parameters())[name].name]
+            master = masters[dict(networks.model.vae.named_parameters())[name].name]
             np.testing.assert_array_equal(param.numpy(), master, err_msg=name)  # not a float16 rounding
 
 
@@ -338,9 +338,9 @@ def test_export_config_keeps_pipe_sources_as_given(data, stored):
     from types import SimpleNamespace
 
     from vae_trainer.checkpoint import EXPORT_CONFIG_NAME
-    from vae_trainer.export import checkpoint_configs
+    from vae_trainer.final_save import checkpoint_configs
 
     model = SimpleNamespace(posterior_std=0.0, input_size=None, vae=SimpleNamespace(config={"scaling_factor": 0.5}))
-    parts = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
+    networks = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
     evaluator = SimpleNamespace(latent_stats_data=(data, 8))
-    assert checkpoint_configs(parts, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored
+    assert checkpoint_configs(networks, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored

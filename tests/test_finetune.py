@@ -10,7 +10,7 @@ from ppdiffusers import AutoencoderKL
 from test_step import images, make_args
 
 from vae_trainer.arguments import LossArguments, ModelArguments
-from vae_trainer.build import build_components, build_training
+from vae_trainer.build import build_networks, build_optimization
 from vae_trainer.evaluation import evaluate_vae
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
@@ -27,12 +27,12 @@ LPIPS_WEIGHTS = "weights/lpips_vgg16.pdparams"
 def components(tmp_path, loss=None, **model):
     model = {"vae_config_file": MICRO, "disc_norm": "group", "disc_num_layers": 2, "disc_base_channels": 8, **model}
     loss = loss or LossArguments(perceptual_weight=0.0, disc_start=0)
-    return build_components(ModelArguments(**model), loss, make_args(tmp_path, learning_rate=1e-3), resolution=32)
+    return build_networks(ModelArguments(**model), loss, make_args(tmp_path, learning_rate=1e-3), resolution=32)
 
 
 def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_trains(tmp_path):
     parts = components(tmp_path, freeze_encoder=True)
-    model, run = parts.model, build_training(parts, LossArguments(perceptual_weight=0.0, disc_start=0),
+    model, run = parts.model, build_optimization(parts, LossArguments(perceptual_weight=0.0, disc_start=0),
                                              make_args(tmp_path, learning_rate=1e-3))
     frozen = {id(p) for p in encoder_parameters(model.vae)}
     optimized = {id(p) for p in run.vae_optimizer._parameter_list}
@@ -63,7 +63,7 @@ def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discr
     config.write_text(json.dumps(SUPER_RESOLVING))
     loss = LossArguments(perceptual_weight=1.0, disc_start=0, disc_weight=0.5)
     parts = components(tmp_path, loss=loss, vae_config_file=str(config), input_size=[16, 16])
-    run = build_training(parts, loss, make_args(tmp_path, learning_rate=1e-3))
+    run = build_optimization(parts, loss, make_args(tmp_path, learning_rate=1e-3))
     seen = []
     parts.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
     batch = images(2)
@@ -125,7 +125,7 @@ def test_a_super_resolving_vae_exports_a_folder_that_reloads_with_the_same_weigh
 def test_export_vae_script_exports_a_super_resolving_checkpoint(tmp_path):
     from conftest import load_script
 
-    from vae_trainer.export import checkpoint_configs
+    from vae_trainer.final_save import checkpoint_configs
 
     config = tmp_path / "super.json"
     config.write_text(json.dumps(SUPER_RESOLVING))
@@ -192,7 +192,7 @@ def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
 
 def _checkpoint_of(parts, folder, **export_config):
     """A checkpoint-N as a run writes it (weights + the JSON files), with export_config.json entries replaced."""
-    from vae_trainer.export import checkpoint_configs
+    from vae_trainer.final_save import checkpoint_configs
 
     folder.mkdir()
     paddle.save(parts.model.state_dict(), str(folder / "model_state.pdparams"))
@@ -204,7 +204,7 @@ def _checkpoint_of(parts, folder, **export_config):
 
 
 def _from_checkpoint(tmp_path, checkpoint, **model):
-    return build_components(ModelArguments(init_from_ckpt=checkpoint, disc_norm="group", disc_num_layers=2,
+    return build_networks(ModelArguments(init_from_ckpt=checkpoint, disc_norm="group", disc_num_layers=2,
                                            disc_base_channels=8, **model),
                             LossArguments(perceptual_weight=0.0), make_args(tmp_path), resolution=32)
 
@@ -220,7 +220,7 @@ def test_init_from_ckpt_alone_takes_the_architecture_and_weights_saved_in_a_chec
     loose_weights = tmp_path / "weights.pdparams"  # a weight file with no config beside it
     paddle.save(trained.model.vae.state_dict(), str(loose_weights))
     with pytest.raises(FileNotFoundError, match="--vae_config_file"):
-        build_components(ModelArguments(init_from_ckpt=str(loose_weights)), LossArguments(), make_args(tmp_path))
+        build_networks(ModelArguments(init_from_ckpt=str(loose_weights)), LossArguments(), make_args(tmp_path))
 
 
 def test_init_from_ckpt_keeps_the_latent_scale_of_the_checkpoints_run(tmp_path):

@@ -74,14 +74,14 @@ def test_no_worker_is_left_when_the_run_exports(photo_filelist, tmp_path, monkey
     import importlib
 
     module = importlib.import_module("vae_trainer.loop" if driver == DRIVERS[1] else driver[: -len(".py")])
-    real_export, seen = module.export_run, {}
+    real_export, seen = module.save_final_models, {}
     before = live_children(os.getpid())
 
-    def export_run(*args, **kwargs):
+    def save_final_models(*args, **kwargs):
         seen["children"] = live_children(os.getpid()) - before
         return real_export(*args, **kwargs)
 
-    monkeypatch.setattr(module, "export_run", export_run)
+    monkeypatch.setattr(module, "save_final_models", save_final_models)
     run_in_process(driver, tiny_args(photo_filelist, tmp_path / "out", max_steps=2, save_steps=2, perceptual_weight=0,
                                      use_ema="false", image_logging_steps=0, dataloader_num_workers=2))
     assert seen == {"children": set()}

@@ -135,10 +135,10 @@ def test_skip_counters_survive_a_checkpoint_and_resume_counts_on_exactly(tmp_pat
     from paddlenlp.trainer import TrainerState
 
     from vae_trainer import checkpoint as ckpt
-    from vae_trainer.build import TrainingParts
+    from vae_trainer.build import Optimization
 
     def parts(step):
-        return TrainingParts(step.vae_optimizer, step.vae_scheduler, step.disc_optimizer, step.disc_scheduler,
+        return Optimization(step.vae_optimizer, step.vae_scheduler, step.disc_optimizer, step.disc_scheduler,
                              step.precision, None, step)
 
     schedule = dict(overflow_at={1, 2, 4}, nan_at={3})

@@ -142,7 +142,7 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
 
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
-    from vae_trainer.build import build_components, build_training
+    from vae_trainer.build import build_networks, build_optimization
     from vae_trainer.models.vae import encoder_parameters
     from vae_trainer.precision import restore_float32
 
@@ -150,12 +150,12 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
                         amp_initialize([models], dtype, excluded_layers))
     loss = LossArguments(perceptual_weight=0.0)
-    parts = build_components(ModelArguments(vae_config_file="configs/vae_micro.json", freeze_encoder=True,
+    parts = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", freeze_encoder=True,
                                             disc_norm="group", disc_num_layers=2, disc_base_channels=8),
                              loss, make_args(tmp_path), resolution=32)
     vae = parts.model.vae
     original = {name: param.numpy().copy() for name, param in vae.named_parameters()}
-    run = build_training(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
+    run = build_optimization(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
     assert vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
     assert {p.dtype for p in encoder_parameters(vae)} == {paddle.float32}  # ... but not to the frozen encoder
     for (name, _), shadow in zip(vae.named_parameters(), run.ema.shadow_params):  # averages of the exact weights
@@ -177,17 +177,17 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
 
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
-    from vae_trainer.build import build_components, build_training
+    from vae_trainer.build import build_networks, build_optimization
     from vae_trainer.losses import update_lecam_ema
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
                         amp_initialize([models], dtype, excluded_layers))
     loss = LossArguments(perceptual_weight=0.0, learn_logvar=True, logvar_init=0.1, lecam_weight=0.1)
-    parts = build_components(ModelArguments(vae_config_file="configs/vae_micro.json", disc_norm="group",
+    parts = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", disc_norm="group",
                                             disc_num_layers=2, disc_base_channels=8), loss, make_args(tmp_path))
     model = parts.model
-    run = build_training(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2"))
+    run = build_optimization(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2"))
     assert model.vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
     assert model.discriminator.parameters()[0].dtype == paddle.float16
     state = model.state_dict()

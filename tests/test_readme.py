@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from vae_trainer.arguments import parse_arguments
+from vae_trainer.argument_parser import parse_arguments
 
 README = open(os.path.join(REPO, "README.md")).read()
 # Every page a user reads, by its path from the repository root: README.md, then docs/*.md.

@@ -273,13 +273,13 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
 
 def test_recompute_flag_recomputes_each_resnet_attention_and_sampler(tmp_path):
     from vae_trainer.arguments import ModelArguments
-    from vae_trainer.build import build_components
+    from vae_trainer.build import build_networks
     from vae_trainer.models.vae import RecomputedForward, recompute_segments
 
     for recompute in (False, True):
-        parts = build_components(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),
+        networks = build_networks(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),
                                  LossArguments(perceptual_weight=0.0), make_args(tmp_path, recompute=recompute))
-        vae = parts.model.vae
+        vae = networks.model.vae
         names = [name for name, layer in recompute_segments(vae)
                  if isinstance(layer.__dict__.get("forward"), RecomputedForward)]
         assert bool(names) == recompute

@@ -9,7 +9,8 @@ import paddle
 import pytest
 from conftest import read_scalars, run_each_driver
 
-from vae_trainer.arguments import LossArguments, parse_arguments
+from vae_trainer.argument_parser import parse_arguments
+from vae_trainer.arguments import LossArguments
 from vae_trainer.losses import (
     discriminator_objective,
     generator_loss,

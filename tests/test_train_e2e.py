@@ -217,13 +217,13 @@ def test_two_processes_stay_in_sync_and_read_different_data(photo_filelist, tmp_
     states = [paddle.load(str(checkpoint / f"rank_state_{r}.pdparams")) for r in (0, 1)]
     np.testing.assert_array_equal(states[0]["parameter_fingerprint"], states[1]["parameter_fingerprint"])
     # ... and they cover every trainable parameter (two empty fingerprints would agree too).
-    from vae_trainer.arguments import parse_arguments
-    from vae_trainer.build import build_components
+    from vae_trainer.argument_parser import parse_arguments
+    from vae_trainer.build import build_networks
     from vae_trainer.distributed import FINGERPRINT_SIZE
 
     flags = tiny_args(photo_filelist, tmp_path / "unused", perceptual_weight=0)
     model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
-    trainable = [p for p in build_components(model_args, loss_args, args).model.parameters() if not p.stop_gradient]
+    trainable = [p for p in build_networks(model_args, loss_args, args).model.parameters() if not p.stop_gradient]
     assert states[0]["parameter_fingerprint"].size == FINGERPRINT_SIZE * len(trainable) > 0
     # The GAN ran (disc_start 2), so the discriminator was trained too and is included in the fingerprint.
     assert read_scalars(str(output_dir / "logs"), "loss/discriminator")

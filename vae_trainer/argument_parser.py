@@ -1,4 +1,5 @@
-"""The command-line parser of both entry points: PaddleNLP's `PdArgumentParser` with our --help layout.
+"""The command-line parser of both entry points: PaddleNLP's `PdArgumentParser` with our --help layout, and
+`parse_arguments` (flags or one JSON file -> the four dataclasses, --recipe applied, flag_checks.validate).
 
 Owns how the dataclasses of arguments.py become flags (not which flags exist, nor the PaddleNLP flag
 policy of flag_policy.py):
@@ -19,12 +20,18 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
+import sys
 import types
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Dict, List, Optional, Sequence, Tuple, get_args, get_origin, get_type_hints
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
+from .arguments import (ALL_ARGUMENT_CLASSES, DataArguments, LossArguments, ModelArguments, VAETrainingArguments,
+                        literal_choices, strip_optional)
+from .flag_checks import validate
 from .flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS, inherited_fields
+from .recipes import apply_recipe, flags_given
 
 GROUPS = {
     "data": "data: training images and preprocessing",
@@ -38,11 +45,6 @@ PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both ent
                    "(every other PaddleNLP flag is refused)")
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
-
-
-def in_group(group: str, help: str, **metadata: Any) -> Dict[str, Any]:
-    """Field metadata placing a flag in a --help group other than its dataclass's."""
-    return {"help": help, "group": group, **metadata}
 
 
 class _FlagTarget:
@@ -62,11 +64,7 @@ class VAEArgumentParser(PdArgumentParser):
 
     `dataclass_types` defaults to arguments.ALL_ARGUMENT_CLASSES."""
 
-    def __init__(self, dataclass_types=None, **kwargs):
-        if dataclass_types is None:
-            from .arguments import ALL_ARGUMENT_CLASSES  # (arguments.py parses with this class)
-
-            dataclass_types = ALL_ARGUMENT_CLASSES
+    def __init__(self, dataclass_types=ALL_ARGUMENT_CLASSES, **kwargs):
         self._groups: Dict[str, argparse._ArgumentGroup] = {}
         kwargs.setdefault("usage", USAGE)
         super().__init__(dataclass_types, **kwargs)
@@ -102,26 +100,30 @@ class VAEArgumentParser(PdArgumentParser):
             self._parse_dataclass_field(_FlagTarget(self._group(group), f.name, ALIASES.get(f.name, ())), spec)
 
 
-def _strip_optional(annotation: Any) -> Any:
-    if get_origin(annotation) is Union and type(None) in get_args(annotation):
-        inner = [a for a in get_args(annotation) if a is not type(None)]
-        return inner[0] if len(inner) == 1 else annotation
-    return annotation
-
-
-def literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
-    """The values of a (possibly Optional) Literal type, else None."""
-    annotation = _strip_optional(annotation)
-    return get_args(annotation) if get_origin(annotation) is Literal else None
-
-
 def _argparse_type(annotation: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
     """(type for PdArgumentParser, choices): Literal[...] and List[Literal[...]] become their value type + choices."""
     choices = literal_choices(annotation)
     if choices is not None:
         return type(choices[0]), choices
-    inner = _strip_optional(annotation)
+    inner = strip_optional(annotation)
     if get_origin(inner) is list and literal_choices(get_args(inner)[0]) is not None:
         choices = literal_choices(get_args(inner)[0])
         return List[type(choices[0])], choices
     return annotation, None
+
+
+def parse_arguments(
+    argv: Optional[Sequence[str]] = None,
+) -> Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]:
+    """Parse flags (or a single .json file of them) into the four argument dataclasses."""
+    parser = VAEArgumentParser()
+    if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
+        model_args, data_args, loss_args, training_args = parser.parse_json_file(json_file=argv[0])
+        with open(argv[0]) as handle:
+            explicit = set(json.load(handle))
+    else:
+        model_args, data_args, loss_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+        explicit = flags_given(sys.argv[1:] if argv is None else argv)
+    apply_recipe((model_args, data_args, loss_args, training_args), explicit)
+    validate(model_args, data_args, loss_args, training_args, given=explicit)
+    return model_args, data_args, loss_args, training_args

@@ -1,8 +1,9 @@
-"""Command-line arguments shared by both entry points: the dataclasses, their checks, and parsing them.
+"""Our flags: the dataclasses both entry points share, what each field means, and its default.
 
-Four dataclasses, parsed together by `argument_parser.VAEArgumentParser` (PaddleNLP's `PdArgumentParser`),
-so that `train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same flags with the same
-meaning:
+The flag layer reads top-down, one direction of imports: this module (the fields) <- flag_checks.py (what
+is refused) <- argument_parser.py (`parse_arguments`: the parser, --recipe, the checks). Four dataclasses,
+parsed together, so that `train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same
+flags with the same meaning:
 
 - `ModelArguments`: which VAE to train, the discriminator, the LPIPS weights.
 - `DataArguments`: the filelists and image preprocessing (and the held-out images).
@@ -12,33 +13,26 @@ meaning:
   the reference scripts' aliases, is `flag_policy.py`; how fields become flags and --help groups,
   `argument_parser.py`.
 
-`validate` refuses contradictory flags, sizes the VAE cannot take and flags that would silently do nothing
-(e.g. --eval_steps without --eval_file_list, --ema_decay without --use_ema; the rules are flag_checks.py)
-before anything expensive is built. `parse_arguments` applies a `--recipe`
-preset (recipes.py) to every Model/Loss field the user did not give explicitly, then validates.
+Also the two helpers a field's declaration uses: `in_group` (its --help group) and `literal_choices`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import re
-import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, get_type_hints
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union, get_args, get_origin
 
 from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
-from . import flag_checks
-from .argument_parser import VAEArgumentParser, in_group as _in, literal_choices
 from .checkpoint import resume_requested
 from .metrics import HIGHER_IS_BETTER
 from .flag_policy import refuse_unsupported_flags
 from .models.discriminator import NORM_TYPES
-from .recipes import RECIPES, apply_recipe, flags_given
+from .equivariance import DEFAULT_TRANSFORMS
+from .recipes import RECIPES
 from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
 # ---------------------------------------------------------------- typed choices
@@ -55,6 +49,25 @@ SchedulerName = Literal[tuple(s.value for s in SchedulerType)]
 EvalMetric = Literal[tuple(HIGHER_IS_BETTER)]
 OptLevel = Literal["O1", "O2"]
 Reporter = Literal["visualdl", "none"]
+def in_group(group: str, help: str, **metadata: Any) -> Dict[str, Any]:
+    """Field metadata placing a flag in a --help group other than its dataclass's."""
+    return {"help": help, "group": group, **metadata}
+
+
+def strip_optional(annotation: Any) -> Any:
+    if get_origin(annotation) is Union and type(None) in get_args(annotation):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
+    """The values of a (possibly Optional) Literal type, else None."""
+    annotation = strip_optional(annotation)
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+
 DEVICES = "cpu, gpu, gpu:N"
 _DEVICE = re.compile(r"cpu|gpu(:\d+)?")
 
@@ -119,21 +132,21 @@ class ModelArguments:
     )
     discriminator_path: Optional[str] = field(
         default=None,
-        metadata=_in("discriminator", "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a "
+        metadata=in_group("discriminator", "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a "
                                       "checkpoint-N folder); its type and norm must match --disc_type/--disc_norm/"
                                       "--disc_num_layers/--disc_base_channels."),
     )
     disc_type: DiscType = field(
         default="patch",
-        metadata=_in("discriminator", "'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from "
+        metadata=in_group("discriminator", "'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from "
                                       "--lpips_weights with a trained conv head per stage; --disc_base_channels = head width)."),
     )
-    disc_norm: DiscNorm = field(default="batch", metadata=_in("discriminator", "PatchGAN normalisation."))
-    disc_num_layers: int = field(default=3, metadata=_in("discriminator", "Number of strided layers of the PatchGAN."))
-    disc_base_channels: int = field(default=64, metadata=_in("discriminator", "Channels of the first PatchGAN layer."))
+    disc_norm: DiscNorm = field(default="batch", metadata=in_group("discriminator", "PatchGAN normalisation."))
+    disc_num_layers: int = field(default=3, metadata=in_group("discriminator", "Number of strided layers of the PatchGAN."))
+    disc_base_channels: int = field(default=64, metadata=in_group("discriminator", "Channels of the first PatchGAN layer."))
     lpips_weights: Optional[str] = field(
         default=None,
-        metadata=_in("loss", "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."),
+        metadata=in_group("loss", "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."),
     )
     posterior_std: float = field(
         default=0.0,
@@ -168,10 +181,10 @@ class DataArguments:
         metadata={"help": "Training records shuffled together per loader worker; memory: this many encoded images."},
     )
     eval_file_list: Optional[str] = field(
-        default=None, metadata=_in("evaluation", "Held-out filelist or image folder for evaluation during training.")
+        default=None, metadata=in_group("evaluation", "Held-out filelist or image folder for evaluation during training.")
     )
     eval_num_images: int = field(
-        default=64, metadata=_in("evaluation", "Number of held-out images evaluated per evaluation.")
+        default=64, metadata=in_group("evaluation", "Number of held-out images evaluated per evaluation.")
     )
     latent_stats_num_images: Optional[int] = field(
         default=None,
@@ -181,18 +194,18 @@ class DataArguments:
     )
     inception_weights: Optional[str] = field(
         default=None,
-        metadata=_in("evaluation", "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) "
+        metadata=in_group("evaluation", "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) "
                                    "to add rFID to evaluations."),
     )
     eval_tiled: bool = field(
         default=False,
-        metadata=_in("evaluation", "Evaluations and the export's latent measurement encode and decode images larger "
+        metadata=in_group("evaluation", "Evaluations and the export's latent measurement encode and decode images larger "
                                    "than --eval_tile_size tile by tile (ppdiffusers' tiled VAE; for 1024 px and "
                                    "larger). Training is never tiled; the protocol says when tiling was used."),
     )
     eval_tile_size: Optional[int] = field(
         default=None,
-        metadata=_in("evaluation", "Tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's "
+        metadata=in_group("evaluation", "Tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's "
                                    "downsampling factor); tiles overlap by a quarter, blended."),
     )
 
@@ -205,15 +218,15 @@ class LossArguments:
     perceptual_weight: float = field(default=1.0, metadata={"help": "Weight of the LPIPS term (0 disables LPIPS)."})
     kl_weight: float = field(default=1e-6, metadata={"help": "Weight of the KL term (LDM meaning, see README)."})
     disc_weight: float = field(
-        default=0.5, metadata=_in("discriminator", "Weight of the adversarial term (0 disables the GAN).")
+        default=0.5, metadata=in_group("discriminator", "Weight of the adversarial term (0 disables the GAN).")
     )
     disc_start: int = field(
-        default=50001, metadata=_in("discriminator", "Optimizer step at which the GAN terms switch on.")
+        default=50001, metadata=in_group("discriminator", "Optimizer step at which the GAN terms switch on.")
     )
-    disc_loss: DiscLoss = field(default="hinge", metadata=_in("discriminator", "Discriminator loss."))
+    disc_loss: DiscLoss = field(default="hinge", metadata=in_group("discriminator", "Discriminator loss."))
     adaptive_disc_weight: bool = field(
         default=True,
-        metadata=_in("discriminator", "Scale the GAN term by ||grad rec|| / ||grad gan|| at the decoder's last layer."),
+        metadata=in_group("discriminator", "Scale the GAN term by ||grad rec|| / ||grad gan|| at the decoder's last layer."),
     )
     learn_logvar: bool = field(
         default=False, metadata={"help": "Learn the output log-variance of the LDM nll (optimized with the VAE)."}
@@ -249,16 +262,29 @@ class LossArguments:
         default="sample", metadata={"help": "gradnorm: normalise per 'sample' or over the 'global' batch (all ranks)."}
     )
     gen_loss: Optional[GenLoss] = field(
-        default=None, metadata=_in("discriminator", "Generator's GAN loss (default: the same as --disc_loss).")
+        default=None, metadata=in_group("discriminator", "Generator's GAN loss (default: the same as --disc_loss).")
     )
     relative_hinge_margin: float = field(
-        default=0.1, metadata=_in("discriminator", "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin)).")
+        default=0.1, metadata=in_group("discriminator", "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin)).")
     )
     lecam_weight: float = field(
-        default=0.0, metadata=_in("discriminator", "Weight of the LeCAM regulariser of the discriminator.")
+        default=0.0, metadata=in_group("discriminator", "Weight of the LeCAM regulariser of the discriminator.")
     )
     lecam_decay: float = field(
-        default=0.99, metadata=_in("discriminator", "EMA decay of LeCAM's D(real) and D(fake) means.")
+        default=0.99, metadata=in_group("discriminator", "EMA decay of LeCAM's D(real) and D(fake) means.")
+    )
+    equivariance_prob: float = field(
+        default=0.0,
+        metadata={"help": "EQ-VAE: the probability that a micro-batch's pixel, LPIPS and adversarial terms compare "
+                          "decode(tau(z)) with tau(x), tau a random scale or rotation (0 = off; EQ-VAE uses 0.5; the "
+                          "KL stays on the clean latent). docs/techniques.md."},
+    )
+    equivariance_min_scale: float = field(
+        default=0.25, metadata={"help": "EQ-VAE: the smallest downscale factor s, drawn from [s, 1)."}
+    )
+    equivariance_transforms: str = field(
+        default=DEFAULT_TRANSFORMS,
+        metadata={"help": "EQ-VAE: the transforms drawn from, comma-separated: scale, rotate (90/180/270 degrees)."},
     )
 
 
@@ -324,7 +350,7 @@ class VAETrainingArguments(TrainingArguments):
         default_factory=lambda: ["visualdl"], metadata=dict(help="Write VisualDL logs, or none.")
     )
     eval_steps: Optional[int] = field(
-        default=None, metadata=_in("evaluation", "Evaluate every N optimizer steps and at the end (needs --eval_file_list).")
+        default=None, metadata=in_group("evaluation", "Evaluate every N optimizer steps and at the end (needs --eval_file_list).")
     )
     per_device_eval_batch_size: Optional[int] = field(
         default=None,
@@ -333,10 +359,10 @@ class VAETrainingArguments(TrainingArguments):
                            "gradients needs less memory than a training step). Results do not depend on it."),
     )
     metric_for_best_model: Optional[EvalMetric] = field(
-        default=None, metadata=_in("evaluation", "Keep the checkpoint with the best value of this evaluation metric.")
+        default=None, metadata=in_group("evaluation", "Keep the checkpoint with the best value of this evaluation metric.")
     )
     disc_learning_rate: Optional[float] = field(
-        default=None, metadata=_in("discriminator", "Peak learning rate of the discriminator (default: --learning_rate).")
+        default=None, metadata=in_group("discriminator", "Peak learning rate of the discriminator (default: --learning_rate).")
     )
     scale_lr: bool = field(
         default=False,
@@ -394,79 +420,3 @@ def _check_device(device: str) -> None:
 
 
 ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
-
-
-def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
-             training_args: Optional[VAETrainingArguments] = None, given: Optional[Set[str]] = None) -> None:
-    """Reject contradictory or unknown choices, sizes the VAE cannot take, and flags that would do nothing,
-    before anything is built. `given`: the flags the user gave (default: the fields that differ from their
-    defaults, for arguments made in code)."""
-    _validate_vae_source(model_args)
-    if data_args.file_list is None:
-        raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a .filelist.list).")
-    for arguments in (model_args, data_args, loss_args):
-        _check_choices(arguments)
-    _validate_techniques(model_args, loss_args)
-    flag_checks.check_sizes(model_args, data_args)
-    if training_args is None:
-        return
-    flag_checks.check_evaluation(model_args, data_args, training_args)
-    if given is None:
-        given = flag_checks.given_by_default_difference((model_args, data_args, loss_args, training_args))
-    flag_checks.refuse_idle_flags(flag_checks.Flags(model_args, data_args, loss_args, training_args),
-                                  flag_checks.canonical_names(given))
-
-
-def _validate_vae_source(model_args: ModelArguments) -> None:
-    """Which VAE, loaded how (models/vae_loading.py): the fine-tuning flags of docs and README "Fine-tune"."""
-    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
-                         "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
-    if model_args.ignore_keys and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        raise ValueError("--ignore_keys needs --pretrained_model_name_or_path or --init_from_ckpt (weights to skip).")
-    if model_args.freeze_encoder and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        # A frozen encoder of a VAE trained from scratch stays at its random initialisation for the whole run.
-        raise ValueError("--freeze_encoder keeps the encoder's weights, and a VAE trained from scratch has only random "
-                         "ones: give --pretrained_model_name_or_path or --init_from_ckpt, or drop --freeze_encoder.")
-    if model_args.input_size is not None and (len(model_args.input_size) != 2 or min(model_args.input_size) < 1):
-        raise ValueError(f"--input_size takes two positive numbers H W, got {model_args.input_size}")
-    from .latent_scale import scaling_factor_mode
-
-    scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
-
-
-def _check_choices(arguments: Any) -> None:
-    """Literal-typed fields hold one of their values (the parser checks flags; this covers code and recipes)."""
-    hints = get_type_hints(type(arguments))
-    for f in dataclasses.fields(arguments):
-        choices = literal_choices(hints[f.name])
-        value = getattr(arguments, f.name)
-        if choices is not None and value is not None and value not in choices:
-            raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
-
-
-def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -> None:
-    """The options of docs/techniques.md."""
-    if loss_args.pixel_loss_pool < 1:
-        raise ValueError("--pixel_loss_pool must be >= 1")
-    if model_args.posterior_std < 0:
-        raise ValueError("--posterior_std must be >= 0 (0 keeps the encoder's variance)")
-    if loss_args.loss_balancing == "gradnorm" and loss_args.learn_logvar:
-        raise ValueError("--learn_logvar has no effect under --loss_balancing gradnorm (the nll is not used)")
-
-
-def parse_arguments(
-    argv: Optional[Sequence[str]] = None,
-) -> Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]:
-    """Parse flags (or a single .json file of them) into the four argument dataclasses."""
-    parser = VAEArgumentParser()
-    if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
-        model_args, data_args, loss_args, training_args = parser.parse_json_file(json_file=argv[0])
-        with open(argv[0]) as handle:
-            explicit = set(json.load(handle))
-    else:
-        model_args, data_args, loss_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-        explicit = flags_given(sys.argv[1:] if argv is None else argv)
-    apply_recipe((model_args, data_args, loss_args, training_args), explicit)
-    validate(model_args, data_args, loss_args, training_args, given=explicit)
-    return model_args, data_args, loss_args, training_args

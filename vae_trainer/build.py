@@ -18,12 +18,17 @@ import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
 from .checkpoint import estimated_checkpoint_bytes
+from .data.dataset import build_train_dataloader
+from .data.position import StreamPosition
 from .disk import warn_if_short
 from .distributed import broadcast_parameters, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
+from .evaluation import TrainingEvaluator
+from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
                                    read_discriminator)
+from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
@@ -36,7 +41,10 @@ logger = logging.getLogger("vae_trainer")
 
 
 @dataclass
-class Components:
+class Networks:
+    """The networks of a run, identical on every rank: the trainable container (VAE, discriminator, output
+    log-variance), the frozen LPIPS, and what the final save needs to know of how they were built."""
+
     model: VAEWithDiscriminator
     lpips: Optional[LPIPS]
     discriminator_config: Dict[str, Any]
@@ -45,7 +53,7 @@ class Components:
     resolution: Optional[int] = None
 
 
-def setup_runtime(training_args) -> None:
+def init_process(training_args) -> None:
     """Device, process group and readable logs.
 
     CPU threads are chosen before Paddle is imported, by the entry points (vae_trainer/threads.py).
@@ -58,12 +66,10 @@ def setup_runtime(training_args) -> None:
     init_distributed()
 
 
-def build_components(model_args, loss_args, training_args, resolution: Optional[int] = None) -> Components:
+def build_networks(model_args, loss_args, training_args, resolution: Optional[int] = None) -> Networks:
     """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank.
 
     `resolution` (--resolution), when given, is checked against what the decoder returns (--input_size)."""
-    from .latent_scale import mode_for
-
     set_seed(training_args.seed)
     vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                     ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
@@ -92,13 +98,13 @@ def build_components(model_args, loss_args, training_args, resolution: Optional[
                                  input_size=model_args.input_size)
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
-    return Components(model=model, lpips=lpips, discriminator_config=disc_config,
+    return Networks(model=model, lpips=lpips, discriminator_config=disc_config,
                       lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode,
                       resolution=resolution)
 
 
 @dataclass
-class TrainingParts:
+class Optimization:
     """Optimizers, schedules, precision, EMA and the step: what a driver needs besides the model and data."""
 
     vae_optimizer: Any
@@ -126,10 +132,10 @@ class TrainingParts:
         restore_float32(model, [self.vae_optimizer, self.disc_optimizer])
 
 
-def build_training(components: Components, loss_args, training_args) -> TrainingParts:
+def build_optimization(networks: Networks, loss_args, training_args) -> Optimization:
     """The EMA (of the float32 weights), precision (O2 casts the weights, frozen layers excepted), then the
     optimizers over the cast weights and the step."""
-    model = components.model
+    model = networks.model
     # The EMA first: its averages start from the exact float32 weights, not from O2's half-precision copies.
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
@@ -139,30 +145,24 @@ def build_training(components: Components, loss_args, training_args) -> Training
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
     stop_request = StopRequest(single_process=world_size() == 1)  # installed by the drivers, for the loop only
-    step = TrainStep(model, components.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
+    step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard,
-                     stop_request)
-    return TrainingParts(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
+                     stop_request, seed=training_args.seed)
+    return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 
-def build_evaluator(data_args, training_args, components: Components):
+def build_evaluator(data_args, training_args, networks: Networks):
     """The in-training evaluator: LPIPS (the training one, or loaded for evaluation) and optional rFID."""
-    from .evaluation import TrainingEvaluator
-    from .models.inception import load_fid_inception
-
-    lpips = components.lpips
-    if lpips is None and os.path.isfile(components.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
-        lpips = LPIPS(components.lpips_weights)
+    lpips = networks.lpips
+    if lpips is None and os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
+        lpips = LPIPS(networks.lpips_weights)
     inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
-    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=components.model.input_size,
-                             posterior_std=components.model.posterior_std)
+    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
+                             posterior_std=networks.model.posterior_std)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):
     """This rank's training DataLoader (resumed at `data_state` if given) and its position tracker."""
-    from .data.dataset import build_train_dataloader
-    from .data.position import StreamPosition
-
     loader = build_train_dataloader(
         data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
         training_args.dataloader_num_workers, training_args.seed, rank(), world_size(), resume_state=data_state,

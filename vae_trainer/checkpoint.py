@@ -5,7 +5,7 @@
     model_state.pdparams       VAE + discriminator + output log-variance (VAEWithDiscriminator)
     optimizer.pdopt            VAE optimizer          scheduler.pdparams       VAE LR schedule
     disc_optimizer.pdopt       discriminator optimizer  disc_scheduler.pdparams  its LR schedule
-    <name>.pdparams            any further state a driver registers (build.TrainingParts.stateful: fp16
+    <name>.pdparams            any further state a driver registers (build.Optimization.stateful: fp16
                                loss scalers, the non-finite guard's skip counters, EMA weights)
     trainer_state.json         PaddleNLP TrainerState (global_step, best metric, log history)
     rank_state_R.pdparams      per rank: RNG states (paddle, numpy, random) and the data position
@@ -26,7 +26,7 @@ newest starts a new branch: the later ones (all of OUTPUT_DIR's, when the resume
 a file system that all ranks share (one node, or a shared mount across nodes).
 
 The three JSON files are written by this version and are not needed to resume (older checkpoints resume
-as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `export.py`;
+as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `final_save.py`;
 reading a discriminator for --discriminator_path is `models/discriminator.py`; refusing or clearing an
 OUTPUT_DIR that holds an earlier run is `output_dir.py`.
 """
@@ -155,7 +155,7 @@ def save_checkpoint(
 
     `stateful` maps a file name (e.g. "optimizer.pdopt") to anything with `state_dict()`; rank 0 writes
     those, the model, `trainer_state` (a PaddleNLP TrainerState) and `configs` (file name -> JSON-able
-    dict, e.g. `export.checkpoint_configs`). Every rank writes its `rank_state`.
+    dict, e.g. `final_save.checkpoint_configs`). Every rank writes its `rank_state`.
     `keep` names a checkpoint that rotation must not delete (the best one).
     """
     final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"

@@ -8,6 +8,7 @@ holds the averaged weights, for evaluation, image logging and export) and `load_
 from __future__ import annotations
 
 import paddle
+from ppdiffusers.training_utils import EMAModel
 
 EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
 
@@ -15,8 +16,6 @@ EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
 def build_ema(vae: paddle.nn.Layer, decay: float):
     """An EMA of `vae`'s weights. Build it while the weights are float32 (before O2 casts them): its
     averages start from the exact weights and stay float32 (many small updates need that precision)."""
-    from ppdiffusers.training_utils import EMAModel
-
     ema = EMAModel(vae.parameters(), decay=decay)
     ema.to(dtype=paddle.float32)
     return ema
@@ -24,8 +23,6 @@ def build_ema(vae: paddle.nn.Layer, decay: float):
 
 def load_ema(vae: paddle.nn.Layer, file: str):
     """The EMA saved in a checkpoint (`ema.pdparams`), over `vae`'s parameters."""
-    from ppdiffusers.training_utils import EMAModel
-
     ema = EMAModel(vae.parameters())
     ema.load_state_dict(paddle.load(file))
     return ema

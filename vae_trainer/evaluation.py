@@ -1,9 +1,10 @@
-"""Evaluate an AutoencoderKL on a set of images: PSNR, SSIM, LPIPS, rFID and latent statistics.
+"""Evaluate an AutoencoderKL on a set of images: PSNR, SSIM, LPIPS, rFID, latent statistics and diagnostics.
 
 This module owns the evaluation protocol (``EvalProtocol``: the one statement of how the numbers are
 made, printed by scripts/eval_vae.py and by every evaluation during training, written to
-metrics.json and to each line of a training run's ``eval_metrics.jsonl``, quoted in the README), the evaluation loop, the encoder-only latent measurement
-(``measure_latents``) and the reconstruction image grid; the metric math is in ``vae_trainer.metrics``.
+metrics.json and to each line of a training run's ``eval_metrics.jsonl``, quoted in docs/measuring.md),
+the evaluation loop, the encoder-only latent measurement (``measure_latents``) and the reconstruction
+image grid; the metric math is in ``vae_trainer.metrics``, the latent diagnostics' in latent_diagnostics.py.
 Latent statistics are those of posterior samples, computed exactly in expectation from the posterior
 means and variances. It takes any iterable of batches (tensors, or dicts with ``"pixel_values"`` as
 ``build_eval_dataloader`` yields), all NCHW float32 in [-1, 1].
@@ -33,7 +34,15 @@ from typing import Any
 import numpy as np
 import paddle
 
+from vae_trainer import watchdog
+from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
+from vae_trainer.data.dataset import build_eval_dataloader
+from vae_trainer.data.images import RESAMPLING
+from vae_trainer.distributed import rank, world_size
+from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
+from vae_trainer.latent_diagnostics import DEFINITIONS as DIAGNOSTIC_DEFINITIONS
+from vae_trainer.latent_diagnostics import DIAGNOSTICS, equivariance_pairs, spectrum_energies
 from vae_trainer.metrics import (
     HIGHER_IS_BETTER,
     SSIM_K1,
@@ -49,7 +58,6 @@ from vae_trainer.metrics import (
     ssim,
     to_unit_range,
 )
-from vae_trainer import watchdog
 from vae_trainer.models.flux2 import is_flux2, patchify
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
@@ -57,7 +65,7 @@ from vae_trainer.precision import half_precision_autocast
 logger = logging.getLogger(__name__)
 
 
-METRICS = ("psnr", "ssim", "lpips", "rfid")  # in the order they are stated
+METRICS = ("psnr", "ssim", "lpips", "rfid", *DIAGNOSTICS)  # in the order they are stated
 
 
 # ------------------------------------------------------------------------------ the evaluation batch
@@ -195,8 +203,6 @@ class EvalProtocol:
     patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
 
     def describe(self) -> dict[str, str]:
-        from vae_trainer.data.images import RESAMPLING
-
         size = self.resolution
         measured = [name for name in METRICS if name in self.metrics]
         on_signed_range = [{"lpips": "LPIPS", "rfid": "rFID"}[name] for name in measured if name in ("lpips", "rfid")]
@@ -237,6 +243,7 @@ _METRIC_DEFINITIONS = {
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
             "reconstructions",
+    **DIAGNOSTIC_DEFINITIONS,
 }
 
 
@@ -382,15 +389,22 @@ class _Evaluation:
         self.recon_features = FeatureStatistics() if inception is not None else None
         self.grid_inputs: list[np.ndarray] = []
         self.grid_recons: list[np.ndarray] = []
+        self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
         self.count = 0
 
-    def add(self, pixels: paddle.Tensor, posterior, recons: paddle.Tensor) -> None:
-        """One batch of [-1, 1] inputs, their posterior and their clamped [-1, 1] reconstructions."""
+    def add(self, pixels: paddle.Tensor, posterior, recons: paddle.Tensor,
+            equivariance: dict[str, tuple[paddle.Tensor, paddle.Tensor]]) -> None:
+        """One batch of [-1, 1] inputs, their posterior, their clamped [-1, 1] reconstructions and the
+        latent diagnostics' {name: (decode(tau(z)), tau(x))} (latent_diagnostics.equivariance_pairs)."""
         self.count += pixels.shape[0]
         self.latents.add(posterior, pixels.shape[0])
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
+        for name, (decoded, target) in equivariance.items():
+            decoded = decoded.astype("float32").clip(-1.0, 1.0)
+            self.metrics.update(name, psnr(to_unit_range(target.astype("float32")), to_unit_range(decoded)))
+        self.spectrum += spectrum_energies(posterior.mode())
         if self.lpips is not None:
             self.metrics.update("lpips", self.lpips(pixels, recons).reshape([-1]))
         if self.inception is not None:
@@ -406,6 +420,8 @@ class _Evaluation:
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
+        high, total = all_reduce_sum(self.spectrum)
+        metrics["latent_high_frequency_share"] = float(high / total) if total > 0 else 0.0
         if self.inception is not None:
             metrics["rfid"] = frechet_distance(*self.real_features.compute(),
                                                *self.recon_features.compute())
@@ -440,7 +456,8 @@ def evaluate_vae(
     mapping [-1, 1] images to [B, D] features), otherwise skipped with a log message; with 2048-d
     features its final matrix square root takes seconds to a minute on CPU. Latent statistics are
     those of posterior samples (exact expectation from the posterior means and variances; raw, before
-    any scaling factor), whatever is decoded. ``input_size`` resizes what the encoder sees
+    any scaling factor), whatever is decoded. The latent diagnostics (latent_diagnostics.py: two
+    equivariance PSNRs, two more decodes per batch, and the latents' high-frequency share) are metrics too. ``input_size`` resizes what the encoder sees
     (--input_size); ``posterior_std`` > 0 is the constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
     is the total over all ranks. ``tiling`` (--eval_tiled) encodes and decodes images larger than its tile
     tile by tile (``tiled``). The VAE's train/eval mode and tiling settings are restored afterwards.
@@ -463,7 +480,8 @@ def evaluate_vae(
                 with half_precision_autocast(vae):  # O2: float32 images into half-precision weights
                     posterior = _posterior(vae, pixels, input_size, posterior_std)
                     recons = vae.decode(_latent(posterior, rng)).sample
-                evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0))
+                    equivariance = equivariance_pairs(lambda z: vae.decode(z).sample, pixels, posterior.mode())
+                evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0), equivariance)
                 watchdog.beat("an evaluation batch")
     finally:
         if was_training:
@@ -514,10 +532,6 @@ def measure_latents_of(
     sentence saying where they come from (latent_stats.json). `batch_size` None: the standalone rule of
     `eval_batch_size`; `tiling`: --eval_tiled. Collective."""
     batch_size = eval_batch_size(resolution, batch_size)
-    from vae_trainer.data.dataset import build_eval_dataloader
-    from vae_trainer.distributed import rank, world_size
-    from vae_trainer.ema import ema_weights
-
     loader = build_eval_dataloader(data, resolution, batch_size, rank(), world_size(), num_images)
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
@@ -557,8 +571,6 @@ class TrainingEvaluator:
 
     def _check_image_counts(self) -> None:
         """At start-up, not after training: every rank must get at least one image of each set it measures."""
-        from vae_trainer.distributed import world_size
-
         ranks = world_size()
         if self.enabled and self.data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {self.data_args.eval_num_images} is smaller than the number of ranks "
@@ -584,10 +596,6 @@ class TrainingEvaluator:
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with EMA weights if given) on --eval_file_list."""
-        from vae_trainer.data.dataset import build_eval_dataloader
-        from vae_trainer.distributed import rank, world_size
-        from vae_trainer.ema import ema_weights
-
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution,
                                        self.batch_size, rank(), world_size(), self.data_args.eval_num_images)
         with ema_weights(ema, vae):
@@ -654,9 +662,6 @@ class TrainingEvaluator:
     def _append_record(self, record: dict) -> None:
         """Rank 0 adds one line to OUTPUT_DIR/eval_metrics.jsonl, replacing the lines of steps >= this one (an
         earlier attempt's, after a resume), so the file is this run's history. Written whole, then renamed."""
-        from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
-        from vae_trainer.distributed import rank
-
         if rank() != 0:
             return
         os.makedirs(self.args.output_dir, exist_ok=True)  # (the loop writes nothing there before its first save)

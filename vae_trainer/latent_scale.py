@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
+from .checkpoint import checkpoint_export_config, checkpoint_vae_config
 from .models.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
 from .models.flux2 import BatchNormStatistics, bn_statistics, is_flux2, is_flux2_config
 
@@ -130,8 +131,6 @@ def of_weights(path: str) -> Statement:
       vae_config.json, a number -> that number; "measure" -> unknown (measured only at the run's export,
       from its EMA weights; the checkpoint does not hold it);
     - a weight file inside a VAE folder: the config.json beside it."""
-    from .checkpoint import checkpoint_export_config, checkpoint_vae_config
-
     name = f"the --init_from_ckpt weights {path}"
     exported = checkpoint_export_config(path)
     if exported is not None:
@@ -299,8 +298,6 @@ def default_mode(model_args) -> Mode:
     re-initialised by --ignore_keys): its latents are those a diffusion model was trained on, and the VAE's
     config holds their scale (`settle` gives it to the VAE). Measure otherwise, and for an
     --init_from_ckpt checkpoint whose run measured its factor (at its export; the checkpoint does not hold it)."""
-    from .checkpoint import checkpoint_export_config
-
     if reinitialises_encoder(model_args.ignore_keys):
         return "measure"
     if getattr(model_args, "init_from_ckpt", None):
@@ -336,6 +333,7 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
     record: Dict[str, Any] = {
         "scaling_factor": updates.get("scaling_factor", vae_config.get("scaling_factor")),
         "shift_factor": updates.get("shift_factor", vae_config.get("shift_factor")),
+        **per_channel_normalisation(stats),
         "source": source,
         "weights": weights,
         "measured": None,
@@ -356,6 +354,14 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
     logger.info("exported scaling_factor %s, shift_factor %s (%s%s)", record["scaling_factor"], record["shift_factor"],
                 source, f"; {weights}" if weights else "")
     return updates, record
+
+
+def per_channel_normalisation(stats=None) -> Dict[str, Optional[list]]:
+    """latent_stats.json's `latents_mean` / `latents_std`: the per-channel mean and std of the exported weights'
+    posterior samples, the normalisation a pipeline with diffusers' `latents_mean` / `latents_std` config applies
+    ((z - mean) / std); None when nothing was measured."""
+    return {"latents_mean": stats.latent_mean if stats is not None else None,
+            "latents_std": stats.latent_std if stats is not None else None}
 
 
 def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
@@ -382,7 +388,7 @@ def decide_normalisation(mode: Mode, vae_config, kept: Optional[BatchNormStatist
         raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} has no scaling_factor (use keep or measure)")
     eps = vae_config.get("batch_norm_eps")
     record: Dict[str, Any] = {"class": FLUX2_CLASS_NAME, "latent_normalisation": exported.record(eps),
-                              "source": source, "weights": weights, "measured": None}
+                              **per_channel_normalisation(stats), "source": source, "weights": weights, "measured": None}
     if stats is not None:
         record["measured"] = {
             "from": stats_source, "num_images": stats.num_images,

@@ -15,10 +15,10 @@ from paddlenlp.trainer import TrainerState
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .build import (build_components, build_evaluator, build_train_data, build_training, seed_training,
-                    setup_runtime)
+from .build import (build_evaluator, build_networks, build_optimization, build_train_data, init_process,
+                    seed_training)
 from .distributed import rank, world_size
-from .export import checkpoint_configs, export_run
+from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
 from . import watchdog
 from .preemption import STOP_REQUESTED, stop_after_step
@@ -32,19 +32,19 @@ logger = logging.getLogger("vae_trainer")
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
-        setup_runtime(args)
+        init_process(args)
         prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input
-        parts = build_components(model_args, loss_args, args, resolution=data_args.resolution)
-        run = build_training(parts, loss_args, args)
-        evaluator = build_evaluator(data_args, args, parts)
+        networks = build_networks(model_args, loss_args, args, resolution=data_args.resolution)
+        optimization = build_optimization(networks, loss_args, args)
+        evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
-    model = parts.model
+    model = networks.model
     state = TrainerState(max_steps=args.max_steps)
     rank_state: Optional[dict] = None
     if resume:
         ckpt.load_model_state(resume, model)
-        ckpt.load_stateful(resume, run.stateful())
+        ckpt.load_stateful(resume, optimization.stateful())
         state = TrainerState.load_from_json(os.path.join(resume, ckpt.TRAINER_STATE_NAME))
         rank_state = ckpt.load_rank_state(resume)
         logger.info("resuming from %s at step %d", resume, state.global_step)
@@ -71,37 +71,37 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         if saved_at[0] == state.global_step:
             return ckpt.checkpoint_path(args.output_dir, state.global_step)
         watchdog.doing(f"saving checkpoint-{state.global_step}")
-        path = ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=run.stateful(),
+        path = ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=optimization.stateful(),
                              trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
                              save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
-                             configs=checkpoint_configs(parts, evaluator))
+                             configs=checkpoint_configs(networks, evaluator))
         saved_at[0] = state.global_step
         watchdog.beat(f"saving checkpoint-{state.global_step}", state.global_step)
         return path
 
     batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
     iteration = iter(batches)
-    stop_request = run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
+    stop_request = optimization.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
     watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
     try:
         while state.global_step < args.max_steps:
             for _ in range(args.gradient_accumulation_steps):
                 batch = next(iteration)
-                logs = run.step.forward_backward(batch["pixel_values"], state.global_step)
+                logs = optimization.step.forward_backward(batch["pixel_values"], state.global_step)
                 position.update(batch["position"])
                 monitor.micro_step_end(logs)
             # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
-            report = run.step.optimizer_step(state.global_step)
+            report = optimization.step.optimizer_step(state.global_step)
             stop = report.pop(STOP_REQUESTED)  # some rank was signalled: agreed by the step's one read
             state.global_step += 1
             watchdog.beat(f"step {state.global_step}", state.global_step)
             progress.update(1)
 
-            scalars = monitor.optimizer_step_end(state.global_step, report, run.step.images_for_logging)
+            scalars = monitor.optimizer_step_end(state.global_step, report, optimization.step.images_for_logging)
             if scalars is not None:
                 state.log_history.append({"step": state.global_step, **scalars})
                 progress.set_postfix_str(format_scalars(scalars))
-            if evaluator.due(state.global_step) and evaluator.run(state.global_step, model.vae, run.ema, monitor, state):
+            if evaluator.due(state.global_step) and evaluator.run(state.global_step, model.vae, optimization.ema, monitor, state):
                 state.best_model_checkpoint = ckpt.checkpoint_path(args.output_dir, state.global_step)
                 save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
@@ -117,10 +117,10 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
         monitor.close()
-    run.restore_float32(model)  # O2: evaluate and export the float32 master weights
+    optimization.restore_float32(model)  # O2: evaluate and export the float32 master weights
     watchdog.start(args.stall_timeout, rank(), "exporting")
     try:
-        vae_dir, disc_dir = export_run(args.output_dir, parts, run.ema, evaluator, state.global_step)
+        vae_dir, disc_dir = save_final_models(args.output_dir, networks, optimization.ema, evaluator, state.global_step)
     finally:
         watchdog.stop()
     return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}

@@ -349,6 +349,7 @@ def vae_objective(
     last_layer: Optional[Tensor],
     gan_active: bool,
     grad_scale: float | Tensor = 1.0,
+    encoded_pixels: Optional[float] = None,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
     """The VAE's loss for one micro-batch, to backpropagate, and its parts (detached) for logging.
 
@@ -357,10 +358,13 @@ def vae_objective(
     `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor): the factor the caller
     multiplies the loss by before its backward. The heads' gradients are computed with it (fp16: no
     underflow), and gradnorm needs it, as its backward would otherwise undo the caller's scaling.
+    `encoded_pixels`: C x H x W of the image the posterior encodes, which normalises the KL, when `x` is
+    another (EQ-VAE's transformed target, step.py); default `x`'s.
     """
     if _uses_gradnorm(loss_args):
         return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
-                                   discriminator=discriminator, gan_active=gan_active, grad_scale=grad_scale)
+                                   discriminator=discriminator, gan_active=gan_active, grad_scale=grad_scale,
+                                   encoded_pixels=encoded_pixels)
     # The heads see a leaf copy of the reconstruction; their gradients there are taken once, below.
     x_hat = recon.detach()
     x_hat.stop_gradient = False
@@ -371,7 +375,8 @@ def vae_objective(
     logvar_value = logvar.detach()
     nll = weighted / logvar_value.exp() + logvar_value
     pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
-    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
+    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels or pixels_per_image,
+                                             loss_args)
     # nll again, with its path to a learnable output log-variance only.
     loss = weighted.detach() / logvar.exp() + logvar + latent_loss
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, "loss/kl": kl, "train/logvar": logvar}
@@ -419,7 +424,7 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
 
 
 def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,
-                        gan_active, grad_scale) -> Tuple[Tensor, Dict[str, Tensor]]:
+                        gan_active, grad_scale, encoded_pixels=None) -> Tuple[Tensor, Dict[str, Tensor]]:
     """--loss_balancing gradnorm: each branch gets its own gradient-normalised copy of the reconstruction.
 
     The branch weights act in the backward only, so the loss value is the unweighted sum of the branch
@@ -437,7 +442,7 @@ def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args
     rec = pixel_term(x, branch(pixel_weight), loss_args) if pixel_weight > 0 else pixel_term(x, recon.detach(), loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, branch(loss_args.perceptual_weight)).astype("float32").mean() if use_lpips else zero
-    pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
+    pixels_per_image = encoded_pixels or float(x.shape[1] * x.shape[2] * x.shape[3])
     kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
     loss = rec + perceptual + latent_loss
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/kl": kl}

@@ -28,7 +28,10 @@ from scipy import linalg
 logger = logging.getLogger(__name__)
 
 # The metrics an evaluation reports, and which way is better (--metric_for_best_model).
-HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False}
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
+                    # the latent diagnostics (latent_diagnostics.py)
+                    "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
+                    "latent_high_frequency_share": False}
 
 SSIM_WINDOW_SIZE = 11
 SSIM_SIGMA = 1.5

@@ -17,6 +17,7 @@ from typing import List, Sequence
 import paddle
 from paddlenlp.trainer.trainer_utils import get_scheduler
 
+from .distributed import world_size
 from .precision import uses_master_weights
 
 
@@ -54,8 +55,6 @@ def scaled_learning_rate(args, learning_rate: float) -> float:
     ngpu x batch_size x lr, which has no accumulation)."""
     if not getattr(args, "scale_lr", False):
         return learning_rate
-    from .distributed import world_size
-
     return learning_rate * args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
 
 

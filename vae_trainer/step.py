@@ -43,6 +43,7 @@ import paddle
 
 from .distributed import sum_over_ranks, sync_gradients
 from .ema import ema_weights
+from .equivariance import Transform, draw, parse_transforms
 from .losses import discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
@@ -109,7 +110,7 @@ class NonFiniteGuard:
             logger.warning("step %d: the adaptive GAN weight overflowed in %d micro-batch(es); their GAN term was "
                            "skipped (%d in total)", step, count, self.skipped_gan_terms)
 
-    # Checkpointed (build.TrainingParts.stateful), so a resumed run counts on exactly as the uninterrupted one:
+    # Checkpointed (build.Optimization.stateful), so a resumed run counts on exactly as the uninterrupted one:
     # the limits see the same runs of bad steps, and the logged totals go on from the saved ones.
     def state_dict(self) -> Dict[str, object]:
         return {"skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite,
@@ -144,6 +145,7 @@ class TrainStep:
         max_grad_norm: float = 0.0,
         guard: Optional[NonFiniteGuard] = None,
         stop_request: Optional[StopRequest] = None,
+        seed: int = 0,
     ):
         self.model = model
         self.lpips = lpips
@@ -156,6 +158,9 @@ class TrainStep:
         self.max_grad_norm = max_grad_norm
         self.guard = guard or NonFiniteGuard()
         self.stop_request = stop_request  # read here, agreed across ranks in `_read_checks` (preemption.py)
+        self.seed = seed  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
+        self.transforms = parse_transforms(loss_args.equivariance_transforms)
+        self._micro_batch = 0  # of this optimizer step
         self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
         self._window_gan_overflows: List[paddle.Tensor] = []
 
@@ -163,17 +168,31 @@ class TrainStep:
         """The GAN terms (and the discriminator's training) start at --disc_start."""
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
+    def equivariance_transform(self, global_step: int) -> Optional[Transform]:
+        """EQ-VAE's transform of this micro-batch, or None (the plain objective): the same on every rank."""
+        return draw(self.seed, global_step, self._micro_batch, self.loss_args.equivariance_prob,
+                    self.loss_args.equivariance_min_scale, self.transforms)
+
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int) -> Dict[str, paddle.Tensor]:
-        """One micro-batch: forward, both losses, both backwards. Returns detached device scalars to log."""
+        """One micro-batch: forward, both losses, both backwards. Returns detached device scalars to log.
+
+        With an EQ-VAE transform tau, the decoder decodes tau(z) and every reconstruction term (pixel, LPIPS,
+        adversarial, and the discriminator's real images) compares with tau(x); the KL stays on the clean z."""
         model, gan_active = self.model, self.gan_active(global_step)
+        transform = self.equivariance_transform(global_step)
+        self._micro_batch += 1
         model.train()
         with self.precision.autocast():
-            recon, post_mean, post_logvar = model(pixel_values, sample_posterior=self.loss_args.sample_posterior)
+            recon, post_mean, post_logvar = model(pixel_values, sample_posterior=self.loss_args.sample_posterior,
+                                                  latent_transform=transform.latent if transform else None)
+            encoded_pixels = float(pixel_values.shape[1] * pixel_values.shape[2] * pixel_values.shape[3])
+            if transform is not None:
+                pixel_values = transform.images(pixel_values, post_mean.shape[2:])
             loss, logs = vae_objective(
                 pixel_values, recon, post_mean, post_logvar, model.logvar,
                 loss_args=self.loss_args, lpips=self.lpips, discriminator=model.discriminator,
                 last_layer=decoder_last_layer(model.vae), gan_active=gan_active,
-                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps,
+                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps, encoded_pixels=encoded_pixels,
             )
         self.precision.scale_vae(loss / self.accumulation_steps).backward()
         self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()  # for image logging
@@ -199,6 +218,7 @@ class TrainStep:
         which the drivers take out before logging, whether any rank was signalled to stop (preemption.py).
         """
         gan = self.gan_active(global_step)
+        self._micro_batch = 0
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
         report: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),

@@ -29,6 +29,7 @@ whose value is "1" therefore checks the environment its launcher (the parent pro
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -104,8 +105,6 @@ def local_processes(environ: Mapping[str, str]) -> int:
 def dataloader_workers(argv: Sequence[str]) -> int:
     """`--dataloader_num_workers` (or its alias) from the command line or a single .json of flags; default 0."""
     if len(argv) == 1 and argv[0].endswith(".json"):
-        import json
-
         try:
             with open(argv[0]) as handle:
                 flags = json.load(handle)

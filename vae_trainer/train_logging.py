@@ -32,10 +32,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from visualdl import LogWriter
 
-from .distributed import world_size
-from .output_dir import note_log_file
 from . import watchdog
+from .distributed import world_size
+from .evaluation import make_grid
+from .output_dir import note_log_file
 
 logger = logging.getLogger("vae_trainer")
 
@@ -58,8 +60,6 @@ class TrainMonitor:
         report_to = args.report_to or []
         self.writer = None
         if is_main_process and ("visualdl" in report_to or "all" in report_to):
-            from visualdl import LogWriter
-
             self.writer = LogWriter(logdir=args.logging_dir)
             note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
         self._sums: Dict[str, paddle.Tensor] = {}
@@ -161,8 +161,6 @@ class TrainMonitor:
     def log_images(self, step: int, inputs: paddle.Tensor, recons: paddle.Tensor, tag: str = "reconstructions") -> None:
         if self.writer is None:
             return
-        from .evaluation import make_grid
-
         self.log_grid(step, make_grid(inputs, recons, self.args.num_logged_images), tag)
 
     def log_grid(self, step: int, grid: np.ndarray, tag: str) -> None:

@@ -2,7 +2,7 @@
 
 The Trainer keeps its own loop, progress bar, console log and `--save_steps` timing. We replace the
 pieces a two-optimizer GAN needs:
-- `create_optimizer_and_scheduler`: everything from `build.build_training` (the loop builds the same);
+- `create_optimizer_and_scheduler`: everything from `build.build_optimization` (the loop builds the same);
 - `training_step`: `TrainStep.forward_backward` on every micro-batch and, on the last one of an optimizer
   step, `TrainStep.optimizer_step`: the one block that all-reduces, unscales, checks, clips, steps BOTH
   optimizers and BOTH schedules, clears the gradients and updates the EMA (as the plain loop does);
@@ -21,7 +21,7 @@ Trainer's `_inner_training_loop` calls `self.optimizer.step()`, `self.lr_schedul
 has no hook to replace that, so it holds `AlreadyStepped` as both its `optimizer` and its `lr_scheduler`:
 those three calls are no-ops, because `TrainStep.optimizer_step` has just done them for both networks, and
 `get_lr()` (its console "learning_rate") reads the real VAE optimizer. The real optimizers and schedules
-live in `self.run` and are what checkpoints save and load (same file names as before), so nothing else
+live in `self.optimization` and are what checkpoints save and load (same file names as before), so nothing else
 of the Trainer touches them.
 """
 
@@ -36,10 +36,10 @@ from paddlenlp.trainer import Trainer, TrainerCallback, TrainerState
 from paddlenlp.trainer.trainer_utils import TrainOutput
 
 from . import checkpoint as ckpt
-from .build import build_train_data, build_training
+from .build import build_train_data, build_optimization
 from .data.position import StreamPosition
 from .distributed import rank, world_size
-from .export import checkpoint_configs
+from .final_save import checkpoint_configs
 from . import watchdog
 from .preemption import STOP_REQUESTED, stop_after_step
 from .step import NonFiniteError
@@ -79,7 +79,7 @@ class _AfterOptimizerStep(TrainerCallback):
 
 
 class VAETrainer(Trainer):
-    def __init__(self, model, args, components, data_args, loss_args, evaluator):
+    def __init__(self, model, args, networks, data_args, loss_args, evaluator):
         # Hidden from the Trainer's __init__: VisualDL is written by TrainMonitor (shared with the loop),
         # and mixed precision is set up by precision.py (two scalers, decoration only on GPU).
         hidden = {"report_to": [], "fp16": False, "bf16": False}
@@ -90,9 +90,9 @@ class VAETrainer(Trainer):
         super().__init__(model=model, args=args)
         for name, value in saved.items():
             setattr(args, name, value)
-        self.components, self.data_args, self.loss_args, self.evaluator = components, data_args, loss_args, evaluator
+        self.networks, self.data_args, self.loss_args, self.evaluator = networks, data_args, loss_args, evaluator
         self.saved_at_step = None
-        self.run = None
+        self.optimization = None
         self.resume_rank_state: Optional[dict] = None
         self.position = None
         self.train_batches = None  # the training batches, once the Trainer asked for them
@@ -129,10 +129,10 @@ class VAETrainer(Trainer):
     # ---- building
     def create_optimizer_and_scheduler(self, num_training_steps: int):
         with start_up():  # inside Trainer.train: bad flags still end as one line (train_vae_trainer.py)
-            self.run = build_training(self.components, self.loss_args, self.args)
-        self.run.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
+            self.optimization = build_optimization(self.networks, self.loss_args, self.args)
+        self.optimization.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
         watchdog.start(self.args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
-        self.optimizer = self.lr_scheduler = AlreadyStepped(self.run.vae_optimizer)
+        self.optimizer = self.lr_scheduler = AlreadyStepped(self.optimization.vae_optimizer)
 
     def _wrap_model(self, model, training=True):
         return model
@@ -148,21 +148,21 @@ class VAETrainer(Trainer):
     def close(self) -> None:
         """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
         watchdog.stop()
-        if self.run is not None:
-            self.run.step.stop_request.uninstall()
+        if self.optimization is not None:
+            self.optimization.step.stop_request.uninstall()
         if self.train_batches is not None:
             self.train_batches.close()
         self.monitor.close()
 
     # ---- the step
     def training_step(self, model, inputs):
-        logs = self.run.step.forward_backward(inputs["pixel_values"], self.state.global_step)
+        logs = self.optimization.step.forward_backward(inputs["pixel_values"], self.state.global_step)
         self.position.update(inputs["position"])
         self.monitor.micro_step_end(logs)
         self.micro_steps += 1
         if self.micro_steps % self.args.gradient_accumulation_steps == 0:
             try:  # the Trainer's optimizer/scheduler calls that follow are no-ops (AlreadyStepped)
-                self.step_report = self.run.step.optimizer_step(self.state.global_step)
+                self.step_report = self.optimization.step.optimizer_step(self.state.global_step)
                 self.stop = self.step_report.pop(STOP_REQUESTED)  # some rank was signalled (preemption.py)
             except NonFiniteError:
                 self._save_checkpoint(model)  # the weights are those of the last good step
@@ -174,14 +174,14 @@ class VAETrainer(Trainer):
     def after_optimizer_step(self) -> None:
         step = self.state.global_step
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, self.step_report, self.run.step.images_for_logging)
+        scalars = self.monitor.optimizer_step_end(step, self.step_report, self.optimization.step.images_for_logging)
         if scalars is not None:
             self.state.log_history.append({"step": step, **scalars})
-        if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.run.ema, self.monitor, self.state):
+        if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.optimization.ema, self.monitor, self.state):
             self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation
         # Before the Trainer's own --save_steps save of this step, which would then find it saved.
-        stop_after_step(self.stop, self.run.step.stop_request, step, lambda: self._save_checkpoint(self.model))
+        stop_after_step(self.stop, self.optimization.step.stop_request, step, lambda: self._save_checkpoint(self.model))
 
     # ---- checkpoints
     def _save_checkpoint(self, model, metrics=None) -> str:
@@ -189,10 +189,10 @@ class VAETrainer(Trainer):
             return ckpt.checkpoint_path(self.args.output_dir, self.state.global_step)
         watchdog.doing(f"saving checkpoint-{self.state.global_step}")
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, model=self.model,
-                             stateful=self.run.stateful(), trainer_state=self.state,
+                             stateful=self.optimization.stateful(), trainer_state=self.state,
                              rank_state=ckpt.make_rank_state(self.model, self.position),
                              save_total_limit=self.args.save_total_limit, keep=self.state.best_model_checkpoint,
-                             configs=checkpoint_configs(self.components, self.evaluator))
+                             configs=checkpoint_configs(self.networks, self.evaluator))
         self.saved_at_step = self.state.global_step
         watchdog.beat(f"saving checkpoint-{self.state.global_step}", self.state.global_step)
         return path
@@ -207,5 +207,5 @@ class VAETrainer(Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        ckpt.load_stateful(checkpoint, self.run.stateful())
+        ckpt.load_stateful(checkpoint, self.optimization.stateful())
         ckpt.set_rng_state(self.resume_rank_state["rng"])

@@ -12,7 +12,7 @@ as in the reference trainer's --input_size); with `freeze_encoder` the encoder a
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import paddle
 from ppdiffusers import AutoencoderKL
@@ -64,18 +64,22 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                 return self.vae.encode(x).latent_dist
         return self.vae.encode(x).latent_dist
 
-    def forward(self, x: paddle.Tensor, sample_posterior: bool = True) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
+                latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
+                ) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """One VAE forward: reconstruction and the posterior's mean and log-variance.
 
         With `posterior_std` > 0 the encoder's log-variance is ignored: z = mean + posterior_std * noise,
-        and the returned log-variance is the constant log(posterior_std^2).
+        and the returned log-variance is the constant log(posterior_std^2). `latent_transform` (EQ-VAE,
+        equivariance.py) is applied to z before decoding; the posterior returned is the clean one's.
         """
         posterior = self.encode(x)
         if self.posterior_std > 0:
-            mean = posterior.mean
+            mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean
-            recon = self.vae.decode(z).sample
-            return recon, mean, paddle.full_like(mean, 2.0 * math.log(self.posterior_std))
-        z = posterior.sample() if sample_posterior else posterior.mode()
-        recon = self.vae.decode(z).sample
-        return recon, posterior.mean, posterior.logvar
+        else:
+            mean, logvar = posterior.mean, posterior.logvar
+            z = posterior.sample() if sample_posterior else posterior.mode()
+        if latent_transform is not None:
+            z = latent_transform(z)
+        return self.vae.decode(z).sample, mean, logvar

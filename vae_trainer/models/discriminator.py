@@ -23,6 +23,9 @@ from typing import Tuple
 import paddle
 from paddle import nn
 
+from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
+from .lpips import LPIPS_CHANNELS, LPIPS_SCALE, LPIPS_SHIFT, load_vgg16_features
+
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
 DISCRIMINATOR_TYPES = ("patch", "vgg")
 CONFIG_NAME = "config.json"
@@ -105,8 +108,6 @@ class VGGFeatureDiscriminator(nn.Layer):
 
     def __init__(self, head_channels: int = 64, weights_path: str | None = None) -> None:
         super().__init__()
-        from .lpips import LPIPS_CHANNELS, LPIPS_SCALE, LPIPS_SHIFT, load_vgg16_features
-
         self.backbone = load_vgg16_features(weights_path)  # frozen (stop_gradient) and in eval mode
         self.register_buffer("shift", paddle.to_tensor(LPIPS_SHIFT, "float32").reshape([1, 3, 1, 1]), persistable=False)
         self.register_buffer("scale", paddle.to_tensor(LPIPS_SCALE, "float32").reshape([1, 3, 1, 1]), persistable=False)
@@ -151,8 +152,6 @@ def read_discriminator(path: str) -> Tuple[dict, dict, str]:
     """(config, weights, source) of a discriminator saved as OUTPUT_DIR/discriminator (config.json +
     model_state.pdparams, `save_discriminator`) or inside a checkpoint-N (discriminator_config.json + the
     `discriminator.` weights of its model_state.pdparams)."""
-    from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
-
     if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(os.path.join(path, MODEL_NAME)):
         prefix = "discriminator."
         state = paddle.load(os.path.join(path, MODEL_NAME))

@@ -13,7 +13,7 @@ How the two images go through VGG16 (measured on CPU, docs/benchmarks.md "LPIPS 
   a graph over the whole batch, every conv's backward computes the input-gradient for all 2B images,
   the input's half for nothing. VGG16's backward costs more than its forward, so the wasted half
   outweighs what batching saves: LPIPS forward + backward took about 1.4x longer with one 2B batch on
-  2 CPU cores (`python scripts/benchmark.py --lpips`), and a whole step about 1.5x when it still ran
+  2 CPU cores (`python benchmarks/benchmark.py --lpips`), and a whole step about 1.5x when it still ran
   two VGG16 backwards (now one: losses.py, "One backward per head").
 """
 

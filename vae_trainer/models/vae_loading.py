@@ -24,7 +24,12 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
+from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
+from ppdiffusers.models.modeling_utils import load_state_dict
+from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_diffusers_vae_unet_to_ppdiffusers,
+                                                                     convert_ldm_vae_checkpoint)
 from ppdiffusers.utils import constants as names
+from ppdiffusers.utils import smart_load
 
 from .. import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
@@ -284,8 +289,6 @@ def torch_counters(state: Dict[str, object]) -> Dict[str, np.ndarray]:
 
 def _load_torch_counters(vae: AutoencoderKL, folder: str, missing: List[str], ignore_keys: Iterable[str]) -> List[str]:
     """Load the counters ppdiffusers' loader dropped from the PyTorch weight file of `folder`; the keys still missing."""
-    from ppdiffusers.models.modeling_utils import load_state_dict
-
     wanted = [key for key in missing if key.endswith(COUNTER_SUFFIX) and not _ignored(key, ignore_keys)]
     if not wanted:
         return missing
@@ -385,8 +388,6 @@ def _as_dtype(value, dtype):
 # ---- original LDM / SD / SDXL / FLUX single files
 
 def _read_single_file(path: str) -> Dict[str, np.ndarray]:
-    from ppdiffusers.utils import smart_load
-
     try:
         state = smart_load(path, return_numpy=True)
     except Exception as error:  # e.g. a .ckpt pickling training objects that torch's weights_only load refuses
@@ -437,11 +438,6 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
 
 def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """LDM names -> diffusers names (ppdiffusers' converter), then torch -> Paddle layout (Linear transposed)."""
-    from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (
-        convert_diffusers_vae_unet_to_ppdiffusers,
-        convert_ldm_vae_checkpoint,
-    )
-
     state = dict(ldm_state)
     # The converter expects quant_conv/post_quant_conv, which FLUX-style VAEs do not have: stand-ins, dropped after.
     stand_ins = [k for k in ("quant_conv.weight", "quant_conv.bias", "post_quant_conv.weight", "post_quant_conv.bias")
@@ -463,9 +459,6 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
       PyTorch diffusers' `diffusion_pytorch_model.safetensors` / `.bin` (converted to Paddle's layout).
     Every weight not covered by `ignore_keys` must be in the file, with the same shape.
     """
-    from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
-    from ppdiffusers.models.modeling_utils import load_state_dict
-
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight "

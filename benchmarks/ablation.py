@@ -1,6 +1,6 @@
 """Ablation of the training techniques: train the demo VAE once per recipe, print held-out metrics.
 
-    python scripts/ablation.py --steps 100 --output_dir outputs/ablation
+    python benchmarks/ablation.py --steps 100 --output_dir outputs/ablation
 
 Each variant trains configs/vae_tiny.json at 64 px on data/filelist/demo.filelist.list for the same
 number of steps with the plain loop (`vae_trainer.loop.train`, same seed, same data order), then
@@ -23,7 +23,7 @@ sys.path.insert(0, REPO_ROOT)
 
 import paddle  # noqa: E402
 
-from vae_trainer.arguments import parse_arguments  # noqa: E402
+from vae_trainer.argument_parser import parse_arguments  # noqa: E402
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.evaluation import evaluate_vae  # noqa: E402
 from vae_trainer.loop import train  # noqa: E402
@@ -101,7 +101,7 @@ def main(argv: List[str] | None = None) -> None:
         results[name] = train_and_evaluate(args, name, lpips)
         print(f"{name}: {json.dumps(results[name])}", flush=True)
     table = markdown_table(results)
-    command = "python scripts/ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
     images = next(iter(results.values()))["images"]
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "ablation.md"), "w") as handle:

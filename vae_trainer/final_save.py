@@ -1,6 +1,6 @@
 """What a run hands to its users: the exported VAE folders and the discriminator.
 
-At the end of training (both drivers, `export_run`), on rank 0 after the latent scale is decided on all ranks:
+At the end of training (both drivers, `save_final_models`), on rank 0 after the latent scale is decided on all ranks:
     OUTPUT_DIR/vae/            the VAE (the EMA weights with --use_ema) loadable as it is by
                                ppdiffusers and by PyTorch diffusers (models/vae_saving.py `save_vae`),
                                with latent_stats.json (latent_scale.py)
@@ -32,19 +32,19 @@ from .models.discriminator import save_discriminator
 from .models.vae_saving import save_vae
 
 
-def checkpoint_configs(components, evaluator=None) -> Dict[str, dict]:
+def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
     """The JSON files every checkpoint holds so that it can be exported on its own (scripts/export_vae.py),
     with the images its latent statistics are measured on (the evaluator's `latent_stats_data`)."""
-    model = components.model
-    export = {"posterior_std": model.posterior_std, "scaling_factor": components.scaling_factor_mode,
+    model = networks.model
+    export = {"posterior_std": model.posterior_std, "scaling_factor": networks.scaling_factor_mode,
               EXPORT_ORIGIN_KEY: origin_of(model.vae),  # so that export_vae.py says where a kept factor came from
-              "input_size": model.input_size, "resolution": components.resolution}
+              "input_size": model.input_size, "resolution": networks.resolution}
     if evaluator is not None:
         data, num_images = evaluator.latent_stats_data
         export.update(latent_stats_data=stored_data_path(data), latent_stats_num_images=num_images)
     return {
         VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
-        DISCRIMINATOR_CONFIG_NAME: components.discriminator_config,
+        DISCRIMINATOR_CONFIG_NAME: networks.discriminator_config,
         EXPORT_CONFIG_NAME: export,
     }
 
@@ -69,10 +69,10 @@ def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
     return out_dir
 
 
-def export_run(output_dir: str, components, ema, evaluator, step: int) -> Tuple[str, str]:
+def save_final_models(output_dir: str, networks, ema, evaluator, step: int) -> Tuple[str, str]:
     """OUTPUT_DIR/vae (+ vae_raw with an EMA) and OUTPUT_DIR/discriminator; call on every rank."""
-    model = components.model
-    scales = latent_scales_at_export(components.scaling_factor_mode, model.vae, ema, evaluator, step,
+    model = networks.model
+    scales = latent_scales_at_export(networks.scaling_factor_mode, model.vae, ema, evaluator, step,
                                      encoder_frozen=model.freeze_encoder)
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
     if rank() == 0:  # each folder written beside its place, then moved in (disk.py): never half an export
@@ -82,7 +82,7 @@ def export_run(output_dir: str, components, ema, evaluator, step: int) -> Tuple[
         with written_atomically(vae_dir) as partial:
             export_vae_folder(model.vae, partial, ema, model.posterior_std, *scales["vae"])
         with written_atomically(disc_dir) as partial:
-            save_discriminator(model.discriminator, components.discriminator_config, partial)
+            save_discriminator(model.discriminator, networks.discriminator_config, partial)
     if world_size() > 1:
         dist.barrier()
     return vae_dir, disc_dir

@@ -1,7 +1,7 @@
 """Our trainer against the public Paddle reference trainer's own script, on identical settings (CPU).
 
-    python scripts/benchmark.py --reference /work/ext/PaddleMIX             # what users run
-    python scripts/benchmark_reference.py --run_reference SETTINGS_JSON     # internal: one reference run
+    python benchmarks/benchmark.py --reference /work/ext/PaddleMIX             # what users run
+    python benchmarks/benchmark_reference.py --run_reference SETTINGS_JSON     # internal: one reference run
 
 The reference is `ppdiffusers/examples/autoencoder/vae/train_vae.py` inside a local PaddleMIX checkout
 (tested at commit 6afaf05): two VAE forwards per step (the second for the discriminator update), LPIPS
@@ -42,7 +42,8 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Sequence
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import PHOTOS, REPO_ROOT
+
 REFERENCE_EXAMPLE = os.path.join("ppdiffusers", "examples", "autoencoder", "vae")
 REFERENCE_URLS = {"lpips_vgg16.pdparams": "vgg", "vgg_netlin.pdparams": "netlin"}  # URL file name -> ours
 NEVER = 10**9  # a step interval that is never reached: no logging, image logging or saving
@@ -71,8 +72,6 @@ def write_dataset(root: str, images: int = 64, seed: int = 0) -> str:
     import numpy as np
     from PIL import Image
     from skimage import data as skimage_data
-
-    from benchmark import PHOTOS
 
     rng = np.random.default_rng(seed)
     photos = [getattr(skimage_data, name)() for name in PHOTOS]

@@ -1,0 +1,134 @@
+"""Spatial transforms applied identically to a latent and its image: EQ-VAE's equivariance objective and the
+latent diagnostics (latent_diagnostics.py) share them.
+
+EQ-VAE (Kouzelis et al., ICML 2025) fine-tunes a VAE so that decoding a transformed latent gives the
+transformed image: with probability --equivariance_prob a micro-batch's reconstruction terms compare
+`decode(tau(z))` with `tau(x)` instead of `decode(z)` with `x` (step.py), `tau` one of
+- `scale`: a downscale by s in [--equivariance_min_scale, 1), the latent h x w -> h' x w' with
+  h' = round(s h), w' = round(s w), each kept in [1, h - 1] (resp. w - 1), and the image H x W -> h' F x w' F
+  (F = H / h, the VAE's downsampling factor), so both stay exact multiples of F, whatever s and the sizes;
+  both resized by antialiased bilinear resampling (`resize`);
+- `rotate`: a rotation by 90, 180 or 270 degrees (`paddle.rot90` over the last two axes).
+
+The transform of micro-batch m of optimizer step t is drawn from (--seed, t, m) alone (`draw`): every rank
+draws the same one (the ranks' batches keep one shape, and no rank waits for a larger one), the two entry
+points draw the same ones, and a resumed run draws, from its checkpointed step, exactly those the
+uninterrupted run drew: the RNG's state is the step counter every checkpoint holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+TRANSFORMS = ("scale", "rotate")
+DEFAULT_TRANSFORMS = "scale,rotate"
+_STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of the seed
+
+
+def parse_transforms(value: str) -> Tuple[str, ...]:
+    """--equivariance_transforms: a comma-separated, non-empty subset of TRANSFORMS."""
+    names = tuple(dict.fromkeys(name.strip() for name in str(value).split(",") if name.strip()))
+    unknown = [name for name in names if name not in TRANSFORMS]
+    if not names or unknown:
+        raise ValueError(f"--equivariance_transforms takes a comma-separated list of {', '.join(TRANSFORMS)}, "
+                         f"got {value!r}")
+    return names
+
+
+@dataclass(frozen=True)
+class Transform:
+    """`kind` "scale" with `scale` s, or "rotate" with `quarter_turns` k (1-3, counter-clockwise)."""
+
+    kind: str
+    scale: float = 1.0
+    quarter_turns: int = 0
+
+    def latent_size(self, height: int, width: int) -> Tuple[int, int]:
+        if self.kind == "rotate":
+            return (width, height) if self.quarter_turns % 2 else (height, width)
+        return scaled_size(height, self.scale), scaled_size(width, self.scale)
+
+    def latent(self, latent: paddle.Tensor) -> paddle.Tensor:
+        """tau(z) of a [B, C, h, w] latent."""
+        if self.kind == "rotate":
+            return paddle.rot90(latent, k=self.quarter_turns, axes=[2, 3])
+        return resize(latent, self.latent_size(latent.shape[2], latent.shape[3]))
+
+    def images(self, images: paddle.Tensor, latent_size: Sequence[int]) -> paddle.Tensor:
+        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w): what decode(tau(z)) is
+        compared with, of the size the decoder gives for tau(z)."""
+        if self.kind == "rotate":
+            return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
+        return resize(images, image_size(images, latent_size, self.latent_size(*latent_size)))
+
+    def describe(self) -> str:
+        return f"rotate {90 * self.quarter_turns}" if self.kind == "rotate" else f"scale {self.scale:.3f}"
+
+
+def image_size(images: paddle.Tensor, latent_size: Sequence[int], new_latent_size: Sequence[int]) -> Tuple[int, int]:
+    """The image size whose latent is `new_latent_size`: H / h (the downsampling factor, also a super-resolving
+    decoder's) times the new latent size, per axis."""
+    height, width = images.shape[2], images.shape[3]
+    return (new_latent_size[0] * (height // latent_size[0]), new_latent_size[1] * (width // latent_size[1]))
+
+
+def scaled_size(size: int, scale: float) -> int:
+    """round(scale * size), kept in [1, size - 1]: a scale always shrinks (a size of 1 stays 1)."""
+    return max(1, min(size - 1, int(round(scale * size)))) if size > 1 else 1
+
+
+def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
+         transforms: Sequence[str]) -> Optional[Transform]:
+    """The transform of micro-batch `micro_batch` of optimizer step `step`, or None (the plain objective)."""
+    if prob <= 0:
+        return None
+    rng = np.random.default_rng([_STREAM, seed, step, micro_batch])
+    if rng.random() >= prob:
+        return None
+    kind = transforms[int(rng.integers(len(transforms)))]
+    if kind == "rotate":
+        return Transform("rotate", quarter_turns=int(rng.integers(1, 4)))
+    return Transform("scale", scale=float(rng.uniform(min_scale, 1.0)))
+
+
+# ---------------------------------------------------------------------------------------- resampling
+@lru_cache(maxsize=64)
+def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
+    """[out, in] antialiased bilinear (triangle filter) weights: PIL's BILINEAR resize and PyTorch's
+    interpolate(mode="bilinear", antialias=True, align_corners=False). Downscaling widens the triangle
+    to the input's sample spacing per output sample (1 / scale), so every input pixel contributes."""
+    scale = in_size / out_size
+    support = max(scale, 1.0)  # the triangle's half-width, in input samples
+    weights = np.zeros((out_size, in_size), dtype=np.float64)
+    for i in range(out_size):
+        center = (i + 0.5) * scale
+        low, high = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), in_size)
+        taps = np.arange(low, high)
+        values = np.maximum(0.0, 1.0 - np.abs((taps + 0.5 - center) / support))
+        weights[i, low:high] = values / values.sum()
+    return weights.astype(np.float32)
+
+
+def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
+    """Antialiased bilinear resize of [B, C, H, W] to `size` = (H', W'): two matrix products (exact,
+    differentiable, any sizes, odd ones too)."""
+    height, width = tensor.shape[2], tensor.shape[3]
+    if (height, width) == tuple(size):
+        return tensor
+    rows = paddle.to_tensor(_resize_weights(height, size[0])).astype(tensor.dtype)
+    cols = paddle.to_tensor(_resize_weights(width, size[1])).astype(tensor.dtype)
+    return paddle.matmul(paddle.matmul(rows, tensor), cols, transpose_y=True)
+
+
+def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent h x w -> h // 2 x w // 2 (at least
+    1), the images to the size the decoder gives for it, both antialiased bilinear."""
+    size = latent.shape[2], latent.shape[3]
+    half = max(1, size[0] // 2), max(1, size[1] // 2)
+    return resize(latent, half), resize(images, image_size(images, size, half))
+
