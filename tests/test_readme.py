@@ -177,23 +177,26 @@ def python_commands(text: str, name: str = "README.md"):
 
 def parse_only(script: str, flags) -> None:
     """Run `script`'s main() up to its argument parser, which reads `flags` (argparse errors exit); stop there."""
-    spec = importlib.util.spec_from_file_location(f"readme_{os.path.basename(script)[:-3]}", os.path.join(REPO, script))
+    path = os.path.join(REPO, script)
+    spec = importlib.util.spec_from_file_location(f"readme_{os.path.basename(script)[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (dataclasses defined in a script look their module up)
-    spec.loader.exec_module(module)
     original = argparse.ArgumentParser.parse_known_args
 
     def parse_and_stop(parser, args=None, namespace=None):
         raise _Parsed(original(parser, args, namespace)[1])
 
+    sys.path.insert(0, os.path.dirname(path))  # as `python SCRIPT` does: the script's folder (benchmarks/common.py)
     argparse.ArgumentParser.parse_known_args = parse_and_stop
     try:
+        spec.loader.exec_module(module)
         module.main(list(flags))
     except _Parsed as parsed:
         assert parsed.unknown == [], f"{script}: unknown arguments {parsed.unknown}"
         return
     finally:
         argparse.ArgumentParser.parse_known_args = original
+        sys.path.remove(os.path.dirname(path))
     raise AssertionError(f"{script}: main() finished without parsing its arguments")
 
 
