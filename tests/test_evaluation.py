@@ -240,5 +240,6 @@ def test_eval_script_end_to_end(tmp_path, vae):
 
 
 def test_the_readme_quotes_the_protocol_the_code_uses():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert EvalProtocol(resolution=256).text() in readme
+    """docs/measuring.md, "The protocol" (the README links to it)."""
+    page = (REPO_ROOT / "docs" / "measuring.md").read_text()
+    assert EvalProtocol(resolution=256).text() in page

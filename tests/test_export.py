@@ -165,13 +165,13 @@ def test_decide_writes_what_the_mode_says_and_records_it():
 
 
 def test_the_readme_example_of_latent_stats_json_is_what_the_export_writes():
-    """README "The latent scale" shows a latent_stats.json; the same inputs give exactly that record."""
+    """docs/fine-tuning.md "The latent scale" shows a latent_stats.json; the same inputs give exactly that record."""
     import re
 
     from conftest import REPO
 
-    readme = open(os.path.join(REPO, "README.md")).read()
-    (example,) = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    page = open(os.path.join(REPO, "docs", "fine-tuning.md")).read()
+    (example,) = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", page, flags=re.S)
                   if "suggested_scaling_factor" in block]
     measured = example["measured"]
     stats = SimpleNamespace(scaling_factor=measured["suggested_scaling_factor"],
