@@ -1,6 +1,7 @@
 """The training step, shared by both drivers: micro-batches in, both networks updated, numbers out.
 
-Per micro-batch, `forward_backward`: ONE VAE forward; the VAE loss (pixel, LPIPS, KL, adaptive GAN term)
+Per micro-batch, `forward_backward`: ONE VAE forward (with --equivariance_prob, sometimes of a transformed
+latent against the transformed image: equivariance.py); the VAE loss (pixel, LPIPS, KL, adaptive GAN term)
 is backpropagated, running LPIPS's VGG16 and the frozen discriminator backwards once each (the adaptive
 weight reuses their gradients at the reconstruction: losses.py, "One backward per head"); then the
 discriminator loss on the *detached* reconstruction is backpropagated. Micro-steps never communicate

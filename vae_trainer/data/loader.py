@@ -22,8 +22,10 @@ Workers end with their iteration
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import gc
 import os
 import pickle
 import signal
@@ -98,7 +100,8 @@ class NoHangLoader(paddle.io.DataLoader):
     def __iter__(self):
         self.dataset.failure = None
         self.worker_init_fn = functools.partial(_die_with_parent, os.getpid())  # the process that iterates
-        batches = super().__iter__()
+        with _no_inherited_garbage(self.num_workers):
+            batches = super().__iter__()  # (forks the workers)
         try:
             for batch in batches:
                 if isinstance(batch, dict) and _FAILURE in batch:
@@ -108,6 +111,29 @@ class NoHangLoader(paddle.io.DataLoader):
                 raise self.dataset.failure
         finally:
             _shut_down(batches)
+
+
+@contextlib.contextmanager
+def _no_inherited_garbage(num_workers: int):
+    """Fork the workers with no garbage to inherit, and none of the parent's objects for their collector.
+
+    A worker is a fork of the main process, with only the forking thread. Had it inherited a garbage cycle
+    holding a Paddle object (e.g. a traceback kept from an earlier error, with a blocking queue in a
+    frame), its first garbage collection would destroy that object's condition variable while the parent's
+    threads that waited on it do not exist in the child: `pthread_cond_destroy` then waits forever (seen:
+    both workers of a test blocked in the collector at their first log line). So the parent collects its
+    garbage first, where destroying it is safe, and freezes what remains for the fork (`gc.freeze`,
+    Python's advice for forking servers, which also spares the workers' copy-on-write pages); the parent
+    unfreezes its own objects once the workers exist."""
+    if num_workers <= 0:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _shut_down(batches) -> None:
