@@ -125,3 +125,32 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
         for pid in commands:  # each command leads its own process group (the shell and what it started)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def test_workers_fork_with_the_parents_objects_frozen(tmp_path, monkeypatch):
+    """A worker's garbage collector must never destroy what it inherited: a Paddle object in an inherited
+    garbage cycle can hold a condition variable the parent's threads waited on, and destroying it in the
+    child waits forever (seen: both workers hung at their first log line). The parent collects first and
+    freezes the rest for the fork (loader._no_inherited_garbage), and unfreezes its own objects after."""
+    import gc
+
+    from vae_trainer.data import loader as loader_module
+
+    seen = tmp_path / "frozen_in_workers"
+    real = loader_module._die_with_parent
+
+    def probe(parent_pid, *args):
+        real(parent_pid, *args)
+        with open(seen, "a") as handle:
+            handle.write(f"{gc.get_freeze_count()}\n")
+
+    monkeypatch.setattr(loader_module, "_die_with_parent", probe)
+    file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 2, 4))
+    loader = build_train_dataloader(file_list, 32, 2, 2, 0, 0, 1)
+    with time_limit(120):
+        batches = iter(loader)
+        next(batches)
+    batches.close()
+    frozen = [int(line) for line in seen.read_text().split()]
+    assert len(frozen) == 2 and min(frozen) > 1000, frozen  # each worker: everything it inherited
+    assert gc.get_freeze_count() == 0  # the parent's objects are collectable again
