@@ -19,6 +19,7 @@ from skimage import data as skimage_data
 from skimage.transform import resize
 
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, make_grid
+from vae_trainer.latent_diagnostics import DIAGNOSTICS
 from vae_trainer.metrics import frechet_distance, psnr, ssim, to_unit_range
 from vae_trainer.models.inception import FIDInceptionV3
 
@@ -73,7 +74,7 @@ def test_metrics_equal_those_computed_directly_on_the_reconstructions(vae, image
     result = evaluate_vae(vae, _dict_batches(images, (2, 3)), grid_images=3)
 
     assert result.num_images == 5
-    assert set(result.metrics) == {"psnr", "ssim"}  # no LPIPS, no Inception given
+    assert set(result.metrics) == {"psnr", "ssim", *DIAGNOSTICS}  # no LPIPS, no Inception given
     unit_images, unit_recons = to_unit_range(images), to_unit_range(recons)
     assert result.metrics["psnr"] == pytest.approx(psnr(unit_images, unit_recons).numpy().mean(), rel=1e-5)
     assert result.metrics["ssim"] == pytest.approx(ssim(unit_images, unit_recons).numpy().mean(), rel=1e-5)
@@ -222,7 +223,7 @@ def test_eval_script_end_to_end(tmp_path, vae):
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((output_dir / "metrics.json").read_text())
     assert summary["num_images"] == 4
-    assert set(summary["metrics"]) == {"psnr", "ssim"}
+    assert set(summary["metrics"]) == {"psnr", "ssim", *DIAGNOSTICS}
     assert all(np.isfinite(v) for v in summary["metrics"].values())
     assert len(summary["latent_mean"]) == len(summary["latent_std"]) == 4
     assert summary["scaling_factor"] == pytest.approx(1 / np.sqrt(
@@ -233,7 +234,7 @@ def test_eval_script_end_to_end(tmp_path, vae):
     assert "psnr" in completed.stdout
     assert "LPIPS skipped" in completed.stdout and "rFID skipped" in completed.stdout
     # The protocol is printed and recorded with the numbers, stating the metrics measured (LPIPS skipped).
-    protocol = EvalProtocol(resolution=SIZE, metrics=("psnr", "ssim"))
+    protocol = EvalProtocol(resolution=SIZE, metrics=("psnr", "ssim", *DIAGNOSTICS))
     assert summary["protocol"] == protocol.describe() and "lpips" not in summary["protocol"]
     assert protocol.text() in completed.stdout
     assert "data range 1" in summary["protocol"]["value range"] and "posterior mode" in summary["protocol"]["latents"]

@@ -17,6 +17,7 @@ from skimage import data as skimage_data
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING, crop, load_rgb, open_image, to_float
 from vae_trainer.evaluation import EvalProtocol, TrainingEvaluator, evaluate_vae
+from vae_trainer.latent_diagnostics import DIAGNOSTICS
 
 SIZE = 64
 paddle.set_device("cpu")
@@ -61,7 +62,7 @@ def test_metrics_of_a_jpeg_equal_those_of_the_documented_preprocessing(big_jpeg)
     expected = to_float(documented_preprocessing(big_jpeg / "astronaut.jpg"))[None]
     by_loader = evaluate_vae(vae, build_eval_dataloader(str(big_jpeg), SIZE, 1, 0, 1, None))
     by_hand = evaluate_vae(vae, [paddle.to_tensor(expected)])
-    assert set(by_loader.metrics) == {"psnr", "ssim"}
+    assert set(by_loader.metrics) == {"psnr", "ssim", *DIAGNOSTICS}
     for name, value in by_hand.metrics.items():
         assert by_loader.metrics[name] == value, name
 
