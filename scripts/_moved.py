@@ -12,7 +12,7 @@ def moved(name: str):
     """The module benchmarks/NAME.py, loaded from its file (this folder's shim of the same name would shadow
     it on sys.path), with benchmarks/ importable for its sibling modules (common.py, benchmark_reference.py)."""
     if BENCHMARKS not in sys.path:
-        sys.path.append(BENCHMARKS)
+        sys.path.insert(0, BENCHMARKS)
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (dataclasses defined in it look their module up)

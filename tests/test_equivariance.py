@@ -11,10 +11,11 @@ from PIL import Image
 from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, tiny_args
 
 from vae_trainer.argument_parser import parse_arguments
-from vae_trainer.equivariance import Transform, draw, halved_pair, image_size, parse_transforms, resize, scaled_size
+from vae_trainer.equivariance import (MIN_SCALED_SIDE, Transform, draw, halved_pair, image_size, parse_transforms,
+                                      resize, scaled_size)
 
 FACTORS = (4, 8)
-LATENT_SIZES = [(8, 8), (7, 5), (3, 9), (2, 2), (5, 1)]
+LATENT_SIZES = [(8, 8), (7, 5), (3, 9), (2, 2), (5, 1), (32, 17)]
 SCALES = (0.25, 0.3, 0.5, 0.61, 0.99)
 
 
@@ -31,10 +32,13 @@ def test_scale_keeps_both_sizes_exact_multiples_and_resamples_like_pil_bilinear(
     images = blocks(rng.standard_normal((2, 3, height, width)).astype("float32"), factor)
     for scale in SCALES:
         transform = Transform("scale", scale=scale)
-        z, x = transform.latent(paddle.to_tensor(latent)), transform.images(paddle.to_tensor(images), (height, width))
-        expected = tuple(max(1, min(n - 1, round(scale * n))) if n > 1 else 1 for n in (height, width))
+        z = transform.latent(paddle.to_tensor(latent), images.shape[2:])
+        x = transform.images(paddle.to_tensor(images), (height, width))
+        floor = -(-MIN_SCALED_SIDE // factor)  # the fewest latent samples of a scorable image
+        expected = tuple(n if n - 1 < floor else max(floor, min(n - 1, round(scale * n))) for n in (height, width))
         assert tuple(z.shape) == (2, 4, *expected)
         assert tuple(x.shape) == (2, 3, expected[0] * factor, expected[1] * factor)  # exact multiples of F
+        assert all(side >= MIN_SCALED_SIDE or side == n * factor for side, n in zip(x.shape[2:], (height, width)))
         for ours, source in ((z, latent), (x, images)):
             np.testing.assert_allclose(ours.numpy(), pil_resized(source, tuple(ours.shape[2:])), atol=2e-5)
 
@@ -58,6 +62,7 @@ def test_resampling_matches_torch_antialias_where_no_side_is_one():
 def test_a_scale_always_shrinks_and_a_constant_stays_constant():
     assert [scaled_size(n, 0.99) for n in (1, 2, 3, 64)] == [1, 1, 2, 63]
     assert [scaled_size(n, 0.25) for n in (1, 2, 3, 64)] == [1, 1, 1, 16]
+    assert [scaled_size(n, 0.25, minimum=3) for n in (2, 3, 4, 64)] == [2, 3, 3, 16]  # never below 3 when it can
     constant = paddle.full([1, 3, 24, 40], 0.37)
     assert np.abs(resize(constant, (7, 13)).numpy() - 0.37).max() < 1e-6  # the weights sum to 1
 
@@ -68,7 +73,7 @@ def test_rotation_turns_latent_and_image_together(turns):
     latent = rng.standard_normal((1, 4, 3, 5)).astype("float32")
     images = blocks(latent[:, :3], 8)
     transform = Transform("rotate", quarter_turns=turns)
-    z, x = transform.latent(paddle.to_tensor(latent)), transform.images(paddle.to_tensor(images), (3, 5))
+    z, x = transform.latent(paddle.to_tensor(latent), images.shape[2:]), transform.images(paddle.to_tensor(images), (3, 5))
     np.testing.assert_array_equal(z.numpy(), np.rot90(latent, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), np.rot90(images, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), blocks(z.numpy()[:, :3], 8))  # the pair still corresponds
@@ -96,11 +101,11 @@ def test_draws_depend_on_seed_step_and_micro_batch_only():
     assert all(draw(3, s, 0, 1.0, 0.5, ("rotate",)).kind == "rotate" for s in range(50))
 
 
-def _micro_step(tmp_path, prob):
+def _micro_step(tmp_path, prob, use_ema="false"):
     """A TrainStep on the micro VAE (posterior mode, no LPIPS, no GAN) and one micro-batch's logs."""
     from vae_trainer.build import build_networks, build_optimization
 
-    flags = tiny_args("unused", tmp_path, perceptual_weight=0, disc_start=100, use_ema="false",
+    flags = tiny_args("unused", tmp_path, perceptual_weight=0, disc_start=100, use_ema=use_ema,
                       equivariance_prob=prob, sample_posterior="false", seed=5)
     model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
     networks = build_networks(model_args, loss_args, args)
@@ -116,7 +121,7 @@ def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed
     with paddle.no_grad():
         posterior = model.vae.encode(x).latent_dist
         z = posterior.mode()
-        recon = model.vae.decode(transform.latent(z)).sample
+        recon = model.vae.decode(transform.latent(z, x.shape[2:])).sample
         target = transform.images(x, z.shape[2:])
         plain_recon = model.vae.decode(z).sample
     assert tuple(recon.shape) == tuple(target.shape)
@@ -127,9 +132,23 @@ def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed
     assert float(logs["loss/kl"]) == pytest.approx(float(plain_logs["loss/kl"]), rel=1e-6)
 
 
+def test_logged_images_pair_up_after_a_transformed_micro_batch(tmp_path):
+    """Without EMA the grid shows the compared pair (tau(x), decode(tau(z))); with EMA the EMA weights'
+    reconstruction of the clean images, never of tau(x) (which --input_size would resize)."""
+    for use_ema in ("false", "true"):
+        step, _, x, _ = _micro_step(tmp_path / use_ema, prob=1.0, use_ema=use_ema)
+        inputs, recons = step.images_for_logging()
+        assert tuple(inputs.shape) == tuple(recons.shape)
+        if use_ema == "true":
+            assert np.array_equal(inputs.numpy(), x.numpy())
+        else:
+            assert tuple(inputs.shape) != tuple(x.shape) or not np.array_equal(inputs.numpy(), x.numpy())
+
+
 def _eq_args(photo_filelist, output_dir, **overrides):
+    """4 steps of 2 micro-batches (the draws depend on both), every micro-batch transformed."""
     flags = {**dict(max_steps=4, save_steps=2, perceptual_weight=0, use_ema="false", image_logging_steps=0,
-                    equivariance_prob=1.0, equivariance_min_scale=0.3), **overrides}
+                    gradient_accumulation_steps=2, equivariance_prob=1.0, equivariance_min_scale=0.3), **overrides}
     if not flags["equivariance_prob"]:
         del flags["equivariance_min_scale"]  # (refused when the transforms are off: it would do nothing)
     return tiny_args(photo_filelist, output_dir, **flags)

@@ -31,8 +31,8 @@ def components(tmp_path, loss=None, **model):
 
 
 def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_trains(tmp_path):
-    parts = components(tmp_path, freeze_encoder=True)
-    model, run = parts.model, build_optimization(parts, LossArguments(perceptual_weight=0.0, disc_start=0),
+    networks = components(tmp_path, freeze_encoder=True)
+    model, run = networks.model, build_optimization(networks, LossArguments(perceptual_weight=0.0, disc_start=0),
                                              make_args(tmp_path, learning_rate=1e-3))
     frozen = {id(p) for p in encoder_parameters(model.vae)}
     optimized = {id(p) for p in run.vae_optimizer._parameter_list}
@@ -62,19 +62,19 @@ def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discr
     config = tmp_path / "super.json"
     config.write_text(json.dumps(SUPER_RESOLVING))
     loss = LossArguments(perceptual_weight=1.0, disc_start=0, disc_weight=0.5)
-    parts = components(tmp_path, loss=loss, vae_config_file=str(config), input_size=[16, 16])
-    run = build_optimization(parts, loss, make_args(tmp_path, learning_rate=1e-3))
+    networks = components(tmp_path, loss=loss, vae_config_file=str(config), input_size=[16, 16])
+    run = build_optimization(networks, loss, make_args(tmp_path, learning_rate=1e-3))
     seen = []
-    parts.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
+    networks.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
     batch = images(2)
     logs = run.step.forward_backward(batch, global_step=0)
     assert seen == [[2, 3, 16, 16]]  # the encoder saw the bilinearly downsized image ...
     assert run.step.last_reconstructions.shape == [2, 3, 32, 32]  # ... the loss the full-resolution target
     assert all(np.isfinite(logs[k].item()) for k in ("loss/total", "loss/perceptual", "loss/discriminator"))
     expected = paddle.nn.functional.interpolate(batch, size=[16, 16], mode="bilinear", align_corners=False)
-    np.testing.assert_array_equal(parts.model.encode(batch).mean.numpy(),
-                                  parts.model.vae.encode(expected).latent_dist.mean.numpy())
-    result = evaluate_vae(parts.model.vae, [batch], input_size=[16, 16])  # evaluation sees it the same way
+    np.testing.assert_array_equal(networks.model.encode(batch).mean.numpy(),
+                                  networks.model.vae.encode(expected).latent_dist.mean.numpy())
+    result = evaluate_vae(networks.model.vae, [batch], input_size=[16, 16])  # evaluation sees it the same way
     assert result.grid.shape == (64, 64, 3) and np.isfinite(result.metrics["psnr"])
 
 
@@ -129,15 +129,15 @@ def test_export_vae_script_exports_a_super_resolving_checkpoint(tmp_path):
 
     config = tmp_path / "super.json"
     config.write_text(json.dumps(SUPER_RESOLVING))
-    parts = components(tmp_path, vae_config_file=str(config), input_size=[16, 16])
+    networks = components(tmp_path, vae_config_file=str(config), input_size=[16, 16])
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
-    paddle.save(parts.model.state_dict(), str(checkpoint / "model_state.pdparams"))
-    for name, content in checkpoint_configs(parts).items():
+    paddle.save(networks.model.state_dict(), str(checkpoint / "model_state.pdparams"))
+    for name, content in checkpoint_configs(networks).items():
         (checkpoint / name).write_text(json.dumps(content))
     load_script("export_vae").main([str(checkpoint), str(tmp_path / "out"), "--scaling_factor", "keep"])
     reloaded = AutoencoderKL.from_pretrained(str(tmp_path / "out"))
-    for key, value in parts.model.vae.state_dict().items():
+    for key, value in networks.model.vae.state_dict().items():
         np.testing.assert_array_equal(reloaded.state_dict()[key].numpy(), value.numpy(), err_msg=key)
 
 
@@ -190,13 +190,13 @@ def test_discriminator_path_starts_from_an_earlier_runs_discriminator(tmp_path):
     assert str(error.value).endswith(f"give --discriminator_path {tmp_path / 'discriminator'}.")
 
 
-def _checkpoint_of(parts, folder, **export_config):
+def _checkpoint_of(networks, folder, **export_config):
     """A checkpoint-N as a run writes it (weights + the JSON files), with export_config.json entries replaced."""
     from vae_trainer.final_save import checkpoint_configs
 
     folder.mkdir()
-    paddle.save(parts.model.state_dict(), str(folder / "model_state.pdparams"))
-    for name, config in checkpoint_configs(parts).items():
+    paddle.save(networks.model.state_dict(), str(folder / "model_state.pdparams"))
+    for name, config in checkpoint_configs(networks).items():
         if name == "export_config.json":
             config = {**config, **export_config}
         (folder / name).write_text(json.dumps(config))

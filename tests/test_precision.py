@@ -150,19 +150,19 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
                         amp_initialize([models], dtype, excluded_layers))
     loss = LossArguments(perceptual_weight=0.0)
-    parts = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", freeze_encoder=True,
+    networks = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", freeze_encoder=True,
                                             disc_norm="group", disc_num_layers=2, disc_base_channels=8),
                              loss, make_args(tmp_path), resolution=32)
-    vae = parts.model.vae
+    vae = networks.model.vae
     original = {name: param.numpy().copy() for name, param in vae.named_parameters()}
-    run = build_optimization(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
+    run = build_optimization(networks, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
     assert vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
     assert {p.dtype for p in encoder_parameters(vae)} == {paddle.float32}  # ... but not to the frozen encoder
     for (name, _), shadow in zip(vae.named_parameters(), run.ema.shadow_params):  # averages of the exact weights
         np.testing.assert_array_equal(shadow.numpy(), original[name], err_msg=name)
     frozen = {id(p) for p in encoder_parameters(vae)}
     masters = {p.name: paddle.to_tensor(original[n]) for n, p in vae.named_parameters() if id(p) not in frozen}
-    restore_float32(parts.model, [_OptimizerWithMasterWeights(masters)])
+    restore_float32(networks.model, [_OptimizerWithMasterWeights(masters)])
     for name, param in vae.named_parameters():
         assert param.dtype == paddle.float32
         np.testing.assert_array_equal(param.numpy(), original[name], err_msg=name)
@@ -184,10 +184,10 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
                         amp_initialize([models], dtype, excluded_layers))
     loss = LossArguments(perceptual_weight=0.0, learn_logvar=True, logvar_init=0.1, lecam_weight=0.1)
-    parts = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", disc_norm="group",
+    networks = build_networks(ModelArguments(vae_config_file="configs/vae_micro.json", disc_norm="group",
                                             disc_num_layers=2, disc_base_channels=8), loss, make_args(tmp_path))
-    model = parts.model
-    run = build_optimization(parts, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2"))
+    model = networks.model
+    run = build_optimization(networks, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2"))
     assert model.vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
     assert model.discriminator.parameters()[0].dtype == paddle.float16
     state = model.state_dict()

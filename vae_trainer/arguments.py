@@ -13,7 +13,8 @@ flags with the same meaning:
   the reference scripts' aliases, is `flag_policy.py`; how fields become flags and --help groups,
   `argument_parser.py`.
 
-Also the two helpers a field's declaration uses: `in_group` (its --help group) and `literal_choices`.
+Also the helpers a field's declaration and its checks use: `in_group` (its --help group), `literal_choices`
+and `strip_optional` (a field's Literal values).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ SchedulerName = Literal[tuple(s.value for s in SchedulerType)]
 EvalMetric = Literal[tuple(HIGHER_IS_BETTER)]
 OptLevel = Literal["O1", "O2"]
 Reporter = Literal["visualdl", "none"]
+
+
 def in_group(group: str, help: str, **metadata: Any) -> Dict[str, Any]:
     """Field metadata placing a flag in a --help group other than its dataclass's."""
     return {"help": help, "group": group, **metadata}
@@ -65,7 +68,6 @@ def literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
     """The values of a (possibly Optional) Literal type, else None."""
     annotation = strip_optional(annotation)
     return get_args(annotation) if get_origin(annotation) is Literal else None
-
 
 
 DEVICES = "cpu, gpu, gpu:N"

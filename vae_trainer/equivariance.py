@@ -5,9 +5,11 @@ EQ-VAE (Kouzelis et al., ICML 2025) fine-tunes a VAE so that decoding a transfor
 transformed image: with probability --equivariance_prob a micro-batch's reconstruction terms compare
 `decode(tau(z))` with `tau(x)` instead of `decode(z)` with `x` (step.py), `tau` one of
 - `scale`: a downscale by s in [--equivariance_min_scale, 1), the latent h x w -> h' x w' with
-  h' = round(s h), w' = round(s w), each kept in [1, h - 1] (resp. w - 1), and the image H x W -> h' F x w' F
-  (F = H / h, the VAE's downsampling factor), so both stay exact multiples of F, whatever s and the sizes;
-  both resized by antialiased bilinear resampling (`resize`);
+  h' = round(s h), w' = round(s w), each kept below h (resp. w) and, as far as that allows, at least
+  MIN_SCALED_SIDE / F, and the image H x W -> h' F x w' F (F = H / h, the VAE's downsampling factor), so both
+  stay exact multiples of F, whatever s and the sizes; both resized by antialiased bilinear resampling
+  (`resize`). The floor keeps the scaled images scorable: the default PatchGAN (3 strided layers) gives no
+  output below 24 px, and LPIPS's VGG16 none at 8;
 - `rotate`: a rotation by 90, 180 or 270 degrees (`paddle.rot90` over the last two axes).
 
 The transform of micro-batch m of optimizer step t is drawn from (--seed, t, m) alone (`draw`): every rank
@@ -26,6 +28,7 @@ import numpy as np
 import paddle
 
 TRANSFORMS = ("scale", "rotate")
+MIN_SCALED_SIDE = 24  # px: the smallest image the default 3-layer PatchGAN scores (3 * 2 ** layers)
 DEFAULT_TRANSFORMS = "scale,rotate"
 _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of the seed
 
@@ -48,23 +51,30 @@ class Transform:
     scale: float = 1.0
     quarter_turns: int = 0
 
-    def latent_size(self, height: int, width: int) -> Tuple[int, int]:
+    def latent_size(self, height: int, width: int, factors: Sequence[int] = (1, 1)) -> Tuple[int, int]:
+        """tau's latent size for a latent `height` x `width` whose images are `factors` (H / h, W / w) larger."""
         if self.kind == "rotate":
             return (width, height) if self.quarter_turns % 2 else (height, width)
-        return scaled_size(height, self.scale), scaled_size(width, self.scale)
+        return (scaled_size(height, self.scale, -(-MIN_SCALED_SIDE // factors[0])),
+                scaled_size(width, self.scale, -(-MIN_SCALED_SIDE // factors[1])))
 
-    def latent(self, latent: paddle.Tensor) -> paddle.Tensor:
-        """tau(z) of a [B, C, h, w] latent."""
+    def latent(self, latent: paddle.Tensor, image_size: Sequence[int]) -> paddle.Tensor:
+        """tau(z) of a [B, C, h, w] latent of images of `image_size` (H, W)."""
         if self.kind == "rotate":
             return paddle.rot90(latent, k=self.quarter_turns, axes=[2, 3])
-        return resize(latent, self.latent_size(latent.shape[2], latent.shape[3]))
+        h, w = latent.shape[2], latent.shape[3]
+        return resize(latent, self.latent_size(h, w, (image_size[0] // h, image_size[1] // w)))
 
     def images(self, images: paddle.Tensor, latent_size: Sequence[int]) -> paddle.Tensor:
         """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w): what decode(tau(z)) is
-        compared with, of the size the decoder gives for tau(z)."""
-        if self.kind == "rotate":
-            return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
-        return resize(images, image_size(images, latent_size, self.latent_size(*latent_size)))
+        compared with, of the size the decoder gives for tau(z). Computed in float32 whatever autocast is on
+        (the clean objective compares with float32 images too)."""
+        with paddle.amp.auto_cast(enable=False):
+            if self.kind == "rotate":
+                return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
+            h, w = latent_size
+            factors = (images.shape[2] // h, images.shape[3] // w)
+            return resize(images, image_size(images, latent_size, self.latent_size(h, w, factors)))
 
     def describe(self) -> str:
         return f"rotate {90 * self.quarter_turns}" if self.kind == "rotate" else f"scale {self.scale:.3f}"
@@ -77,9 +87,12 @@ def image_size(images: paddle.Tensor, latent_size: Sequence[int], new_latent_siz
     return (new_latent_size[0] * (height // latent_size[0]), new_latent_size[1] * (width // latent_size[1]))
 
 
-def scaled_size(size: int, scale: float) -> int:
-    """round(scale * size), kept in [1, size - 1]: a scale always shrinks (a size of 1 stays 1)."""
-    return max(1, min(size - 1, int(round(scale * size)))) if size > 1 else 1
+def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
+    """round(scale * size), at least `minimum` and at most size - 1: a scale always shrinks, but never below
+    `minimum` (a size that cannot shrink and stay at or above it keeps its size, and a size of 1 stays 1)."""
+    if size - 1 < max(1, minimum):
+        return size
+    return max(max(1, minimum), min(size - 1, int(round(scale * size))))
 
 
 def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
@@ -130,5 +143,7 @@ def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Te
     1), the images to the size the decoder gives for it, both antialiased bilinear."""
     size = latent.shape[2], latent.shape[3]
     half = max(1, size[0] // 2), max(1, size[1] // 2)
-    return resize(latent, half), resize(images, image_size(images, size, half))
+    with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
+        target = resize(images, image_size(images, size, half))
+    return resize(latent, half), target
 

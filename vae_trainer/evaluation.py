@@ -457,9 +457,10 @@ def evaluate_vae(
     features its final matrix square root takes seconds to a minute on CPU. Latent statistics are
     those of posterior samples (exact expectation from the posterior means and variances; raw, before
     any scaling factor), whatever is decoded. The latent diagnostics (latent_diagnostics.py: two
-    equivariance PSNRs, two more decodes per batch, and the latents' high-frequency share) are metrics too. ``input_size`` resizes what the encoder sees
-    (--input_size); ``posterior_std`` > 0 is the constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process evaluates; ``EvalResult.num_images``
-    is the total over all ranks. ``tiling`` (--eval_tiled) encodes and decodes images larger than its tile
+    equivariance PSNRs, two more decodes per batch, and the latents' high-frequency share) are metrics
+    too. ``input_size`` resizes what the encoder sees (--input_size); ``posterior_std`` > 0 is the
+    constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process
+    evaluates; ``EvalResult.num_images`` is the total over all ranks. ``tiling`` (--eval_tiled) encodes and decodes images larger than its tile
     tile by tile (``tiled``). The VAE's train/eval mode and tiling settings are restored afterwards.
     """
     check_tiling(getattr(vae, "config", None), tiling, input_size)

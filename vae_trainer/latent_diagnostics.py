@@ -42,7 +42,8 @@ def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images:
     half_latents, half_images = halved_pair(latents, images)
     return {
         "scale_equivariance_psnr": (decode(half_latents), half_images),
-        "rotation_equivariance_psnr": (decode(rotation.latent(latents)), rotation.images(images, latents.shape[2:])),
+        "rotation_equivariance_psnr": (decode(rotation.latent(latents, images.shape[2:])),
+                                       rotation.images(images, latents.shape[2:])),
     }
 
 

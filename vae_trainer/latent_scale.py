@@ -358,8 +358,8 @@ def decide(mode: Mode, vae_config, stats=None, stats_source: Optional[str] = Non
 
 def per_channel_normalisation(stats=None) -> Dict[str, Optional[list]]:
     """latent_stats.json's `latents_mean` / `latents_std`: the per-channel mean and std of the exported weights'
-    posterior samples, the normalisation a pipeline with diffusers' `latents_mean` / `latents_std` config applies
-    ((z - mean) / std); None when nothing was measured."""
+    posterior samples, for pipelines that normalise with diffusers' `latents_mean` / `latents_std` config
+    (SDXL-style ones compute (z - mean) * scaling_factor / std); None when nothing was measured."""
     return {"latents_mean": stats.latent_mean if stats is not None else None,
             "latents_std": stats.latent_std if stats is not None else None}
 

@@ -184,9 +184,12 @@ class TrainStep:
         self._micro_batch += 1
         model.train()
         with self.precision.autocast():
-            recon, post_mean, post_logvar = model(pixel_values, sample_posterior=self.loss_args.sample_posterior,
-                                                  latent_transform=transform.latent if transform else None)
+            image_size = pixel_values.shape[2:]
+            recon, post_mean, post_logvar = model(
+                pixel_values, sample_posterior=self.loss_args.sample_posterior,
+                latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             encoded_pixels = float(pixel_values.shape[1] * pixel_values.shape[2] * pixel_values.shape[3])
+            clean_inputs = pixel_values
             if transform is not None:
                 pixel_values = transform.images(pixel_values, post_mean.shape[2:])
             loss, logs = vae_objective(
@@ -196,7 +199,9 @@ class TrainStep:
                 grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps, encoded_pixels=encoded_pixels,
             )
         self.precision.scale_vae(loss / self.accumulation_steps).backward()
-        self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()  # for image logging
+        # For image logging: the compared pair (with a transform, tau(x) and decode(tau(z))) and the clean images.
+        self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()
+        self.last_clean_inputs = clean_inputs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
@@ -280,11 +285,12 @@ class TrainStep:
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
 
     def images_for_logging(self) -> Tuple[paddle.Tensor, paddle.Tensor]:
-        """(inputs, reconstructions) of the last micro-batch; with EMA, reconstructed by the EMA weights.
+        """(inputs, reconstructions) of the last micro-batch: the pair its objective compared (with an EQ-VAE
+        transform tau(x) and decode(tau(z))); with EMA, the clean images reconstructed by the EMA weights.
         Call it only on the rank that writes images: with EMA it runs a VAE forward."""
         if self.ema is None:
             return self.last_inputs, self.last_reconstructions
         # The container, so that --input_size applies; O2: float32 images into half-precision weights.
         with ema_weights(self.ema, self.model.vae), paddle.no_grad(), half_precision_autocast(self.model.vae):
-            recon = self.model(self.last_inputs, sample_posterior=False)[0]
-        return self.last_inputs, recon.astype("float32")
+            recon = self.model(self.last_clean_inputs, sample_posterior=False)[0]
+        return self.last_clean_inputs, recon.astype("float32")

@@ -128,12 +128,14 @@ def _no_inherited_garbage(num_workers: int):
     if num_workers <= 0:
         yield
         return
+    frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def _shut_down(batches) -> None:
