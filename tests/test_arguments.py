@@ -17,7 +17,7 @@ from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
 from vae_trainer import arguments
-from vae_trainer import flag_checks
+from vae_trainer import argument_parser
 from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser, parse_arguments
 from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments, VAETrainingArguments
 from vae_trainer.flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS
@@ -104,7 +104,7 @@ def test_bad_choices_fail_at_parse_time_naming_the_choices(flag, value, capsys):
 
 def test_choices_hold_in_code_too():
     with pytest.raises(ValueError, match="--pixel_loss"):
-        flag_checks.validate(ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"),
+        argument_parser.validate(ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"),
                            LossArguments(pixel_loss="l3"))
 
 
@@ -466,7 +466,7 @@ def test_the_same_flags_with_what_they_need_parse(extra):
 
 def test_idle_flags_set_in_code_are_refused_too():
     with pytest.raises(ValueError, match="--ema_decay"):
-        flag_checks.validate(ModelArguments(vae_config_file="configs/vae_micro.json"), DataArguments(file_list="x"),
+        argument_parser.validate(ModelArguments(vae_config_file="configs/vae_micro.json"), DataArguments(file_list="x"),
                            LossArguments(), VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1,
                                                                  ema_decay=0.5))
 

@@ -19,6 +19,7 @@ from skimage import data as skimage_data
 from skimage.transform import resize
 
 import vae_trainer.data.dataset as dataset
+import vae_trainer.evaluation as evaluation
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.evaluation import (EvalProtocol, Tiling, TrainingEvaluator, eval_batch_size, evaluate_vae,
                                     measure_latents, measure_latents_of, tiled)
@@ -142,6 +143,7 @@ def loader_batches(monkeypatch):
         return build(data, resolution, batch_size, *args, **kwargs)
 
     monkeypatch.setattr(dataset, "build_eval_dataloader", recording)
+    monkeypatch.setattr(evaluation, "build_eval_dataloader", recording)  # (evaluation.py imports it by name)
     return sizes
 
 

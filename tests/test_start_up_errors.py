@@ -65,8 +65,10 @@ def test_latent_stats_num_images_is_checked_at_start_up(driver, photo_filelist, 
     assert "--latent_stats_num_images 0 must be at least 1" in message
     import vae_trainer.build
     import vae_trainer.distributed
+    import vae_trainer.evaluation
 
     monkeypatch.setattr(vae_trainer.distributed, "world_size", lambda: 2)  # what the evaluator sees under 2 ranks
+    monkeypatch.setattr(vae_trainer.evaluation, "world_size", lambda: 2)  # (imported there by name)
     monkeypatch.setattr(vae_trainer.build, "broadcast_parameters", lambda model: None)  # no second rank to talk to
     message = refused(driver, tiny_args(photo_filelist, tmp_path / "one", latent_stats_num_images=1))
     assert "at least the number of ranks (2)" in message

@@ -66,9 +66,10 @@ def test_outputs_and_visualdl(runs, driver):
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_every_evaluation_states_its_protocol(runs, driver):
     from vae_trainer.evaluation import EvalProtocol
+    from vae_trainer.latent_diagnostics import DIAGNOSTICS
 
     console = open(os.path.join(runs[driver], "console.txt")).read()
-    protocol = EvalProtocol(resolution=32, metrics=("psnr", "ssim", "lpips")).text()  # no rFID weights given
+    protocol = EvalProtocol(resolution=32, metrics=("psnr", "ssim", "lpips", *DIAGNOSTICS)).text()  # no rFID weights
     for step in (2, 4):
         assert f"eval at step {step} on 6 images" in console
         assert console.split(f"eval at step {step} on 6 images", 1)[1].split("protocol:\n", 1)[1].startswith(protocol)
@@ -80,16 +81,17 @@ def test_every_evaluation_is_recorded_in_eval_metrics_jsonl(runs, driver):
     import json
 
     from vae_trainer.evaluation import EvalProtocol
+    from vae_trainer.latent_diagnostics import DIAGNOSTICS
 
     output_dir = runs[driver]
     with open(os.path.join(output_dir, "eval_metrics.jsonl")) as handle:
         lines = [json.loads(line) for line in handle]
     assert [line["step"] for line in lines] == [2, 4] and {line["weights"] for line in lines} == {"ema"}
     logdir = os.path.join(output_dir, "logs")
-    for name in ("psnr", "ssim", "lpips"):
+    for name in ("psnr", "ssim", "lpips", *DIAGNOSTICS):
         logged = read_scalars(logdir, f"eval/{name}")
         assert [line["metrics"][name] for line in lines] == pytest.approx([logged[2], logged[4]], rel=1e-6), name
-    assert lines[0]["protocol"] == EvalProtocol(resolution=32, metrics=("psnr", "ssim", "lpips")).describe()
+    assert lines[0]["protocol"] == EvalProtocol(resolution=32, metrics=("psnr", "ssim", "lpips", *DIAGNOSTICS)).describe()
     assert lines[0]["metric_for_best_model"] == "psnr" and lines[0]["is_best"]
 
 

@@ -1,5 +1,6 @@
 """The command-line parser of both entry points: PaddleNLP's `PdArgumentParser` with our --help layout, and
-`parse_arguments` (flags or one JSON file -> the four dataclasses, --recipe applied, flag_checks.validate).
+`parse_arguments` (flags or one JSON file -> the four dataclasses, --recipe applied, then `validate`: the
+VAE source, choices and technique values here, the combinations of flag_checks.py).
 
 Owns how the dataclasses of arguments.py become flags (not which flags exist, nor the PaddleNLP flag
 policy of flag_policy.py):
@@ -23,14 +24,16 @@ import dataclasses
 import json
 import sys
 import types
-from typing import Any, Dict, List, Optional, Sequence, Tuple, get_args, get_origin, get_type_hints
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, get_args, get_origin, get_type_hints
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from .arguments import (ALL_ARGUMENT_CLASSES, DataArguments, LossArguments, ModelArguments, VAETrainingArguments,
                         literal_choices, strip_optional)
-from .flag_checks import validate
+from . import flag_checks
 from .flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS, inherited_fields
+from .equivariance import parse_transforms
+from .latent_scale import scaling_factor_mode
 from .recipes import apply_recipe, flags_given
 
 GROUPS = {
@@ -127,3 +130,75 @@ def parse_arguments(
     apply_recipe((model_args, data_args, loss_args, training_args), explicit)
     validate(model_args, data_args, loss_args, training_args, given=explicit)
     return model_args, data_args, loss_args, training_args
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
+             training_args: Optional[VAETrainingArguments] = None, given: Optional[Set[str]] = None) -> None:
+    """Reject contradictory or unknown choices, sizes the VAE cannot take, and flags that would do nothing,
+    before anything is built. `given`: the flags the user gave (default: the fields that differ from their
+    defaults, for arguments made in code)."""
+    _validate_vae_source(model_args)
+    if data_args.file_list is None:
+        raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a .filelist.list).")
+    for arguments in (model_args, data_args, loss_args):
+        _check_choices(arguments)
+    _validate_techniques(model_args, loss_args)
+    flag_checks.check_sizes(model_args, data_args)
+    if training_args is None:
+        return
+    flag_checks.check_evaluation(model_args, data_args, training_args)
+    if given is None:
+        given = flag_checks.given_by_default_difference((model_args, data_args, loss_args, training_args))
+    flag_checks.refuse_idle_flags(flag_checks.Flags(model_args, data_args, loss_args, training_args), flag_checks.canonical_names(given))
+
+
+def _validate_vae_source(model_args: ModelArguments) -> None:
+    """Which VAE, loaded how (models/vae_loading.py): the fine-tuning flags of docs and README "Fine-tune"."""
+    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
+                         "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
+    if model_args.ignore_keys and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        raise ValueError("--ignore_keys needs --pretrained_model_name_or_path or --init_from_ckpt (weights to skip).")
+    if model_args.freeze_encoder and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+        # A frozen encoder of a VAE trained from scratch stays at its random initialisation for the whole run.
+        raise ValueError("--freeze_encoder keeps the encoder's weights, and a VAE trained from scratch has only random "
+                         "ones: give --pretrained_model_name_or_path or --init_from_ckpt, or drop --freeze_encoder.")
+    if model_args.input_size is not None and (len(model_args.input_size) != 2 or min(model_args.input_size) < 1):
+        raise ValueError(f"--input_size takes two positive numbers H W, got {model_args.input_size}")
+    scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
+
+
+def _check_choices(arguments: Any) -> None:
+    """Literal-typed fields hold one of their values (the parser checks flags; this covers code and recipes)."""
+    hints = get_type_hints(type(arguments))
+    for f in dataclasses.fields(arguments):
+        choices = literal_choices(hints[f.name])
+        value = getattr(arguments, f.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
+
+
+def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -> None:
+    """The options of docs/techniques.md."""
+    if loss_args.pixel_loss_pool < 1:
+        raise ValueError("--pixel_loss_pool must be >= 1")
+    if model_args.posterior_std < 0:
+        raise ValueError("--posterior_std must be >= 0 (0 keeps the encoder's variance)")
+    if loss_args.loss_balancing == "gradnorm" and loss_args.learn_logvar:
+        raise ValueError("--learn_logvar has no effect under --loss_balancing gradnorm (the nll is not used)")
+    _validate_equivariance(model_args, loss_args)
+
+
+def _validate_equivariance(model_args: ModelArguments, loss_args: LossArguments) -> None:
+    """EQ-VAE's flags (equivariance.py)."""
+    if not 0.0 <= loss_args.equivariance_prob <= 1.0:
+        raise ValueError(f"--equivariance_prob is a probability in [0, 1], got {loss_args.equivariance_prob}")
+    if not 0.0 < loss_args.equivariance_min_scale < 1.0:
+        raise ValueError("--equivariance_min_scale is the smallest downscale factor, in (0, 1), got "
+                         f"{loss_args.equivariance_min_scale}")
+    parse_transforms(loss_args.equivariance_transforms)
+    if loss_args.equivariance_prob > 0 and model_args.freeze_encoder:
+        raise ValueError("--equivariance_prob shapes the latent space, and the latent space belongs to the encoder, "
+                         "which --freeze_encoder keeps as it is: drop one of them (an equivariance fine-tune "
+                         "trains the encoder and the decoder together).")

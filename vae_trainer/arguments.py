@@ -1,7 +1,8 @@
 """Our flags: the dataclasses both entry points share, what each field means, and its default.
 
-The flag layer reads top-down, one direction of imports: this module (the fields) <- flag_checks.py (what
-is refused) <- argument_parser.py (`parse_arguments`: the parser, --recipe, the checks). Four dataclasses,
+The flag layer reads top-down, one direction of imports: argument_parser.py (`parse_arguments`: the parser,
+--recipe, `validate`) imports this module (the fields) and flag_checks.py (the combinations refused, which
+imports neither). Four dataclasses,
 parsed together, so that `train_vae_trainer.py` and `train_vae_no_trainer.py` accept exactly the same
 flags with the same meaning:
 

@@ -1,8 +1,7 @@
 """Flags refused at parse time, before anything expensive is built, in both entry points.
 
-`validate` (argument_parser.parse_arguments calls it; the dataclasses are arguments.py's) refuses a missing
-or contradictory VAE source, a value outside a field's choices, bad technique values, and three kinds of
-combination:
+Owns three kinds of check, which argument_parser.validate runs with its own (a VAE source, choices, the
+techniques' values); it reads the parsed objects and never imports arguments.py, nor Paddle:
 
 - `check_sizes`: --resolution, --input_size and the --aspect_ratio_buckets shapes against the VAE's
   downsampling factor, 2 ** (number of down blocks - 1) (8 for SD, SDXL, FLUX), read from the VAE's
@@ -27,26 +26,20 @@ import inspect
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple, get_type_hints
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
 
-from paddlenlp.trainer import TrainingArguments
-from ppdiffusers import AutoencoderKL
-
-from .arguments import (ALL_ARGUMENT_CLASSES, DataArguments, LossArguments, ModelArguments, VAETrainingArguments,
-                        literal_choices)
-from .checkpoint import checkpoint_vae_config
 from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
-from .equivariance import parse_transforms
-from .flag_policy import ALIASES
-from .latent_scale import scaling_factor_mode
-from .models.lpips import DEFAULT_LPIPS_WEIGHTS
-from .models.vae import check_reconstruction_shape
+
+# Importing this module stays free of Paddle (eval_vae.py and the parse-time checks run before, or without, the
+# rest): what needs Paddle, PaddleNLP or ppdiffusers is imported in the function that uses it.
 
 
 # ---------------------------------------------------------------------------------------------- sizes
 def vae_config_for_checks(model_args) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the AutoencoderKL config the run will build, where it comes from), read from JSON only; (None, why)
     when no config file states it (a single-file checkpoint) or the file is missing (the build reports it)."""
+    from .checkpoint import checkpoint_vae_config
+
     path = model_args.vae_config_file
     if path is None and model_args.pretrained_model_name_or_path:
         folder = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "")
@@ -61,6 +54,8 @@ def vae_config_for_checks(model_args) -> Tuple[Optional[Dict[str, Any]], str]:
 
 def _with_defaults(config: Dict[str, Any]) -> Dict[str, Any]:
     """The block lists AutoencoderKL uses when a config file leaves them out."""
+    from ppdiffusers import AutoencoderKL
+
     parameters = inspect.signature(AutoencoderKL.__init__).parameters
     defaults = {name: parameters[name].default for name in ("down_block_types", "up_block_types")}
     return {**defaults, **{key: value for key, value in config.items() if value is not None}}
@@ -73,6 +68,8 @@ def downsampling_factor(config: Dict[str, Any]) -> int:
 
 def check_sizes(model_args, data_args) -> None:
     """--resolution / --input_size / bucket shapes that the VAE's encoder and decoder can take."""
+    from .models.vae import check_reconstruction_shape
+
     resolution = data_args.resolution
     if data_args.aspect_ratio_buckets:
         if model_args.input_size is not None:
@@ -157,6 +154,8 @@ def evaluates(data_args, training_args) -> bool:
 
 def check_evaluation(model_args, data_args, training_args) -> None:
     """Evaluation flags that only act together, and the evaluation batch."""
+    from .models.lpips import DEFAULT_LPIPS_WEIGHTS
+
     check_eval_batch_size(getattr(training_args, "per_device_eval_batch_size", None))
     eval_steps = training_args.eval_steps
     if eval_steps is not None and eval_steps < 1:
@@ -186,6 +185,10 @@ class Flags:
     data: Any
     loss: Any
     training: Any
+
+    def classes(self) -> Tuple[type, ...]:
+        """The dataclasses of the four objects (arguments.ALL_ARGUMENT_CLASSES, without importing it)."""
+        return tuple(type(arguments) for arguments in (self.model, self.data, self.loss, self.training))
 
     def __getattr__(self, name: str) -> Any:
         for arguments in (self.model, self.data, self.loss, self.training):
@@ -217,19 +220,29 @@ def _logs_images(f: Flags) -> bool:
 
 
 def _measures_latent_scale(f: Flags) -> bool:
+    from .latent_scale import scaling_factor_mode
+
     return scaling_factor_mode(f.model) == "measure"
 
 
-def discriminator_flags() -> Tuple[str, ...]:
-    """The flags of the --help group "discriminator" (but --disc_weight, which switches it on)."""
-    return tuple(f.name for arguments in ALL_ARGUMENT_CLASSES for f in dataclasses.fields(arguments)
+def discriminator_flags(classes: Sequence[type]) -> Tuple[str, ...]:
+    """The flags of the --help group "discriminator" of the argument `classes` (but --disc_weight, which
+    switches it on)."""
+    return tuple(f.name for arguments in classes for f in dataclasses.fields(arguments)
                  if f.metadata.get("group", getattr(arguments, "_group", None)) == "discriminator"
                  and f.name != "disc_weight")
 
 
-def idle_rules() -> Sequence[IdleRule]:
+def _uses_scale(f: Flags) -> bool:
+    from .equivariance import parse_transforms
+
+    return "scale" in parse_transforms(f.equivariance_transforms)
+
+
+def idle_rules(classes: Sequence[type]) -> Sequence[IdleRule]:
+    """The rules for the flags of the argument `classes` (`Flags.classes`)."""
     return (
-        IdleRule(discriminator_flags(), lambda f: f.disc_weight == 0,
+        IdleRule(discriminator_flags(classes), lambda f: f.disc_weight == 0,
                  "with --disc_weight 0 the discriminator never trains: drop it, or set --disc_weight > 0"),
         IdleRule(("disc_norm", "disc_num_layers"), lambda f: f.disc_type == "vgg",
                  "the VGG16 discriminator (--disc_type vgg) has no such setting: drop it"),
@@ -246,7 +259,7 @@ def idle_rules() -> Sequence[IdleRule]:
                  "it shapes the transforms of --equivariance_prob, which is 0 (off): add --equivariance_prob 0.5, "
                  "or drop it"),
         IdleRule(("equivariance_min_scale",), lambda f: f.equivariance_prob > 0
-                 and "scale" not in parse_transforms(f.equivariance_transforms),
+                 and not _uses_scale(f),
                  "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale "
                  "to it, or drop it"),
         IdleRule(("subfolder",), lambda f: not f.pretrained_model_name_or_path,
@@ -303,6 +316,8 @@ def is_inert(flags: Flags, name: str) -> bool:
 def given_by_default_difference(objects: Iterable[Any]) -> Set[str]:
     """For arguments made in code (no command line): the fields whose value differs from a default instance's
     (for TrainingArguments one with the same --output_dir and --max_steps, as PaddleNLP rewrites fields)."""
+    from paddlenlp.trainer import TrainingArguments
+
     given = set()
     for arguments in objects:
         if isinstance(arguments, TrainingArguments):
@@ -316,85 +331,15 @@ def given_by_default_difference(objects: Iterable[Any]) -> Set[str]:
 
 def canonical_names(names: Iterable[str]) -> Set[str]:
     """Flag names as typed (aliases of flag_policy.ALIASES included) -> field names."""
+    from .flag_policy import ALIASES
+
     alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
     return {alias_of.get(name, name) for name in names}
 
 
 def refuse_idle_flags(flags: Flags, given: Set[str]) -> None:
     """Raise naming every flag in `given` that would do nothing with the other flags (`idle_rules`)."""
-    idle = [f"--{name}: {rule.fix}" for rule in idle_rules() for name in rule.flags
+    idle = [f"--{name}: {rule.fix}" for rule in idle_rules(flags.classes()) for name in rule.flags
             if name in given and not is_inert(flags, name) and rule.idle(flags)]
     if idle:
         raise ValueError("flag(s) that would do nothing with the other flags:\n  " + "\n  ".join(dict.fromkeys(idle)))
-
-
-# ---------------------------------------------------------------------------------------------- all of them
-def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
-             training_args: Optional[VAETrainingArguments] = None, given: Optional[Set[str]] = None) -> None:
-    """Reject contradictory or unknown choices, sizes the VAE cannot take, and flags that would do nothing,
-    before anything is built. `given`: the flags the user gave (default: the fields that differ from their
-    defaults, for arguments made in code)."""
-    _validate_vae_source(model_args)
-    if data_args.file_list is None:
-        raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a .filelist.list).")
-    for arguments in (model_args, data_args, loss_args):
-        _check_choices(arguments)
-    _validate_techniques(model_args, loss_args)
-    check_sizes(model_args, data_args)
-    if training_args is None:
-        return
-    check_evaluation(model_args, data_args, training_args)
-    if given is None:
-        given = given_by_default_difference((model_args, data_args, loss_args, training_args))
-    refuse_idle_flags(Flags(model_args, data_args, loss_args, training_args), canonical_names(given))
-
-
-def _validate_vae_source(model_args: ModelArguments) -> None:
-    """Which VAE, loaded how (models/vae_loading.py): the fine-tuning flags of docs and README "Fine-tune"."""
-    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
-                         "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
-    if model_args.ignore_keys and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        raise ValueError("--ignore_keys needs --pretrained_model_name_or_path or --init_from_ckpt (weights to skip).")
-    if model_args.freeze_encoder and not (model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
-        # A frozen encoder of a VAE trained from scratch stays at its random initialisation for the whole run.
-        raise ValueError("--freeze_encoder keeps the encoder's weights, and a VAE trained from scratch has only random "
-                         "ones: give --pretrained_model_name_or_path or --init_from_ckpt, or drop --freeze_encoder.")
-    if model_args.input_size is not None and (len(model_args.input_size) != 2 or min(model_args.input_size) < 1):
-        raise ValueError(f"--input_size takes two positive numbers H W, got {model_args.input_size}")
-    scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
-
-
-def _check_choices(arguments: Any) -> None:
-    """Literal-typed fields hold one of their values (the parser checks flags; this covers code and recipes)."""
-    hints = get_type_hints(type(arguments))
-    for f in dataclasses.fields(arguments):
-        choices = literal_choices(hints[f.name])
-        value = getattr(arguments, f.name)
-        if choices is not None and value is not None and value not in choices:
-            raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
-
-
-def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -> None:
-    """The options of docs/techniques.md."""
-    if loss_args.pixel_loss_pool < 1:
-        raise ValueError("--pixel_loss_pool must be >= 1")
-    if model_args.posterior_std < 0:
-        raise ValueError("--posterior_std must be >= 0 (0 keeps the encoder's variance)")
-    if loss_args.loss_balancing == "gradnorm" and loss_args.learn_logvar:
-        raise ValueError("--learn_logvar has no effect under --loss_balancing gradnorm (the nll is not used)")
-    _validate_equivariance(model_args, loss_args)
-
-
-def _validate_equivariance(model_args: ModelArguments, loss_args: LossArguments) -> None:
-    """EQ-VAE's flags (equivariance.py)."""
-    if not 0.0 <= loss_args.equivariance_prob <= 1.0:
-        raise ValueError(f"--equivariance_prob is a probability in [0, 1], got {loss_args.equivariance_prob}")
-    if not 0.0 < loss_args.equivariance_min_scale < 1.0:
-        raise ValueError("--equivariance_min_scale is the smallest downscale factor, in (0, 1), got "
-                         f"{loss_args.equivariance_min_scale}")
-    parse_transforms(loss_args.equivariance_transforms)
-    if loss_args.equivariance_prob > 0 and model_args.freeze_encoder:
-        raise ValueError("--equivariance_prob shapes the latent space, and the latent space belongs to the encoder, "
-                         "which --freeze_encoder keeps as it is: drop one of them (an equivariance fine-tune "
-                         "trains the encoder and the decoder together).")
