@@ -12,6 +12,27 @@ import pytest
 from PIL import Image
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _without_torch_in_subprocesses() -> None:
+    """The processes the tests start (entry points, scripts, launchers) run with USE_TORCH=0 unless the test's
+    env says otherwise: ppdiffusers then does not import PyTorch (a test extra here, not a dependency of the
+    trainer) at start-up, 2 of the 6 seconds every process spends importing, about as users without torch
+    run. Their PyTorch checkpoints (.bin, .ckpt) still load: ppdiffusers reads them without torch. The
+    FLUX.2 PyTorch side (.venv-flux2, diffusers needs torch) is left alone, and so is this process."""
+    original = subprocess.Popen.__init__
+
+    def popen(self, args, *positional, **options):
+        program = str(args[0] if isinstance(args, (list, tuple)) else args)
+        env = options.get("env")
+        if ".venv-flux2" not in program and (env is None or "USE_TORCH" not in env):
+            options["env"] = {**(os.environ if env is None else env), "USE_TORCH": "0"}
+        original(self, args, *positional, **options)
+
+    subprocess.Popen.__init__ = popen
+
+
+_without_torch_in_subprocesses()
 # Set by `make test` (and so by CI): the test extras (requirements-test.txt) must be there, so a failed
 # install fails the tests that need them instead of skipping them silently.
 REQUIRE_TEST_EXTRAS = "VAE_TRAINER_REQUIRE_TEST_EXTRAS"

@@ -30,7 +30,8 @@ def test_the_torch_helper_saves_a_diffusers_folder_without_ppdiffusers_imported_
     script = ("import sys; from torch_vae import make_torch_vae; make_torch_vae().save_pretrained(sys.argv[1]); "
               "assert 'ppdiffusers' not in sys.modules")
     completed = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=os.path.join(REPO, "tests"),
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])},
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")]),
+                                    "USE_TORCH": "1"},  # (PyTorch diffusers; conftest turns torch off otherwise)
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "diffusion_pytorch_model.safetensors" in os.listdir(tmp_path)
