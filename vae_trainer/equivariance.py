@@ -51,7 +51,7 @@ class Transform:
     scale: float = 1.0
     quarter_turns: int = 0
 
-    def latent_size(self, height: int, width: int, factors: Sequence[int] = (1, 1)) -> Tuple[int, int]:
+    def latent_size(self, height: int, width: int, factors: Sequence[int]) -> Tuple[int, int]:
         """tau's latent size for a latent `height` x `width` whose images are `factors` (H / h, W / w) larger."""
         if self.kind == "rotate":
             return (width, height) if self.quarter_turns % 2 else (height, width)
