@@ -56,4 +56,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_and_exit(lambda: main(sys.argv[1:]))  # ends a multi-process run in a defined order (distributed.py)
+    # A signal saves and stops (preemption.py); a multi-process run ends in a defined order (distributed.py).
+    run_and_exit(lambda: main(sys.argv[1:]), stop_signals=True)

@@ -55,6 +55,13 @@ drop_vae_config_unless_asked() {
   COMMON_ARGS=("${kept[@]}")
 }
 
+# Paddle's launcher (3.3.1) has no handler for SIGUSR1 (SLURM's --signal=USR1@120): it would die at once, and the
+# end of the job step would kill the ranks before they save. Started this way it takes SIGUSR1 as SIGTERM,
+# which it forwards to every rank (save and stop: docs/reliability.md).
+LAUNCHER_USR1_AS_TERM='import os, runpy, signal
+signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)'
+
 # launch single|multi SCRIPT [flags...]: one process, or paddle.distributed.launch over GPUs / CPU processes / nodes.
 launch() {
   local mode=$1 script=$2; shift 2
@@ -63,7 +70,7 @@ launch() {
   if [ "$mode" = single ]; then
     exec "$PYTHON" "$script" "${COMMON_ARGS[@]}" --device "$device" "$@"
   fi
-  local launcher=(-m paddle.distributed.launch --log_dir "$OUTPUT_DIR/launch_logs")
+  local launcher=(-c "$LAUNCHER_USR1_AS_TERM" --log_dir "$OUTPUT_DIR/launch_logs")
   if [ "$device" = cpu ]; then launcher+=(--nproc_per_node "${NPROC:-2}"); else launcher+=(--gpus "$GPUS"); fi
   if [ -n "${NNODES:-}" ]; then launcher+=(--nnodes "$NNODES" --rank "${NODE_RANK:-0}" --master "$MASTER"); fi
   exec "$PYTHON" "${launcher[@]}" "$script" "${COMMON_ARGS[@]}" --device "$device" "$@"

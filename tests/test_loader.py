@@ -137,14 +137,14 @@ def test_workers_fork_with_the_parents_objects_frozen(tmp_path, monkeypatch):
     from vae_trainer.data import loader as loader_module
 
     seen = tmp_path / "frozen_in_workers"
-    real = loader_module._die_with_parent
+    real = loader_module._start_worker
 
     def probe(parent_pid, *args):
         real(parent_pid, *args)
         with open(seen, "a") as handle:
             handle.write(f"{gc.get_freeze_count()}\n")
 
-    monkeypatch.setattr(loader_module, "_die_with_parent", probe)
+    monkeypatch.setattr(loader_module, "_start_worker", probe)
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 2, 4))
     loader = build_train_dataloader(file_list, 32, 2, 2, 0, 0, 1)
     with time_limit(120):

@@ -34,7 +34,6 @@ from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, restore_float32, setup_precision
-from .preemption import StopRequest
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -144,10 +143,9 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
-    stop_request = StopRequest(single_process=world_size() == 1)  # installed by the drivers, for the loop only
     step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard,
-                     stop_request, seed=training_args.seed)
+                     seed=training_args.seed)
     return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 

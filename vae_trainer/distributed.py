@@ -26,6 +26,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
+from . import preemption
 from .preemption import PREEMPTED_EXIT_CODE, Preempted
 
 
@@ -43,13 +44,18 @@ def init_distributed() -> None:
         dist.init_parallel_env()
 
 
-def run_and_exit(main: Callable[[], None]) -> NoReturn:
+def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
     """Run an entry point's `main` and end the process in one defined order, on every exit path.
+
+    With `stop_signals` (the training entry points) SIGTERM / SIGINT / SIGUSR1 are stop requests for the whole
+    process (preemption.py): one that arrived after the last step (during the final save or export) lets
+    `main` finish, and then every rank exits PREEMPTED_EXIT_CODE.
 
     `main` has already stopped its data loader workers and reader threads and closed its logs (the drivers
     do that in their own `finally`). Then, with several processes:
-    1. success only: a final barrier, so no rank leaves while another still communicates (on an error path
-       the other ranks may never get there: they are ended by the launcher, which sees this one fail);
+    1. success only: a final all-reduce of "was signalled", which is also the barrier that keeps every rank
+       until none communicates (on an error path the other ranks may never get there: they are ended by the
+       launcher, which sees this one fail);
     2. the process group is destroyed (Python's registry of groups: Paddle offers no call that stops the store);
     3. Python's exit functions run (logging flushed, Paddle's shared-memory files removed, child processes
        joined) and stdout/stderr are flushed;
@@ -70,6 +76,8 @@ def run_and_exit(main: Callable[[], None]) -> NoReturn:
     130 for Ctrl-C, a second one in a single process).
     """
     status = 0
+    if stop_signals:
+        preemption.install(single_process=world_size() == 1)
     try:
         main()
     except SystemExit as stop:
@@ -84,10 +92,11 @@ def run_and_exit(main: Callable[[], None]) -> NoReturn:
         traceback.print_exc()
         status = 1
     if not dist.is_initialized():
-        sys.exit(status)
+        sys.exit(_stopped_at_the_end(status, preemption.stop_signal() is not None))
     try:
-        if status == 0:
-            dist.barrier()
+        if status == 0:  # (the barrier)
+            status = _stopped_at_the_end(status, bool(sum_over_ranks(paddle.to_tensor(
+                [0.0 if preemption.stop_signal() is None else 1.0])).item()))
         dist.destroy_process_group()  # (Python's group registry; the C++ store lives until os._exit)
     except BaseException:  # noqa: B902 (a failed barrier must still end below, not in the exit handlers)
         traceback.print_exc()
@@ -96,6 +105,16 @@ def run_and_exit(main: Callable[[], None]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def _stopped_at_the_end(status: int, signalled: bool) -> int:
+    """The exit status of a run that finished: PREEMPTED_EXIT_CODE if some rank was signalled meanwhile."""
+    if status != 0 or not signalled:
+        return status
+    print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save or "
+          f"export, which finished; exit code {PREEMPTED_EXIT_CODE} (--resume_from_checkpoint latest finds "
+          "nothing left to train)", file=sys.stderr)
+    return PREEMPTED_EXIT_CODE
 
 
 def _status_of(stop: SystemExit) -> int:

@@ -81,7 +81,6 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
 
     batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
     iteration = iter(batches)
-    stop_request = optimization.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
     watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
     try:
         while state.global_step < args.max_steps:
@@ -106,14 +105,13 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                 save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
                 save()
-            stop_after_step(stop, stop_request, state.global_step, save)
+            stop_after_step(stop, state.global_step, save)  # a signal: save and stop (preemption.py)
         save()  # always a checkpoint at the end, to continue training later
     except NonFiniteError:
         save()  # the weights are those of the last good step: a checkpoint to go back to
         raise
     finally:
         watchdog.stop()
-        stop_request.uninstall()
         batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
         monitor.close()

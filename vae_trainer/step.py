@@ -50,7 +50,7 @@ from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
-from .preemption import STOP_REQUESTED, StopRequest
+from .preemption import STOP_REQUESTED, stop_signal
 
 logger = logging.getLogger("vae_trainer")
 
@@ -145,7 +145,6 @@ class TrainStep:
         ema=None,
         max_grad_norm: float = 0.0,
         guard: Optional[NonFiniteGuard] = None,
-        stop_request: Optional[StopRequest] = None,
         seed: int = 0,
     ):
         self.model = model
@@ -158,7 +157,6 @@ class TrainStep:
         self.ema = ema
         self.max_grad_norm = max_grad_norm
         self.guard = guard or NonFiniteGuard()
-        self.stop_request = stop_request  # read here, agreed across ranks in `_read_checks` (preemption.py)
         self.seed = seed  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
         self.transforms = parse_transforms(loss_args.equivariance_transforms)
         self._micro_batch = 0  # of this optimizer step
@@ -279,7 +277,7 @@ class TrainStep:
             (~paddle.isfinite(vae_norm)).astype("float32"),
             (~paddle.isfinite(disc_norm)).astype("float32"),
             gan_overflows.astype("float32"),
-            paddle.full([], 1.0 if self.stop_request is not None and self.stop_request.received else 0.0, "float32"),
+            paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32"),  # agreed here (preemption.py)
         ])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0

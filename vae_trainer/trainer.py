@@ -130,7 +130,6 @@ class VAETrainer(Trainer):
     def create_optimizer_and_scheduler(self, num_training_steps: int):
         with start_up():  # inside Trainer.train: bad flags still end as one line (train_vae_trainer.py)
             self.optimization = build_optimization(self.networks, self.loss_args, self.args)
-        self.optimization.step.stop_request.install()  # SIGTERM / SIGINT / SIGUSR1: save and stop (preemption.py)
         watchdog.start(self.args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
         self.optimizer = self.lr_scheduler = AlreadyStepped(self.optimization.vae_optimizer)
 
@@ -148,8 +147,6 @@ class VAETrainer(Trainer):
     def close(self) -> None:
         """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
         watchdog.stop()
-        if self.optimization is not None:
-            self.optimization.step.stop_request.uninstall()
         if self.train_batches is not None:
             self.train_batches.close()
         self.monitor.close()
@@ -181,7 +178,7 @@ class VAETrainer(Trainer):
             self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation
         # Before the Trainer's own --save_steps save of this step, which would then find it saved.
-        stop_after_step(self.stop, self.optimization.step.stop_request, step, lambda: self._save_checkpoint(self.model))
+        stop_after_step(self.stop, step, lambda: self._save_checkpoint(self.model))  # a signal (preemption.py)
 
     # ---- checkpoints
     def _save_checkpoint(self, model, metrics=None) -> str:

@@ -18,6 +18,13 @@ Workers end with their iteration
     ``PR_SET_PDEATHSIG``, set as each worker starts): Paddle's own check of the parent runs only between
     batches, so a worker blocked in a read (a stalled ``pipe:`` command) would otherwise live on. A
     ``pipe:`` command itself runs in its own session; it ends when it next writes to its dead reader.
+
+Workers ignore the stop signals
+    A scheduler stops a job by signalling all its processes at once: the launcher's ``killpg`` of each rank's
+    process group, SLURM's scancel. Paddle's main process treats a worker killed by a signal as fatal, which
+    would end the rank before it saves (preemption.py). So workers ignore SIGTERM / SIGINT / SIGUSR1 from
+    their first instruction on (the signals are blocked across the fork, ignored, then unblocked in the
+    worker); their parent stops them when its iteration ends, and the kernel when it dies.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import paddle
+
+from ..preemption import SIGNALS
 
 _FAILURE = "data_error"  # key of the item a failing worker sends instead of a batch
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -80,8 +89,12 @@ def _pickled(error: Exception, where: str) -> bytes:
         return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
 
 
-def _die_with_parent(parent_pid: int, worker_id: int) -> None:
-    """Worker start (worker_init_fn): be killed by the kernel when the main process dies (module doc)."""
+def _start_worker(parent_pid: int, worker_id: int) -> None:
+    """Worker start (worker_init_fn): ignore the stop signals, be killed by the kernel when the main process
+    dies (module doc)."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # (blocked by the parent across the fork)
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -99,8 +112,8 @@ class NoHangLoader(paddle.io.DataLoader):
 
     def __iter__(self):
         self.dataset.failure = None
-        self.worker_init_fn = functools.partial(_die_with_parent, os.getpid())  # the process that iterates
-        with _no_inherited_garbage(self.num_workers):
+        self.worker_init_fn = functools.partial(_start_worker, os.getpid())  # the process that iterates
+        with _no_inherited_garbage(self.num_workers), _stop_signals_blocked(self.num_workers):
             batches = super().__iter__()  # (forks the workers)
         try:
             for batch in batches:
@@ -136,6 +149,20 @@ def _no_inherited_garbage(num_workers: int):
     finally:
         if not frozen_before:
             gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked(num_workers: int):
+    """Fork the workers with the stop signals blocked, so that none reaches a worker before it ignores them; a
+    signal to the parent meanwhile waits and is handled once they are unblocked here."""
+    if num_workers <= 0:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _shut_down(batches) -> None:
