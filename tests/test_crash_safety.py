@@ -202,7 +202,7 @@ def test_save_checkpoint_rotates_and_cleans_up_interrupted_folders(tmp_path):
     open(os.path.join(output_dir, "checkpoint-5", "from_before.bin"), "w").close()
     ckpt.save_checkpoint(output_dir, 5, model=model, stateful={}, trainer_state=_State(5), rank_state={})
     assert sorted(os.listdir(os.path.join(output_dir, "checkpoint-5"))) == [
-        ckpt.MODEL_NAME, "rank_state_0.pdparams", ckpt.TRAINER_STATE_NAME]
+        ckpt.MANIFEST_NAME, ckpt.MODEL_NAME, "rank_state_0.pdparams", ckpt.TRAINER_STATE_NAME]
 
 
 def test_rank_state_restores_every_random_stream(tmp_path):

@@ -8,17 +8,23 @@
     <name>.pdparams            any further state a driver registers (build.Optimization.stateful: fp16
                                loss scalers, the non-finite guard's skip counters, EMA weights)
     trainer_state.json         PaddleNLP TrainerState (global_step, best metric, log history)
-    rank_state_R.pdparams      per rank: RNG states (paddle, numpy, random) and the data position
+    rank_state_R.pdparams      per rank: RNG states (this device's and the CPU's paddle generator, numpy,
+                               random) and the data position
     vae_config.json            the VAE's AutoencoderKL config     discriminator_config.json  its build kwargs
     export_config.json         what an export needs beyond weights (posterior_std, scaling-factor mode,
                                input_size, resolution, the images the latent statistics are measured on):
                                `scripts/export_vae.py` turns any checkpoint into a VAE folder
+    manifest.json              every other file's name and size; written last, by rank 0
 
 An O2 (half-precision) run saves the half-precision weights in model_state.pdparams and their float32
 master copies in the optimizer files; `read_model_state` gives the float32 ones back. Names follow the
 PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
 finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
-most a `.tmp` folder, which `latest` never picks and the next save removes. A checkpoint is deleted
+most a `.tmp` folder, which `latest` never picks and the next save removes. Against a node crash: every file
+and the folder are fsynced before the rename (the parent after it), and `latest`, rotation, the rollback and
+an explicit resume take only checkpoints whose files match their manifest (one without a manifest, from an
+earlier version, needs its trainer_state.json as before). A resume with another number of ranks restarts
+the data stream (`load_rank_state`). A checkpoint is deleted
 (rotation, or re-saving a step) by first renaming it to `checkpoint-N.old`, so a kill during the deletion
 never leaves a half-deleted folder that still looks complete. Resuming from a checkpoint that is not the
 newest starts a new branch: the later ones (all of OUTPUT_DIR's, when the resumed one is elsewhere) move to
@@ -46,7 +52,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .disk import failed_write, folder_bytes, is_disk_error
+from .disk import failed_write, folder_bytes, fsync_path, is_disk_error
 from .distributed import assert_parameters_in_sync, rank, world_size
 from .precision import HALF_DTYPES
 
@@ -58,26 +64,72 @@ TRAINER_STATE_NAME = "trainer_state.json"
 VAE_CONFIG_NAME = "vae_config.json"
 DISCRIMINATOR_CONFIG_NAME = "discriminator_config.json"
 EXPORT_CONFIG_NAME = "export_config.json"
+MANIFEST_NAME = "manifest.json"  # {"files": {name: size}} of the other files, written last (write_manifest)
 ABANDONED_DIR = "abandoned"  # later checkpoints set aside when a run resumes from an earlier one (set_aside_later)
 EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation (evaluation.TrainingEvaluator)
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
+_RANK_STATE_RE = re.compile(r"^rank_state_(\d+)\.pdparams$")
+_reported: set = set()  # incomplete checkpoints already warned about (once per process)
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"{PREFIX}-{step}")
 
 
-def list_checkpoints(output_dir: str) -> List[Tuple[int, str]]:
-    """Complete checkpoints in `output_dir` as (step, path), oldest first. `.tmp` folders are ignored."""
+def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, str]]:
+    """Complete checkpoints (`complete=False`: all `checkpoint-N` folders) in `output_dir` as (step, path), oldest
+    first. `.tmp` folders are ignored; an incomplete checkpoint is skipped with a warning naming it."""
     if not os.path.isdir(output_dir):
         return []
     found = []
     for name in os.listdir(output_dir):
         match = _CHECKPOINT_RE.match(name)
-        if match and os.path.isfile(os.path.join(output_dir, name, TRAINER_STATE_NAME)):
-            found.append((int(match.group(1)), os.path.join(output_dir, name)))
+        path = os.path.join(output_dir, name)
+        if match and os.path.isdir(path) and (not complete or _usable(path)):
+            found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why `path` is not a complete checkpoint, or None: a file of its manifest missing or of another size.
+    Without a manifest (saved by an earlier version) its trainer_state.json is what counts."""
+    manifest = os.path.join(path, MANIFEST_NAME)
+    if not os.path.isfile(manifest):
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+            return f"no {MANIFEST_NAME} and no {TRAINER_STATE_NAME}"
+        logger.debug("%s has no %s (saved by an earlier version): taken as complete", path, MANIFEST_NAME)
+        return None
+    try:
+        files = read_json(manifest)["files"]
+        sizes = {name: os.path.getsize(os.path.join(path, name)) for name in files
+                 if os.path.isfile(os.path.join(path, name))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{MANIFEST_NAME} cannot be read"
+    for name, size in files.items():
+        if sizes.get(name) != size:
+            found = "is missing" if name not in sizes else f"has {sizes[name]} bytes"
+            return f"{name} {found}, {MANIFEST_NAME} says {size} bytes"
+    return None
+
+
+def _usable(path: str) -> bool:
+    problem = checkpoint_problem(path)
+    if problem and path not in _reported:
+        _reported.add(path)
+        logger.warning("skipping %s: an incomplete checkpoint (%s), e.g. left by a node crash during its save",
+                       path, problem)
+    return problem is None
+
+
+def write_manifest(folder: str, ranks: int = 1) -> None:
+    """Record the name and size of every file in `folder` in its manifest.json, fsynced (written last). The
+    `ranks` rank states are looked up by name (a cached listing of a network mount may not show them yet)."""
+    names = set(os.listdir(folder)) - {MANIFEST_NAME} | {f"rank_state_{r}.pdparams" for r in range(ranks)}
+    files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(names)
+             if not os.path.isdir(os.path.join(folder, name))}
+    _write_json(os.path.join(folder, MANIFEST_NAME), {"files": files})
+    fsync_path(os.path.join(folder, MANIFEST_NAME))
 
 
 # The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR".
@@ -99,8 +151,10 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
         return None
     if resume_from_checkpoint not in LATEST:
         unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
-        if unfinished or not os.path.isfile(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)):
-            raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint folder")
+        problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
+        if problem:
+            raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint "
+                                    f"folder ({problem}); give another checkpoint, or `latest` for the newest complete one")
         return resume_from_checkpoint
     found = list_checkpoints(output_dir) if rank() == 0 else []
     step = found[-1][0] if found else -1
@@ -119,15 +173,39 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _generators() -> Dict[str, Any]:
+    """The paddle generators this process draws from: the CPU's and the current device's ("gpu", "xpu", ...),
+    keyed by device type, not index, so a state restores on another device or device count. (Paddle's own
+    Generator: ppdiffusers replaces `paddle.Generator` with its RNG tracker.)"""
+    device, new = paddle.device.get_device(), paddle.framework.random.Generator  # device: "cpu", "gpu:3", ...
+    generators = {"cpu": new("cpu")}
+    if device != "cpu":
+        generators[device.split(":")[0]] = new(device)
+    return generators
+
+
 def rng_state() -> Dict[str, Any]:
     # numpy's MT19937 key is uint32, a dtype paddle.load cannot turn into a tensor: store it as int64.
     kind, key, *rest = np.random.get_state()
-    return {"paddle": paddle.get_rng_state(), "numpy": (kind, key.astype(np.int64), *rest),
-            "python": random.getstate()}
+    return {"paddle": {name: generator.get_state() for name, generator in _generators().items()},
+            "numpy": (kind, key.astype(np.int64), *rest), "python": random.getstate()}
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    paddle.set_rng_state(state["paddle"])
+    """Restore `rng_state()`; `{"seed": s}` (a rank new to the checkpoint, `load_rank_state`) seeds instead."""
+    if "seed" in state:
+        paddle.seed(state["seed"]), np.random.seed(state["seed"]), random.seed(state["seed"])
+        return
+    saved = state["paddle"]
+    if isinstance(saved, dict):
+        for name, generator in _generators().items():
+            if name in saved:
+                generator.set_state(saved[name])
+    else:  # earlier versions: paddle.get_rng_state(), every visible device's generator
+        try:
+            paddle.set_rng_state(saved)
+        except ValueError as error:
+            logger.warning("paddle's random state not restored (%s): saved on another device count", error)
     kind, key, *rest = state["numpy"]
     np.random.set_state((kind, np.asarray(key).astype(np.uint32), *rest))
     random.setstate(state["python"])
@@ -173,6 +251,8 @@ def save_checkpoint(
                 with open(os.path.join(tmp, name), "w") as handle:
                     json.dump(config, handle, indent=2, sort_keys=True)
         paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
+        for name in _written_by_this_rank(tmp):
+            fsync_path(os.path.join(tmp, name))
     except OSError as error:  # a full disk, quota, read-only or I/O error: a message, the partial folder removed
         if not is_disk_error(error):
             raise
@@ -182,13 +262,22 @@ def save_checkpoint(
         raise failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good) from None
     _barrier()
     if rank() == 0:
+        write_manifest(tmp, world_size())  # all ranks' files exist: the manifest makes the checkpoint complete
+        fsync_path(tmp)
         if os.path.isdir(final):
             delete_checkpoint(final)
         os.replace(tmp, final)
+        fsync_path(output_dir)
         rotate_checkpoints(output_dir, save_total_limit, keep=keep)
     _barrier()
     logger.info("saved %s", final)
     return final
+
+
+def _written_by_this_rank(folder: str) -> List[str]:
+    """The files of a checkpoint being written that this rank wrote: its rank state (rank 0: all others too)."""
+    others = [name for name in os.listdir(folder) if not _RANK_STATE_RE.match(name)] if rank() == 0 else []
+    return others + [f"rank_state_{rank()}.pdparams"]
 
 
 def tensor_bytes(state: Any) -> int:
@@ -375,11 +464,25 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:
-    """This rank's RNG and data position. Resuming needs the same number of ranks as the save."""
-    file = os.path.join(path, f"rank_state_{rank()}.pdparams")
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} missing: was the checkpoint written with a different number of ranks?")
-    return paddle.load(file, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
+    """This rank's RNG and data position. Saved by another number of ranks, the data position is dropped (the
+    stream starts again: its order depends on the world size) and a rank without its own file is seeded from
+    rank r % saved's state and its rank; one warning (rank 0) says so."""
+    saved = 1 + max((int(m.group(1)) for m in map(_RANK_STATE_RE.match, os.listdir(path)) if m), default=-1)
+    own = os.path.join(path, f"rank_state_{rank()}.pdparams")
+    if saved == world_size() or saved == 0:
+        if not os.path.isfile(own):
+            raise FileNotFoundError(f"{own} missing: the checkpoint is incomplete")
+        return paddle.load(own, return_numpy=True)  # arrays stay numpy (the fingerprint, the RNG key)
+    state = paddle.load(os.path.join(path, f"rank_state_{rank() % saved}.pdparams"), return_numpy=True)
+    if rank() >= saved:
+        state["rng"] = {"seed": (int(np.asarray(state["rng"]["numpy"][1])[0]) + 1_000_003 * rank()) % 2**32}
+    state["data"] = None
+    if rank() == 0:
+        fresh = f"; ranks {saved}-{world_size() - 1} draw new random numbers" if world_size() > saved else ""
+        logger.warning("%s was saved by %d ranks, this run has %d: weights, optimizers and step resume, but the data "
+                       "stream starts again from its beginning (its order depends on the number of ranks)%s. See "
+                       "docs/reliability.md, 'Resuming on another topology'", path, saved, world_size(), fresh)
+    return state
 
 
 def read_model_state(file: str) -> Dict[str, Any]:
@@ -419,6 +522,11 @@ def checkpoint_export_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     config = os.path.join(folder, EXPORT_CONFIG_NAME)
     return read_json(config) if os.path.isfile(config) else None
+
+
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True)
 
 
 def read_json(path: str) -> Dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Owns `OutOfSpace` (the one message a failed write stops a run with), `failed_write` (turns the OSError of a
 checkpoint write into it, after removing what the write left), `written_atomically` (an export folder is
-written beside its place, then moved in: always the previous complete export or the new one), and
-`warn_if_short` (the start-up warning when OUTPUT_DIR cannot hold the checkpoints the run will keep).
+written beside its place, then moved in: always the previous complete export or the new one), `fsync_path` /
+`fsync_tree` (what a rename must follow to survive a node crash, docs/reliability.md), and `warn_if_short` (the start-up warning when OUTPUT_DIR cannot hold the checkpoints the run will keep).
 """
 
 from __future__ import annotations
@@ -90,11 +90,34 @@ def written_atomically(path: str) -> Iterator[str]:
         needed = folder_bytes(path) or folder_bytes(partial)
         raise failed_write(error, os.path.basename(path) + "/", os.path.dirname(path) or ".", partial, needed,
                            None) from None
+    fsync_tree(partial)  # on the disk before the rename makes it the export
     if os.path.isdir(path):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
     os.replace(partial, path)
+    fsync_path(os.path.dirname(path) or ".")
     shutil.rmtree(old, ignore_errors=True)
+
+
+def fsync_path(path: str) -> None:
+    """Flush a file's or a folder's (its entries') writes to the disk. A mount that cannot fsync a folder
+    (EINVAL and the like: some FUSE and network file systems) is let pass."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    except OSError as error:
+        if not (os.path.isdir(path) and error.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EPERM)):
+            raise
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(folder: str) -> None:
+    """fsync every file under `folder`, then the folders, deepest first."""
+    for root, _, names in os.walk(folder, topdown=False):
+        for name in names:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def warn_if_short(output_dir: str, checkpoint_bytes: int, kept: Optional[int]) -> None:

@@ -49,8 +49,8 @@ _RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
 
 
 def earlier_run(output_dir: str) -> List[str]:
-    """Names in `output_dir` that belong to an earlier run: complete checkpoints and final exports."""
-    names = [os.path.basename(path) for _, path in list_checkpoints(output_dir)]
+    """Names in `output_dir` that belong to an earlier run: checkpoints (complete or not) and final exports."""
+    names = [os.path.basename(path) for _, path in list_checkpoints(output_dir, complete=False)]
     return names + [name for name in EXPORTS if os.path.exists(os.path.join(output_dir, name))]
 
 
@@ -113,7 +113,7 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str
 
 def doomed_paths(output_dir: str) -> List[str]:
     """What `clear_run` would delete (the same list, in the same terms), for the checks before it."""
-    paths = [path for _, path in list_checkpoints(output_dir)] + unfinished_checkpoints(output_dir)
+    paths = [path for _, path in list_checkpoints(output_dir, complete=False)] + unfinished_checkpoints(output_dir)
     paths += [os.path.join(output_dir, name) for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,)]
     paths += _noted_log_files(output_dir)
     return [path for path in paths if os.path.lexists(path)]
@@ -181,7 +181,7 @@ def _endangered_message(output_dir: str, endangered: Tuple[str, str, str, str]) 
 
 def clear_run(output_dir: str) -> None:
     """Delete an earlier run's checkpoints (complete or not), exports and VisualDL record files, nothing else."""
-    for _, path in list_checkpoints(output_dir):
+    for _, path in list_checkpoints(output_dir, complete=False):
         delete_checkpoint(path)
     remove_unfinished(output_dir)
     for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,):  # rolled-back branches (set_aside_later): ours too

@@ -119,7 +119,8 @@ class VAETrainer(Trainer):
         self._load_from_checkpoint(checkpoint)
         self._load_optimizer_and_scheduler(checkpoint)
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
-        self.position = StreamPosition.from_state(self.resume_rank_state["data"])
+        data = self.resume_rank_state["data"]  # None after a change of world size (ckpt.load_rank_state)
+        self.position = StreamPosition.from_state(data) if data else StreamPosition()
         self.monitor.watch_data(self.position)
         if ckpt.is_checkpoint_of(self.args.output_dir, checkpoint, self.state.global_step):
             self.saved_at_step = self.state.global_step  # it is this very state: the final save leaves it alone
