@@ -19,7 +19,8 @@ CPU threads: the usable cores (shared among the launcher's processes) unless ``O
 see ``vae_trainer/threads.py``.
 
 Data parallel: ``python -m paddle.distributed.launch --nproc_per_node N scripts/eval_vae.py ...``.
-Each process reads its shard of the first ``--num_images`` images; metrics are summed over
+Each process decodes its share of the first ``--num_images`` usable images (the same images for any number
+of processes: vae_trainer/data/dataset.py, "Evaluation"); metrics are summed over
 processes, and rank 0 alone prints and writes the outputs (its own first images form the grid).
 
 LPIPS uses ``--lpips_weights`` or, when that is not given, ``weights/lpips_vgg16.pdparams`` if it
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -204,8 +204,6 @@ def main(argv: list[str] | None = None) -> EvalResult:
         dataloader,
         lpips=load_lpips(args),
         inception=load_inception(args),
-        # A cap per process, in case the loader does not stop at its share of num_images.
-        num_images=math.ceil(args.num_images / world_size),
         sample_posterior=args.sample_posterior,
         seed=args.seed,
         grid_images=args.grid_images,

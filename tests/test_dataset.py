@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from contextlib import contextmanager
 
@@ -658,19 +659,61 @@ def test_the_drivers_data_position_records_seed_and_shuffle_buffer(tmp_path):
 # ------------------------------------------------------------------------------------- evaluation
 
 
-def test_eval_filelist_takes_first_usable_samples_split_over_ranks(tmp_path):
-    lines = [line(id_image(i)) for i in range(12)]
+def _eval_on_ranks(monkeypatch, path, world_size, num_images, batch_size=2):
+    """(image ids, decode calls) of each of `world_size` ranks evaluating `path`, faked in one process: each
+    rank runs in a thread, and the loader's gathering of a number from every rank meets at a barrier."""
+    from vae_trainer.data import dataset
+
+    barrier, values = threading.Barrier(world_size, timeout=60), {}
+
+    def gather(value, ranks):
+        if ranks == 1:
+            return [value]
+        values[threading.get_ident()] = value
+        barrier.wait()
+        gathered = [values[thread.ident] for thread in threads]  # in rank order
+        barrier.wait()  # (nobody overwrites a value before every rank has read them all)
+        return gathered
+
+    monkeypatch.setattr(dataset, "_gather", gather, raising=False)
+    decodes, decode = Counter(), ImageStream._decode
+    monkeypatch.setattr(ImageStream, "_decode", lambda self, *a: decodes.update([id(self)]) or decode(self, *a))
+    ids = {}
+
+    def run(rank):
+        loader = build_eval_dataloader(path, RES, batch_size, rank, world_size, num_images)
+        ids[rank] = [i for batch in loader for i in ids_of(batch["pixel_values"].numpy())]
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(ids) == world_size, "a rank failed or hung"
+    return [ids[rank] for rank in range(world_size)], sorted(decodes.values())
+
+
+def test_eval_ranks_decode_their_share_of_the_first_usable_samples(tmp_path, monkeypatch):
+    """Each of 3 ranks decodes about a third of the records, and together they evaluate exactly the first
+    usable samples in order (those of one rank), though an image that only its full decode shows to be
+    unusable (truncated) shifts the ones that follow."""
+    lines = [line(id_image(i)) for i in range(16)]
     lines[2] = b"broken"
+    lines[5] = line(id_image(5, size=8))  # too small (header)
+    lines[7] = line(noise_image(7)[:600])  # truncated: its header is fine
     file_list = write_filelist(tmp_path / "x.filelist", [write_part(tmp_path / "p.gz", lines)])
-    first_usable = [0, 1, 3, 4, 5, 6, 7, 8]
-    per_rank = []
-    for rank in range(3):
-        loader = build_eval_dataloader(file_list, RES, batch_size=2, rank=rank, world_size=3, num_images=8)
-        per_rank.append([i for batch in loader for i in ids_of(batch["pixel_values"].numpy())])
-    assert per_rank == [first_usable[rank::3] for rank in range(3)]
+    first_usable = [0, 1, 3, 4, 6, 8, 9, 10, 11, 12]  # 10 usable among the first 13 records
+    (one,), [one_decodes] = _eval_on_ranks(monkeypatch, file_list, 1, num_images=10)
+    assert one == first_usable and one_decodes == 13
+    three, decodes = _eval_on_ranks(monkeypatch, file_list, 3, num_images=10)
+    assert sorted(i for ids in three for i in ids) == first_usable
+    assert sum(decodes) == 13 and max(decodes) <= 5, decodes  # each record decoded once, by one rank
+    assert max(map(len, three)) - min(map(len, three)) <= 1
+    clean = write_filelist(tmp_path / "y.filelist", id_parts(tmp_path, 1, 8))
+    assert _eval_on_ranks(monkeypatch, clean, 3, num_images=7)[0] == [[0, 3, 6], [1, 4], [2, 5]]  # as before
 
 
-def test_eval_folder_sorted_centre_crop(tmp_path):
+def test_eval_folder_sorted_centre_crop(tmp_path, monkeypatch):
     (tmp_path / "sub").mkdir()
     for name, sample_id in [("b.png", 2), ("a.png", 1), ("sub/c.png", 3)]:
         (tmp_path / name).write_bytes(id_image(sample_id))
@@ -679,10 +722,7 @@ def test_eval_folder_sorted_centre_crop(tmp_path):
     Image.fromarray(wide).save(tmp_path / "d.webp", lossless=True)
     (tmp_path / "notes.txt").write_text("not an image")
     (tmp_path / "c_broken.png").write_bytes(b"broken")  # skipped, like a bad line of a filelist
-    ranks = []
-    for rank in range(2):
-        loader = build_eval_dataloader(str(tmp_path), RES, batch_size=4, rank=rank, world_size=2, num_images=None)
-        ranks.append([i for batch in loader for i in ids_of(batch["pixel_values"].numpy())])
-    assert ranks == [[1, 4], [2, 3]]  # a.png, b.png, d.webp, sub/c.png split by sorted index
+    ranks, decodes = _eval_on_ranks(monkeypatch, str(tmp_path), 2, num_images=None, batch_size=4)
+    assert ranks == [[1, 3], [2, 4]] and decodes == [2, 3]  # a.png, b.png, (c_broken.png), d.webp, sub/c.png
     loader = build_eval_dataloader(str(tmp_path), RES, batch_size=4, rank=0, world_size=1, num_images=2)
     assert [i for batch in loader for i in ids_of(batch["pixel_values"].numpy())] == [1, 2]

@@ -244,3 +244,32 @@ def test_the_readme_quotes_the_protocol_the_code_uses():
     """docs/measuring.md, "The protocol" (the README links to it)."""
     page = (REPO_ROOT / "docs" / "measuring.md").read_text()
     assert EvalProtocol(resolution=256).text() in page
+
+
+def test_eval_script_gives_the_same_numbers_on_two_processes(tmp_path, vae):
+    """Two processes under the launcher, each decoding its share, evaluate the images one process does (the
+    first 4 usable, past a broken and a truncated file) and report the same numbers."""
+    vae.save_pretrained(str(tmp_path / "vae"))
+    image_dir = tmp_path / "images"
+    image_dir.mkdir()
+    for index, name in enumerate(PHOTOS):
+        Image.fromarray(getattr(skimage_data, name)()).resize((48, 40)).save(image_dir / f"{index}_{name}.png")
+    (image_dir / "0_broken.png").write_bytes(b"broken")
+    (image_dir / "1_truncated.png").write_bytes((image_dir / "1_coffee.png").read_bytes()[:800])
+    summaries = []
+    for nproc in (1, 2):
+        launcher = ["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log")]
+        output_dir = tmp_path / f"out{nproc}"
+        completed = subprocess.run(
+            [sys.executable, *(launcher if nproc == 2 else []), str(REPO_ROOT / "scripts" / "eval_vae.py"),
+             "--vae", str(tmp_path / "vae"), "--data", str(image_dir), "--resolution", str(SIZE), "--num_images", "4",
+             "--batch_size", "2", "--skip_lpips", "--output_dir", str(output_dir)],
+            capture_output=True, text=True, cwd=tmp_path, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        summaries.append(json.loads((output_dir / "metrics.json").read_text()))
+    one, two = summaries
+    assert one["num_images"] == two["num_images"] == 4
+    assert one["metrics"] == pytest.approx(two["metrics"], rel=1e-5)
+    np.testing.assert_allclose(one["latent_mean"] + one["latent_std"], two["latent_mean"] + two["latent_std"],
+                               rtol=1e-5, atol=1e-7)

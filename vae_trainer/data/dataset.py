@@ -51,6 +51,12 @@ Bad records
     once with its path, then one line saying the rest are only counted. A shard epoch that yields no
     usable sample raises RuntimeError.
 
+Evaluation
+    The first ``num_images`` usable records in list order, whatever the number of ranks, each decoded by one
+    rank. Only decoding shows a truncated image, so in rounds: the next ``num_images - usable so far`` records
+    are dealt to the ranks (each to the one with the fewest images), each decodes its own, and the ranks
+    gather their usable counts (a collective between batches), until enough are usable or the records end.
+
 Errors and workers
     The DataLoaders come from :mod:`~vae_trainer.data.loader`: any error in the stream stops training
     with its message, whatever the number of workers, and the workers end with their iteration.
@@ -58,6 +64,7 @@ Errors and workers
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -342,36 +349,72 @@ def build_train_dataloader(
 # ---------------------------------------------------------------------------------- evaluation
 
 
-class _FirstUsableSamples(RaisesInMainThread):
-    """This rank's share (every world_size-th) of the first `num_images` usable samples of a stream."""
+class _EvalShare(RaisesInMainThread):
+    """This rank's records of one evaluation round, decoded (module doc, "Evaluation"): of `records`,
+    (index, Record) pairs, those whose owner (from `owners`) is `rank`; counts what it reads and keeps."""
 
-    def __init__(self, stream: ImageStream, num_images: int | None, rank: int, world_size: int) -> None:
+    def __init__(self, stream: ImageStream, records: Iterator, owners: Iterator[int], rank: int) -> None:
         super().__init__()
-        self.stream, self.num_images, self.rank, self.world_size = stream, num_images, rank, world_size
+        self.stream, self.records, self.owners, self.rank = stream, records, owners, rank
+        self.read = self.usable = 0
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
-        samples = self.stream._items()
-        for number, sample in enumerate(samples):
-            if self.num_images is not None and number >= self.num_images:
-                return
-            if number % self.world_size == self.rank:
-                yield {"pixel_values": sample["pixel_values"]}
+        counts = Counter()
+        for (index, record), owner in zip(self.records, self.owners):
+            self.read += 1
+            decoded = self.stream._decode(record, (0, 0, index), counts) if owner == self.rank else None
+            if decoded is not None:
+                self.usable += 1
+                yield {"pixel_values": to_float(decoded[1])}
+
+
+def _owners(images: list[int]) -> Iterator[int]:
+    """Ranks for a round's records, each record to the rank with the fewest images (held or given), lowest first."""
+    images = list(images)
+    while True:
+        rank = images.index(min(images))
+        images[rank] += 1
+        yield rank
+
+
+def _gather(value: int, world_size: int) -> list[int]:
+    """`value` of every rank, in rank order (a collective when `world_size` > 1)."""
+    if world_size == 1:
+        return [value]
+    values = []
+    paddle.distributed.all_gather(values, paddle.to_tensor([value], dtype="int64"))
+    return [int(tensor.item()) for tensor in values]
+
+
+def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: int,
+                  num_images: int | None) -> Iterator[dict]:
+    sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
+    records = enumerate(stream._epoch_records(sources, 0, 0, 0))
+    images, read = [0] * world_size, 0  # usable images per rank so far
+    while True:
+        wanted = None if num_images is None else num_images - sum(images)
+        share = _EvalShare(stream, itertools.islice(records, wanted), _owners(images), rank)
+        yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
+        images = [held + new for held, new in zip(images, _gather(share.usable, world_size))]
+        read += share.read
+        if wanted is None or share.read < wanted or sum(images) == num_images:
+            break
+    if sum(images) == 0:
+        raise RuntimeError(stream._no_samples_message(0, 1, sources, records=read))
 
 
 def build_eval_dataloader(
     path: str, resolution: int, batch_size: int, rank: int, world_size: int, num_images: int | None
-) -> paddle.io.DataLoader:
+) -> Iterator[dict]:
     """Evaluation batches of this rank from an image folder or any training source; ranks never overlap.
 
     The source is read once in list order (a folder sorted by relative path), decoded at full size,
     centre-cropped to a square and unflipped; unusable images are skipped and logged as in training.
-    Every rank decodes the same first `num_images` usable samples and keeps those with
-    ``index % world_size == rank``, so ranks may get one batch item more than others.
+    The ranks together evaluate the first `num_images` usable images (all if None), whatever their number,
+    each decoding its share (module doc, "Evaluation"). Every rank must iterate to the end: it is collective.
     """
     # Full-size decoding (JPEG draft mode changes pixels: evaluation.EvalProtocol), and no record counts
     # (they only even out training frequencies, so their warnings do not concern evaluation).
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False)
-    dataset = _FirstUsableSamples(stream, num_images, rank, world_size)
-    return NoHangLoader(dataset, batch_size=batch_size, drop_last=False)
-
+    return _eval_batches(stream, batch_size, rank, world_size, num_images)
