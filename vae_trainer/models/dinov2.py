@@ -1,0 +1,323 @@
+"""DINOv2 (ViT, patch 14) in Paddle: frozen patch tokens from the local weight files users have.
+
+`load_dinov2(path)` reads a transformers folder (Dinov2Model / Dinov2WithRegistersModel: config.json +
+model.safetensors or pytorch_model.bin) or a timm / torch-hub state dict (.safetensors, .pth, .bin; torch.save
+files are read without torch, by a reader that unpickles tensors only), any size. Every layout is renamed to
+timm's key names; width, depth, registers, patch size, MLP / SwiGLU come from the tensors, heads from
+config.json or width / 64. Position embeddings are resized to other grids as the file's own library does:
+transformers' Dinov2Model plain bicubic; its registers model, timm and the hub's reg4 models bicubic with
+antialias; the hub's plain models bicubic with scale (grid + 0.1) / stored grid. Checked against
+transformers to 1e-4 (tests/test_dinov2.py).
+
+The model is frozen (stop_gradient, eval flags) and must stay OUTSIDE any layer that is saved: keep it as
+a plain attribute of the training step or loss, never a sublayer of the VAE container, so checkpoints and
+exports never hold it. On GPU it runs under float16/bfloat16 autocast (softmax and position resizing in
+float32); on CPU in float32. Tokens come back float32.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import io
+import json
+import math
+import os
+import pickle
+import re
+import zipfile
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from .lpips import _freeze, _set_training_flags
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DEFAULT_SIZE = 224
+EXPECTED = ("a transformers DINOv2 folder (config.json + model.safetensors or pytorch_model.bin) or a timm / "
+            "torch-hub DINOv2 state dict (.safetensors, .pth, .bin)")
+# transformers (and torch hub) names -> timm names; q/k/v and gate/up are concatenated afterwards.
+_RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""), (r"embeddings\.patch_embeddings\.projection", "patch_embed.proj"),
+            (r"embeddings\.cls_token", "cls_token"), (r"(embeddings\.)?register_tokens", "reg_token"),
+            (r"embeddings\.position_embeddings", "pos_embed"), (r"encoder\.layer\.", "blocks."),
+            (r"attention\.attention\.(query|key|value)", lambda m: "attn." + m.group(1)[0]),
+            (r"attention\.([qkv])_proj", r"attn.\1"), (r"attention\.(output\.dense|o_proj)", "attn.proj"),
+            (r"layer_scale(\d)\.lambda1", r"ls\1.gamma"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
+            (r"mlp\.(weights_out|w3|down_proj)", "mlp.fc2"), (r"mlp\.gate_proj", "mlp.g"), (r"mlp\.up_proj", "mlp.u"),
+            (r"^layernorm\.", "norm.")]
+
+
+@functools.lru_cache(maxsize=64)
+def resize_matrix(size_in: int, size_out: int, mode: str) -> np.ndarray:
+    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False).
+
+    mode: "bicubic" (size given), "offset" (scale_factor (size_out + 0.1) / size_in, the hub's DINOv2),
+    "antialias" (antialias=True, PIL's kernel: a = -0.5, support widened when shrinking)."""
+    matrix = np.zeros((size_out, size_in))
+    scale = size_in / (size_out + (0.1 if mode == "offset" else 0.0))
+    for i in range(size_out):
+        if mode == "antialias":
+            support = 2.0 * max(scale, 1.0)
+            center = scale * (i + 0.5)
+            lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), size_in)
+            weights = _cubic((np.arange(lo, hi) - center + 0.5) / max(scale, 1.0), -0.5)
+            matrix[i, lo:hi] = weights / weights.sum()
+        else:
+            real = scale * (i + 0.5) - 0.5
+            base = math.floor(real)
+            for k in range(-1, 3):
+                matrix[i, min(max(base + k, 0), size_in - 1)] += _cubic(real - (base + k), -0.75)
+    return matrix.astype(np.float32)
+
+
+def _cubic(x, a: float):
+    x = np.abs(x)
+    return np.where(x <= 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+
+
+class _Attention(nn.Layer):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4]).unbind(0)
+        scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
+        attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
+        return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
+
+
+class _Mlp(nn.Layer):
+    """fc1 -> GELU -> fc2, or SwiGLU (fc1 packs gate and up: silu(first half) * second half)."""
+
+    def __init__(self, width: int, hidden: int, swiglu: bool):
+        super().__init__()
+        self.swiglu = swiglu
+        self.fc1 = nn.Linear(width, 2 * hidden if swiglu else hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x):
+        x = self.fc1(x)
+        if self.swiglu:
+            gate, up = x.chunk(2, axis=-1)
+            return self.fc2(F.silu(gate) * up)
+        return self.fc2(F.gelu(x))
+
+
+class _LayerScale(nn.Layer):
+    def __init__(self, width: int):
+        super().__init__()
+        self.gamma = self.create_parameter([width], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
+class _Block(nn.Layer):
+    def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
+        super().__init__()
+        self.norm1, self.attn, self.ls1 = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads), _LayerScale(width)
+        self.norm2, self.mlp, self.ls2 = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu), _LayerScale(width)
+
+    def forward(self, x):
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+class Dinov2(nn.Layer):
+    """DINOv2 ViT with timm's parameter names, built by `load_dinov2`. `feature_dim`: token width; `registers`;
+    `half_dtype`: the autocast dtype of `patch_tokens` (bfloat16 or float16 on GPU, None = float32)."""
+
+    def __init__(self, width, depth, heads, patch, registers=0, hidden=None, swiglu=False, positions=257,
+                 eps=1e-6, resize_mode="bicubic"):
+        super().__init__()
+        self.feature_dim, self.patch, self.registers, self.resize_mode = width, patch, registers, resize_mode
+        self.stored_grid = math.isqrt(positions)
+        self.cls_pos = positions != self.stored_grid ** 2  # timm's reg4 files fold the cls position into cls_token
+        self.patch_embed = nn.Layer()
+        self.patch_embed.proj = nn.Conv2D(3, width, patch, stride=patch)
+        self.cls_token = self.create_parameter([1, 1, width])
+        self.reg_token = self.create_parameter([1, registers, width]) if registers else None
+        self.pos_embed = self.create_parameter([1, positions, width])
+        self.blocks = nn.LayerList([_Block(width, heads, hidden or 4 * width, swiglu, eps) for _ in range(depth)])
+        self.norm = nn.LayerNorm(width, epsilon=eps)
+        self.half_dtype = None
+        if paddle.device.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
+            self.half_dtype = "bfloat16" if paddle.amp.is_bfloat16_supported() else "float16"
+
+    def train(self, mode: bool = True) -> "Dinov2":
+        """Ignored: the model stays in eval mode."""
+        _set_training_flags(self, False)
+        return self
+
+    def _positions(self, height: int, width: int):
+        """Patch position embeddings [1, h*w, C] for an input of height x width pixels (float32)."""
+        h, w = height // self.patch, width // self.patch
+        pos = self.pos_embed[:, 1:] if self.cls_pos else self.pos_embed
+        if (h, w) == (self.stored_grid,) * 2 and height == width:  # the libraries' own shortcut
+            return pos
+        g, c = self.stored_grid, self.feature_dim
+        with paddle.amp.auto_cast(enable=False):
+            grid = pos.astype("float32").reshape([g, g, c]).transpose([2, 0, 1])  # [C, g, g]
+            rows = paddle.to_tensor(resize_matrix(g, h, self.resize_mode))
+            cols = paddle.to_tensor(resize_matrix(g, w, self.resize_mode))
+            grid = paddle.matmul(paddle.matmul(rows, grid), cols, transpose_y=True)  # [C, h, w]
+        return grid.reshape([c, h * w]).transpose([1, 0]).unsqueeze(0).astype(pos.dtype)
+
+    def forward(self, pixels: paddle.Tensor) -> paddle.Tensor:
+        """All tokens [B, 1 + registers + h*w, C] after the final norm, of ImageNet-normalised pixels."""
+        b = pixels.shape[0]
+        x = self.patch_embed.proj(pixels).flatten(2).transpose([0, 2, 1])
+        x = x + self._positions(pixels.shape[2], pixels.shape[3]).astype(x.dtype)
+        cls = self.cls_token + (self.pos_embed[:, :1] if self.cls_pos else 0)
+        tokens = [cls.astype(x.dtype).expand([b, 1, -1])]
+        if self.reg_token is not None:
+            tokens.append(self.reg_token.astype(x.dtype).expand([b, self.registers, -1]))
+        x = paddle.concat(tokens + [x], axis=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def patch_tokens(self, images: paddle.Tensor, size: int | None = DEFAULT_SIZE):
+        """(tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1]: resized to size x size (bilinear;
+        None keeps the input size), ImageNet-normalised; cls and register tokens dropped. Frozen weights:
+        gradients reach `images` only if they require them (wrap targets in paddle.no_grad())."""
+        x = (images.astype("float32") + 1.0) / 2.0
+        if size is not None and tuple(x.shape[2:]) != (size, size):
+            x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
+        mean = paddle.to_tensor(IMAGENET_MEAN, dtype="float32").reshape([1, 3, 1, 1])
+        x = (x - mean) / paddle.to_tensor(IMAGENET_STD, dtype="float32").reshape([1, 3, 1, 1])
+        with paddle.amp.auto_cast(enable=self.half_dtype is not None, level="O1", dtype=self.half_dtype or "float16"):
+            tokens = self(x)
+        grid = (x.shape[2] // self.patch, x.shape[3] // self.patch)
+        return tokens[:, 1 + self.registers:].astype("float32"), grid
+
+
+def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
+    """The frozen DINOv2 in `path` (see the module docstring). FileNotFoundError / ValueError name the path
+    and what was expected. `num_heads` overrides the head count (config.json, else width / 64)."""
+    state, config = _read(path)
+    origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
+              "hub" if "mask_token" in state or "register_tokens" in state else "timm")
+    state = _to_timm(state)
+    try:
+        width, patch = state["cls_token"].shape[-1], state["patch_embed.proj.weight"].shape[-1]
+        depth = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("blocks.")), default=-1)
+        hidden = state["blocks.0.mlp.fc2.weight"].shape[1]
+        positions = state["pos_embed"].shape[1]
+    except KeyError as error:
+        raise ValueError(f"{path} is not a DINOv2 checkpoint (no {error}); expected {EXPECTED}") from None
+    heads = num_heads or config.get("num_attention_heads") or (width // 64 if width % 64 == 0 else None)
+    if not heads or width % heads:
+        raise ValueError(f"{path}: cannot tell the attention heads of width {width}; give num_heads")
+    registers = state["reg_token"].shape[1] if "reg_token" in state else 0
+    # How the file's own library resizes position embeddings (module docstring).
+    mode = "antialias" if registers or config.get("model_type") == "dinov2_with_registers" else {
+        "transformers": "bicubic", "hub": "offset"}.get(origin, "antialias")
+    if math.isqrt(positions) ** 2 not in (positions, positions - 1):
+        raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
+    model = Dinov2(width, depth, heads, patch, registers, hidden, state["blocks.0.mlp.fc1.weight"].shape[0] == 2 * hidden,
+                   positions, config.get("layer_norm_eps", 1e-6), mode)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{path} lacks {missing[:4]} for a DINOv2 of width {width}, depth {depth}; expected {EXPECTED}")
+    for name, param in expected.items():
+        value = state[name].T if state[name].ndim == 2 and name.endswith(".weight") else state[name]
+        if tuple(value.shape) != tuple(param.shape):
+            raise ValueError(f"{path}: {name} has shape {list(value.shape)}, expected {list(param.shape)}")
+        param.set_value(np.ascontiguousarray(value, dtype=np.float32))
+    _freeze(model)
+    _set_training_flags(model, False)
+    return model
+
+
+def _read(path: str):
+    """(numpy state dict, config.json of a folder or {})."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"DINOv2 weights not found: {path}; expected {EXPECTED}")
+    if os.path.isdir(path):
+        names = ("model.safetensors", "pytorch_model.bin")
+        found = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+        if not found or not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{path} holds no config.json + {' / '.join(names)}; expected {EXPECTED}")
+        with open(os.path.join(path, "config.json")) as file:
+            config = json.load(file)
+        return _read_file(found[0]), config
+    return _read_file(path), {}
+
+
+def _read_file(path: str) -> dict:
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.numpy import load_file
+
+            state = load_file(path)
+        else:
+            state = _torch_zip_load(path)
+    except Exception as error:
+        raise ValueError(f"cannot read {path} ({type(error).__name__}: {error}); expected {EXPECTED}") from None
+    for key in ("model", "teacher", "state_dict"):  # training checkpoints wrap the weights
+        state = state[key] if isinstance(state.get(key), dict) else state
+    out = {}
+    for key, value in state.items():
+        value = np.asarray(value)
+        if value.dtype == np.uint16:  # bfloat16 (how this reader and ppdiffusers' safetensors patch hold it)
+            value = (value.astype(np.uint32) << 16).view(np.float32)
+        out[key] = value.astype(np.float32) if value.dtype.kind == "f" else value
+    return out
+
+
+_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
+             "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8,
+             "BoolStorage": np.bool_}
+
+
+def _torch_zip_load(path: str) -> dict:
+    """A torch.save state dict (zip format) as numpy arrays, without torch. Only tensors, dicts and plain values
+    unpickle (no code runs). ppdiffusers' torch-free `torch_load` fails under numpy 2 (`np.cfloat`)."""
+    with zipfile.ZipFile(path) as archive:
+        pickle_name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        prefix = pickle_name[: -len("data.pkl")]
+
+        def rebuild(storage, offset, size, stride, *_):
+            itemsize = storage.dtype.itemsize
+            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * itemsize for s in stride])
+            return np.array(view)
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module, name):
+                if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+                    return rebuild
+                if (module, name) == ("torch._utils", "_rebuild_parameter"):
+                    return lambda data, *_: data
+                if module == "torch" and name in _STORAGES:
+                    return _STORAGES[name]
+                if (module, name) == ("collections", "OrderedDict"):
+                    return collections.OrderedDict
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor state dict")
+
+            def persistent_load(self, saved_id):
+                _, dtype, key, _, numel = saved_id
+                return np.frombuffer(archive.read(f"{prefix}data/{key}"), dtype=dtype, count=numel)
+
+        return Unpickler(io.BytesIO(archive.read(pickle_name))).load()
+
+
+def _to_timm(state: dict) -> dict:
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in _RENAMES:
+            key = re.sub(pattern, repl, key)
+        out[key] = value
+    for key in [k for k in out if re.search(r"attn\.q\.(weight|bias)$", k)]:
+        parts = [out.pop(key.replace("attn.q.", f"attn.{x}.")) for x in "qkv"]
+        out[key.replace("attn.q.", "attn.qkv.")] = np.concatenate(parts)
+    for key in [k for k in out if re.search(r"mlp\.g\.(weight|bias)$", k)]:
+        out[key.replace("mlp.g.", "mlp.fc1.")] = np.concatenate([out.pop(key), out.pop(key.replace("mlp.g.", "mlp.u."))])
+    return out
