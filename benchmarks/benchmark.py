@@ -260,7 +260,7 @@ def build_run(setting: Setting, output_dir: str):
 
 def one_forward_step(optimization, pixel_values, global_step: int, optimizer_times: Optional[List[float]] = None) -> None:
     """Our optimizer step, as `vae_trainer.loop.train` runs it (one micro-batch)."""
-    optimization.step.forward_backward(pixel_values, global_step)
+    optimization.step.forward_backward(pixel_values, global_step, 0)
     started = time.perf_counter()
     optimization.step.optimizer_step(global_step)
     if optimizer_times is not None:
@@ -286,10 +286,9 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     model = networks.model
     model.train()
     recon, post_mean, post_logvar = model(pixel_values, sample_posterior=loss_args.sample_posterior)
-    loss, _ = vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
-                            lpips=networks.lpips, discriminator=model.discriminator,
-                            last_layer=decoder_last_layer(model.vae), gan_active=True)
-    loss.backward()
+    vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
+                  lpips=networks.lpips, discriminator=model.discriminator,
+                  last_layer=decoder_last_layer(model.vae), gan_active=True).backward(recon)
     clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), optimization.step.max_grad_norm)
     optimization.vae_optimizer.step()
     optimization.vae_scheduler.step()

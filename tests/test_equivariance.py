@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, tiny_args
 
+from vae_trainer.step import logged_images
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.equivariance import (MIN_SCALED_SIDE, Transform, draw, halved_pair, image_size, parse_transforms,
                                       resize, scaled_size)
@@ -111,11 +112,12 @@ def _micro_step(tmp_path, prob, use_ema="false"):
     networks = build_networks(model_args, loss_args, args)
     step = build_optimization(networks, loss_args, args).step
     x = paddle.to_tensor(np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype("float32"))
-    return step, networks.model, x, step.forward_backward(x, global_step=6)
+    return step, networks.model, x, step.forward_backward(x, 6, 0)
 
 
 def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed_image(tmp_path):
-    step, model, x, logs = _micro_step(tmp_path, prob=1.0)
+    step, model, x, micro = _micro_step(tmp_path, prob=1.0)
+    logs = micro.logs
     transform = draw(5, 6, 0, 1.0, 0.25, parse_transforms("scale,rotate"))
     model.eval()  # (the micro VAE has no dropout or batch statistics: the same numbers)
     with paddle.no_grad():
@@ -128,7 +130,7 @@ def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed
     assert float(logs["loss/pixel"]) == pytest.approx(float((recon - target).abs().mean()), rel=1e-5)
     assert abs(float(logs["loss/pixel"]) - float((plain_recon - x).abs().mean())) > 1e-4  # not the plain term
     # The KL is the clean posterior's, normalised by the clean image's pixels (as without the transform).
-    _, _, _, plain_logs = _micro_step(tmp_path / "plain", prob=0.0)
+    plain_logs = _micro_step(tmp_path / "plain", prob=0.0)[3].logs
     assert float(logs["loss/kl"]) == pytest.approx(float(plain_logs["loss/kl"]), rel=1e-6)
 
 
@@ -136,8 +138,8 @@ def test_logged_images_pair_up_after_a_transformed_micro_batch(tmp_path):
     """Without EMA the grid shows the compared pair (tau(x), decode(tau(z))); with EMA the EMA weights'
     reconstruction of the clean images, never of tau(x) (which --input_size would resize)."""
     for use_ema in ("false", "true"):
-        step, _, x, _ = _micro_step(tmp_path / use_ema, prob=1.0, use_ema=use_ema)
-        inputs, recons = step.images_for_logging()
+        step, _, x, micro = _micro_step(tmp_path / use_ema, prob=1.0, use_ema=use_ema)
+        inputs, recons = logged_images(step, micro)
         assert tuple(inputs.shape) == tuple(recons.shape)
         if use_ema == "true":
             assert np.array_equal(inputs.numpy(), x.numpy())

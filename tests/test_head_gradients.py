@@ -83,7 +83,7 @@ def test_gradients_and_adaptive_weight_equal_the_two_extra_backwards_computation
     batches = [images(n=2, seed=s) for s in range(ACCUMULATION)]
     for micro, x in enumerate(batches):
         paddle.seed(10 + micro)  # the same posterior samples in both
-        logs = step.forward_backward(x, global_step=0)
+        logs = step.forward_backward(x, 0, micro).logs
         paddle.seed(10 + micro)
         loss, d_weight = reference_micro_step(reference, x, lpips, step.loss_args)
         assert logs["gan/adaptive_weight"].item() == pytest.approx(d_weight.item(), rel=1e-5)
@@ -156,7 +156,7 @@ def test_vgg16_and_discriminator_are_backpropagated_once_per_forward(tmp_path, l
     # The first conv of each network: its output's gradient is needed by every backward through it.
     with BackwardCounter(lpips.vgg.features[0]) as vgg, BackwardCounter(model.discriminator.main[0]) as disc:
         for micro in range(ACCUMULATION):
-            step.forward_backward(images(n=2, seed=micro), global_step=0)
+            step.forward_backward(images(n=2, seed=micro), 0, micro)
             assert vgg.take() == [1] and disc.take() == [1, 1, 1]
     with BackwardCounter(lpips.vgg.features[0]) as vgg, BackwardCounter(reference.discriminator.main[0]) as disc:
         reference_micro_step(reference, images(n=2), lpips, step.loss_args)

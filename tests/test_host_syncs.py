@@ -60,7 +60,7 @@ def test_the_step_reads_the_device_once_per_optimizer_step(tmp_path, monkeypatch
     for global_step in range(3):
         mark = len(reads.calls)
         for micro in range(2):
-            step.forward_backward(batches[2 * global_step + micro], global_step)
+            step.forward_backward(batches[2 * global_step + micro], global_step, micro)
         assert reads.since(mark) == []
         step.optimizer_step(global_step)
         assert len(reads.since(mark)) == 1, reads.since(mark)

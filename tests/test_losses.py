@@ -98,17 +98,16 @@ def test_last_layer_gradient_is_the_loss_gradient_at_the_layer_from_its_gradient
 
 def test_a_given_scaled_gradient_reaches_a_half_precision_reconstruction_without_underflow():
     """The VAE's backward starts from the heads' gradient at the reconstruction, computed with the loss
-    scale s. Caller's backward with the loss times s: the fp16 reconstruction gets that scaled gradient,
-    whose unscaled value (1e-8) would be 0 in float16."""
+    scale s (VAELoss.backward): the fp16 reconstruction gets that scaled gradient, whose unscaled value (1e-8)
+    would be 0 in float16, together with the scaled gradient of `direct`."""
     weight = paddle.create_parameter([3], "float32")
     weight.set_value(_t([1.0, 2.0, 3.0]))
     recon = weight.astype("float16") * 2  # a half-precision output, as under autocast
     scale = 2.0**16
     given = _t([1e-8, 1e-3, -2e-3]) * scale
-    out = losses._GivenGradient.apply(recon, given, scale)
-    assert out.item() == 0.0
-    (out * scale).backward()
-    np.testing.assert_allclose(weight.grad.numpy(), 2 * given.numpy(), rtol=1e-3)
+    direct = weight.sum()
+    losses.VAELoss(direct.detach(), direct, given, {}).backward(recon, lambda loss: loss * scale)
+    np.testing.assert_allclose(weight.grad.numpy(), 2 * given.numpy() + scale, rtol=1e-3)
     assert np.float16(1e-8) == 0
 
 
@@ -129,7 +128,7 @@ def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
         results[grad_scale] = losses.vae_objective(
             x, recon, mean, logvar, paddle.zeros([]), loss_args=args, lpips=None, discriminator=discriminator,
             last_layer=decoder.weight, gan_active=True, grad_scale=grad_scale)
-    (loss, logs), (loss_skipped, logs_skipped) = results[1.0], results[3e38]
+    (loss, logs), (loss_skipped, logs_skipped) = [(results[s].value, results[s].logs) for s in (1.0, 3e38)]
     assert logs["gan/adaptive_weight_overflow"].item() == 0 and logs["gan/adaptive_weight"].item() > 0
     assert logs_skipped["gan/adaptive_weight_overflow"].item() == 1 and logs_skipped["gan/adaptive_weight"].item() == 0
     without_gan = logs["loss/nll"].item() + args.kl_weight * logs["loss/kl"].item()
@@ -150,11 +149,13 @@ def test_an_overflowing_gan_gradient_leaves_the_vae_the_gradient_of_the_loss_wit
     zeros = paddle.zeros([2, 4, 2, 2])
     args = LossArguments(perceptual_weight=0.0, disc_start=0)
     grad_scale = 1e36  # the scaled pixel gradient stays finite, the scaled GAN gradient does not
-    loss, logs = losses.vae_objective(x, decoder(x), zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
-                                      discriminator=discriminator, last_layer=decoder.weight, gan_active=True,
-                                      grad_scale=grad_scale)
+    recon = decoder(x)
+    loss = losses.vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
+                                discriminator=discriminator, last_layer=decoder.weight, gan_active=True,
+                                grad_scale=grad_scale)
+    logs = loss.logs
     assert logs["gan/adaptive_weight_overflow"].item() == 1 and np.isfinite(logs["loss/generator"].item())
-    (loss * grad_scale).backward()  # as the step scales it
+    loss.backward(recon, lambda direct: direct * grad_scale)  # as the step scales it
     expected = paddle.grad(losses.pixel_term(x, decoder(x), args) * grad_scale, decoder.weight)[0]
     assert np.isfinite(decoder.weight.grad.numpy()).all()
     np.testing.assert_allclose(decoder.weight.grad.numpy(), expected.numpy(), rtol=1e-5)
@@ -192,9 +193,10 @@ def test_objective_is_ldm_objective_over_pixel_count_including_the_adaptive_weig
 
     expected_loss, expected_weight = _ldm_reference_loss(x, decoder_out(features), mean, logvar, discriminator,
                                                          decoder_out.weight, args.kl_weight, args.disc_weight)
-    loss, logs = losses.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
-                                      lpips=None, discriminator=discriminator, last_layer=decoder_out.weight,
-                                      gan_active=True)
+    objective = losses.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
+                                     lpips=None, discriminator=discriminator, last_layer=decoder_out.weight,
+                                     gan_active=True)
+    loss, logs = objective.value, objective.logs
     assert (expected_weight == pytest.approx(1e4 * args.disc_weight)) == clamped  # the case is what it claims
     assert logs["gan/adaptive_weight"].item() * pixel_values == pytest.approx(expected_weight, rel=1e-4)
     assert loss.item() * pixel_values == pytest.approx(expected_loss, rel=1e-4)

@@ -15,7 +15,8 @@ from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.vae import decoder_last_layer
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
-from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep
+from vae_trainer.precision import Precision
+from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep, logged_images
 
 paddle.set_device("cpu")
 MICRO = "configs/vae_micro.json"
@@ -39,14 +40,14 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
     args = make_args(tmp_path, learning_rate=learning_rate)
     vae_opt, vae_sched = build_vae_optimizer(args, model)
     disc_opt, disc_sched = build_disc_optimizer(args, model, loss_args.disc_start)
-    return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation, precision,
-                     max_grad_norm=args.max_grad_norm, guard=NonFiniteGuard(max_nonfinite, max_overflow))
+    return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation,
+                     precision or Precision(), max_grad_norm=args.max_grad_norm, guard=NonFiniteGuard(max_nonfinite, max_overflow))
 
 
 def full_step(step, x, global_step):
     """One micro-batch and its optimizer step, as the drivers run them (accumulation 1)."""
-    logs = step.forward_backward(x, global_step)
-    return {**logs, **step.optimizer_step(global_step)}
+    logs = step.forward_backward(x, global_step, 0).logs
+    return {**logs, **step.optimizer_step(global_step).scalars}
 
 
 def weights(layer):
@@ -91,13 +92,13 @@ def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
     step = make_step(model, tmp_path)
     x = images()
     paddle.seed(5)
-    step.forward_backward(x, global_step=0)  # no optimizer step: the gradients stay in .grad
+    step.forward_backward(x, 0, 0)  # no optimizer step: the gradients stay in .grad
     paddle.seed(5)  # same posterior sample
     recon, mean, logvar = reference(x)
-    vae_loss, _ = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
-                                discriminator=reference.discriminator, last_layer=decoder_last_layer(reference.vae),
-                                gan_active=True)
-    vae_loss.backward()
+    vae_loss = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
+                             discriminator=reference.discriminator, last_layer=decoder_last_layer(reference.vae),
+                             gan_active=True)
+    vae_loss.backward(recon)
     assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
     d_loss, _ = discriminator_objective(reference.discriminator, x, recon, "hinge")
     d_loss.backward()
@@ -114,10 +115,10 @@ def test_gan_is_off_before_disc_start(tmp_path):
     model = make_model()
     step = make_step(model, tmp_path, disc_start=5)
     before = weights(model.discriminator)
-    logs = step.forward_backward(images(), global_step=4)
+    logs = step.forward_backward(images(), 4, 0).logs
     assert "loss/generator" not in logs and "gan/adaptive_weight" not in logs
     assert all(p.grad is None for p in model.discriminator.parameters())
-    report = step.optimizer_step(global_step=4)
+    report = step.optimizer_step(global_step=4).scalars
     assert unchanged(model.discriminator, before) and "train/disc_grad_norm" not in report
     assert step.disc_scheduler.last_epoch == 0  # its schedule starts at disc_start
     logs = full_step(step, images(), global_step=5)
@@ -139,9 +140,9 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
     step = make_step(model, tmp_path, learning_rate=1e-3)
     step.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
     vae_before, disc_before = weights(model.vae), weights(model.discriminator)
-    step.forward_backward(images(), global_step=0)
+    step.forward_backward(images(), 0, 0)
     grads = {id(p): p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
-    report = step.optimizer_step(global_step=0)
+    report = step.optimizer_step(global_step=0).scalars
     norm = report["train/grad_norm"].item()
     expected = np.sqrt(sum(np.square(grads[id(p)].astype(np.float64)).sum() for p in model.vae_parameters()
                            if id(p) in grads))
@@ -171,8 +172,8 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
         step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3,
                          perceptual_weight=1.0)
         step.lpips = lpips
-        for chunk in paddle.split(x, accumulation):
-            step.forward_backward(chunk, global_step=0)
+        for micro_batch, chunk in enumerate(paddle.split(x, accumulation)):
+            step.forward_backward(chunk, 0, micro_batch)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])
     for full, accumulated in zip(*grads):
         np.testing.assert_allclose(accumulated, full, rtol=1e-4, atol=1e-7)
@@ -208,9 +209,9 @@ def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_pa
     first_layer = model.vae.encoder.conv_in if network == "vae" else model.discriminator.sublayers()[1]
     hook = poison_gradient(first_layer.weight)
     before, vae_before, disc_before = weights(model), weights(model.vae), weights(model.discriminator)
-    logs = step.forward_backward(images(), global_step=0)
+    logs = step.forward_backward(images(), 0, 0).logs
     assert np.isfinite(logs["loss/total"].item()) and np.isfinite(logs["loss/discriminator"].item())
-    report = step.optimizer_step(global_step=0)
+    report = step.optimizer_step(global_step=0).scalars
     assert report["train/skipped_steps"] == 1 and unchanged(model, before)
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())  # nothing carried over
     assert step.vae_scheduler.last_epoch == 1  # the schedule follows the step counter
@@ -233,15 +234,16 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
     step.ema = EMAModel(model.vae.parameters(), decay=0.5)
     expected = [p.numpy().astype("float64") for p in model.vae.parameters()]
     for t in range(1, 4):
-        full_step(step, images(seed=t), global_step=t - 1)
+        micro = step.forward_backward(images(seed=t), t - 1, 0)
+        step.optimizer_step(t - 1)
         decay = min(0.5, (1 + t) / (10 + t))
         expected = [decay * e + (1 - decay) * p.numpy() for e, p in zip(expected, model.vae.parameters())]
     for shadow, e in zip(step.ema.shadow_params, expected):
         np.testing.assert_allclose(shadow.numpy(), e, rtol=1e-5, atol=1e-7)
     # Logged reconstructions use the EMA weights, and the raw weights come back afterwards.
     raw = model.vae.decoder.conv_out.weight.numpy().copy()
-    inputs, recon = step.images_for_logging()
-    assert not np.allclose(recon.numpy(), step.last_reconstructions.numpy())
+    inputs, recon = logged_images(step, micro)
+    assert not np.allclose(recon.numpy(), micro.reconstructions.numpy())
     assert np.array_equal(model.vae.decoder.conv_out.weight.numpy(), raw)
 
 
@@ -258,7 +260,7 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
         segments = enable_recompute(model.vae) if recompute else []
         step = make_step(model, tmp_path)  # disc_start 0: GAN, adaptive weight and discriminator update on
         paddle.seed(11)
-        logs = step.forward_backward(x, global_step=0)
+        logs = step.forward_backward(x, 0, 0).logs
         assert recompute_calls(model.vae) == len(segments)  # each segment's forward ran once, under recompute
         results.append(({k: v.numpy() for k, v in logs.items()},
                          [p.grad.numpy() for p in model.vae.parameters() + model.discriminator.parameters()]))

@@ -79,10 +79,11 @@ def test_each_gradnorm_branch_sends_its_configured_norm_into_the_reconstruction(
     disc = build_discriminator(norm="group", num_layers=2, base_channels=8)
     for grad_scale in (1.0, 0.25):  # 0.25: e.g. 4 accumulation steps
         recon.clear_gradient()
-        loss, logs = vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=gradnorm_args(**{branch: weight}),
-                                   lpips=lpips, discriminator=disc, last_layer=None,
-                                   gan_active=branch == "disc_weight", grad_scale=grad_scale)
-        loss.backward()
+        objective = vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=gradnorm_args(**{branch: weight}),
+                                  lpips=lpips, discriminator=disc, last_layer=None,
+                                  gan_active=branch == "disc_weight", grad_scale=grad_scale)
+        objective.backward(recon)
+        loss, logs = objective.value, objective.logs
         assert np.linalg.norm(recon.grad.numpy()) == pytest.approx(weight * grad_scale, rel=1e-4)
     # The branches' weights act only in the backward: the loss is their unweighted sum.
     parts = logs["loss/pixel"] + logs["loss/perceptual"] + logs.get("loss/generator", paddle.zeros([]))
@@ -98,9 +99,8 @@ def test_gradnorm_branches_add_up():
         disc = build_discriminator(norm="group", num_layers=2, base_channels=8)
         recon.clear_gradient()
         args = gradnorm_args(pixel_weight=weights[0], disc_weight=weights[1])
-        loss, _ = vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
-                                discriminator=disc, last_layer=None, gan_active=True)
-        loss.backward()
+        vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
+                      discriminator=disc, last_layer=None, gan_active=True).backward(recon)
         grads[name] = recon.grad.numpy()
     np.testing.assert_allclose(grads["both"], grads["pixel"] + grads["adv"], rtol=1e-4, atol=1e-8)
 
@@ -131,8 +131,9 @@ def test_latent_penalty_replaces_kl_with_its_own_weight():
     assert latent_penalty(mean).item() == pytest.approx(float((mean.numpy().astype(np.float64) ** 2).mean()), rel=1e-5)
     x = random_images()
     args = LossArguments(perceptual_weight=0.0, kl_weight=0.0, latent_penalty_weight=0.01)
-    loss, logs = vae_objective(x, x, mean, paddle.full_like(mean, math.log(0.01)), paddle.zeros([]), loss_args=args,
-                               lpips=None, discriminator=None, last_layer=None, gan_active=False)
+    objective = vae_objective(x, x, mean, paddle.full_like(mean, math.log(0.01)), paddle.zeros([]), loss_args=args,
+                              lpips=None, discriminator=None, last_layer=None, gan_active=False)
+    loss, logs = objective.value, objective.logs
     assert loss.item() == pytest.approx(0.01 * logs["loss/latent_penalty"].item(), rel=1e-6)
 
 

@@ -27,8 +27,8 @@ def inf_gradient_on_rank_1(out_dir: str, rank: int) -> dict:
     if rank == 1:
         poison_gradient(model.vae.encoder.conv_in.weight)
     before = weights(model)
-    logs = step.forward_backward(images(seed=rank), global_step=0)
-    report = step.optimizer_step(global_step=0)
+    logs = step.forward_backward(images(seed=rank), 0, 0).logs
+    report = step.optimizer_step(global_step=0).scalars
     return {"loss": logs["loss/total"].item(), "skipped_steps": report["train/skipped_steps"],
             "unchanged": unchanged(model, before), "fingerprint": parameter_fingerprint(model).tolist()}
 

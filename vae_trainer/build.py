@@ -144,8 +144,8 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
     step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
-                     training_args.gradient_accumulation_steps, precision, ema, training_args.max_grad_norm, guard,
-                     seed=training_args.seed)
+                     accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
+                     max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed)
     return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 

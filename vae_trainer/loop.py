@@ -21,8 +21,8 @@ from .distributed import rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
 from . import watchdog
-from .preemption import STOP_REQUESTED, stop_after_step
-from .step import NonFiniteError
+from .preemption import stop_after_step
+from .step import NonFiniteError, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import start_up
 
@@ -81,22 +81,22 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
 
     batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
     iteration = iter(batches)
+    step = optimization.step
     watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
     try:
         while state.global_step < args.max_steps:
-            for _ in range(args.gradient_accumulation_steps):
+            for micro_batch in range(args.gradient_accumulation_steps):
                 batch = next(iteration)
-                logs = optimization.step.forward_backward(batch["pixel_values"], state.global_step)
+                micro = step.forward_backward(batch["pixel_values"], state.global_step, micro_batch)
                 position.update(batch["position"])
-                monitor.micro_step_end(logs)
+                monitor.micro_step_end(micro.logs)
             # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
-            report = optimization.step.optimizer_step(state.global_step)
-            stop = report.pop(STOP_REQUESTED)  # some rank was signalled: agreed by the step's one read
+            report = step.optimizer_step(state.global_step)
             state.global_step += 1
             watchdog.beat(f"step {state.global_step}", state.global_step)
             progress.update(1)
 
-            scalars = monitor.optimizer_step_end(state.global_step, report, optimization.step.images_for_logging)
+            scalars = monitor.optimizer_step_end(state.global_step, report.scalars, lambda: logged_images(step, micro))
             if scalars is not None:
                 state.log_history.append({"step": state.global_step, **scalars})
                 progress.set_postfix_str(format_scalars(scalars))
@@ -105,7 +105,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                 save()  # the best checkpoint so far, kept by rotation
             if args.save_steps > 0 and state.global_step % args.save_steps == 0:
                 save()
-            stop_after_step(stop, state.global_step, save)  # a signal: save and stop (preemption.py)
+            stop_after_step(report.stop, state.global_step, save)  # a signal: save and stop (preemption.py)
         save()  # always a checkpoint at the end, to continue training later
     except NonFiniteError:
         save()  # the weights are those of the last good step: a checkpoint to go back to

@@ -31,25 +31,19 @@ GAN gradient would be gone. So the clamp is `ADAPTIVE_WEIGHT_MAX / N`, and the l
 `gan/adaptive_weight` is LDM's d_L / N. The fp16 loss scale / accumulation factor s multiplies both
 losses and the epsilon, which leaves r unchanged.
 
-One backward per head. The heads (pixel loss, LPIPS, discriminator) see the decoder only through x_hat,
-so dnll/dW and dgan/dW follow exactly from dnll/dx_hat and dgan/dx_hat by the decoder's own backward
-from x_hat to W; and W's output IS x_hat (x_hat = conv_out(h)), so that backward is one small
-convolution. The heads therefore run on a leaf copy of x_hat, and their gradients there are taken once:
+One backward per head. The heads (pixel loss, LPIPS, discriminator) see the decoder only through x_hat, so
+they run on a leaf copy of x_hat and their gradients there are taken once each (s = `grad_scale`, the loss
+scale / accumulation factor the step multiplies the loss by, so that fp16 gradients do not underflow):
     g_nll = s * dnll/dx_hat    (one VGG16 backward),    g_gan = s * dgan/dx_hat    (one D input-backward)
-(s = `grad_scale`, so that fp16 gradients do not underflow). `last_layer_gradient` takes each to W
-(`paddle.grad` from x_hat to W follows that path only), which gives d as defined above, and the VAE's
-backward receives (g_nll + d * g_gan) / s at x_hat. The loss `vae_objective` returns is
-    loss = nll + kl_weight * kl + d * gan + G(x_hat)
-in which the heads' values are constants, nll keeps its path to a learnable logvar
-(dnll/dlogvar = 1 - (pixel_weight * rec + perceptual_weight * p) / exp(logvar)), and G is 0 in the
-forward and passes (g_nll + d * g_gan) / s, times the incoming gradient, to x_hat in the backward
-(`_GivenGradient`). So its value is the objective's and its backward gives every VAE parameter, and a
-learnable logvar, the objective's gradient, while VGG16 and the discriminator are backpropagated once
-per micro-batch. (Computing d by `paddle.grad(nll, W)` and `paddle.grad(gan, W)` on the loss's own
-graph, as LDM does, runs both backwards a second time.) The discriminator's parameters get nothing
-from this loss: it runs `frozen`, and only x_hat's gradient is taken. An overflowing d (fp16) skips the
-GAN term: weight 0 and none of its gradient. (`--loss_balancing gradnorm` has no adaptive weight: its
-loss is backpropagated as it is.)
+dnll/dW and dgan/dW follow from them by the decoder's backward from x_hat to W, which for W = conv_out's
+weight (whose output IS x_hat) is one small convolution (`last_layer_gradient`): that gives d. The objective
+    loss = nll + kl_weight * kl + d * gan
+is then differentiated as `VAELoss` says: the terms that do not go through the heads (`direct`: KL, latent
+penalty, nll's path to a learnable logvar) by their own backward, and the rest by handing
+`recon_grad` = g_nll + d * g_gan to the reconstruction, in the same backward pass (step.py). VGG16 and the
+discriminator are backpropagated once per micro-batch (LDM's `paddle.grad(nll, W)` and `paddle.grad(gan, W)`
+on the loss's own graph run both twice). The discriminator's parameters get nothing from this loss (it runs
+`frozen`). An overflowing d (fp16) skips the GAN term: weight 0 and none of its gradient.
 
 Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
 (halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
@@ -61,6 +55,7 @@ Options (all off by default): `--pixel_weight`, `--pixel_loss_pool K`, `--pixel_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -275,26 +270,6 @@ def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -
     return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
 
 
-class _GivenGradient(PyLayer):
-    """A zero with a given gradient: 0 in the forward; in the backward `recon` receives recon_grad /
-    grad_scale times the incoming gradient (computed in float32, handed over in recon's dtype).
-
-    `recon_grad` is the gradient of a loss multiplied by `grad_scale` (fp16: so that it does not
-    underflow). A caller that backpropagates its loss multiplied by the same factor, as the step does,
-    hands `recon` `recon_grad` itself: no unscaled half-precision gradient ever exists.
-    """
-
-    @staticmethod
-    def forward(ctx, recon: Tensor, recon_grad: Tensor, grad_scale: float | Tensor) -> Tensor:
-        ctx.recon_grad, ctx.grad_scale, ctx.dtype = recon_grad, grad_scale, recon.dtype
-        return paddle.zeros([], "float32")
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        factor = grad.astype("float32") / ctx.grad_scale
-        return (ctx.recon_grad.astype("float32") * factor).astype(ctx.dtype)
-
-
 def _input_gradient(loss: Tensor, leaf: Tensor) -> Tensor:
     """d loss / d leaf, freeing the loss's graph (LPIPS's VGG16 or the discriminator's)."""
     return paddle.grad(loss, leaf)[0]
@@ -336,6 +311,27 @@ def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_i
     return kl, penalty, loss_args.kl_weight * kl + penalty_weight * penalty
 
 
+@dataclass
+class VAELoss:
+    """One micro-batch's VAE objective, as the step differentiates it (module doc, "One backward per head"):
+    its gradient is the backward of `direct` plus `recon_grad` handed to the reconstruction."""
+
+    value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (detached)
+    direct: Tensor  # the terms differentiated as they stand (all of the objective when recon_grad is None)
+    recon_grad: Optional[Tensor]  # grad_scale * the heads' gradient at the reconstruction, float32
+    logs: Dict[str, Tensor]  # detached parts, for logging
+
+    def backward(self, recon: Tensor, scale: Callable[[Tensor], Tensor] = lambda loss: loss) -> None:
+        """The objective's backward: `scale(direct)`'s, and `recon_grad` entering at `recon`, in one pass.
+        `scale` must multiply by the `grad_scale` the heads' gradients were taken with."""
+        direct = scale(self.direct)
+        if self.recon_grad is None:
+            direct.backward()
+            return
+        roots = ([] if direct.stop_gradient else [direct]) + [recon]
+        paddle.autograd.backward(roots, [None] * (len(roots) - 1) + [self.recon_grad.astype(recon.dtype)])
+
+
 def vae_objective(
     x: Tensor,
     recon: Tensor,
@@ -350,11 +346,9 @@ def vae_objective(
     gan_active: bool,
     grad_scale: float | Tensor = 1.0,
     encoded_pixels: Optional[float] = None,
-) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The VAE's loss for one micro-batch, to backpropagate, and its parts (detached) for logging.
+) -> VAELoss:
+    """The VAE's objective for one micro-batch (`VAELoss`: module doc, "One backward per head").
 
-    The loss's value is the objective's; its backward gives the objective's gradients while running
-    LPIPS's VGG16 and the discriminator backwards once each (module doc, "One backward per head").
     `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor): the factor the caller
     multiplies the loss by before its backward. The heads' gradients are computed with it (fp16: no
     underflow), and gradnorm needs it, as its backward would otherwise undo the caller's scaling.
@@ -378,7 +372,8 @@ def vae_objective(
     kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels or pixels_per_image,
                                              loss_args)
     # nll again, with its path to a learnable output log-variance only.
-    loss = weighted.detach() / logvar.exp() + logvar + latent_loss
+    direct = weighted.detach() / logvar.exp() + logvar + latent_loss
+    loss = direct.detach()
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, "loss/kl": kl, "train/logvar": logvar}
     if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
         logs["loss/latent_penalty"] = penalty
@@ -389,13 +384,12 @@ def vae_objective(
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
                                                                loss_args, grad_scale, pixels_per_image)
         recon_grad = recon_grad + gan_grad
-        loss = loss + d_weight * gan.detach()
+        loss = loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
         if overflow is not None:
             logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
-    loss = loss + _GivenGradient.apply(recon, recon_grad, grad_scale)  # adds 0; the heads' gradient at recon
     logs["loss/total"] = loss
-    return loss, {k: v.detach() for k, v in logs.items()}
+    return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})
 
 
 def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, grad_scale,
@@ -424,7 +418,7 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
 
 
 def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,
-                        gan_active, grad_scale, encoded_pixels=None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                        gan_active, grad_scale, encoded_pixels=None) -> VAELoss:
     """--loss_balancing gradnorm: each branch gets its own gradient-normalised copy of the reconstruction.
 
     The branch weights act in the backward only, so the loss value is the unweighted sum of the branch
@@ -453,7 +447,7 @@ def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args
         loss = loss + gan
         logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight, "float32")})
     logs["loss/total"] = loss
-    return loss, {k: v.detach() for k, v in logs.items()}
+    return VAELoss(loss.detach(), loss, None, {k: v.detach() for k, v in logs.items()})
 
 
 def discriminator_objective(

@@ -33,7 +33,6 @@ logger = logging.getLogger("vae_trainer")
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "try again later" (resume with --resume_from_checkpoint latest)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-STOP_REQUESTED = "stop_requested"  # the key of TrainStep.optimizer_step's report: some rank was signalled
 _installed: Optional["StopRequest"] = None  # this process's, while its handlers are installed
 
 
@@ -94,8 +93,7 @@ def stop_signal() -> Optional[str]:
 
 def stop_after_step(stop: bool, step: int, save) -> None:
     """At the end of optimizer step `step` (after logging, evaluation and a periodic save): when some rank
-    was signalled (`stop`: the agreed STOP_REQUESTED the drivers take out of the step's report before
-    logging it), `save()` the checkpoint of this step (it returns its path) and raise `Preempted`."""
+    was signalled (`stop`: agreed by the step, `StepReport.stop`), `save()` the checkpoint of this step (it returns its path) and raise `Preempted`."""
     if not stop:
         return
     checkpoint = save()

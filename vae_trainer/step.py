@@ -1,17 +1,21 @@
 """The training step, shared by both drivers: micro-batches in, both networks updated, numbers out.
 
-Per micro-batch, `forward_backward`: ONE VAE forward (with --equivariance_prob, sometimes of a transformed
-latent against the transformed image: equivariance.py); the VAE loss (pixel, LPIPS, KL, adaptive GAN term)
-is backpropagated, running LPIPS's VGG16 and the frozen discriminator backwards once each (the adaptive
-weight reuses their gradients at the reconstruction: losses.py, "One backward per head"); then the
-discriminator loss on the *detached* reconstruction is backpropagated. Micro-steps never communicate
-and never read a value back from the device.
+Per micro-batch, `forward_backward(pixels, step, micro_batch)`:
+  1. ONE VAE forward (with --equivariance_prob, sometimes of a transformed latent: equivariance.py);
+  2. the VAE objective (losses.vae_objective) and its gradient: `direct`'s backward plus the heads' gradient
+     handed to the reconstruction, in one backward pass (losses.py, "One backward per head");
+  3. with the GAN on, the discriminator objective on the detached reconstruction, and its backward.
+It returns a `MicroBatch` (detached logs, the compared images) and reads nothing back from the device.
+Communication in a micro-step: none, except LeCAM's EMA of the logits (one small all-reduce, --lecam_weight)
+and --loss_balancing gradnorm's global scope (one per branch); the discriminator's SyncBatchNorm
+(--disc_norm sync_batch) communicates in each of its forwards.
 
 Per optimizer step, `optimizer_step`, one straight block:
   1. all-reduce both networks' gradients over ranks (distributed.sync_gradients);
   2. unscale them (fp16: one loss scaler per network);
   3. gradient norms, then the finite check: ONE device-to-host read of a few counts, summed over
-     ranks, so every rank takes the same decision (`NonFiniteGuard`);
+     ranks, so every rank takes the same decision (`NonFiniteGuard`), and learns whether a rank was signalled
+     to stop (preemption.py);
   4. clip each network's gradients to --max_grad_norm (optim.clip_grads);
   5. step the VAE optimizer, 6. step the discriminator optimizer (each unless its step is skipped);
   7. both LR schedules follow the step counter (a skipped step still counts);
@@ -20,37 +24,31 @@ Per optimizer step, `optimizer_step`, one straight block:
 The drivers call this block and step nothing themselves (trainer.py: how the PaddleNLP Trainer's own
 optimizer/scheduler calls become no-ops).
 
-Skipping, counted and logged (`NonFiniteGuard`):
-- a non-finite loss on any rank, or non-finite gradients without fp16 loss scaling, skips the step for both
-  networks; --max_consecutive_nonfinite_steps in a row raise `NonFiniteError`;
-- under fp16, non-finite gradients with finite losses are an overflow: only that network's step is
-  skipped and its loss scale lowered (not below --min_loss_scale); --max_consecutive_overflow_steps in
-  a row for one network raise `NonFiniteError` too;
-- an adaptive GAN weight that overflows skips the GAN term of that micro-batch (losses.vae_objective),
-  counted in the same host read.
-On `NonFiniteError` the drivers save a checkpoint (the weights of the last good step) and stop. The guard's
-counters are part of every checkpoint (`nonfinite_guard.pdparams`), so a resumed run counts on exactly.
-
-The order of the two updates does not matter: the discriminator's gradients come from detached
-reconstructions and the VAE's gradients are complete before either optimizer steps.
+Skipping (`NonFiniteGuard`, counted, logged and checkpointed): a non-finite loss on any rank, or non-finite
+gradients without fp16 loss scaling, skips the step for both networks; under fp16, non-finite gradients with
+finite losses are an overflow of that network only (its loss scale lowered, not below --min_loss_scale); an
+adaptive GAN weight that overflows skips that micro-batch's GAN term. Too many in a row raise
+`NonFiniteError` (--max_consecutive_nonfinite_steps, --max_consecutive_overflow_steps): the drivers save a
+checkpoint of the last good weights and stop.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
 from .distributed import sum_over_ranks, sync_gradients
 from .ema import ema_weights
-from .equivariance import Transform, draw, parse_transforms
+from .equivariance import draw, parse_transforms
 from .losses import discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
-from .preemption import STOP_REQUESTED, stop_signal
+from .preemption import stop_signal
 
 logger = logging.getLogger("vae_trainer")
 
@@ -130,36 +128,42 @@ class NonFiniteGuard:
                 "train/skipped_gan_terms": self.skipped_gan_terms}
 
 
+@dataclass
+class MicroBatch:
+    """What `forward_backward` returns for one micro-batch."""
+
+    logs: Dict[str, paddle.Tensor]  # detached device scalars, averaged over the logging window
+    inputs: paddle.Tensor  # what the objective compared: x, or tau(x) under an EQ-VAE transform
+    reconstructions: paddle.Tensor  # decode(z) or decode(tau(z)), detached
+    clean_inputs: paddle.Tensor  # x itself (what the EMA's image logging reconstructs)
+
+
+@dataclass
+class StepReport:
+    """What `optimizer_step` returns: numbers to log and whether to stop."""
+
+    scalars: Dict[str, object]  # learning rates, skip counters, loss scales (host); gradient norms (device)
+    stop: bool  # some rank was signalled to stop (preemption.py), agreed by every rank
+
+
+@dataclass
 class TrainStep:
-    def __init__(
-        self,
-        model: VAEWithDiscriminator,
-        lpips: Optional[paddle.nn.Layer],
-        loss_args,
-        vae_optimizer,
-        vae_scheduler,
-        disc_optimizer,
-        disc_scheduler,
-        accumulation_steps: int = 1,
-        precision: Optional[Precision] = None,
-        ema=None,
-        max_grad_norm: float = 0.0,
-        guard: Optional[NonFiniteGuard] = None,
-        seed: int = 0,
-    ):
-        self.model = model
-        self.lpips = lpips
-        self.loss_args = loss_args
-        self.vae_optimizer, self.vae_scheduler = vae_optimizer, vae_scheduler
-        self.disc_optimizer, self.disc_scheduler = disc_optimizer, disc_scheduler
-        self.accumulation_steps = accumulation_steps
-        self.precision = precision or Precision()
-        self.ema = ema
-        self.max_grad_norm = max_grad_norm
-        self.guard = guard or NonFiniteGuard()
-        self.seed = seed  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
-        self.transforms = parse_transforms(loss_args.equivariance_transforms)
-        self._micro_batch = 0  # of this optimizer step
+    model: VAEWithDiscriminator
+    lpips: Optional[paddle.nn.Layer]
+    loss_args: Any
+    vae_optimizer: Any
+    vae_scheduler: Any
+    disc_optimizer: Any
+    disc_scheduler: Any
+    accumulation_steps: int = 1
+    precision: Precision = field(default_factory=Precision)
+    ema: Any = None
+    max_grad_norm: float = 0.0
+    guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
+    seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
+
+    def __post_init__(self) -> None:
+        self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
         self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
         self._window_gan_overflows: List[paddle.Tensor] = []
 
@@ -167,66 +171,50 @@ class TrainStep:
         """The GAN terms (and the discriminator's training) start at --disc_start."""
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
-    def equivariance_transform(self, global_step: int) -> Optional[Transform]:
-        """EQ-VAE's transform of this micro-batch, or None (the plain objective): the same on every rank."""
-        return draw(self.seed, global_step, self._micro_batch, self.loss_args.equivariance_prob,
-                    self.loss_args.equivariance_min_scale, self.transforms)
-
-    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int) -> Dict[str, paddle.Tensor]:
-        """One micro-batch: forward, both losses, both backwards. Returns detached device scalars to log.
+    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
+        """Micro-batch `micro_batch` (0-based) of optimizer step `global_step` (0-based): forward, both
+        objectives, both backwards (module doc).
 
         With an EQ-VAE transform tau, the decoder decodes tau(z) and every reconstruction term (pixel, LPIPS,
         adversarial, and the discriminator's real images) compares with tau(x); the KL stays on the clean z."""
-        model, gan_active = self.model, self.gan_active(global_step)
-        transform = self.equivariance_transform(global_step)
-        self._micro_batch += 1
+        model, args, gan = self.model, self.loss_args, self.gan_active(global_step)
+        transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
+                         self.transforms)
         model.train()
+        clean, image_size = pixel_values, pixel_values.shape[2:]
         with self.precision.autocast():
-            image_size = pixel_values.shape[2:]
-            recon, post_mean, post_logvar = model(
-                pixel_values, sample_posterior=self.loss_args.sample_posterior,
+            recon, post_mean, post_logvar = model(                                                  # 1.
+                clean, sample_posterior=args.sample_posterior,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
-            encoded_pixels = float(pixel_values.shape[1] * pixel_values.shape[2] * pixel_values.shape[3])
-            clean_inputs = pixel_values
-            if transform is not None:
-                pixel_values = transform.images(pixel_values, post_mean.shape[2:])
-            loss, logs = vae_objective(
-                pixel_values, recon, post_mean, post_logvar, model.logvar,
-                loss_args=self.loss_args, lpips=self.lpips, discriminator=model.discriminator,
-                last_layer=decoder_last_layer(model.vae), gan_active=gan_active,
-                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps, encoded_pixels=encoded_pixels,
-            )
-        self.precision.scale_vae(loss / self.accumulation_steps).backward()
-        # For image logging: the compared pair (with a transform, tau(x) and decode(tau(z))) and the clean images.
-        self.last_inputs, self.last_reconstructions = pixel_values, recon.detach()
-        self.last_clean_inputs = clean_inputs
+            target = transform.images(clean, post_mean.shape[2:]) if transform else clean
+            vae_loss = vae_objective(                                                               # 2.
+                target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
+                discriminator=model.discriminator, last_layer=decoder_last_layer(model.vae), gan_active=gan,
+                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps,
+                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]))
+        vae_loss.backward(recon, lambda loss: self.precision.scale_vae(loss / self.accumulation_steps))
+        logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
-
-        if gan_active:
-            with self.precision.autocast():
+        if gan:
+            with self.precision.autocast():                                                         # 3.
                 d_loss, d_logs = discriminator_objective(
-                    model.discriminator, pixel_values, recon, self.loss_args.disc_loss, lecam_ema=model.lecam_ema,
-                    lecam_weight=self.loss_args.lecam_weight, lecam_decay=self.loss_args.lecam_decay)
+                    model.discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
+                    lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay)
             self.precision.scale_disc(d_loss / self.accumulation_steps).backward()
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
-        return logs
+        return MicroBatch(logs, target, recon.detach(), clean)
 
-    def optimizer_step(self, global_step: int) -> Dict[str, object]:
-        """The update after the last micro-batch of optimizer step `global_step` (0-based).
-
-        Returns this step's values for logging: learning rates, skip counters and loss scales (host
-        numbers) and the gradient norms (device scalars, read only when logged); and under STOP_REQUESTED,
-        which the drivers take out before logging, whether any rank was signalled to stop (preemption.py).
-        """
+    def optimizer_step(self, global_step: int) -> StepReport:
+        """The update after the last micro-batch of optimizer step `global_step` (0-based): the module doc's
+        nine numbered parts, in order."""
         gan = self.gan_active(global_step)
-        self._micro_batch = 0
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
-        report: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
-                  "train/disc_learning_rate": self.disc_optimizer.get_lr()}
+        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
+                                      "train/disc_learning_rate": self.disc_optimizer.get_lr()}
 
         sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
         self.precision.unscale(self.vae_optimizer, self.disc_optimizer if gan else None)  # 2. unscale
@@ -246,22 +234,20 @@ class TrainStep:
             self.disc_scheduler.step()
         self.precision.update_scales(not take["vae"], (not take["discriminator"]) if gan else None)  # 8.
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
-        # as its weights (335 MB for SD), and between steps, through the next forward and any checkpoint save,
-        # nothing needs them. The next backward creates them, as at the first step.
+        # as its weights (335 MB for SD), and between steps nothing needs them.
         self.vae_optimizer.clear_grad(set_to_zero=False)
         self.disc_optimizer.clear_grad(set_to_zero=False)
         if self.ema is not None:                                                          # 9. EMA
             self.ema.step(self.model.vae.parameters())
 
-        report["train/grad_norm"] = vae_norm
+        scalars["train/grad_norm"] = vae_norm
         if gan:
-            report["train/disc_grad_norm"] = disc_norm
-        report.update(self.guard.counters())
+            scalars["train/disc_grad_norm"] = disc_norm
+        scalars.update(self.guard.counters())
         if self.precision.scales_losses:
             scales = self.precision.loss_scales()
-            report.update({"train/loss_scale": scales["vae"], "train/disc_loss_scale": scales["discriminator"]})
-        report[STOP_REQUESTED] = stop
-        return report
+            scalars.update({"train/loss_scale": scales["vae"], "train/disc_loss_scale": scales["discriminator"]})
+        return StepReport(scalars, stop)
 
     def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
         """THE host sync of an optimizer step: (all losses finite on every rank, VAE gradients finite,
@@ -282,13 +268,13 @@ class TrainStep:
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
 
-    def images_for_logging(self) -> Tuple[paddle.Tensor, paddle.Tensor]:
-        """(inputs, reconstructions) of the last micro-batch: the pair its objective compared (with an EQ-VAE
-        transform tau(x) and decode(tau(z))); with EMA, the clean images reconstructed by the EMA weights.
-        Call it only on the rank that writes images: with EMA it runs a VAE forward."""
-        if self.ema is None:
-            return self.last_inputs, self.last_reconstructions
-        # The container, so that --input_size applies; O2: float32 images into half-precision weights.
-        with ema_weights(self.ema, self.model.vae), paddle.no_grad(), half_precision_autocast(self.model.vae):
-            recon = self.model(self.last_clean_inputs, sample_posterior=False)[0]
-        return self.last_clean_inputs, recon.astype("float32")
+
+def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """(inputs, reconstructions) for the image grid: the pair micro-batch `micro`'s objective compared; with an
+    EMA, the clean images reconstructed by the EMA weights (a VAE forward: call it only on the rank that logs)."""
+    if step.ema is None:
+        return micro.inputs, micro.reconstructions
+    # The container, so that --input_size applies; O2: float32 images into half-precision weights.
+    with ema_weights(step.ema, step.model.vae), paddle.no_grad(), half_precision_autocast(step.model.vae):
+        recon = step.model(micro.clean_inputs, sample_posterior=False)[0]
+    return micro.clean_inputs, recon.astype("float32")

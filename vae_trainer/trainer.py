@@ -41,8 +41,8 @@ from .data.position import StreamPosition
 from .distributed import rank, world_size
 from .final_save import checkpoint_configs
 from . import watchdog
-from .preemption import STOP_REQUESTED, stop_after_step
-from .step import NonFiniteError
+from .preemption import stop_after_step
+from .step import NonFiniteError, logged_images
 from .train_logging import TrainMonitor
 from .user_errors import start_up
 
@@ -97,8 +97,8 @@ class VAETrainer(Trainer):
         self.position = None
         self.train_batches = None  # the training batches, once the Trainer asked for them
         self.micro_steps = 0
-        self.step_report = {}
-        self.stop = False
+        self.step_report = None  # the last optimizer step's StepReport
+        self.micro = None  # the last micro-batch's MicroBatch
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         self.monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
         self.add_callback(_AfterOptimizerStep(self))
@@ -154,32 +154,33 @@ class VAETrainer(Trainer):
 
     # ---- the step
     def training_step(self, model, inputs):
-        logs = self.optimization.step.forward_backward(inputs["pixel_values"], self.state.global_step)
+        micro_batch = self.micro_steps % self.args.gradient_accumulation_steps
+        self.micro = self.optimization.step.forward_backward(inputs["pixel_values"], self.state.global_step, micro_batch)
         self.position.update(inputs["position"])
-        self.monitor.micro_step_end(logs)
+        self.monitor.micro_step_end(self.micro.logs)
         self.micro_steps += 1
-        if self.micro_steps % self.args.gradient_accumulation_steps == 0:
+        if micro_batch == self.args.gradient_accumulation_steps - 1:
             try:  # the Trainer's optimizer/scheduler calls that follow are no-ops (AlreadyStepped)
                 self.step_report = self.optimization.step.optimizer_step(self.state.global_step)
-                self.stop = self.step_report.pop(STOP_REQUESTED)  # some rank was signalled (preemption.py)
             except NonFiniteError:
                 self._save_checkpoint(model)  # the weights are those of the last good step
                 raise
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
-        loss = logs["loss/total"]
+        loss = self.micro.logs["loss/total"]
         return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss)) / self.args.gradient_accumulation_steps
 
     def after_optimizer_step(self) -> None:
         step = self.state.global_step
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, self.step_report, self.optimization.step.images_for_logging)
+        scalars = self.monitor.optimizer_step_end(step, self.step_report.scalars,
+                                                  lambda: logged_images(self.optimization.step, self.micro))
         if scalars is not None:
             self.state.log_history.append({"step": step, **scalars})
         if self.evaluator.due(step) and self.evaluator.run(step, self.model.vae, self.optimization.ema, self.monitor, self.state):
             self.state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self._save_checkpoint(self.model)  # the best checkpoint so far, kept by rotation
         # Before the Trainer's own --save_steps save of this step, which would then find it saved.
-        stop_after_step(self.stop, step, lambda: self._save_checkpoint(self.model))  # a signal (preemption.py)
+        stop_after_step(self.step_report.stop, step, lambda: self._save_checkpoint(self.model))  # a signal (preemption.py)
 
     # ---- checkpoints
     def _save_checkpoint(self, model, metrics=None) -> str:
