@@ -50,6 +50,7 @@ from vae_trainer.evaluation import (EvalProtocol, EvalResult, check_tiling, eval
                                     result_record, tiling_of)
 
 from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
+from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
 from vae_trainer.distributed import run_and_exit  # noqa: E402
@@ -90,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip_lpips", action="store_true", help="do not compute LPIPS")
     parser.add_argument("--inception_weights", default=None,
                         help="converted FID Inception .pdparams; rFID is skipped without it")
+    parser.add_argument("--vf_model_path", default=None,
+                        help="a DINOv2 (transformers folder, timm / torch-hub state dict): adds vf_alignment_cka")
     parser.add_argument("--grid_images", type=int, default=8)
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         check_tiling(vae.config, _tiling(args), args.input_size, "the VAE's config")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
                                            world_size, args.num_images)
+        vf_model = load_dinov2(args.vf_model_path) if args.vf_model_path else None
     result = evaluate_vae(
         vae,
         dataloader,
@@ -209,6 +213,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         grid_images=args.grid_images,
         input_size=args.input_size,
         tiling=_tiling(args),
+        vf_model=vf_model,
     )
     if rank == 0:
         print(f"protocol:\n{protocol_of(args, result).text()}\n")

@@ -188,6 +188,21 @@ def _validate_techniques(model_args: ModelArguments, loss_args: LossArguments) -
     if loss_args.loss_balancing == "gradnorm" and loss_args.learn_logvar:
         raise ValueError("--learn_logvar has no effect under --loss_balancing gradnorm (the nll is not used)")
     _validate_equivariance(model_args, loss_args)
+    _validate_vf(model_args, loss_args)
+
+
+def _validate_vf(model_args: ModelArguments, loss_args: LossArguments) -> None:
+    """VA-VAE's flags (alignment.py)."""
+    if min(loss_args.vf_weight, loss_args.distmat_margin, loss_args.cos_margin) < 0:
+        raise ValueError("--vf_weight, --distmat_margin and --cos_margin must be >= 0")
+    if not model_args.vf_model_path or loss_args.vf_weight == 0:
+        return
+    if model_args.freeze_encoder:
+        raise ValueError("--vf_model_path aligns the latent space, and the latent space belongs to the encoder, which "
+                         "--freeze_encoder keeps as it is: drop one of them (or --vf_weight 0 for the diagnostic only).")
+    if loss_args.loss_balancing == "gradnorm":
+        raise ValueError("the VF loss (--vf_model_path) is weighted against the nll, which --loss_balancing gradnorm "
+                         "replaces: drop one of them")
 
 
 def _validate_equivariance(model_args: ModelArguments, loss_args: LossArguments) -> None:

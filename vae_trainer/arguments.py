@@ -151,6 +151,12 @@ class ModelArguments:
         default=None,
         metadata=in_group("loss", "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`."),
     )
+    vf_model_path: Optional[str] = field(
+        default=None,
+        metadata=in_group("loss", "VA-VAE: a DINOv2 (transformers folder, or timm / torch-hub .safetensors/.pth/.bin) whose "
+                          "patch tokens the latents are aligned with (VF loss), and vf_alignment_cka is measured "
+                          "against in evaluations. docs/techniques.md."),
+    )
     posterior_std: float = field(
         default=0.0,
         metadata={"help": "Constant variance: if > 0, ignore the encoder's log-variance and sample z = mean + "
@@ -288,6 +294,17 @@ class LossArguments:
     equivariance_transforms: str = field(
         default=DEFAULT_TRANSFORMS,
         metadata={"help": "EQ-VAE: the transforms drawn from, comma-separated: scale, rotate (90/180/270 degrees)."},
+    )
+    vf_weight: float = field(
+        default=0.5, metadata={"help": "VA-VAE: weight of the VF loss (0 = off: the model serves the diagnostic only)."}
+    )
+    distmat_margin: float = field(
+        default=0.0, metadata={"help": "VA-VAE: margin m1 of the VF loss's distance-matrix term."}
+    )
+    cos_margin: float = field(default=0.0, metadata={"help": "VA-VAE: margin m2 of the VF loss's cosine term."})
+    adaptive_vf: bool = field(
+        default=True,
+        metadata={"help": "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf|| at the encoder's last layer."},
     )
 
 

@@ -28,6 +28,7 @@ from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
                                    read_discriminator)
+from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_size, enable_recompute
@@ -50,6 +51,7 @@ class Networks:
     lpips_weights: Optional[str] = None
     scaling_factor_mode: Any = "measure"  # latent_scale.scaling_factor_mode: "keep", "measure" or a number
     resolution: Optional[int] = None
+    vf_model: Any = None  # the frozen foundation model of --vf_model_path (models/dinov2.py), outside `model`
 
 
 def init_process(training_args) -> None:
@@ -92,14 +94,16 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
     if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
         discriminator = convert_batchnorm_to_sync(discriminator)
+    vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
     model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
                                  posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
-                                 input_size=model_args.input_size)
+                                 input_size=model_args.input_size,
+                                 vf_feature_dim=vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None)
     broadcast_parameters(model)
     lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     return Networks(model=model, lpips=lpips, discriminator_config=disc_config,
                       lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode,
-                      resolution=resolution)
+                      resolution=resolution, vf_model=vf_model)
 
 
 @dataclass
@@ -145,7 +149,8 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
     step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
-                     max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed)
+                     max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
+                     vf_model=networks.vf_model if model.vf_projection is not None else None)
     return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 
@@ -156,7 +161,7 @@ def build_evaluator(data_args, training_args, networks: Networks):
         lpips = LPIPS(networks.lpips_weights)
     inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
-                             posterior_std=networks.model.posterior_std)
+                             posterior_std=networks.model.posterior_std, vf_model=networks.vf_model)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):

@@ -43,6 +43,8 @@ from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
 from vae_trainer.latent_diagnostics import DEFINITIONS as DIAGNOSTIC_DEFINITIONS
 from vae_trainer.latent_diagnostics import DIAGNOSTICS, equivariance_pairs, spectrum_energies
+from vae_trainer.alignment import DEFINITION as CKA_DEFINITION
+from vae_trainer.alignment import CKAAccumulator, to_token_grid
 from vae_trainer.metrics import (
     HIGHER_IS_BETTER,
     SSIM_K1,
@@ -65,7 +67,7 @@ from vae_trainer.precision import half_precision_autocast
 logger = logging.getLogger(__name__)
 
 
-METRICS = ("psnr", "ssim", "lpips", "rfid", *DIAGNOSTICS)  # in the order they are stated
+METRICS = ("psnr", "ssim", "lpips", "rfid", *DIAGNOSTICS, "vf_alignment_cka")  # in the order they are stated
 
 
 # ------------------------------------------------------------------------------ the evaluation batch
@@ -244,6 +246,7 @@ _METRIC_DEFINITIONS = {
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
             "reconstructions",
     **DIAGNOSTIC_DEFINITIONS,
+    "vf_alignment_cka": CKA_DEFINITION,
 }
 
 
@@ -379,8 +382,10 @@ def _latent(posterior, rng: np.random.Generator | None) -> paddle.Tensor:
 class _Evaluation:
     """Accumulators for one evaluation pass (one instance per call of ``evaluate_vae``)."""
 
-    def __init__(self, vae, lpips, inception, grid_images: int) -> None:
+    def __init__(self, vae, lpips, inception, grid_images: int, vf_model=None) -> None:
         self.lpips = lpips
+        self.vf_model = vf_model
+        self.cka = CKAAccumulator() if vf_model is not None else None
         self.inception = inception
         self.grid_images = grid_images
         self.metrics = MetricAccumulator()
@@ -405,6 +410,9 @@ class _Evaluation:
             decoded = decoded.astype("float32").clip(-1.0, 1.0)
             self.metrics.update(name, psnr(to_unit_range(target.astype("float32")), to_unit_range(decoded)))
         self.spectrum += spectrum_energies(posterior.mode())
+        if self.vf_model is not None:
+            features, grid = self.vf_model.patch_tokens(pixels)
+            self.cka.add(to_token_grid(posterior.mode(), grid), features)
         if self.lpips is not None:
             self.metrics.update("lpips", self.lpips(pixels, recons).reshape([-1]))
         if self.inception is not None:
@@ -422,6 +430,8 @@ class _Evaluation:
         metrics = self.metrics.compute()
         high, total = all_reduce_sum(self.spectrum)
         metrics["latent_high_frequency_share"] = float(high / total) if total > 0 else 0.0
+        if self.cka is not None:
+            metrics["vf_alignment_cka"] = self.cka.result()
         if self.inception is not None:
             metrics["rfid"] = frechet_distance(*self.real_features.compute(),
                                                *self.recon_features.compute())
@@ -446,6 +456,7 @@ def evaluate_vae(
     input_size: list[int] | None = None,
     posterior_std: float = 0.0,
     tiling: Tiling | None = None,
+    vf_model: paddle.nn.Layer | None = None,
 ) -> EvalResult:
     """Reconstruct every image of ``batches`` with ``vae`` and measure the reconstructions.
 
@@ -459,7 +470,8 @@ def evaluate_vae(
     any scaling factor), whatever is decoded. The latent diagnostics (latent_diagnostics.py: two
     equivariance PSNRs, two more decodes per batch, and the latents' high-frequency share) are metrics
     too. ``input_size`` resizes what the encoder sees (--input_size); ``posterior_std`` > 0 is the
-    constant std of a VAE trained with --posterior_std. ``num_images`` caps the images this process
+    constant std of a VAE trained with --posterior_std. ``vf_model`` (a models/dinov2.py model) adds
+    ``vf_alignment_cka`` (alignment.py). ``num_images`` caps the images this process
     evaluates; ``EvalResult.num_images`` is the total over all ranks. ``tiling`` (--eval_tiled) encodes and decodes images larger than its tile
     tile by tile (``tiled``). The VAE's train/eval mode and tiling settings are restored afterwards.
     """
@@ -471,7 +483,7 @@ def evaluate_vae(
     for metric_network in (lpips, inception):
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
-    evaluation = _Evaluation(vae, lpips, inception, grid_images)
+    evaluation = _Evaluation(vae, lpips, inception, grid_images, vf_model)
     watchdog.doing("evaluating")
     was_training = vae.training
     vae.eval()
@@ -554,8 +566,10 @@ class TrainingEvaluator:
     evaluation and the export's measurement run tiled (`tiled`), and training never does.
     """
 
-    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0):
+    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
+                 vf_model=None):
         self.data_args, self.args = data_args, args
+        self.vf_model = vf_model
         self.lpips, self.inception = lpips, inception
         self.input_size = input_size
         self.posterior_std = posterior_std
@@ -602,7 +616,7 @@ class TrainingEvaluator:
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
-                                posterior_std=self.posterior_std, tiling=self.tiling)
+                                posterior_std=self.posterior_std, tiling=self.tiling, vf_model=self.vf_model)
 
     def protocol_of(self, result: EvalResult) -> EvalProtocol:
         """The protocol of an evaluation's result, stating the metrics it measured."""

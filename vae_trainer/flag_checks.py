@@ -170,6 +170,9 @@ def check_evaluation(model_args, data_args, training_args) -> None:
         raise ValueError(f"--metric_for_best_model {metric} needs evaluations: add --eval_file_list and --eval_steps.")
     if metric == "rfid" and not data_args.inception_weights:
         raise ValueError("--metric_for_best_model rfid needs --inception_weights: without them rFID is not measured.")
+    if metric == "vf_alignment_cka" and not model_args.vf_model_path:
+        raise ValueError("--metric_for_best_model vf_alignment_cka needs --vf_model_path: without it the alignment "
+                         "is not measured.")
     lpips_weights = model_args.lpips_weights or DEFAULT_LPIPS_WEIGHTS
     if metric == "lpips" and not os.path.isfile(lpips_weights):
         raise ValueError(f"--metric_for_best_model lpips needs the LPIPS weights {lpips_weights} (make setup writes "
@@ -262,6 +265,10 @@ def idle_rules(classes: Sequence[type]) -> Sequence[IdleRule]:
                  and not _uses_scale(f),
                  "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale "
                  "to it, or drop it"),
+        IdleRule(("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf"), lambda f: not f.vf_model_path,
+                 "it shapes the VF loss of --vf_model_path, which is not given: add it, or drop it"),
+        IdleRule(("distmat_margin", "cos_margin", "adaptive_vf"), lambda f: bool(f.vf_model_path) and f.vf_weight == 0,
+                 "--vf_weight 0 turns the VF loss off: drop it, or give --vf_weight > 0"),
         IdleRule(("subfolder",), lambda f: not f.pretrained_model_name_or_path,
                  "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
         IdleRule(("inception_weights",), lambda f: not evaluates(f.data, f.training),
@@ -302,6 +309,7 @@ INERT_VALUES: Dict[str, Any] = {
     "warmup_steps": 0,        # no warm-up
     "warmup_ratio": 0.0,      # no warm-up
     "lecam_weight": 0.0,      # no LeCAM term (a discriminator flag, idle with --disc_weight 0)
+    "vf_weight": 0.0,         # no VF loss
     "image_logging_steps": 0,  # no image grid
     "subfolder": "",          # the folder itself
     "eval_tiled": False,      # no tiling

@@ -45,6 +45,12 @@ discriminator are backpropagated once per micro-batch (LDM's `paddle.grad(nll, W
 on the loss's own graph run both twice). The discriminator's parameters get nothing from this loss (it runs
 `frozen`). An overflowing d (fp16) skips the GAN term: weight 0 and none of its gradient.
 
+VF loss (VA-VAE, --vf_model_path; alignment.py): vf = L_mdms + L_mcos between the projected latent and the
+foundation model's tokens, added as w * vf to `direct` (it reaches the encoder through z, not the heads),
+    w = vf_weight * min(||dnll/dE|| / (||dvf/dE|| + 1e-4), 1e8 / N)     (--adaptive_vf; else w = vf_weight)
+E the encoder's conv_out weight; dnll/dE is the decoder's backward of g_nll taken once more (to E), the
+price of the adaptive weight. The clamp is VA-VAE's 1e8 in our units, as for d. A non-finite w (fp16) is 0.
+
 Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
 (halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
 `lecam_weight` * LeCAM when enabled.
@@ -64,12 +70,15 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from .alignment import vf_loss
+
 Tensor = paddle.Tensor
 
 GRADNORM_EPS = 1e-12
 # LDM's bound on the adaptive GAN weight, in its units (a sum over the N pixel values); see the module doc.
 ADAPTIVE_WEIGHT_MAX = 1e4
 ADAPTIVE_WEIGHT_EPS = 1e-4
+VF_WEIGHT_MAX = 1e8  # VA-VAE's bound on the adaptive VF weight, in its units (module doc)
 # Luma weights (ITU-R BT.601) for the grayscale image the low-pass mask is built from.
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)
 _MASK_BLUR_SIZE = 5
@@ -332,6 +341,16 @@ class VAELoss:
         paddle.autograd.backward(roots, [None] * (len(roots) - 1) + [self.recon_grad.astype(recon.dtype)])
 
 
+@dataclass
+class VFTerm:
+    """The VF loss's inputs for one micro-batch (step.py): the projected latent and the foundation model's tokens
+    on one grid ([B, N, C] each, alignment.to_token_grid), and the encoder's last layer E."""
+
+    projected: Tensor
+    features: Tensor
+    encoder_last_layer: Tensor
+
+
 def vae_objective(
     x: Tensor,
     recon: Tensor,
@@ -346,6 +365,7 @@ def vae_objective(
     gan_active: bool,
     grad_scale: float | Tensor = 1.0,
     encoded_pixels: Optional[float] = None,
+    vf: Optional[VFTerm] = None,
 ) -> VAELoss:
     """The VAE's objective for one micro-batch (`VAELoss`: module doc, "One backward per head").
 
@@ -353,7 +373,7 @@ def vae_objective(
     multiplies the loss by before its backward. The heads' gradients are computed with it (fp16: no
     underflow), and gradnorm needs it, as its backward would otherwise undo the caller's scaling.
     `encoded_pixels`: C x H x W of the image the posterior encodes, which normalises the KL, when `x` is
-    another (EQ-VAE's transformed target, step.py); default `x`'s.
+    another (EQ-VAE's transformed target, step.py); default `x`'s. `vf`: the VF loss's inputs (module doc).
     """
     if _uses_gradnorm(loss_args):
         return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
@@ -388,6 +408,12 @@ def vae_objective(
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
         if overflow is not None:
             logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
+    if vf is not None:
+        weighted_vf, vf_logs = _weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale,
+                                                 encoded_pixels or pixels_per_image)
+        direct = direct + weighted_vf
+        loss = loss + weighted_vf.detach()
+        logs.update(vf_logs)
     logs["loss/total"] = loss
     return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})
 
@@ -415,6 +441,24 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
     d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
     weighted_grad = gan_grad.astype("float32") * d_weight
     return gan, d_weight, paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad), overflow
+
+
+def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, grad_scale,
+                      pixels_per_image: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """w * (L_mdms + L_mcos) and its logs (module doc, "VF loss"); `nll_grad`: the scaled gradient of nll at the
+    reconstruction."""
+    mdms, mcos = vf_loss(vf.projected, vf.features, loss_args.distmat_margin, loss_args.cos_margin)
+    value = mdms + mcos
+    weight = paddle.full([], loss_args.vf_weight, "float32")
+    if loss_args.adaptive_vf:
+        nll_at_encoder = paddle.grad(recon, vf.encoder_last_layer, grad_outputs=nll_grad, retain_graph=True)[0]
+        vf_at_encoder = paddle.grad(value * grad_scale, vf.encoder_last_layer, retain_graph=True)[0]
+        ratio = adaptive_weight(nll_at_encoder, vf_at_encoder, max_weight=VF_WEIGHT_MAX / pixels_per_image,
+                                eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
+        weight = paddle.where(paddle.isfinite(ratio), ratio, paddle.zeros_like(ratio)) * loss_args.vf_weight
+    logs = {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
+            "train/vf_cos_loss": mcos}
+    return weight * value, logs
 
 
 def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,

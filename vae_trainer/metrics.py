@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
                     # the latent diagnostics (latent_diagnostics.py)
                     "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
-                    "latent_high_frequency_share": False}
+                    "latent_high_frequency_share": False,
+                    "vf_alignment_cka": True}  # alignment.py
 
 SSIM_WINDOW_SIZE = 11
 SSIM_SIGMA = 1.5

@@ -43,7 +43,8 @@ import paddle
 from .distributed import sum_over_ranks, sync_gradients
 from .ema import ema_weights
 from .equivariance import draw, parse_transforms
-from .losses import discriminator_objective, vae_objective
+from .alignment import to_token_grid
+from .losses import VFTerm, discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.vae import decoder_last_layer
 from .optim import clip_grads, grad_norm
@@ -161,6 +162,7 @@ class TrainStep:
     max_grad_norm: float = 0.0
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
     seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
+    vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
@@ -183,15 +185,15 @@ class TrainStep:
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
         with self.precision.autocast():
-            recon, post_mean, post_logvar = model(                                                  # 1.
-                clean, sample_posterior=args.sample_posterior,
+            recon, post_mean, post_logvar, z = model(                                               # 1.
+                clean, sample_posterior=args.sample_posterior, return_latent=True,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vae_loss = vae_objective(                                                               # 2.
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=model.discriminator, last_layer=decoder_last_layer(model.vae), gan_active=gan,
                 grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps,
-                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]))
+                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]), vf=self._vf_term(clean, z))
         vae_loss.backward(recon, lambda loss: self.precision.scale_vae(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
@@ -206,6 +208,16 @@ class TrainStep:
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
+
+    def _vf_term(self, images: paddle.Tensor, z: paddle.Tensor) -> Optional[VFTerm]:
+        """The VF loss's inputs: the clean latent, projected and area-averaged to the foundation model's token grid
+        of the clean images (alignment.py), or None without a VF model."""
+        if self.vf_model is None:
+            return None
+        with paddle.no_grad():
+            features, grid = self.vf_model.patch_tokens(images)
+        return VFTerm(to_token_grid(self.model.vf_projection(z), grid), features,
+                      self.model.vae.encoder.conv_out.weight)
 
     def optimizer_step(self, global_step: int) -> StepReport:
         """The update after the last micro-batch of optimizer step `global_step` (0-based): the module doc's

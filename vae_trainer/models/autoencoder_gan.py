@@ -6,7 +6,9 @@ It also owns the sampling of the latent (the encoder's posterior, or a constant 
 `posterior_std` > 0) and LeCAM's EMA buffer, which must be checkpointed with the weights, and what the
 encoder sees: the image, or with `input_size` the image bilinearly downsized (a super-resolving decoder,
 as in the reference trainer's --input_size); with `freeze_encoder` the encoder and quant_conv are frozen
-(out of the optimizer, run without building a graph), so the latent space stays bit-identical.
+(out of the optimizer, run without building a graph), so the latent space stays bit-identical. With a VF
+loss (alignment.py) it holds the trainable 1x1 projection of the latent to the foundation model's width,
+trained with the VAE and checkpointed, never exported (the export saves `vae` alone).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .vae import encoder_input, encoder_parameters
 class VAEWithDiscriminator(paddle.nn.Layer):
     def __init__(self, vae: AutoencoderKL, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
                  learn_logvar: bool = False, posterior_std: float = 0.0, freeze_encoder: bool = False,
-                 input_size: Optional[Sequence[int]] = None):
+                 input_size: Optional[Sequence[int]] = None, vf_feature_dim: Optional[int] = None):
         super().__init__()
         self.vae = vae
         self.discriminator = discriminator
@@ -39,10 +41,15 @@ class VAEWithDiscriminator(paddle.nn.Layer):
             shape=[], dtype="float32", default_initializer=paddle.nn.initializer.Constant(logvar_init)
         )
         self.logvar.stop_gradient = not learn_logvar
+        # VA-VAE's `reverse_proj`: latent channels -> the foundation model's feature width.
+        self.vf_projection = (paddle.nn.Conv2D(vae.config.latent_channels, vf_feature_dim, 1, bias_attr=False)
+                              if vf_feature_dim else None)
 
     def vae_parameters(self) -> List[paddle.Tensor]:
-        """What the VAE optimizer updates: the autoencoder, plus the log-variance when learnable."""
+        """What the VAE optimizer updates: the autoencoder, the VF projection, the log-variance when learnable."""
         params = list(self.vae.parameters())
+        if self.vf_projection is not None:
+            params += list(self.vf_projection.parameters())
         if not self.logvar.stop_gradient:
             params.append(self.logvar)
         return params
@@ -66,8 +73,9 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
-                ) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """One VAE forward: reconstruction and the posterior's mean and log-variance.
+                return_latent: bool = False) -> Tuple[paddle.Tensor, ...]:
+        """One VAE forward: reconstruction and the posterior's mean and log-variance (and with `return_latent` the
+        decoded latent z, before any `latent_transform`).
 
         With `posterior_std` > 0 the encoder's log-variance is ignored: z = mean + posterior_std * noise,
         and the returned log-variance is the constant log(posterior_std^2). `latent_transform` (EQ-VAE,
@@ -80,6 +88,5 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         else:
             mean, logvar = posterior.mean, posterior.logvar
             z = posterior.sample() if sample_posterior else posterior.mode()
-        if latent_transform is not None:
-            z = latent_transform(z)
-        return self.vae.decode(z).sample, mean, logvar
+        decoded = self.vae.decode(latent_transform(z) if latent_transform is not None else z).sample
+        return (decoded, mean, logvar, z) if return_latent else (decoded, mean, logvar)
