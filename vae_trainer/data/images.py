@@ -1,16 +1,6 @@
-"""Turning encoded image bytes into a training crop: base64 -> bytes -> sRGB image -> uint8 crop.
-
-Everything that makes an input unusable is reported as :class:`BadImage` with a short machine
-``reason`` (one of :data:`REASONS`), so the stream can count skips per reason.
-
-Speed: base64 is decoded by ``binascii`` in strict mode (C, no regular expression) and only
-falls back to the tolerant path (whitespace, URL-safe alphabet, missing padding) when that fails.
-JPEGs are decoded in draft mode (libjpeg's DCT scaling by 1/2, 1/4 or 1/8) to the smallest size
-that still covers the crop, and only the cropped region is resampled.
-
-Colour: an embedded ICC profile that is not sRGB (Adobe RGB, Display P3, CMYK press profiles, ...)
-is converted to sRGB with LittleCMS (``PIL.ImageCms``, perceptual intent); a profile that cannot be
-parsed, or does not match the image mode, is ignored. Images without a profile are taken as sRGB.
+"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB (ICC profiles converted
+with LittleCMS; JPEGs decoded in draft mode when that still covers the crop) -> uint8 crop. An unusable input
+raises :class:`BadImage` with a short ``reason`` (one of :data:`REASONS`), so the stream counts skips per reason.
 """
 
 from __future__ import annotations
@@ -51,7 +41,8 @@ class BadImage(ValueError):
 
 
 def decode_base64(field: str | bytes) -> bytes:
-    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding."""
+    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding (strict C decoding
+    first, the tolerant path only when it fails)."""
     data = field.encode("ascii", "replace") if isinstance(field, str) else bytes(field)
     try:
         decoded = binascii.a2b_base64(data, strict_mode=True)  # the common case, no regex pass
@@ -67,19 +58,12 @@ def decode_base64(field: str | bytes) -> bytes:
     return decoded
 
 
-# ------------------------------------------------------------------------------------ decoding
-
-
 def open_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
-    """Open lazily (header only) and check the size before any pixel is decoded.
-
-    More than `max_pixels` pixels is "too_large" (a decompression bomb), a shorter side below
-    `min_size` is "too_small".
-    """
+    """Open lazily (header only): more than `max_pixels` pixels is "too_large" (a decompression bomb), a shorter
+    side below `min_size` "too_small"."""
     try:
         with warnings.catch_warnings():
-            # Our own limit below replaces PIL's process-wide default; PIL's hard error at twice its
-            # default still applies to anything larger and is reported the same way.
+            # Our limit below replaces PIL's warning; its hard error (at twice its default) is reported the same.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as error:
@@ -147,7 +131,8 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
 
 
 def to_srgb(image: Image.Image) -> Image.Image:
-    """Convert a decoded image with an embedded non-sRGB ICC profile to sRGB (see module doc)."""
+    """Convert a decoded image with an embedded non-sRGB ICC profile to sRGB (perceptual intent); a profile that
+    cannot be parsed or does not match the image mode is ignored, no profile is taken as sRGB."""
     profile = image.info.get("icc_profile")
     if not profile or image.mode not in _ICC_MODES:
         return image
@@ -171,10 +156,6 @@ def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), mode="L")
 
 
-def _has_transparency(image: Image.Image) -> bool:
-    return image.mode in _ALPHA_MODES or "transparency" in image.info
-
-
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any supported mode -> 8-bit RGB; transparent pixels are composited on white."""
     if image.mode in _SIXTEEN_BIT_MODES:
@@ -183,7 +164,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         image = image.convert("L")
     if image.mode == "RGB" and "transparency" not in image.info:
         return image  # convert() would copy it
-    if _has_transparency(image):
+    if image.mode in _ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
@@ -194,10 +175,8 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
-    """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`.
-
-    With `cover` = (width, height), a JPEG may be decoded at a reduced scale that still covers it.
-    """
+    """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`; with `cover` = (width,
+    height), a JPEG may be decoded at a reduced scale that still covers it."""
     if cover is not None:
         _draft(image, cover)
     return _to_rgb(_load(image))
@@ -208,18 +187,9 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-# ------------------------------------------------------------------------------------ cropping
-
-
-def crop(
-    image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool
-) -> np.ndarray:
-    """Scale `image` to cover `size` = (width, height), crop it, maybe flip: uint8 [H, W, 3].
-
-    With `rng` the crop is random and, if `random_flip`, the image is mirrored with p=0.5; without
-    `rng` the crop is centred and nothing is flipped. Only the cropped region is resampled
-    (:data:`RESAMPLING`).
-    """
+def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
+    """Scale `image` to cover `size` = (width, height) and crop it: uint8 [H, W, 3]. With `rng` the crop is random
+    and, if `random_flip`, mirrored with p=0.5; without, centred and unflipped. Only the crop is resampled."""
     if image.mode != "RGB":
         image = image.convert("RGB")
     width, height = image.size
@@ -249,8 +219,6 @@ def to_float(pixels: np.ndarray) -> np.ndarray:
     return out
 
 
-def preprocess(
-    image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool
-) -> np.ndarray:
+def preprocess(image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
     """Resize the shorter side to `resolution`, crop a square, maybe flip; float32 [3,H,W] in [-1,1]."""
     return to_float(crop(image, (resolution, resolution), rng, random_flip))
