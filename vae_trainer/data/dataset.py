@@ -70,27 +70,11 @@ class ImageStream(RaisesInMainThread):
     """Decoded, cropped images from sources. Iterated directly it yields single samples ``{"pixel_values": float32
     [3,H,W] in [-1, 1], "position": [shard, epoch, consumed]}``; :class:`TrainBatches` makes batches."""
 
-    def __init__(
-        self,
-        file_list: str,
-        resolution: int,
-        *,
-        image_column: int = 2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        infinite: bool = True,
-        shuffle: bool = True,
-        random_crop: bool = True,
-        random_flip: bool = True,
-        min_image_size: int = 32,
-        max_image_pixels: int = 8192 * 8192,
-        aspect_ratio_buckets: bool = False,
-        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
-        resume_state: dict | None = None,
-        draft_decode: bool = True,
-        record_counts: bool = True,
-    ) -> None:
+    def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
+                 random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
+                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                 resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
@@ -190,32 +174,24 @@ class ImageStream(RaisesInMainThread):
                 counts[self._part_index[record.part.path]] += 1  # per file, for the end-of-run summary
             return None
         sample_rng = rng(self.seed, PER_SAMPLE, *keys)
-        if self.random_crop:
-            return bucket, crop(image, size, sample_rng, self.random_flip)
-        pixels = crop(image, size, None, False)
-        if self.random_flip and sample_rng.random() < 0.5:
+        pixels = crop(image, size, sample_rng if self.random_crop else None, self.random_flip)
+        if not self.random_crop and self.random_flip and sample_rng.random() < 0.5:  # (crop flips only at random)
             pixels = np.ascontiguousarray(pixels[:, ::-1])
         return bucket, pixels
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
         shown = ", ".join(files[:10]) + (f" ... ({len(files)} files)" if len(files) > 10 else "")
-        message = (
-            f"{self.file_list}: shard {shard} of {num_shards} (rank {self.rank}) got no usable sample "
-            f"in a whole pass over its files: [{shown}]; skipped so far: {self.skip_stats()}"
-        )
+        message = (f"{self.file_list}: shard {shard} of {num_shards} (rank {self.rank}) got no usable sample in a "
+                   f"whole pass over its files: [{shown}]; skipped so far: {self.skip_stats()}")
         if records > 0:
             return message
-        parts = sum(len(source.parts) for source in self.sources)
         known = [part.records for source in self.sources for part in source.parts]
-        held = (f"holds {sum(known)} records in {parts} part(s), fewer than" if None not in known
-                else f"'s {parts} part(s) hold too few records for")
-        workers = num_shards // self.world_size
-        return (
-            f"{message}. It got no record at all: the data{held} the {num_shards} shards ({self.world_size} "
-            f"process(es) x {workers} DataLoader worker(s) each; every shard needs at least one record). Use fewer "
-            "--dataloader_num_workers or processes, or more images."
-        )
+        held = (f"holds {sum(known)} records in {len(known)} part(s), fewer than" if None not in known
+                else f"'s {len(known)} part(s) hold too few records for")
+        return (f"{message}. It got no record at all: the data{held} the {num_shards} shards ({self.world_size} "
+                f"process(es) x {num_shards // self.world_size} DataLoader worker(s) each; every shard needs at least "
+                "one record). Use fewer --dataloader_num_workers or processes, or more images.")
 
 
 class TrainBatches(RaisesInMainThread):
@@ -248,22 +224,12 @@ class TrainBatches(RaisesInMainThread):
         return {"pixel_values": to_float(pixels), "position": position}
 
 
-def build_train_dataloader(
-    file_list: str,
-    resolution: int,
-    batch_size: int,
-    num_workers: int,
-    seed: int,
-    rank: int,
-    world_size: int,
-    resume_state: dict | None = None,
-    **stream_kwargs,
-) -> paddle.io.DataLoader:
+def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
+                           world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
     """The infinite training DataLoader of one rank; batches hold "pixel_values" and "position". `stream_kwargs`
     go to :class:`ImageStream` (image_column, random_crop, min_image_size, aspect_ratio_buckets, ...)."""
-    stream = ImageStream(
-        file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state, **stream_kwargs
-    )
+    stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
+                         **stream_kwargs)
     return NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
 
 
@@ -323,9 +289,8 @@ def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: i
         raise RuntimeError(stream._no_samples_message(0, 1, sources, records=read))
 
 
-def build_eval_dataloader(
-    path: str, resolution: int, batch_size: int, rank: int, world_size: int, num_images: int | None
-) -> Iterator[dict]:
+def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
+                          num_images: int | None) -> Iterator[dict]:
     """Evaluation batches of this rank: the source read once in list order, decoded at full size (draft mode
     changes pixels), centre-cropped, unflipped. The ranks together evaluate the first `num_images` usable images
     (all if None), each decoding its share; every rank must iterate to the end (it is collective)."""

@@ -91,30 +91,6 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if _transposed(image) else (width, height)
 
 
-def _draft(image: Image.Image, cover: tuple[int, int]) -> None:
-    """Let libjpeg decode at 1/2..1/8 scale when the result still covers `cover` (upright w, h)."""
-    width, height = upright_size(image)
-    scale = max(cover[0] / width, cover[1] / height)
-    needed = (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale))))
-    if _transposed(image):
-        needed = needed[::-1]
-    image.draft(None, needed)
-
-
-def _load(image: Image.Image) -> Image.Image:
-    """Decode the pixels (first frame of animations); broken data counts as truncated."""
-    try:
-        image.seek(0)
-        image.load()
-        image = to_srgb(image)
-        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
-        return image
-    except BadImage:
-        raise
-    except (OSError, ValueError, SyntaxError, EOFError) as error:
-        raise BadImage("truncated", str(error)) from None
-
-
 @functools.lru_cache(maxsize=32)
 def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | None:
     """The transform of an embedded profile to sRGB; None for sRGB itself or an unusable profile."""
@@ -149,11 +125,9 @@ def to_srgb(image: Image.Image) -> Image.Image:
 def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
     """Scale 16-bit grey to 8 bits (PIL's own convert clips instead of scaling)."""
     values = np.asarray(image).astype(np.float64)
-    if image.mode == "I" and values.max(initial=0) <= 255:
-        scaled = values  # an "I" image that already holds 8-bit values
-    else:
-        scaled = values / 257.0
-    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), mode="L")
+    if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
+        values /= 257.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -177,9 +151,19 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
     """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`; with `cover` = (width,
     height), a JPEG may be decoded at a reduced scale that still covers it."""
-    if cover is not None:
-        _draft(image, cover)
-    return _to_rgb(_load(image))
+    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale
+        width, height = upright_size(image)
+        scale = max(cover[0] / width, cover[1] / height)
+        needed = (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale))))
+        image.draft(None, needed[::-1] if _transposed(image) else needed)
+    try:  # the first frame of animations; broken data counts as truncated
+        image.seek(0)
+        image.load()
+        image = to_srgb(image)
+        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        raise BadImage("truncated", str(error)) from None
+    return _to_rgb(image)
 
 
 def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:

@@ -87,7 +87,7 @@ class NoHangLoader(paddle.io.DataLoader):
     def __iter__(self):
         self.dataset.failure = None
         self.worker_init_fn = functools.partial(_start_worker, os.getpid())  # the process that iterates
-        with _no_inherited_garbage(self.num_workers), _stop_signals_blocked(self.num_workers):
+        with _forking_workers(self.num_workers):
             batches = super().__iter__()  # (forks the workers)
         try:
             for batch in batches:
@@ -101,35 +101,24 @@ class NoHangLoader(paddle.io.DataLoader):
 
 
 @contextlib.contextmanager
-def _no_inherited_garbage(num_workers: int):
-    """Fork the workers with no garbage to inherit and the parent's objects frozen (`gc.freeze`): a worker that
-    collected an inherited Paddle object (a blocking queue in an old traceback) would destroy a condition variable
-    the parent's threads waited on and hang forever in `pthread_cond_destroy`."""
+def _forking_workers(num_workers: int):
+    """Fork the workers with the stop signals blocked, so none reaches a worker before it ignores them (one sent to
+    the parent meanwhile is handled after), and with no garbage to inherit and the parent's objects frozen: a worker
+    collecting an inherited Paddle object (a blocking queue in an old traceback) would destroy a condition variable
+    the parent's threads waited on, and hang in `pthread_cond_destroy`."""
     if num_workers <= 0:
         yield
         return
     frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
     gc.collect()
     gc.freeze()
-    try:
-        yield
-    finally:
-        if not frozen_before:
-            gc.unfreeze()
-
-
-@contextlib.contextmanager
-def _stop_signals_blocked(num_workers: int):
-    """Fork the workers with the stop signals blocked, so none reaches a worker before it ignores them (one sent
-    to the parent meanwhile is handled once they are unblocked here)."""
-    if num_workers <= 0:
-        yield
-        return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def _shut_down(batches) -> None:
