@@ -12,7 +12,8 @@ BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs
 MAX_ASPECT_RATIO = 2.0
 
 
-def bucket_shapes(resolution: int, multiple: int = BUCKET_MULTIPLE, max_aspect: float = MAX_ASPECT_RATIO) -> list[tuple[int, int]]:
+def bucket_shapes(resolution: int, multiple: int = BUCKET_MULTIPLE,
+                  max_aspect: float = MAX_ASPECT_RATIO) -> list[tuple[int, int]]:
     """The (width, height) buckets for `resolution` (a multiple of `multiple`), widest first; the grid step is
     resolution / 16 rounded to a multiple of `multiple` (64 px at 1024, as SDXL's buckets)."""
     if resolution % multiple:

@@ -21,7 +21,8 @@ FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every b
 def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int]) -> list[int]:
     """``[shard, epoch, consumed, *skipped per reason, num_pending, *pending, num_files, *(file, skips)]``:
     `skipped` counts per reason (str keys) and per part file (int keys, into ``ImageStream.part_paths``)."""
-    files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n), key=lambda kv: (-kv[1], kv[0]))
+    files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n),
+                   key=lambda pair: (-pair[1], pair[0]))
     pairs = [value for pair in files[:FILES_IN_POSITION] for value in pair]
     return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending,
             len(pairs) // 2, *pairs]
