@@ -8,7 +8,7 @@ import pytest
 from vae_trainer.data import records
 from vae_trainer.data.filelists import LINES, Part, Source
 from vae_trainer.data.records import Missing
-from vae_trainer.data.sharding import ShardSource, Segment, SourcePass, assign
+from vae_trainer.data.sharding import SKIPPED, ShardSource, Segment, SourcePass, assign
 
 
 def _parts(tmp_path, sizes, counted=True):
@@ -22,7 +22,7 @@ def _parts(tmp_path, sizes, counted=True):
 
 def _read_all(source_pass):
     out = []
-    while (record := source_pass.next()) is not None:
+    while (record := source_pass.take()) is not None:
         out.append(record)
     return out
 
@@ -59,13 +59,13 @@ def test_known_length_pass_skips_without_reading(tmp_path, monkeypatch):
     for offset in (0, 3, 4, 9, 17):
         moved = SourcePass(source, 3, (0, 0, 0, 0), shuffle=True, block_size=4)
         for _ in range(offset):
-            assert moved.skip()
+            assert moved.take(skipping=True) is SKIPPED
         assert opened == []  # nothing read to get there
         rest = _read_all(moved)
         assert [(r.part.path, r.number) for r in rest] == [(r.part.path, r.number) for r in reference[offset:]]
         opened.clear()
     done = SourcePass(source, 3, (0, 0, 0, 0), shuffle=True, block_size=4)
-    assert all(done.skip() for _ in range(18)) and not done.skip()
+    assert all(done.take(skipping=True) is SKIPPED for _ in range(18)) and done.take(skipping=True) is None
 
 
 def test_blocks_shuffle_consecutive_records_only(tmp_path):

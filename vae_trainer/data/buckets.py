@@ -1,37 +1,21 @@
-"""Aspect-ratio buckets, and grouping one shard's samples into batches that each hold one shape.
-
-Shapes (:func:`bucket_shapes`): (width, height) pairs with width * height <= resolution^2 (as close as
-the grid allows), aspect ratios from 1:2 to 2:1, both sides multiples of :data:`BUCKET_MULTIPLE` =
-8, the downsampling factor of the SD, SDXL and FLUX VAEs (and a multiple of every smaller power of
-two, so the tiny test VAEs too): the VAE, LPIPS and the PatchGAN take any such size. The grid step
-grows with the resolution (resolution / 16 rounded to a multiple of 8, i.e. 64 px at 1024 as in
-SDXL's buckets), which keeps about a dozen buckets at resolutions of 256 and up; the square
-resolution x resolution is always one of them. An image
-goes to the bucket whose aspect ratio is nearest to its own (in log ratio), is scaled to cover it
-and cropped to it.
-
-Batches (:class:`Batcher`): each shard keeps one list per bucket and emits a batch as soon as one
-list holds `batch_size` samples, so no shard ever waits for another (ranks may train different
-shapes in the same step, which the gradient all-reduce does not mind). Samples still waiting are
-"pending"; their record indices go into every batch's position, so a resumed run can put them back
-(see :mod:`vae_trainer.data.dataset`). With bucketing, the pending samples are emitted at the end of
-each shard epoch as smaller batches, so every image is used once per epoch and no rare shape waits
-forever. Without bucketing there is one bucket and batches simply run across epochs.
-"""
+"""Aspect-ratio buckets (shapes of about resolution^2 pixels, 1:2 to 2:1, sides multiples of 8) and the
+per-shard batcher that emits batches of one shape each (docs/data.md, "How the stream works")."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import numpy as np
 
-BUCKET_MULTIPLE = 8
+BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs
 MAX_ASPECT_RATIO = 2.0
 
 
-def bucket_shapes(resolution: int, multiple: int = BUCKET_MULTIPLE, max_aspect: float = MAX_ASPECT_RATIO) -> list[tuple[int, int]]:
-    """The (width, height) buckets for `resolution` (a multiple of `multiple`), widest first."""
+def bucket_shapes(resolution: int, multiple: int = BUCKET_MULTIPLE,
+                  max_aspect: float = MAX_ASPECT_RATIO) -> list[tuple[int, int]]:
+    """The (width, height) buckets for `resolution` (a multiple of `multiple`), widest first; the grid step is
+    resolution / 16 rounded to a multiple of `multiple` (64 px at 1024, as SDXL's buckets)."""
     if resolution % multiple:
         raise ValueError(f"aspect-ratio buckets need a resolution that is a multiple of {multiple}, got {resolution}")
     step = multiple * max(1, round(resolution / (16 * multiple)))
@@ -50,27 +34,22 @@ def nearest_bucket(width: int, height: int, shapes: list[tuple[int, int]]) -> in
     return min(range(len(shapes)), key=lambda i: abs(math.log(shapes[i][0] / shapes[i][1]) - ratio))
 
 
-@dataclass
 class Batcher:
-    """Per-bucket lists of (record index, uint8 pixels) of one shard; emits full (or flushed) batches."""
+    """One shard's waiting (record index, uint8 pixels) per bucket; emits a bucket's batch once it is full."""
 
-    num_buckets: int
-    batch_size: int
-    waiting: list[list[tuple[int, np.ndarray]]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.waiting = [[] for _ in range(self.num_buckets)]
+    def __init__(self, num_buckets: int, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.waiting: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(num_buckets)]
 
     def add(self, bucket: int, index: int, pixels: np.ndarray) -> np.ndarray | None:
         """Queue one sample; return the bucket's stacked uint8 batch [B,H,W,3] once it is full."""
         self.waiting[bucket].append((index, pixels))
-        if len(self.waiting[bucket]) < self.batch_size:
-            return None
-        return self._take(bucket)
+        return self._take(bucket) if len(self.waiting[bucket]) == self.batch_size else None
 
-    def flush(self):
-        """Every non-empty bucket's samples as one (smaller) batch, in bucket order."""
-        for bucket in range(self.num_buckets):
+    def flush(self) -> Iterator[np.ndarray]:
+        """Every non-empty bucket's samples as one (smaller) batch, in bucket order (lazily: the others stay
+        pending until their turn)."""
+        for bucket in range(len(self.waiting)):
             if self.waiting[bucket]:
                 yield self._take(bucket)
 

@@ -1,16 +1,6 @@
-"""Turning encoded image bytes into a training crop: base64 -> bytes -> sRGB image -> uint8 crop.
-
-Everything that makes an input unusable is reported as :class:`BadImage` with a short machine
-``reason`` (one of :data:`REASONS`), so the stream can count skips per reason.
-
-Speed: base64 is decoded by ``binascii`` in strict mode (C, no regular expression) and only
-falls back to the tolerant path (whitespace, URL-safe alphabet, missing padding) when that fails.
-JPEGs are decoded in draft mode (libjpeg's DCT scaling by 1/2, 1/4 or 1/8) to the smallest size
-that still covers the crop, and only the cropped region is resampled.
-
-Colour: an embedded ICC profile that is not sRGB (Adobe RGB, Display P3, CMYK press profiles, ...)
-is converted to sRGB with LittleCMS (``PIL.ImageCms``, perceptual intent); a profile that cannot be
-parsed, or does not match the image mode, is ignored. Images without a profile are taken as sRGB.
+"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB (ICC profiles converted
+with LittleCMS; JPEGs decoded in draft mode when that still covers the crop) -> uint8 crop. An unusable input
+raises :class:`BadImage` with a short ``reason`` (one of :data:`REASONS`), so the stream counts skips per reason.
 """
 
 from __future__ import annotations
@@ -51,7 +41,8 @@ class BadImage(ValueError):
 
 
 def decode_base64(field: str | bytes) -> bytes:
-    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding."""
+    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding (strict C decoding
+    first, the tolerant path only when it fails)."""
     data = field.encode("ascii", "replace") if isinstance(field, str) else bytes(field)
     try:
         decoded = binascii.a2b_base64(data, strict_mode=True)  # the common case, no regex pass
@@ -67,19 +58,12 @@ def decode_base64(field: str | bytes) -> bytes:
     return decoded
 
 
-# ------------------------------------------------------------------------------------ decoding
-
-
 def open_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
-    """Open lazily (header only) and check the size before any pixel is decoded.
-
-    More than `max_pixels` pixels is "too_large" (a decompression bomb), a shorter side below
-    `min_size` is "too_small".
-    """
+    """Open lazily (header only): more than `max_pixels` pixels is "too_large" (a decompression bomb), a shorter
+    side below `min_size` "too_small"."""
     try:
         with warnings.catch_warnings():
-            # Our own limit below replaces PIL's process-wide default; PIL's hard error at twice its
-            # default still applies to anything larger and is reported the same way.
+            # Our limit below replaces PIL's warning; its hard error (at twice its default) is reported the same.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as error:
@@ -107,30 +91,6 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if _transposed(image) else (width, height)
 
 
-def _draft(image: Image.Image, cover: tuple[int, int]) -> None:
-    """Let libjpeg decode at 1/2..1/8 scale when the result still covers `cover` (upright w, h)."""
-    width, height = upright_size(image)
-    scale = max(cover[0] / width, cover[1] / height)
-    needed = (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale))))
-    if _transposed(image):
-        needed = needed[::-1]
-    image.draft(None, needed)
-
-
-def _load(image: Image.Image) -> Image.Image:
-    """Decode the pixels (first frame of animations); broken data counts as truncated."""
-    try:
-        image.seek(0)
-        image.load()
-        image = to_srgb(image)
-        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
-        return image
-    except BadImage:
-        raise
-    except (OSError, ValueError, SyntaxError, EOFError) as error:
-        raise BadImage("truncated", str(error)) from None
-
-
 @functools.lru_cache(maxsize=32)
 def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | None:
     """The transform of an embedded profile to sRGB; None for sRGB itself or an unusable profile."""
@@ -147,7 +107,8 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
 
 
 def to_srgb(image: Image.Image) -> Image.Image:
-    """Convert a decoded image with an embedded non-sRGB ICC profile to sRGB (see module doc)."""
+    """Convert a decoded image with an embedded non-sRGB ICC profile to sRGB (perceptual intent); a profile that
+    cannot be parsed or does not match the image mode is ignored, no profile is taken as sRGB."""
     profile = image.info.get("icc_profile")
     if not profile or image.mode not in _ICC_MODES:
         return image
@@ -164,15 +125,9 @@ def to_srgb(image: Image.Image) -> Image.Image:
 def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
     """Scale 16-bit grey to 8 bits (PIL's own convert clips instead of scaling)."""
     values = np.asarray(image).astype(np.float64)
-    if image.mode == "I" and values.max(initial=0) <= 255:
-        scaled = values  # an "I" image that already holds 8-bit values
-    else:
-        scaled = values / 257.0
-    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), mode="L")
-
-
-def _has_transparency(image: Image.Image) -> bool:
-    return image.mode in _ALPHA_MODES or "transparency" in image.info
+    if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
+        values /= 257.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -183,7 +138,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         image = image.convert("L")
     if image.mode == "RGB" and "transparency" not in image.info:
         return image  # convert() would copy it
-    if _has_transparency(image):
+    if image.mode in _ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
@@ -194,13 +149,21 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
-    """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`.
-
-    With `cover` = (width, height), a JPEG may be decoded at a reduced scale that still covers it.
-    """
-    if cover is not None:
-        _draft(image, cover)
-    return _to_rgb(_load(image))
+    """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`; with `cover` = (width,
+    height), a JPEG may be decoded at a reduced scale that still covers it."""
+    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale
+        width, height = upright_size(image)
+        scale = max(cover[0] / width, cover[1] / height)
+        needed = (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale))))
+        image.draft(None, needed[::-1] if _transposed(image) else needed)
+    try:  # the first frame of animations; broken data counts as truncated
+        image.seek(0)
+        image.load()
+        image = to_srgb(image)
+        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        raise BadImage("truncated", str(error)) from None
+    return _to_rgb(image)
 
 
 def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
@@ -208,18 +171,9 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-# ------------------------------------------------------------------------------------ cropping
-
-
-def crop(
-    image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool
-) -> np.ndarray:
-    """Scale `image` to cover `size` = (width, height), crop it, maybe flip: uint8 [H, W, 3].
-
-    With `rng` the crop is random and, if `random_flip`, the image is mirrored with p=0.5; without
-    `rng` the crop is centred and nothing is flipped. Only the cropped region is resampled
-    (:data:`RESAMPLING`).
-    """
+def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
+    """Scale `image` to cover `size` = (width, height) and crop it: uint8 [H, W, 3]. With `rng` the crop is random
+    and, if `random_flip`, mirrored with p=0.5; without, centred and unflipped. Only the crop is resampled."""
     if image.mode != "RGB":
         image = image.convert("RGB")
     width, height = image.size
@@ -249,8 +203,6 @@ def to_float(pixels: np.ndarray) -> np.ndarray:
     return out
 
 
-def preprocess(
-    image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool
-) -> np.ndarray:
+def preprocess(image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
     """Resize the shorter side to `resolution`, crop a square, maybe flip; float32 [3,H,W] in [-1,1]."""
     return to_float(crop(image, (resolution, resolution), rng, random_flip))

@@ -1,19 +1,6 @@
-"""Where the training stream is, and what it skipped: the per-batch ``"position"``, the resume state that
-checkpoints hold (:class:`StreamPosition`), and where each shard starts again (:class:`ShardStart`).
-
-A batch's position is a list of ints (:func:`encode_position`):
-``[shard, epoch, consumed, *skipped, num_pending, *pending, num_files, *(file, skips)]``; the meaning of each
-field is in :mod:`vae_trainer.data.dataset` ("Batches and positions"). The trailing pairs are the shard's
-skip counts per part file (an index into ``ImageStream.part_paths``; the :data:`FILES_IN_POSITION` files
-with the most skips), so that the end-of-run summary can name the broken parts. Plain ints pass through the DataLoader and the
-Trainer without becoming device tensors, so tracking costs no device synchronisation.
-
-The resume state also records what the positions are relative to: the number of DataLoader workers
-and ranks (shards), the data seed (--seed: which records each shard reads and in which order) and
---shuffle_buffer_size (the shuffle blocks). Resuming with any of them changed is refused
-(:meth:`StreamPosition.check_resume`): a position counts records in that run's order, and would point
-elsewhere in another. States saved before the seed and buffer size were recorded are not checked for them.
-"""
+"""Where the training stream is and what it skipped: each batch's ``"position"`` (:func:`encode_position`), the
+resume state checkpoints hold (:class:`StreamPosition`) and where each shard starts again (:class:`ShardStart`).
+The layout and the resume rule are in docs/data.md ("How the stream works")."""
 
 from __future__ import annotations
 
@@ -32,9 +19,10 @@ FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every b
 
 
 def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int]) -> list[int]:
-    """A batch's ``"position"`` (module doc). `skipped` counts per reason (str keys) and per part file (int
-    keys: indices into ``ImageStream.part_paths``)."""
-    files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n), key=lambda kv: (-kv[1], kv[0]))
+    """``[shard, epoch, consumed, *skipped per reason, num_pending, *pending, num_files, *(file, skips)]``:
+    `skipped` counts per reason (str keys) and per part file (int keys, into ``ImageStream.part_paths``)."""
+    files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n),
+                   key=lambda pair: (-pair[1], pair[0]))
     pairs = [value for pair in files[:FILES_IN_POSITION] for value in pair]
     return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending,
             len(pairs) // 2, *pairs]
@@ -50,20 +38,21 @@ class ShardStart:
     skipped: dict[str, int] = field(default_factory=dict)
     skipped_files: dict[int, int] = field(default_factory=dict)  # part index -> skips
 
+    def counts(self) -> Counter:
+        """The skip counts to go on from: per reason (str keys) and per part file (int keys)."""
+        return Counter({**self.skipped, **self.skipped_files})
+
 
 class StreamPosition:
-    """What the trainer must save to resume the stream exactly, and the skip counts of this rank.
-
-    Call :meth:`update` with ``batch["position"]`` of every batch the trainer takes from the
-    DataLoader (one instance per rank). `num_workers`, `world_size`, `seed` and `shuffle_buffer_size`
-    are stored to refuse a resume that would read the records in another order.
-    """
+    """What a rank must save to resume its stream exactly, and its skip counts: :meth:`update` it with the
+    ``"position"`` of every batch taken from the DataLoader. The loader workers, world size, seed and shuffle
+    buffer size are kept to refuse a resume that would read the records in another order."""
 
     def __init__(self, num_workers: int | None = None, world_size: int | None = None, seed: int | None = None,
                  shuffle_buffer_size: int | None = None) -> None:
         self.num_workers, self.world_size = num_workers, world_size
         self.seed, self.shuffle_buffer_size = seed, shuffle_buffer_size
-        self.positions: dict[int, tuple[int, int]] = {}
+        self.positions: dict[int, tuple[int, int]] = {}  # shard -> (epoch, consumed)
         self.pending: dict[int, list[int]] = {}
         self.skipped: dict[int, dict[str, int]] = {}
         self.skipped_files: dict[int, dict[int | str, int]] = {}  # shard -> {part index (or saved path): skips}
@@ -76,12 +65,11 @@ class StreamPosition:
             position = position.numpy()
         values = [int(value) for value in np.asarray(position).reshape(-1)]
         shard, epoch, consumed = values[:_HEADER]
-        counts = values[_HEADER : _HEADER + len(SKIP_REASONS)]
-        num_pending = values[_HEADER + len(SKIP_REASONS)]
         first = _HEADER + len(SKIP_REASONS) + 1
+        num_pending = values[first - 1]
         self.positions[shard] = (epoch, consumed)
         self.pending[shard] = values[first : first + num_pending]
-        self.skipped[shard] = {reason: count for reason, count in zip(SKIP_REASONS, counts) if count}
+        self.skipped[shard] = {reason: n for reason, n in zip(SKIP_REASONS, values[_HEADER : first - 1]) if n}
         rest = values[first + num_pending :]
         if rest:  # (positions of older versions end after the pending records)
             pairs = rest[1 : 1 + 2 * rest[0]]
@@ -90,9 +78,7 @@ class StreamPosition:
 
     def skipped_totals(self) -> dict[str, int]:
         """Skipped records per reason (every reason, zeros included), summed over this rank's shards."""
-        totals = Counter()
-        for counts in self.skipped.values():
-            totals.update(counts)
+        totals = sum(map(Counter, self.skipped.values()), Counter())
         return {reason: totals.get(reason, 0) for reason in SKIP_REASONS}
 
     def skipped_by_file(self) -> dict[str, int]:
@@ -106,26 +92,25 @@ class StreamPosition:
         return self.files[key] if isinstance(key, int) and self.files and key < len(self.files) else str(key)
 
     def _index(self, key: int | str) -> int | None:
-        """A part index from a saved key: a path (looked up in `files`) or an index."""
+        """A part index from a saved key: an index, or a path (None if no longer in the file list)."""
         if isinstance(key, int):
             return key
         if self.files and key in self.files:
             return self.files.index(key)
-        return int(key) if key.isdigit() else None  # a path no longer in the file list: dropped
+        return int(key) if key.isdigit() else None
 
     def start_of(self, shard: int) -> ShardStart:
         epoch, consumed = self.positions.get(shard, (0, 0))
         files = {self._index(key): n for key, n in self.skipped_files.get(shard, {}).items()}
-        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})),
-                          {index: n for index, n in files.items() if index is not None})
+        files.pop(None, None)
+        return ShardStart(epoch, consumed, tuple(self.pending.get(shard, ())), dict(self.skipped.get(shard, {})), files)
 
     def state_dict(self) -> dict:
-        """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
+        """Plain ints, lists and string keys (files by path), so the state survives JSON as well as pickle."""
         return {
             "positions": {str(shard): list(position) for shard, position in sorted(self.positions.items())},
             "pending": {str(shard): list(pending) for shard, pending in sorted(self.pending.items()) if pending},
             "skipped": {str(shard): dict(counts) for shard, counts in sorted(self.skipped.items()) if counts},
-            # by path, so that a checkpoint names its files whatever the order of a later file list
             "skipped_files": {str(shard): {self._name(key): n for key, n in counts.items()}
                               for shard, counts in sorted(self.skipped_files.items()) if counts},
             "batches_consumed": self.batches_consumed,
@@ -135,31 +120,26 @@ class StreamPosition:
             "shuffle_buffer_size": self.shuffle_buffer_size,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.positions = {int(shard): (int(p[0]), int(p[1])) for shard, p in state["positions"].items()}
-        self.pending = {int(shard): [int(i) for i in p] for shard, p in state.get("pending", {}).items()}
-        self.skipped = {int(shard): {str(r): int(n) for r, n in counts.items()}
-                        for shard, counts in state.get("skipped", {}).items()}
-        self.skipped_files = {int(shard): {str(key): int(n) for key, n in counts.items()}
-                              for shard, counts in state.get("skipped_files", {}).items()}
-        self.batches_consumed = int(state["batches_consumed"])
-        self.num_workers, self.world_size = state.get("num_workers"), state.get("world_size")
-        self.seed, self.shuffle_buffer_size = state.get("seed"), state.get("shuffle_buffer_size")
-
     @classmethod
     def from_state(cls, state: dict) -> StreamPosition:
-        tracker = cls()
-        tracker.load_state_dict(state)
-        return tracker
+        position = cls(state.get("num_workers"), state.get("world_size"), state.get("seed"),
+                       state.get("shuffle_buffer_size"))
+        position.positions = {int(shard): (int(p[0]), int(p[1])) for shard, p in state["positions"].items()}
+        position.pending = {int(shard): [int(i) for i in p] for shard, p in state.get("pending", {}).items()}
+        position.skipped = {int(shard): {str(reason): int(n) for reason, n in counts.items()}
+                            for shard, counts in state.get("skipped", {}).items()}
+        position.skipped_files = {int(shard): {str(key): int(n) for key, n in counts.items()}
+                                  for shard, counts in state.get("skipped_files", {}).items()}
+        position.batches_consumed = int(state["batches_consumed"])
+        return position
 
     def check_resume(self, world_size: int, seed: int, shuffle_buffer_size: int) -> None:
         """Raise ValueError if this state was saved by a run that read its records in another order."""
         if self.world_size not in (None, world_size):
             raise ValueError(f"resume_state was saved with world_size {self.world_size}, not {world_size}")
-        saved = {"--seed": self.seed, "--shuffle_buffer_size": self.shuffle_buffer_size}
-        now = {"--seed": seed, "--shuffle_buffer_size": shuffle_buffer_size}
-        changed = [f"{flag} {saved[flag]} (this run: {now[flag]})" for flag in saved
-                   if saved[flag] is not None and saved[flag] != now[flag]]
+        saved = {"--seed": (self.seed, seed), "--shuffle_buffer_size": (self.shuffle_buffer_size, shuffle_buffer_size)}
+        changed = [f"{flag} {then} (this run: {now})" for flag, (then, now) in saved.items()
+                   if then is not None and then != now]
         if changed:
             raise ValueError(
                 f"the checkpoint's data position was saved with {', '.join(changed)}; it counts records in that "
@@ -169,7 +149,5 @@ class StreamPosition:
     def check_workers(self, num_workers: int) -> None:
         """Raise if the state was saved with a different number of DataLoader workers."""
         if self.num_workers is not None and max(1, self.num_workers) != num_workers:
-            raise ValueError(
-                f"resume_state was saved with num_workers={self.num_workers}; exact resume needs the same "
-                f"number of DataLoader workers, this run has {num_workers}"
-            )
+            raise ValueError(f"resume_state was saved with num_workers={self.num_workers}; exact resume needs the "
+                             f"same number of DataLoader workers, this run has {num_workers}")

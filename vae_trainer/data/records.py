@@ -1,27 +1,6 @@
-"""Reading the records of one part, streaming: LAION part files, WebDataset tar shards, image files.
-
-Memory per open part is bounded by one record (plus I/O buffers), whatever the part's size:
-gzip is decompressed as a stream (``gzip.GzipFile``, which also handles multi-member files) and
-tar shards are read with ``tarfile`` in stream mode (``r|*``), so a ``pipe:`` command's output is
-consumed as it arrives.
-
-Why ``tarfile`` streaming and not the ``webdataset`` package: exact resume needs a deterministic
-record number for every sample and a way to pass over samples without reading their bytes, and
-sharding/shuffling must follow our own (seed, rank, worker, epoch) rules with Paddle's worker
-info, which WebDataset's splitters (built on ``torch.utils.data``) do not see. What would remain
-of WebDataset is its member grouping, which is the rule below. ``braceexpand`` (WebDataset's
-own dependency) expands the shard patterns.
-
-Tar samples follow WebDataset's convention: consecutive members whose names share everything up
-to the first dot of the base name form one sample (``dir/000123.jpg`` + ``dir/000123.json`` ->
-key ``dir/000123``); the image is the member with the first extension of
-:data:`TAR_IMAGE_EXTENSIONS` that the sample has. ``__*__`` members are metadata and ignored.
-
-Damage (truncated or corrupt gzip, unreadable tar, a ``pipe:`` command failing) ends the part
-after the records read before it: the reader then yields one :class:`Damaged` marker. A local part
-that no longer exists (deleted or unmounted since the start, where every part was checked) yields one
-``missing_file`` marker; a missing image file of a folder is a ``missing_file`` record.
-"""
+"""Streaming the records of one part (LAION part file, WebDataset tar shard or ``pipe:``, image file) with memory
+bounded by one record, numbered so a resumed run can pass over records unread. Damage ends a part after its
+readable records with one :class:`Damaged` marker (docs/data.md, "How the stream works")."""
 
 from __future__ import annotations
 
@@ -40,7 +19,7 @@ from .filelists import IMAGE, LINES, PIPE_PREFIX, TAR, Part
 from .images import BadImage, decode_base64
 
 GZIP_MAGIC = b"\x1f\x8b"
-TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
+TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")  # by preference
 # Why a record (or a part) was skipped, besides the image-level reasons of images.REASONS.
 REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
 MISSING_FILE = "missing_file"
@@ -79,25 +58,17 @@ def open_part(path: str) -> BinaryIO:
     return open(path, "rb", buffering=_READ_SIZE)
 
 
-# ------------------------------------------------------------------------------- line parts
-
-
-def _lines(path: str) -> Iterator[bytes]:
-    """The lines of a part file (gzip by its magic bytes, or plain), without line endings."""
-    with open_part(path) as raw:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
-        for line in stream:
-            yield line.rstrip(b"\r\n")
-
-
 def _gone(path: str) -> Damaged:
     return Damaged(MISSING_FILE, f"part file not found: {path}")
 
 
 def _line_records(path: str, start: int) -> Iterator[Payload | None]:
+    """The lines of a gzip (multi-member too) or plain part without line endings; None before `start`."""
     try:
-        for number, line in enumerate(_lines(path)):
-            yield line if number >= start else None
+        with open_part(path) as raw:
+            stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
+            for number, line in enumerate(stream):
+                yield line.rstrip(b"\r\n") if number >= start else None
     except FileNotFoundError:
         yield _gone(path)
     except EOFError:
@@ -106,17 +77,10 @@ def _line_records(path: str, start: int) -> Iterator[Payload | None]:
         yield Damaged("corrupt_gzip", f"corrupt gzip data ({error})")
 
 
-# -------------------------------------------------------------------------------- tar shards
-
-
 @contextmanager
 def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
-    """A readable stream of a local tar or of a ``pipe:`` command's output.
-
-    The list it yields receives an error text if the command exits with a non-zero status after
-    its output was read to the end. A command still running when the reader stops (the end of a
-    counted range, an abandoned pass) is killed with its whole process group, pipelines included.
-    """
+    """A local tar, or a ``pipe:`` command's output (the list receives its non-zero exit status once read to
+    the end); a command still running when the reader stops is killed with its process group."""
     if not path.startswith(PIPE_PREFIX):
         with open_part(path) as handle:
             yield handle, []
@@ -141,7 +105,7 @@ def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
 
 
 def _split_key(name: str) -> tuple[str, str] | None:
-    """WebDataset's key/extension split: up to the first dot of the base name, and the rest."""
+    """WebDataset's (key, extension): the key runs up to the first dot of the base name; ``__*__`` is metadata."""
     folder, _, base = name.rpartition("/")
     if base.startswith("__") or "." not in base:
         return None
@@ -150,7 +114,7 @@ def _split_key(name: str) -> tuple[str, str] | None:
 
 
 def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
-    """Samples of an open tar stream; members of samples before `start` are passed over unread."""
+    """Samples (consecutive members sharing a key) of an open tar stream; those before `start` are not read."""
     number, key, image, rank = -1, None, None, len(TAR_IMAGE_EXTENSIONS)
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
@@ -169,9 +133,8 @@ def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]
 
 def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
     try:
-        with _tar_stream(path) as (stream, errors):
-            with tarfile.open(fileobj=stream, mode="r|*") as tar:
-                yield from _tar_members(tar, start)
+        with _tar_stream(path) as (stream, errors), tarfile.open(fileobj=stream, mode="r|*") as tar:
+            yield from _tar_members(tar, start)
     except FileNotFoundError:
         yield _gone(path)
         return
@@ -180,9 +143,6 @@ def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
         return
     if errors:
         yield Damaged("corrupt_tar", errors[0])
-
-
-# ---------------------------------------------------------------------------------- any part
 
 
 def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
@@ -219,22 +179,17 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
         if payload.image is None:
             raise BadImage("no_image", f"sample {payload.key} has no {'/'.join(TAR_IMAGE_EXTENSIONS)} member")
         return payload.image
-    if isinstance(payload, ImageFile):
-        try:
-            with open(payload.path, "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
-        except OSError as error:
-            raise BadImage("unreadable", str(error)) from None
-    raise TypeError(f"not a record payload: {payload!r}")
+    try:
+        with open(payload.path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
+    except OSError as error:
+        raise BadImage("unreadable", str(error)) from None
 
 
 def describe(part: Part, number: int, payload: Payload) -> str:
     """Where a record is, for messages: file:line, shard:key or the image path."""
     if isinstance(payload, TarSample):
         return f"{part.path}:{payload.key}"
-    if part.kind == IMAGE:
-        return part.path
-    return f"{part.path}:{number + 1}"
-
+    return part.path if part.kind == IMAGE else f"{part.path}:{number + 1}"
