@@ -24,6 +24,7 @@ import argparse
 import faulthandler
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union, get_args, get_origin
 
@@ -403,7 +404,7 @@ class VAETrainingArguments(TrainingArguments):
         if self.stall_timeout and self.stall_timeout > 0:
             # PaddleNLP forms the process group here, holding Python's lock: the stall watchdog cannot run, and a rank
             # that never joins would be waited for forever. faulthandler's C thread ends this one (stacks, exit 1).
-            faulthandler.dump_traceback_later(self.stall_timeout, exit=True)
+            faulthandler.dump_traceback_later(self.stall_timeout, exit=True, file=sys.__stderr__)  # (a real file)
         try:
             super().__post_init__()
         finally:
