@@ -16,7 +16,7 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.argument_parser import parse_arguments  # noqa: E402
 from vae_trainer.build import build_evaluator, build_networks, init_process, seed_training  # noqa: E402
-from vae_trainer.distributed import run_and_exit  # noqa: E402
+from vae_trainer.distributed import rank, run_and_exit  # noqa: E402
 from vae_trainer.final_save import save_final_models  # noqa: E402
 from vae_trainer.output_dir import prepare_output_dir, run_inputs  # noqa: E402
 from vae_trainer.step import NonFiniteError  # noqa: E402
@@ -29,6 +29,7 @@ from vae_trainer import watchdog  # noqa: E402
 def main(argv=None):
     with start_up():  # bad flags or files: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
+        watchdog.start(training_args.stall_timeout, rank(), "starting up")  # stopped as main ends (exit_on_user_error)
         init_process(training_args)
         prepare_output_dir(training_args, run_inputs(model_args, data_args))  # nor an input
         networks = build_networks(model_args, loss_args, training_args, resolution=data_args.resolution)

@@ -89,3 +89,104 @@ def test_fingerprint_sees_each_trainable_parameter_and_nothing_frozen():
         p.stop_gradient = True
     with pytest.raises(ValueError, match="no trainable parameters"):
         parameter_fingerprint(model)  # an empty fingerprint would let any two ranks "agree"
+
+
+# ---- all_ranks_agree / from_rank_0 (issue 29, items 2 and 3): in-process, this process as rank 1 of 2 with a
+# simulated rank 0 (its outcome of the block, and the value it decides). Two real processes: tests/test_rank_failure.py.
+@pytest.fixture
+def as_rank_1(monkeypatch):
+    """Set `.failure` to rank 0's (error class, one-line reason) and `.value` to what rank 0 broadcasts."""
+    import paddle.distributed as dist
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    rank_0 = SimpleNamespace(failure=None, value=None, collectives=0)
+
+    def all_reduce(tensor, *args, **kwargs):
+        rank_0.collectives += 1
+        tensor.set_value(tensor + int(rank_0.failure is not None))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, *a, **k: out.extend([rank_0.failure, obj]))
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src, *a, **k: objects.__setitem__(0, rank_0.value))
+    return rank_0
+
+
+def test_one_process_raises_the_original_exception_or_its_explanation():
+    from vae_trainer.disk import OutOfSpace
+    from vae_trainer.distributed import all_ranks_agree
+
+    original = KeyError("k")
+    with pytest.raises(KeyError) as raised:
+        with all_ranks_agree("saving"):
+            raise original
+    assert raised.value is original
+    with pytest.raises(OutOfSpace, match="^full$") as raised:
+        with all_ranks_agree("saving", explain=lambda error: OutOfSpace("full")):
+            raise OSError(28, "No space left on device")
+    assert isinstance(raised.value.__cause__, OSError)
+    with all_ranks_agree("saving", explain=lambda error: 1 / 0):  # success: nothing explained
+        pass
+
+
+def test_a_failure_on_another_rank_raises_here_with_its_rank_reason_and_kind(as_rank_1, caplog):
+    from vae_trainer.disk import OutOfSpace
+    from vae_trainer.distributed import all_ranks_agree
+
+    with all_ranks_agree("saving checkpoint-2"):  # every rank succeeded: one collective, nothing raised
+        pass
+    assert as_rank_1.collectives == 1
+    as_rank_1.failure = (OutOfSpace, "writing checkpoint-4 failed: No space left on device (ENOSPC)")
+    with pytest.raises(OutOfSpace) as raised:  # a user error: still one `error:` line on this rank
+        with all_ranks_agree("saving checkpoint-4"):
+            pass
+    assert "rank 0" in str(raised.value) and "No space left on device" in str(raised.value)
+    assert "\n" not in str(raised.value) and str(raised.value) in caplog.text  # logged at once, too
+
+
+def test_this_ranks_failure_is_named_one_line_chained_and_a_bug_stays_a_bug(as_rank_1):
+    from vae_trainer.distributed import all_ranks_agree
+
+    original = TypeError("checkpoint\nsecond line")
+    with pytest.raises(RuntimeError) as raised:
+        with all_ranks_agree("exporting"):
+            raise original
+    message = str(raised.value)
+    assert "rank 1" in message and "TypeError" in message and "checkpoint" in message
+    assert "second line" not in message and "rank 0" not in message
+    assert raised.value.__cause__ is original
+    as_rank_1.failure = (FileNotFoundError, "same reason")
+    with pytest.raises(FileNotFoundError, match="ranks 0, 1: same reason"):
+        with all_ranks_agree("resuming"):
+            raise FileNotFoundError("same reason")
+
+
+def test_lpips_at_evaluation_is_rank_0s_decision(as_rank_1, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from vae_trainer import build
+
+    monkeypatch.setattr(build, "TrainingEvaluator", lambda data_args, args, lpips, inception, **kw: lpips)
+    networks = SimpleNamespace(lpips=None, lpips_weights=str(tmp_path / "only_on_rank_0.pdparams"),
+                               model=SimpleNamespace(input_size=None, posterior_std=0.0))
+    data_args = SimpleNamespace(inception_weights=None)
+    as_rank_1.value = True  # rank 0 has the weights, this rank does not: refused, naming this rank
+    with pytest.raises(Exception, match="failed on rank 1") as raised:
+        build.build_evaluator(data_args, None, networks)
+    assert "only_on_rank_0.pdparams" in str(raised.value)
+    (tmp_path / "only_on_rank_0.pdparams").write_text("")  # rank 0 has none: nobody loads LPIPS
+    as_rank_1.value = False
+    assert build.build_evaluator(data_args, None, networks) is None
+
+
+def test_a_resume_path_or_output_dir_one_rank_cannot_see_is_refused_naming_it(as_rank_1, tmp_path):
+    from vae_trainer import checkpoint as ckpt
+    from vae_trainer.output_dir import check_shared
+
+    with pytest.raises(FileNotFoundError, match="failed on rank 1: .*checkpoint-3"):
+        ckpt.resolve_resume(str(tmp_path), str(tmp_path / "checkpoint-3"))
+    as_rank_1.value = "token-rank-0-wrote"  # into its own, node-local folder
+    with pytest.raises(ValueError, match="failed on rank 1: .*not shared") as raised:
+        check_shared(str(tmp_path / "out"))
+    assert "shared file system" in str(raised.value)

@@ -81,3 +81,42 @@ def test_a_rank_that_blocks_ends_the_two_process_run(photo_filelist, tmp_path, d
     logs = "".join(open(tmp_path / "logs" / f"workerlog.{r}").read() for r in (0, 1))
     assert "stalled: rank " in logs and "finished nothing for 10 s" in logs, logs[-3000:]
     assert "Last finished: step 2" in logs or "Last finished: step 3" in logs
+
+
+
+STUCK_AT_START = """
+import importlib, os, sys, time
+sys.path.insert(0, {repo!r})
+rank_1 = os.environ.get("PADDLE_TRAINER_ID") == "1"
+if rank_1 and {never_joins!r}:
+    time.sleep(600)  # a rank that never joins (its node died): rank 0 waits to form the process group
+from vae_trainer import build
+from vae_trainer.distributed import run_and_exit
+build_vae = build.build_vae
+def stuck(*args, **kwargs):
+    if rank_1:
+        time.sleep(600)  # a hung mount while reading the VAE: rank 0 waits in the collective that follows
+    return build_vae(*args, **kwargs)
+build.build_vae = stuck
+module = importlib.import_module(sys.argv[1][:-len(".py")])
+run_and_exit(lambda: module.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("never_joins, reported", [
+    (False, "now: starting up"),  # stuck in a collective: the watchdog's report
+    (True, "in init_parallel_env"),  # the rendezvous holds Python's lock: faulthandler's stacks
+])
+def test_a_rank_stuck_at_start_up_is_reported(photo_filelist, tmp_path, never_joins, reported):
+    """The watchdog runs from start-up on (issue 29); before, the ranks waited for each other forever."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(STUCK_AT_START.format(repo=REPO, never_joins=never_joins))
+    args = tiny_args(photo_filelist, tmp_path / "run", stall_timeout=4)
+    result = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+                             "--log_dir", str(tmp_path / "logs"), str(worker), "train_vae_no_trainer.py",
+                             *map(str, args)], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    logs = "".join(open(tmp_path / "logs" / f"workerlog.{r}").read() for r in (0, 1))
+    assert reported in logs, logs[-3000:]
+    assert never_joins or "stalled: rank " in logs

@@ -70,6 +70,8 @@ def test_latent_stats_num_images_is_checked_at_start_up(driver, photo_filelist, 
     monkeypatch.setattr(vae_trainer.distributed, "world_size", lambda: 2)  # what the evaluator sees under 2 ranks
     monkeypatch.setattr(vae_trainer.evaluation, "world_size", lambda: 2)  # (imported there by name)
     monkeypatch.setattr(vae_trainer.build, "broadcast_parameters", lambda model: None)  # no second rank to talk to
+    monkeypatch.setattr(paddle.distributed, "all_reduce", lambda tensor, *args, **kwargs: None)  # (nor agree with)
+    monkeypatch.setattr(paddle.distributed, "broadcast_object_list", lambda objects, *args, **kwargs: None)
     message = refused(driver, tiny_args(photo_filelist, tmp_path / "one", latent_stats_num_images=1))
     assert "at least the number of ranks (2)" in message
     written = os.listdir(tmp_path / "one") if os.path.isdir(tmp_path / "one") else []

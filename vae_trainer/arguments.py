@@ -21,8 +21,10 @@ and `strip_optional` (a field's Literal values).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union, get_args, get_origin
 
@@ -416,7 +418,14 @@ class VAETrainingArguments(TrainingArguments):
         # ppdiffusers scripts.
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")
         _check_device(self.device)
-        super().__post_init__()
+        if self.stall_timeout and self.stall_timeout > 0:
+            # PaddleNLP forms the process group here, holding Python's lock: the stall watchdog cannot run, and a rank
+            # that never joins would be waited for forever. faulthandler's C thread ends this one (stacks, exit 1).
+            faulthandler.dump_traceback_later(self.stall_timeout, exit=True, file=sys.__stderr__)  # (a real file)
+        try:
+            super().__post_init__()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         if self.max_steps is None or self.max_steps <= 0:
             raise ValueError("--max_steps must be set: the training stream is infinite.")
         if self.overwrite_output_dir and resume_requested(self.resume_from_checkpoint):

@@ -21,7 +21,7 @@ from .checkpoint import estimated_checkpoint_bytes
 from .data.dataset import build_train_dataloader
 from .data.position import StreamPosition
 from .disk import warn_if_short
-from .distributed import broadcast_parameters, init_distributed, rank, world_size
+from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
 from .latent_scale import mode_for
@@ -155,11 +155,13 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
 
 
 def build_evaluator(data_args, training_args, networks: Networks):
-    """The in-training evaluator: LPIPS (the training one, or loaded for evaluation) and optional rFID."""
+    """The in-training evaluator: LPIPS (the training one, or loaded for evaluation if rank 0 has its weights)
+    and optional rFID; the same on every rank, so every rank measures the same metrics."""
     lpips = networks.lpips
-    if lpips is None and os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS):
-        lpips = LPIPS(networks.lpips_weights)
-    inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
+    load_lpips = lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
+    with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
+        lpips = LPIPS(networks.lpips_weights) if load_lpips else lpips
+        inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
                              posterior_std=networks.model.posterior_std, vf_model=networks.vf_model)
 

@@ -19,7 +19,8 @@
 An O2 (half-precision) run saves the half-precision weights in model_state.pdparams and their float32
 master copies in the optimizer files; `read_model_state` gives the float32 ones back. Names follow the
 PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
-finished, rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
+finished (a failure on any rank stops every rank with its message: `distributed.all_ranks_agree`),
+rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
 most a `.tmp` folder, which `latest` never picks and the next save removes. Against a node crash: every file
 and the folder are fsynced before the rename (the parent after it), and `latest`, rotation, the rollback and
 an explicit resume take only checkpoints whose files match their manifest (one without a manifest, from an
@@ -53,7 +54,7 @@ import paddle
 import paddle.distributed as dist
 
 from .disk import failed_write, folder_bytes, fsync_path, is_disk_error
-from .distributed import assert_parameters_in_sync, rank, world_size
+from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
 from .precision import HALF_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -145,16 +146,18 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
     """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None.
 
     'latest' is decided by rank 0 and broadcast, so that every rank resumes from the same step even if
-    a shared file system shows the ranks slightly different listings.
+    a shared file system shows the ranks slightly different listings; a path is checked on every rank.
     """
     if not resume_requested(resume_from_checkpoint):
         return None
     if resume_from_checkpoint not in LATEST:
-        unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
-        problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
-        if problem:
-            raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint "
-                                    f"folder ({problem}); give another checkpoint, or `latest` for the newest complete one")
+        with all_ranks_agree("checking --resume_from_checkpoint"):  # every rank must see it
+            unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
+            problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
+            if problem:
+                raise FileNotFoundError(f"--resume_from_checkpoint {resume_from_checkpoint}: not a complete checkpoint "
+                                        f"folder ({problem}); give another checkpoint, or `latest` for the newest "
+                                        "complete one")
         return resume_from_checkpoint
     found = list_checkpoints(output_dir) if rank() == 0 else []
     step = found[-1][0] if found else -1
@@ -166,11 +169,6 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
         logger.warning("--resume_from_checkpoint latest: no checkpoint in %s, starting from scratch", output_dir)
         return None
     return checkpoint_path(output_dir, step)
-
-
-def _barrier() -> None:
-    if world_size() > 1:
-        dist.barrier()
 
 
 def _generators() -> Dict[str, Any]:
@@ -237,11 +235,21 @@ def save_checkpoint(
     `keep` names a checkpoint that rotation must not delete (the best one).
     """
     final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"
-    try:
+
+    def explain(error: Exception) -> Exception:  # a full disk, quota, read-only or I/O error: a message
+        if not is_disk_error(error):
+            return error
+        previous = list_checkpoints(output_dir)
+        last_good = previous[-1][1] if previous else None
+        needed = folder_bytes(last_good) or tensor_bytes([model.state_dict()] + [o.state_dict() for o in stateful.values()])
+        return failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good)  # removes tmp
+
+    what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
+    with all_ranks_agree(what, explain):
         if rank() == 0:
             remove_unfinished(output_dir)
             os.makedirs(tmp)
-        _barrier()
+    with all_ranks_agree(what, explain):
         if rank() == 0:
             paddle.save(model.state_dict(), os.path.join(tmp, MODEL_NAME))
             for name, obj in stateful.items():
@@ -253,23 +261,15 @@ def save_checkpoint(
         paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
         for name in _written_by_this_rank(tmp):
             fsync_path(os.path.join(tmp, name))
-    except OSError as error:  # a full disk, quota, read-only or I/O error: a message, the partial folder removed
-        if not is_disk_error(error):
-            raise
-        previous = list_checkpoints(output_dir)
-        last_good = previous[-1][1] if previous else None
-        needed = folder_bytes(last_good) or tensor_bytes([model.state_dict()] + [o.state_dict() for o in stateful.values()])
-        raise failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good) from None
-    _barrier()
-    if rank() == 0:
-        write_manifest(tmp, world_size())  # all ranks' files exist: the manifest makes the checkpoint complete
-        fsync_path(tmp)
-        if os.path.isdir(final):
-            delete_checkpoint(final)
-        os.replace(tmp, final)
-        fsync_path(output_dir)
-        rotate_checkpoints(output_dir, save_total_limit, keep=keep)
-    _barrier()
+    with all_ranks_agree(what, explain):
+        if rank() == 0:
+            write_manifest(tmp, world_size())  # all ranks' files exist: the manifest makes the checkpoint complete
+            fsync_path(tmp)
+            if os.path.isdir(final):
+                delete_checkpoint(final)
+            os.replace(tmp, final)
+            fsync_path(output_dir)
+            rotate_checkpoints(output_dir, save_total_limit, keep=keep)
     logger.info("saved %s", final)
     return final
 
@@ -343,11 +343,11 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
     - `resume` is elsewhere (another run's folder, an abandoned branch): all of OUTPUT_DIR's, to
       `<when>-before-resuming-<its name>/`.
     Nothing is deleted: a moved checkpoint still resumes or exports by its path. Rank 0 moves; all ranks call
-    it (a barrier). Returns the moved checkpoints' new paths."""
+    it (an agreement: a failure ends every rank). Returns the moved checkpoints' new paths."""
     moved: List[str] = []
-    if resume and rank() == 0:
-        moved = _set_aside(output_dir, resume)
-    _barrier()
+    with all_ranks_agree("setting aside the later checkpoints"):
+        if resume and rank() == 0:
+            moved = _set_aside(output_dir, resume)
     return moved
 
 

@@ -9,16 +9,19 @@ Instead each rank accumulates local gradients and, once per optimizer step, aver
 no-sync path). Micro-steps of gradient accumulation therefore never communicate.
 
 It also owns how a process of a run ends (`run_and_exit`): see there for why a multi-process run ends with
-`os._exit`.
+`os._exit`; and how ranks agree (`all_ranks_agree`, `from_rank_0`): a failure on one rank ends every rank
+with the same message, never leaves the others waiting in a collective.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import sys
 import traceback
-from typing import Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 
 import numpy as np
 
@@ -28,6 +31,9 @@ from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_
 
 from . import preemption
 from .preemption import PREEMPTED_EXIT_CODE, Preempted
+from .user_errors import USER_ERROR_TYPES, UserError
+
+logger = logging.getLogger("vae_trainer")
 
 
 def world_size() -> int:
@@ -42,6 +48,58 @@ def init_distributed() -> None:
     """Join the process group when launched with several processes (idempotent)."""
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1 and not dist.is_initialized():
         dist.init_parallel_env()
+
+
+@contextlib.contextmanager
+def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception]] = None) -> Iterator[None]:
+    """Run a block on every rank; it succeeds on all ranks or raises on all (one all-reduce; a barrier too).
+
+    If any rank raised, every rank logs and raises the same one-line error: "`what` failed on rank R: reason"
+    for each failing rank, of the lowest failing rank's class if that is a user error (UserError and the
+    types `start_up` turns into one: still an `error:` line on every rank), else RuntimeError; on a failing
+    rank chained to its own exception. `explain` turns this rank's exception into the one reported once every
+    rank has left the block (so it may remove what the block left). One process: no collective, the
+    (explained) exception as it is."""
+    error: Optional[Exception] = None
+    try:
+        yield
+    except Exception as caught:  # noqa: BLE001 (every rank must learn of any failure)
+        error = caught
+    if world_size() > 1:
+        failed = paddle.to_tensor([int(error is not None)], dtype="int64")
+        dist.all_reduce(failed)
+        if not failed.item():
+            return
+    elif error is None:
+        return
+    cause = error
+    if error is not None and explain is not None:
+        error = explain(error)
+    if world_size() == 1:
+        raise error if error is cause else error from cause
+    user = isinstance(error, (UserError,) + USER_ERROR_TYPES)
+    reason = None if error is None else " ".join(str(error).split()) if user else \
+        f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+    gathered: list = []
+    dist.all_gather_object(gathered, None if error is None else (type(error) if user else RuntimeError, reason))
+    ranks: dict = {}
+    for r, item in enumerate(gathered):
+        if item is not None:
+            ranks.setdefault(item[1], []).append(str(r))
+    message = f"{what} failed on " + "; ".join(
+        f"rank{'s' * (len(rs) > 1)} {', '.join(rs)}: {reason}" for reason, rs in ranks.items())
+    logger.error("%s", message)  # in every rank's log at once, even if the launcher ends this rank next
+    kind = next(item[0] for item in gathered if item is not None)
+    raise kind(message) from error
+
+
+def from_rank_0(value: Any) -> Any:
+    """Rank 0's `value` on every rank (a decision taken once; unchanged on one process)."""
+    if world_size() > 1:
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0)
+        value = shared[0]
+    return value
 
 
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:

@@ -38,7 +38,7 @@ from vae_trainer import watchdog
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING
-from vae_trainer.distributed import rank, world_size
+from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
 from vae_trainer.latent_diagnostics import DEFINITIONS as DIAGNOSTIC_DEFINITIONS
@@ -487,8 +487,8 @@ def evaluate_vae(
     watchdog.doing("evaluating")
     was_training = vae.training
     vae.eval()
-    try:
-        with paddle.no_grad(), tiled(vae, tiling):
+    try:  # a failure or an empty share on one rank raises on all (not: the others wait in result()'s all-reduces)
+        with all_ranks_agree("evaluation"), paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
                 with half_precision_autocast(vae):  # O2: float32 images into half-precision weights
                     posterior = _posterior(vae, pixels, input_size, posterior_std)
@@ -496,20 +496,16 @@ def evaluate_vae(
                     equivariance = equivariance_pairs(lambda z: vae.decode(z).sample, pixels, posterior.mode())
                 evaluation.add(pixels, posterior, recons.astype("float32").clip(-1.0, 1.0), equivariance)
                 watchdog.beat("an evaluation batch")
+            _check_not_empty(evaluation.count)
     finally:
         if was_training:
             vae.train()
-    _check_no_empty_rank("evaluate_vae", evaluation.count)
     return evaluation.result()
 
 
-def _check_no_empty_rank(what: str, count: int) -> None:
-    # Decided from all ranks at once, so that an empty shard raises everywhere instead of leaving the
-    # other ranks waiting in the all-reduces that follow.
-    empty_ranks = -all_reduce_sum(np.array([-1.0 if count == 0 else 0.0]))[0]
-    if empty_ranks > 0:
-        raise ValueError(f"{what}: {int(empty_ranks)} rank(s) got no images; use at least as many images "
-                         "as there are ranks")
+def _check_not_empty(count: int) -> None:
+    if count == 0:
+        raise ValueError("got no images; use at least as many images as there are ranks")
 
 
 def measure_latents(
@@ -525,14 +521,14 @@ def measure_latents(
     was_training = vae.training
     vae.eval()
     try:
-        with paddle.no_grad(), tiled(vae, tiling):
+        with all_ranks_agree("measuring latent statistics"), paddle.no_grad(), tiled(vae, tiling):
             for pixels in _capped_batches(batches, num_images):
                 latents.add(_posterior(vae, pixels, input_size, posterior_std), pixels.shape[0])
                 watchdog.beat("a latent-statistics batch")
+            _check_not_empty(latents.count)
     finally:
         if was_training:
             vae.train()
-    _check_no_empty_rank("measure_latents", latents.count)
     return latents.result()
 
 
@@ -661,7 +657,8 @@ class TrainingEvaluator:
         record = {"step": step, "weights": "ema" if ema is not None else "raw", **result_record(result, protocol)}
         if self.metric is not None:
             record.update(metric_for_best_model=self.metric, is_best=better)
-        self._append_record(record)
+        with all_ranks_agree(f"writing {EVAL_METRICS_NAME}"):  # rank 0 writes; a failure ends every rank
+            self._append_record(record)
         return better
 
     def _is_new_best(self, result: EvalResult, trainer_state) -> bool:

@@ -20,12 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
-import paddle.distributed as dist
-
 from .checkpoint import DISCRIMINATOR_CONFIG_NAME, EXPORT_CONFIG_NAME, VAE_CONFIG_NAME
 from .data.filelists import PIPE_PREFIX
 from .disk import written_atomically
-from .distributed import rank, world_size
+from .distributed import all_ranks_agree, rank
 from .ema import ema_weights
 from .latent_scale import EXPORT_ORIGIN_KEY, latent_scales_at_export, origin_of, write_latent_stats
 from .models.discriminator import save_discriminator
@@ -75,14 +73,13 @@ def save_final_models(output_dir: str, networks, ema, evaluator, step: int) -> T
     scales = latent_scales_at_export(networks.scaling_factor_mode, model.vae, ema, evaluator, step,
                                      encoder_frozen=model.freeze_encoder)
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
-    if rank() == 0:  # each folder written beside its place, then moved in (disk.py): never half an export
-        if ema is not None:
-            with written_atomically(os.path.join(output_dir, "vae_raw")) as partial:
-                export_vae_folder(model.vae, partial, None, model.posterior_std, *scales["vae_raw"])
-        with written_atomically(vae_dir) as partial:
-            export_vae_folder(model.vae, partial, ema, model.posterior_std, *scales["vae"])
-        with written_atomically(disc_dir) as partial:
-            save_discriminator(model.discriminator, networks.discriminator_config, partial)
-    if world_size() > 1:
-        dist.barrier()
+    with all_ranks_agree("exporting the final models"):  # a failure on rank 0 ends every rank with its message
+        if rank() == 0:  # each folder written beside its place, then moved in (disk.py): never half an export
+            if ema is not None:
+                with written_atomically(os.path.join(output_dir, "vae_raw")) as partial:
+                    export_vae_folder(model.vae, partial, None, model.posterior_std, *scales["vae_raw"])
+            with written_atomically(vae_dir) as partial:
+                export_vae_folder(model.vae, partial, ema, model.posterior_std, *scales["vae"])
+            with written_atomically(disc_dir) as partial:
+                save_discriminator(model.discriminator, networks.discriminator_config, partial)
     return vae_dir, disc_dir

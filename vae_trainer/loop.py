@@ -31,6 +31,7 @@ logger = logging.getLogger("vae_trainer")
 
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
+    watchdog.start(args.stall_timeout, rank(), "starting up")  # stopped by the entry point (exit_on_user_error)
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
         init_process(args)
         prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input

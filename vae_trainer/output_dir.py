@@ -3,7 +3,8 @@
 A new run never eats an earlier one: `prepare_output_dir` (called by both drivers before anything is
 written) refuses to start into an OUTPUT_DIR that holds checkpoints or exports of an earlier run unless
 the user chose --resume_from_checkpoint (continue it) or --overwrite_output_dir (delete that run's files
-first). Rank 0 decides and deletes; the other ranks learn the decision from it.
+first). Rank 0 decides and deletes; the other ranks learn the decision from it. Before that, all ranks
+must see one OUTPUT_DIR (`check_shared`): node-local folders are refused at start.
 
 --overwrite_output_dir deletes only what our runs wrote, and nothing it cannot prove is ours:
 checkpoint-N folders (complete, `.tmp`, `.old`), the exports (vae/, vae_raw/, discriminator/), and the
@@ -23,16 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
-
-import paddle
-import paddle.distributed as dist
 
 from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, remove_unfinished,
                          resume_requested, unfinished_checkpoints)
 from .data.filelists import PIPE_PREFIX, read_sources
-from .distributed import rank, world_size
+from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 
 if TYPE_CHECKING:
     from .arguments import DataArguments, ModelArguments, VAETrainingArguments
@@ -54,43 +53,55 @@ def earlier_run(output_dir: str) -> List[str]:
     return names + [name for name in EXPORTS if os.path.exists(os.path.join(output_dir, name))]
 
 
-_STARTS, _HOLDS_EARLIER_RUN, _READS_DOOMED = 0, 1, 2  # rank 0's decision, broadcast to the other ranks
-
-
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
-    """Refuse, or clear with --overwrite_output_dir, an --output_dir that holds an earlier run.
+    """Check that all ranks share --output_dir; then refuse, or clear with --overwrite_output_dir, one that
+    holds an earlier run.
 
     `reads` (`run_inputs`: flag -> path) are what this run reads; clearing refuses, before deleting
-    anything, if one of them lies inside what it would delete. Decided once, by rank 0, and broadcast,
-    so that all ranks refuse together and only rank 0 deletes (the others wait for it). Resuming
-    (--resume_from_checkpoint) leaves the folder as it is.
+    anything, if one of them lies inside what it would delete. Decided once, by rank 0, which alone deletes;
+    all ranks then agree, so that they refuse together. Resuming (--resume_from_checkpoint) leaves the
+    folder as it is.
     """
+    check_shared(args.output_dir)
     if resume_requested(args.resume_from_checkpoint):
         return
-    found = earlier_run(args.output_dir) if rank() == 0 else []
-    decision, endangered = _STARTS, None
-    if found and not args.overwrite_output_dir:
-        decision = _HOLDS_EARLIER_RUN
-    elif found and rank() == 0:
-        endangered = endangered_input(args.output_dir, reads or {})
-        decision = _READS_DOOMED if endangered else _STARTS
-    if decision == _STARTS and found and rank() == 0:
-        clear_run(args.output_dir)
-        logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
-    if world_size() > 1:  # also the point where the other ranks wait until rank 0 has cleared
-        shared = paddle.to_tensor([decision], dtype="int64")
-        dist.broadcast(shared, src=0)
-        decision = int(shared.item())
-    if decision == _HOLDS_EARLIER_RUN:
-        shown = ", ".join(found) if found else "checkpoints"
-        raise FileExistsError(
-            f"--output_dir {args.output_dir} already holds an earlier run ({shown}). Continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir (deletes its checkpoints, "
-            "logs and exports), or choose another --output_dir.")
-    if decision == _READS_DOOMED:
-        raise FileExistsError(_endangered_message(args.output_dir, endangered) if endangered else
-                              "--overwrite_output_dir refused on rank 0: this run reads a file it would delete "
-                              "(rank 0's message says which); nothing was deleted")
+    with all_ranks_agree("checking --output_dir"):  # also where the other ranks wait until rank 0 has cleared
+        found = earlier_run(args.output_dir) if rank() == 0 else []
+        if found and not args.overwrite_output_dir:
+            raise FileExistsError(
+                f"--output_dir {args.output_dir} already holds an earlier run ({', '.join(found)}). Continue it with "
+                "--resume_from_checkpoint latest, or start over with --overwrite_output_dir (deletes its "
+                "checkpoints, logs and exports), or choose another --output_dir.")
+        endangered = endangered_input(args.output_dir, reads or {}) if found else None
+        if endangered:
+            raise FileExistsError(_endangered_message(args.output_dir, endangered))
+        if found:
+            clear_run(args.output_dir)
+            logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
+
+
+def check_shared(output_dir: str) -> None:
+    """Refuse a --output_dir that is not one folder for all ranks (node-local disks): rank 0 writes a file of a
+    random name there, and every rank must read it back."""
+    if world_size() < 2:
+        return
+    token = from_rank_0(secrets.token_hex(8))
+    path = os.path.join(output_dir, f".shared_check_{token}")
+    try:
+        with all_ranks_agree("creating --output_dir"):
+            if rank() == 0:
+                os.makedirs(output_dir, exist_ok=True)
+                with open(path, "w") as handle:
+                    handle.write(token)
+        with all_ranks_agree("checking that --output_dir is shared"):
+            if not os.path.isfile(path) or open(path).read() != token:
+                raise ValueError(
+                    f"--output_dir {output_dir} is not shared: rank {rank()} does not see the file rank 0 wrote "
+                    "there. All ranks (all nodes) must write into one folder on a shared file system (e.g. an NFS "
+                    "or Lustre mount), named the same on every node.")
+    finally:
+        if rank() == 0 and os.path.exists(path):
+            os.remove(path)
 
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str, Optional[str]]:

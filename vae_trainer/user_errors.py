@@ -14,6 +14,8 @@ import functools
 import sys
 from typing import Callable, Iterator, TypeVar
 
+from . import watchdog
+
 # What our validation and loading raise for bad input (argparse's own errors exit by themselves).
 USER_ERROR_TYPES = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
 
@@ -34,12 +36,15 @@ def start_up() -> Iterator[None]:
 
 
 def exit_on_user_error(main: F) -> F:
-    """`main`, printing a `UserError` as one `error: ...` line and exiting with status 1."""
+    """`main`, printing a `UserError` as one `error: ...` line and exiting with status 1; the stall watchdog
+    that `main` started is stopped however it ends."""
     @functools.wraps(main)
     def guarded(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except UserError as error:
             sys.exit(f"error: {error}")
+        finally:
+            watchdog.stop()
 
     return guarded  # type: ignore[return-value]
