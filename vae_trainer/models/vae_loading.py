@@ -285,8 +285,9 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
     if any(k.startswith("first_stage_model.") for k in state):  # a whole SD checkpoint: its VAE part
         state = {k[len("first_stage_model."):]: v for k, v in state.items() if k.startswith("first_stage_model.")}
     if any(k.startswith("encoder.down_blocks.") for k in state):  # diffusers' names, not LDM's
+        folder = os.path.dirname(path) or "."
         raise ValueError(f"{path} is the weight file of a diffusers / ppdiffusers VAE folder, not an original LDM "
-                         f"single file: give the folder, --pretrained_model_name_or_path {os.path.dirname(path) or '.'}")
+                         f"single file: give the folder, --pretrained_model_name_or_path {folder}")
     if "encoder.conv_in.weight" not in state or "decoder.conv_out.weight" not in state:
         raise ValueError(f"{path} is not an original LDM/SD VAE checkpoint (no encoder.conv_in / decoder.conv_out "
                          "weights); a diffusers VAE is a folder with config.json")
@@ -308,19 +309,13 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
                          "the VAE's config with --vae_config_file")
     logger.info("%s: architecture inferred from the tensor shapes (block widths %s, %d latent channels; SD's %d "
                 "GroupNorm groups)", path, widths, latent_channels, SD_NORM_GROUPS)
-    return {
-        "in_channels": int(state["encoder.conv_in.weight"].shape[1]),
-        "out_channels": int(state["decoder.conv_out.weight"].shape[0]),
-        "down_block_types": ["DownEncoderBlock2D"] * len(widths),
-        "up_block_types": ["UpDecoderBlock2D"] * len(widths),
-        "block_out_channels": widths,
-        "layers_per_block": layers,
-        "latent_channels": latent_channels,
-        "norm_num_groups": SD_NORM_GROUPS,
-        "sample_size": 512,
-        "use_quant_conv": "quant_conv.weight" in state,
-        "use_post_quant_conv": "post_quant_conv.weight" in state,
-    }
+    return dict(in_channels=int(state["encoder.conv_in.weight"].shape[1]),
+                out_channels=int(state["decoder.conv_out.weight"].shape[0]),
+                down_block_types=["DownEncoderBlock2D"] * len(widths),
+                up_block_types=["UpDecoderBlock2D"] * len(widths), block_out_channels=widths,
+                layers_per_block=layers, latent_channels=latent_channels,
+                norm_num_groups=SD_NORM_GROUPS, sample_size=512, use_quant_conv="quant_conv.weight" in state,
+                use_post_quant_conv="post_quant_conv.weight" in state)
 
 
 def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
