@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .checkpoint import checkpoint_export_config, checkpoint_vae_config
 from .models.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
 from .models.flux2 import BatchNormStatistics, bn_statistics, is_flux2
+
+if TYPE_CHECKING:
+    from ppdiffusers import AutoencoderKL
 
 logger = logging.getLogger("vae_trainer")
 
@@ -30,8 +33,8 @@ Source = Tuple[str, Dict[str, Any], str]  # (name, the latent-scale entries it s
 
 # ---- loading: the scale the encoder's weights come with
 
-def settle(vae, config_file: Optional[str] = None, pretrained: Optional[str] = None, single_file: bool = False,
-           init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
+def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
+           single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give the built `vae` the latent scale of its sources, the source of its encoder's weights first: each entry
     from the first source stating it, a later one stating another value warned about. Returns where its
     scaling_factor came from, which `origin_of` remembers."""
@@ -125,12 +128,12 @@ def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], rein
                    why, choose)
 
 
-def origin_of(vae) -> str:
+def origin_of(vae: AutoencoderKL) -> str:
     """Where `vae`'s latent scale came from (`settle`), for log lines and latent_stats.json."""
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
 
 
-def kept_normalisation(vae) -> Optional[BatchNormStatistics]:
+def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
     """The bn statistics FLUX.2's VAE holds (what "keep" exports); None for other VAEs."""
     return bn_statistics(vae) if is_flux2(vae) else None
 
@@ -175,7 +178,7 @@ def scaling_factor_mode(model_args) -> Mode:
     return default_mode(model_args) if mode is None else mode
 
 
-def mode_for(vae, model_args) -> Mode:
+def mode_for(vae: AutoencoderKL, model_args) -> Mode:
     """`scaling_factor_mode`, checked against the VAE built: FLUX.2's has no scaling factor, and keeps its source's
     bn statistics (the normalisation its DiT was trained with) when only its decoder trains."""
     mode = scaling_factor_mode(model_args)
@@ -198,7 +201,7 @@ def mode_of_checkpoint(given: Optional[str], export_config: Dict[str, Any]) -> M
 
 # ---- export: what the exported config.json and latent_stats.json hold
 
-def decide(mode: Mode, vae, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
+def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`, with
@@ -263,7 +266,7 @@ def decide(mode: Mode, vae, stats=None, measured_on: Optional[str] = None, weigh
     return updates, record
 
 
-def latent_scales_at_export(mode: Mode, vae, ema, evaluator, step: int,
+def latent_scales_at_export(mode: Mode, vae: AutoencoderKL, ema, evaluator, step: int,
                             encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, Any], Dict[str, Any]]]:
     """{"vae": `decide`'s pair} for the exported weights (the EMA's when there is one) and, with an EMA, "vae_raw"
     for the raw ones, a latent space of their own unless --freeze_encoder. Statistics come from the last evaluation
