@@ -41,7 +41,7 @@ from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
 from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: E402
 from vae_trainer.final_save import export_vae_folder  # noqa: E402
-from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, kept_normalisation, mode_of_checkpoint  # noqa: E402
+from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 from vae_trainer.models.vae_saving import diffusers_can_load  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
@@ -166,11 +166,10 @@ def main(argv=None) -> str:
         vae, ema = load_checkpoint_vae(args.checkpoint_dir, args.vae_config_file, use_ema)
         stats, source = measured_stats(vae, ema, args, export_config) if mode == "measure" else (None, None)
     weights = "the EMA weights (ema.pdparams)" if ema is not None else "the raw weights"
-    updates, record = decide(mode, vae.config, stats, source, f"{weights} of {args.checkpoint_dir}",
+    updates, record = decide(mode, vae, stats, source, f"{weights} of {args.checkpoint_dir}",
                              "scripts/export_vae.py measures with --scaling_factor measure (the factor then changes); "
                              "scripts/eval_vae.py --vae on this folder measures the statistics alone",
-                             export_config.get(EXPORT_ORIGIN_KEY) or f"kept from the checkpoint's {ckpt.VAE_CONFIG_NAME}",
-                             kept_normalisation(vae))
+                             export_config.get(EXPORT_ORIGIN_KEY) or f"kept from the checkpoint's {ckpt.VAE_CONFIG_NAME}")
     export_vae_folder(vae, args.out_dir, ema, export_config.get("posterior_std", 0.0), updates, record)
     name = type(vae).__name__  # AutoencoderKL, or FLUX.2's AutoencoderKLFlux2 (not in ppdiffusers 0.29: ours)
     paddle_class = f"{type(vae).__module__}.{name}" if name != "AutoencoderKL" else "ppdiffusers.AutoencoderKL"

@@ -150,9 +150,14 @@ def test_export_vae_script_refuses_flag_values_when_parsing(tmp_path, capsys):
                                                            folders + ["--ema", "true"], folders)] == [False, True, True, None]
 
 
+def _vae_with(config):
+    return SimpleNamespace(config=config)  # what `decide` reads of an AutoencoderKL
+
+
 def test_decide_writes_what_the_mode_says_and_records_it():
     stats = SimpleNamespace(scaling_factor=0.5, shift_factor=0.25, num_images=9, latent_mean=[0.1], latent_std=[2.0])
-    sd, flux = {"scaling_factor": 0.18215, "shift_factor": None}, {"scaling_factor": 0.3611, "shift_factor": 0.1159}
+    sd, flux = _vae_with({"scaling_factor": 0.18215, "shift_factor": None}), _vae_with({"scaling_factor": 0.3611,
+                                                                                         "shift_factor": 0.1159})
     assert decide("measure", sd, stats, "x")[0] == {"scaling_factor": 0.5}  # SD-style: no shift written
     assert decide("measure", flux, stats, "x")[0] == {"scaling_factor": 0.5, "shift_factor": 0.25}
     updates, record = decide("keep", flux, stats, "the evaluation at step 4")
@@ -177,9 +182,9 @@ def test_the_readme_example_of_latent_stats_json_is_what_the_export_writes():
     stats = SimpleNamespace(scaling_factor=measured["suggested_scaling_factor"],
                             shift_factor=measured["suggested_shift_factor"], num_images=measured["num_images"],
                             latent_mean=measured["latent_mean"], latent_std=measured["latent_std"])
-    config = {"scaling_factor": example["scaling_factor"], "shift_factor": example["shift_factor"]}
-    kept_from = "kept from the pretrained VAE /models/sdxl-vae"  # latent_scale.of_pretrained's origin
-    assert decide("keep", config, stats, measured["from"], example["weights"], origin=kept_from)[1] == example
+    vae = _vae_with({"scaling_factor": example["scaling_factor"], "shift_factor": example["shift_factor"]})
+    kept_from = "kept from the pretrained VAE /models/sdxl-vae"  # the origin latent_scale.settle gives such a VAE
+    assert decide("keep", vae, stats, measured["from"], example["weights"], origin=kept_from)[1] == example
     # Its suggested factors are those of its per-channel numbers (total variance over equally many values each).
     mean, std = np.array(measured["latent_mean"]), np.array(measured["latent_std"])
     assert measured["suggested_scaling_factor"] == pytest.approx(1 / np.sqrt((std**2).mean() + mean.var()), abs=1e-4)

@@ -5,13 +5,11 @@ And issue 12.2: the export does no evaluation nobody asked for (counted, not tim
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, EVAL_FLAGS, REPO, run_entry_point, run_in_process, tiny_args, vae_weights
+from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, run_in_process, tiny_args, vae_weights
 from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
@@ -107,12 +105,12 @@ def test_both_entry_points_fine_tune_to_the_same_weights(runs):
 
 @pytest.mark.parametrize("ema, folder", [(True, "vae"), (False, "vae_raw")])
 def test_export_vae_script_writes_the_same_dual_format_folder_from_a_checkpoint(runs, tmp_path, ema, folder):
+    from conftest import load_script
+
     run = runs[DRIVERS[1]]
     out = tmp_path / "exported"
-    command = [sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), os.path.join(run, f"checkpoint-{STEPS}"),
-               str(out)] + ([] if ema else ["--no_ema"])  # the EMA is exported by default when the run kept one
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    # the EMA is exported by default when the run kept one
+    load_script("export_vae").main([os.path.join(run, f"checkpoint-{STEPS}"), str(out)] + ([] if ema else ["--no_ema"]))
     exported, final = vae_weights(str(tmp_path), "exported"), vae_weights(run, folder)
     for key in final:  # the last checkpoint holds the exported weights exactly
         np.testing.assert_array_equal(exported[key], final[key], err_msg=key)

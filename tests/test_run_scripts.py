@@ -92,7 +92,7 @@ def test_a_config_file_stating_another_factor_is_warned_about_and_scaling_factor
     warning = next(line for line in result.stderr.splitlines() if "states scaling_factor" in line)
     assert "--vae_config_file configs/vae_micro.json states scaling_factor 0.18215" in warning
     assert f"the pretrained VAE {sdxl_like} 0.13025: keeping 0.13025" in warning
-    assert "--scaling_factor 0.18215 exports 0.18215 instead" in warning
+    assert "--scaling_factor 0.18215 exports 0.18215" in warning
 
     run_script("run_single_no_trainer.sh", tmp_path / "given", photo_filelist,
                ["--pretrained_model_name_or_path", sdxl_like, "--scaling_factor", "0.2"],

@@ -1,18 +1,15 @@
-"""The trainable state of a run in one Layer: the VAE, its discriminator and the output log-variance.
-
-One container so that a checkpoint's `model_state.pdparams` holds every trained weight (and nothing
-frozen: LPIPS is kept outside), and so that the PaddleNLP Trainer has a single `model` to manage.
-It also owns the sampling of the latent (the encoder's posterior, or a constant std with
-`posterior_std` > 0) and LeCAM's EMA buffer, which must be checkpointed with the weights, and what the
-encoder sees: the image, or with `input_size` the image bilinearly downsized (a super-resolving decoder,
-as in the reference trainer's --input_size); with `freeze_encoder` the encoder and quant_conv are frozen
-(out of the optimizer, run without building a graph), so the latent space stays bit-identical. With a VF
-loss (alignment.py) it holds the trainable 1x1 projection of the latent to the foundation model's width,
-trained with the VAE and checkpointed, never exported (the export saves `vae` alone).
+"""The trainable state of a run in one Layer (`VAEWithDiscriminator`): the VAE, its discriminator, the output
+log-variance and LeCAM's EMA buffer, so that a checkpoint's model_state.pdparams holds every trained weight (LPIPS,
+frozen, stays outside) and the PaddleNLP Trainer has one `model`. It samples the latent (the posterior, or a
+constant std with --posterior_std), resizes what the encoder sees (--input_size) and freezes the encoder and
+quant_conv (--freeze_encoder: out of the optimizer, run without a graph, so the latent space stays bit-identical). With a VF
+loss (alignment.py) it holds the trainable 1x1 projection of the latent to the foundation model's width: trained
+with the VAE, checkpointed, never exported (the export saves `vae` alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -37,9 +34,8 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         # LeCAM's EMAs of [mean D(real), mean D(fake)]: a buffer so checkpoints and resume include it.
         self.register_buffer("lecam_ema", paddle.zeros([2], dtype="float32"), persistable=True)
         # LDM's learnable output log-variance. Unlike LDM, when learnable it IS in the VAE optimizer.
-        self.logvar = self.create_parameter(
-            shape=[], dtype="float32", default_initializer=paddle.nn.initializer.Constant(logvar_init)
-        )
+        self.logvar = self.create_parameter(shape=[], dtype="float32",
+                                            default_initializer=paddle.nn.initializer.Constant(logvar_init))
         self.logvar.stop_gradient = not learn_logvar
         # VA-VAE's `reverse_proj`: latent channels -> the foundation model's feature width.
         self.vf_projection = (paddle.nn.Conv2D(vae.config.latent_channels, vf_feature_dim, 1, bias_attr=False)
@@ -65,22 +61,15 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def encode(self, x: paddle.Tensor):
         """The posterior of `x` as the encoder sees it (resized to `input_size` if set); no graph when frozen."""
-        x = encoder_input(x, self.input_size)
-        if self.freeze_encoder:
-            with paddle.no_grad():
-                return self.vae.encode(x).latent_dist
-        return self.vae.encode(x).latent_dist
+        with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():
+            return self.vae.encode(encoder_input(x, self.input_size)).latent_dist
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
                 return_latent: bool = False) -> Tuple[paddle.Tensor, ...]:
-        """One VAE forward: reconstruction and the posterior's mean and log-variance (and with `return_latent` the
-        decoded latent z, before any `latent_transform`).
-
-        With `posterior_std` > 0 the encoder's log-variance is ignored: z = mean + posterior_std * noise,
-        and the returned log-variance is the constant log(posterior_std^2). `latent_transform` (EQ-VAE,
-        equivariance.py) is applied to z before decoding; the posterior returned is the clean one's.
-        """
+        """Reconstruction, posterior mean and log-variance (with `posterior_std` > 0: z = mean + std * noise and the
+        constant log(std^2)), and with `return_latent` z itself. `latent_transform` (EQ-VAE) changes z before
+        decoding, not the posterior or the z returned."""
         posterior = self.encode(x)
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))

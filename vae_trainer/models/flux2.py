@@ -1,21 +1,10 @@
 """FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's) as a ppdiffusers AutoencoderKL.
 
-Owns `AutoencoderKLFlux2`, `is_flux2_config` (which configs are this class), `with_source_entries` (the
-source config's entries kept), `patchify` (the pipelines'
-2x2 latent patches) and the latent normalisation its `bn` holds (`BatchNormStatistics`, `bn_statistics`,
-`set_bn_statistics`).
-
-The class is ppdiffusers' AutoencoderKL (so recompute, EMA, --freeze_encoder, --ignore_keys, evaluation and
-every loss see the same layers) with diffusers' constructor signature, so that its saved config.json is the
-one diffusers writes for this class: `decoder_block_out_channels` becomes ppdiffusers'
-`up_block_out_channels` (the decoder may be wider or narrower than the encoder), and there is no
-`scaling_factor`. Its one addition, `bn`, is a BatchNorm over the 2x2-patchified latent channels
-(4 * latent_channels) that the model's forward never calls: FLUX.2 / ERNIE-Image pipelines take its
-running mean and variance to normalise what their DiT sees, `(patchify(z) - mean) / sqrt(var + eps)`,
-z the posterior mode. Those statistics are the latent scale of this VAE: latent_scale.py decides them
-(kept from the source, or measured at export), nothing else changes them. They are non-trainable
-parameters (Paddle's BatchNorm), so the optimizer never updates them; `num_batches_tracked` is a buffer,
-as in PyTorch.
+ppdiffusers' AutoencoderKL (so recompute, EMA, --freeze_encoder, --ignore_keys, evaluation and the losses see the
+same layers) with diffusers' constructor and config keys (`decoder_block_out_channels`, no `scaling_factor`), plus
+`bn`: a BatchNorm over the 2x2-patchified latent channels that the forward never calls. Its running mean and
+variance are this VAE's latent scale (`BatchNormStatistics`), which latent_scale.py decides; the pipelines give
+their DiT `(patchify(z) - mean) / sqrt(var + eps)`, z the posterior mode. docs/fine-tuning.md has the details.
 """
 
 from __future__ import annotations
@@ -25,14 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Sequence
 
-import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.configuration_utils import register_to_config
 
 CLASS_NAME = "AutoencoderKLFlux2"
-# Config keys only this class has (a hand-written config with one of them is one of these VAEs; diffusers'
-# AutoencoderKL also has mid_block_add_attention).
+# Config keys only this class has (diffusers' AutoencoderKL also has mid_block_add_attention).
 FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
 
 
@@ -72,8 +59,7 @@ class AutoencoderKLFlux2(AutoencoderKL):
         if not mid_block_add_attention:
             raise ValueError("mid_block_add_attention false: ppdiffusers 0.29's AutoencoderKL always has the mid-block "
                              "attention, so this VAE cannot be built here")
-        # The parent's undecorated constructor: this class's config is diffusers' (registered by the decorator
-        # above), not AutoencoderKL's (scaling_factor, force_upcast, ...).
+        # The parent's undecorated constructor: this class's config is diffusers' (the decorator above registers it).
         AutoencoderKL.__init__.__wrapped__(
             self, in_channels=in_channels, out_channels=out_channels, down_block_types=tuple(down_block_types),
             down_block_out_channels=tuple(block_out_channels), up_block_types=tuple(up_block_types),
@@ -83,8 +69,7 @@ class AutoencoderKLFlux2(AutoencoderKL):
             use_quant_conv=use_quant_conv, use_post_quant_conv=use_post_quant_conv)
         # That constructor states the decoder's widths as block_out_channels; diffusers' key is the encoder's.
         self.register_to_config(block_out_channels=list(block_out_channels))
-        # Paddle's momentum weighs the running value, PyTorch's the batch: 1 - momentum. Never used here
-        # (the statistics are set, not tracked), kept for a faithful layer.
+        # Paddle's momentum weighs the running value, PyTorch's the batch. Never used: the statistics are set.
         self.bn = paddle.nn.BatchNorm2D(math.prod(patch_size) * latent_channels, momentum=1.0 - batch_norm_momentum,
                                         epsilon=batch_norm_eps, weight_attr=False, bias_attr=False)
         # [1], not PyTorch's 0-d: ppdiffusers saves a 0-d tensor as [1] (and writes it 0-d for PyTorch).
@@ -92,16 +77,15 @@ class AutoencoderKLFlux2(AutoencoderKL):
 
 
 def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """A fresh AutoencoderKLFlux2 from a config (Paddle's global RNG), keeping the entries its constructor does
-    not take (`with_source_entries`) without ppdiffusers' "not expected and will be ignored" warning."""
+    """A fresh AutoencoderKLFlux2 (Paddle's global RNG) keeping every entry of `config` (`with_source_entries`)."""
     accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
     vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
     return with_source_entries(vae, config)
 
 
 def with_source_entries(vae: AutoencoderKLFlux2, config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """`vae` whose config also holds the entries of `config` its constructor does not take (the published FLUX.2
-    config's `force_upcast`): the export writes every entry of the source's config."""
+    """`vae` whose config also holds the entries of `config` its constructor does not take (the published config's
+    `force_upcast`), so that the export writes them."""
     extra = {key: value for key, value in config.items() if not key.startswith("_") and key not in vae.config}
     if extra:
         vae.register_to_config(**extra)
@@ -119,8 +103,7 @@ def patchify(latents: paddle.Tensor, patch_size: Sequence[int] = (2, 2)) -> padd
 
 @dataclass
 class BatchNormStatistics:
-    """What FLUX.2's `bn` holds: per patchified channel the running mean and (population) variance, and the
-    counter PyTorch keeps beside them."""
+    """What `bn` holds: per patchified channel the running mean and (population) variance, and PyTorch's counter."""
 
     running_mean: List[float]
     running_var: List[float]
@@ -139,12 +122,3 @@ def bn_statistics(vae: AutoencoderKLFlux2) -> BatchNormStatistics:
                                vae.bn._variance.astype("float32").numpy().tolist(),
                                int(vae.bn.num_batches_tracked.numpy().reshape(-1)[0]))
 
-
-def set_bn_statistics(vae: AutoencoderKLFlux2, statistics: BatchNormStatistics) -> None:
-    channels = vae.bn._mean.shape[0]
-    if len(statistics.running_mean) != channels or len(statistics.running_var) != channels:
-        raise ValueError(f"bn statistics for {len(statistics.running_mean)} channels, the VAE's bn has {channels}")
-    for layer_value, values in ((vae.bn._mean, statistics.running_mean), (vae.bn._variance, statistics.running_var)):
-        layer_value.set_value(paddle.to_tensor(np.asarray(values, dtype=np.float32)).astype(layer_value.dtype))
-    counter = vae.bn.num_batches_tracked  # int64, or float32 after an O2 run's restore_float32 cast every buffer
-    counter.set_value(paddle.to_tensor([statistics.num_batches_tracked], dtype="int64").astype(counter.dtype))

@@ -1,19 +1,8 @@
-"""The parts of the ppdiffusers AutoencoderKL that training and export touch.
-
-Owns: `decoder_last_layer` (adaptive GAN weight), `encoder_parameters` (--freeze_encoder),
-`posterior_layer` (the --posterior_std export fix), `encoder_input` / `check_reconstruction_size`
-(--input_size, --resolution) and `enable_recompute` (--recompute). Building and loading the VAE is
-`vae_loading.py`, saving it `vae_saving.py`.
-
---recompute, and why not ppdiffusers' `enable_gradient_checkpointing()`: that one recomputes whole blocks,
-so the backward of the decoder's last up block holds all of its full-resolution activations at once (3
-resnets at 128 channels, plus the upsampled 256-channel map before it). `enable_recompute` recomputes each
-resnet, attention, down- and upsampler of the encoder's and decoder's blocks and of both mid blocks on its
-own (Paddle's non-reentrant `recompute`, the one ppdiffusers uses): the forward keeps only each segment's
-input, and the backward rebuilds one segment at a time. Outside the segments stay: the convs in and out and
-the output norm, so the adaptive GAN weight's `paddle.grad` from the reconstruction to `decoder.conv_out`
-(losses.py) never enters a recomputed segment. The parameter tree is untouched (the wrapped layers keep their
-names, so checkpoints and exports are unchanged): each wrapped layer's `forward` is replaced on the instance.
+"""The parts of the ppdiffusers AutoencoderKL that training touches: `decoder_last_layer` (adaptive GAN weight),
+`encoder_parameters` (--freeze_encoder), `encoder_input` / `check_reconstruction_size` (--input_size, --resolution)
+and `enable_recompute` (--recompute: each resnet, attention and sampler recomputed on its own, the convs in and out
+not, so the adaptive weight's gradient never enters a segment; docs/training.md "Memory"). The parameter tree is
+untouched: each wrapped layer's `forward` is replaced on the instance.
 """
 
 from __future__ import annotations
@@ -23,12 +12,6 @@ from typing import List, Mapping, Optional, Sequence
 import paddle
 from paddle.distributed.fleet.utils import recompute
 from ppdiffusers import AutoencoderKL
-
-
-def posterior_layer(vae: AutoencoderKL) -> paddle.nn.Layer:
-    """The conv whose output channels [C:2C] are the posterior's log-variance: quant_conv, or the encoder's
-    conv_out in VAEs without quant_conv (FLUX)."""
-    return vae.quant_conv if vae.quant_conv is not None else vae.encoder.conv_out
 
 
 def decoder_last_layer(vae: AutoencoderKL) -> paddle.Tensor:
@@ -45,8 +28,7 @@ def encoder_parameters(vae: AutoencoderKL) -> List[paddle.Tensor]:
 
 
 def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
-    """What the encoder sees: the images, or with --input_size H W the images bilinearly resized to HxW
-    (as the reference trainer's --input_size: F.interpolate, bilinear, align_corners False)."""
+    """What the encoder sees: the images, or with --input_size H W the images bilinearly resized to HxW."""
     if input_size is None:
         return images
     return paddle.nn.functional.interpolate(images, size=list(input_size), mode="bilinear", align_corners=False)
@@ -59,9 +41,8 @@ def check_reconstruction_size(vae: AutoencoderKL, input_size: Optional[Sequence[
 
 def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[int]], resolution: int,
                                where: str = "the VAE's config") -> None:
-    """`check_reconstruction_size` from an AutoencoderKL config (its block lists), before the VAE is built
-    (flag_checks.py): the encoder input is a multiple of its downsampling factor 2 ** (down blocks - 1), and
-    the decoder returns `resolution` from it."""
+    """`check_reconstruction_size` from a config, before the VAE is built (flag_checks.py): the encoder input is a
+    multiple of 2 ** (down blocks - 1), and the decoder returns `resolution` from it."""
     encoder_factor = 2 ** (len(config["down_block_types"]) - 1)
     decoder_factor = 2 ** (len(config["up_block_types"]) - 1)
     height, width = input_size or (resolution, resolution)
@@ -79,9 +60,7 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
 
 
 class RecomputedForward:
-    """A layer's forward run under Paddle's non-reentrant `recompute` when a graph is being built: the
-    activations inside are dropped after the forward and rebuilt in the backward. `calls` counts the
-    recomputed forwards (`recompute_calls`, which the tests read)."""
+    """A layer's forward under Paddle's non-reentrant `recompute` when a graph is being built; `calls` counts them."""
 
     def __init__(self, forward):
         self.forward = forward
@@ -95,8 +74,7 @@ class RecomputedForward:
 
 
 def recompute_segments(vae: AutoencoderKL) -> List[tuple]:
-    """(name, layer) of what --recompute recomputes one by one: every resnet, attention, down- and upsampler
-    in the encoder's down blocks, the decoder's up blocks and both mid blocks."""
+    """(name, layer) of every resnet, attention, down- and upsampler of the encoder's and decoder's blocks."""
     out = []
     for coder_name, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks")):
         coder = getattr(vae, coder_name)
@@ -110,9 +88,8 @@ def recompute_segments(vae: AutoencoderKL) -> List[tuple]:
 
 
 def enable_recompute(vae: AutoencoderKL) -> List[str]:
-    """--recompute: each segment of `recompute_segments` recomputed in the backward (module doc). Returns
-    the segments' names. Idempotent; ppdiffusers' own block-level checkpointing stays off (nesting the two
-    would recompute the segments twice)."""
+    """--recompute: each of `recompute_segments` recomputed in the backward; returns their names. Idempotent;
+    ppdiffusers' block-level checkpointing stays off (nested, the segments would be recomputed twice)."""
     names = []
     for name, layer in recompute_segments(vae):
         if not isinstance(layer.__dict__.get("forward"), RecomputedForward):

@@ -1,25 +1,18 @@
-"""Where the VAE to train comes from: a fresh one from a config, or the pretrained VAEs people have.
+"""Where the VAE to train comes from: `build_vae`, the one constructor of both drivers and the scripts.
 
-Owns `build_vae`, the one constructor both drivers and the scripts use:
-- a fresh VAE from a JSON of AutoencoderKL kwargs (e.g. `configs/sd_vae.json`, a checkpoint's
-  `vae_config.json`; `vae_from_config_file`);
-- a pretrained one from a LOCAL source recognised by its files (`find_pretrained`): a ppdiffusers folder,
-  a PyTorch diffusers folder (converted by ppdiffusers' `from_diffusers=True`), or an original LDM / SD /
-  SDXL / FLUX single-file checkpoint (converted by ppdiffusers' LDM conversion helpers, with the config
-  inferred from the tensor shapes or given as a config file). Nothing is downloaded.
-- `ignore_keys` leaves weights with those prefixes at their fresh initialisation; `init_from_ckpt` then
-  loads weights only from one of our checkpoints or a VAE weight file (`load_vae_weights`).
-Saving is `vae_saving.py`; the layers training touches are `vae.py`.
+A fresh VAE from a JSON of AutoencoderKL kwargs (`configs/*.json`, a checkpoint's vae_config.json), or a LOCAL
+pretrained one recognised by its files (`find_pretrained`): a ppdiffusers folder, a PyTorch diffusers folder
+(converted by ppdiffusers), or an original LDM / SD / SDXL / FLUX single file (ppdiffusers' LDM conversion, the
+architecture inferred from the tensors or given). Nothing is downloaded. --ignore_keys leaves weights at their fresh
+initialisation; --init_from_ckpt then loads weights only (`load_vae_weights`). The latent scale is latent_scale.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import os
-from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -39,48 +32,60 @@ from .flux2 import AutoencoderKLFlux2, flux2_from_config, is_flux2, is_flux2_con
 
 logger = logging.getLogger("vae_trainer")
 
-# How each layout is recognised; the first file found decides (a folder holding both formats, as our own
-# export does, is read in Paddle's layout).
 PADDLE_WEIGHT_FILES = (names.PADDLE_SAFETENSORS_WEIGHTS_NAME, names.PADDLE_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
                        names.PADDLE_WEIGHTS_NAME, names.PADDLE_WEIGHTS_NAME_INDEX_NAME)
 TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
                       names.TORCH_WEIGHTS_NAME, names.TORCH_WEIGHTS_NAME_INDEX_NAME)
-# ppdiffusers' from_pretrained falls back to the fp16 / fp32 variant of each name when the plain file is
-# missing (e.g. `diffusion_pytorch_model.fp16.safetensors`, all an fp16-only pipeline download holds), so a
-# folder with only a variant loads too (the weights are cast to the model's float32).
+# ppdiffusers falls back to these variants of each name (`diffusion_pytorch_model.fp16.safetensors`, all an fp16
+# pipeline download holds); the weights are cast to the model's float32.
 WEIGHT_VARIANTS = ("fp16", "fp32")
-# Files only a checkpoint-N of our training runs has; its model_state.pdparams is not a VAE's.
-TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}
+TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}  # a checkpoint-N's, not a VAE folder's
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 CONFIG_NAME = AutoencoderKL.config_name  # config.json
-
-# The published single-file VAEs carry no config. Their latent scale is latent_scale.py's to assume
-# (`assumed_for_single_file`: SD's; SDXL's VAE has the same tensors but 0.13025); 16-channel VAEs without
-# quant_conv (FLUX; SD3 has the same shapes with other factors) need a config file.
-SD_NORM_GROUPS = 32  # not in the tensors either
+SD_NORM_GROUPS = 32  # a single file's GroupNorm groups: not in its tensors
+COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
 
 
-@dataclass
-class PretrainedSource:
-    """Where pretrained VAE weights are and in which layout: "ppdiffusers", "diffusers" or "single_file"."""
-
-    layout: str
+class PretrainedSource(NamedTuple):
+    layout: str  # "ppdiffusers", "diffusers" or "single_file"
     path: str  # the folder, or the single file
 
-    @property
-    def from_diffusers(self) -> bool:
-        return self.layout == "diffusers"
+
+def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
+              subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
+              init_from_ckpt: Optional[str] = None) -> AutoencoderKL:
+    """The VAE to train: fresh from `vae_config_file` (Paddle's global RNG: seed first), or the pretrained one (with
+    the architecture of `vae_config_file` when both are given; a single file without it gets one inferred), weights
+    under `ignore_keys` left fresh; then `init_from_ckpt`'s weights (alone: with its checkpoint's architecture).
+    It carries the latent scale of its encoder weights' source (latent_scale.settle)."""
+    if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
+        raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
+                         "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
+    ignore_keys = tuple(ignore_keys or ())
+    source = None
+    if pretrained_model_name_or_path is None:
+        vae = vae_from_config_file(vae_config_file or _checkpoint_architecture(init_from_ckpt))
+    else:
+        source = find_pretrained(pretrained_model_name_or_path, subfolder)
+        vae = _load_pretrained(source, vae_config_file, ignore_keys)
+    if init_from_ckpt:
+        load_vae_weights(vae, init_from_ckpt, ignore_keys)
+    latent_scale.settle(vae, vae_config_file, source.path if source else None,
+                        source is not None and source.layout == "single_file", init_from_ckpt, ignore_keys)
+    check_ignore_keys(vae, ignore_keys)
+    return vae
 
 
 def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSource:
-    """Recognise a local pretrained VAE by its files; one clear error when nothing loadable is there."""
+    """Recognise a local pretrained VAE by its files (the first layout found decides: our export, holding both, is
+    read in Paddle's); one clear error when nothing loadable is there."""
     location = os.path.join(path, subfolder) if subfolder else path
     if os.path.isfile(location):
         if location.endswith(SINGLE_FILE_SUFFIXES):
             return PretrainedSource("single_file", location)
         raise ValueError(f"{location}: a single-file VAE checkpoint must end with one of {SINGLE_FILE_SUFFIXES}")
     if not os.path.isdir(location):
-        # Checked here because ppdiffusers would take a missing folder for a hub id and try to download it.
+        # Checked here: ppdiffusers would take a missing folder for a hub id and try to download it.
         raise FileNotFoundError(
             f"No pretrained VAE at {location}: --pretrained_model_name_or_path must be a local folder or a "
             "single-file checkpoint (with --subfolder, e.g. 'vae', when the VAE sits inside a pipeline "
@@ -111,63 +116,6 @@ def with_variants(files: Sequence[str]) -> Tuple[str, ...]:
     """`files` and their WEIGHT_VARIANTS names (ppdiffusers' spelling: name.fp16.ext)."""
     stems = [name.rsplit(".", 1) for name in files]
     return tuple(files) + tuple(f"{stem}.{variant}.{ext}" for variant in WEIGHT_VARIANTS for stem, ext in stems)
-
-
-def build_vae(
-    vae_config_file: Optional[str] = None,
-    pretrained_model_name_or_path: Optional[str] = None,
-    subfolder: Optional[str] = None,
-    ignore_keys: Sequence[str] = (),
-    init_from_ckpt: Optional[str] = None,
-) -> AutoencoderKL:
-    """The VAE to train.
-
-    - `vae_config_file` alone: a fresh VAE (initialised from Paddle's global RNG: seed first).
-    - `pretrained_model_name_or_path` (+ `subfolder`): the pretrained VAE, with its own config, or with
-      the architecture of `vae_config_file` when both are given (e.g. a different decoder; its weights
-      then need `ignore_keys`). A single file without `vae_config_file` gets a config inferred from its
-      tensor shapes, and SD's scaling factor (latent_scale.assumed_for_single_file, with a warning).
-    - `ignore_keys`: weight-name prefixes (e.g. "decoder.") not loaded; those weights keep their fresh,
-      seeded initialisation.
-    - `init_from_ckpt`: weights only (after the above), see `load_vae_weights`; alone, the architecture is the
-      checkpoint's `vae_config.json`.
-    The VAE's `scaling_factor` / `shift_factor` (and `latents_mean` / `latents_std`) are those of the latent
-    space its encoder weights come from, whatever `vae_config_file` states (the rule: latent_scale.py `settle`).
-    """
-    if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
-        raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
-                         "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
-    ignore_keys = tuple(ignore_keys or ())
-    source = None
-    if pretrained_model_name_or_path is None:
-        vae = vae_from_config_file(vae_config_file or _checkpoint_architecture(init_from_ckpt))
-    else:
-        source = find_pretrained(pretrained_model_name_or_path, subfolder)
-        vae = _load_pretrained(source, vae_config_file, ignore_keys)
-    if init_from_ckpt:
-        load_vae_weights(vae, init_from_ckpt, ignore_keys)
-    latent_scale.settle(vae, _latent_scale_statements(source, vae_config_file, init_from_ckpt),
-                        weights_loaded=bool(source or init_from_ckpt),
-                        encoder_reinitialised=latent_scale.reinitialises_encoder(ignore_keys))
-    check_ignore_keys(vae, ignore_keys)
-    return vae
-
-
-def _latent_scale_statements(source: Optional[PretrainedSource], config_file: Optional[str],
-                             init_from_ckpt: Optional[str]) -> List[latent_scale.Statement]:
-    """Who states the latent scale, the source of the encoder's weights first (latent_scale.settle's order)."""
-    statements = [latent_scale.of_weights(init_from_ckpt)] if init_from_ckpt else []
-    if source is not None:
-        statements.append(latent_scale.of_single_file(source.path) if source.layout == "single_file"
-                          else latent_scale.of_pretrained(source.path))
-    if config_file:
-        statements.append(latent_scale.of_config_file(config_file))
-    elif source is not None and source.layout == "single_file":
-        statements.append(latent_scale.assumed_for_single_file(source.path))
-    elif source is None and not statements[0].entries:  # the architecture a checkpoint holds, for its factor
-        statements.append(latent_scale.of_config_file(checkpoint_vae_config(init_from_ckpt),
-                                                      f"the vae_config.json of {init_from_ckpt}"))
-    return statements
 
 
 def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
@@ -212,28 +160,16 @@ def vae_from_config_file(config_file: str) -> AutoencoderKL:
     return vae_from_config(AutoencoderKL.load_config(config_file))
 
 
-def vae_class(config: dict) -> type:
-    """The class a config describes: FLUX.2's AutoencoderKLFlux2 (by its _class_name or its own keys,
-    models/flux2.py), else ppdiffusers' AutoencoderKL."""
-    return AutoencoderKLFlux2 if is_flux2_config(config) else AutoencoderKL
-
-
 def vae_from_config(config: dict) -> AutoencoderKL:
-    """A fresh VAE (initialised from Paddle's global RNG) whose saved config rebuilds it."""
+    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it: FLUX.2's class for its configs."""
     if is_flux2_config(config):
         return flux2_from_config(config)
     return AutoencoderKL.from_config(with_encoder_widths(config))
 
 
 def with_encoder_widths(config: dict) -> dict:
-    """`config` with the encoder's widths stated as `down_block_out_channels` when the decoder has its own.
-
-    ppdiffusers' AutoencoderKL builds the encoder from `block_out_channels` when `down_block_out_channels`
-    is null, then overwrites `block_out_channels` in its config with the DECODER's widths (`up_block_out_channels`,
-    autoencoder_kl.py). A saved super-resolving VAE (the reference trainer's config/vae.json) would then
-    rebuild its encoder with the decoder's widths and fail to load. Stating both widths makes the saved
-    config rebuild the same VAE.
-    """
+    """`config` stating the encoder's widths (`down_block_out_channels`) when the decoder has its own: ppdiffusers
+    writes the decoder's over `block_out_channels`, so a saved super-resolving VAE would not rebuild otherwise."""
     config = dict(config)
     if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
         default = inspect.signature(AutoencoderKL.__init__).parameters["block_out_channels"].default
@@ -241,7 +177,8 @@ def with_encoder_widths(config: dict) -> dict:
     return config
 
 
-def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
+def _load_pretrained(source: PretrainedSource, config_file: Optional[str],
+                     ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
     if source.layout == "single_file":
         ldm_state = _read_single_file(source.path)
         vae = (vae_from_config_file(config_file) if config_file
@@ -256,74 +193,27 @@ def _load_pretrained(source: PretrainedSource, config_file: Optional[str], ignor
 
 
 def _from_pretrained(source: PretrainedSource, ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
-    """ppdiffusers' own loader (PyTorch folders converted with from_diffusers=True); ignored weights keep
-    their fresh initialisation (low_cpu_mem_usage=False initialises every weight before loading)."""
-    cls = vae_class(AutoencoderKL.load_config(source.path))
-    if cls is AutoencoderKL:
+    """ppdiffusers' own loader (PyTorch folders converted); ignored weights keep their fresh initialisation. A PyTorch
+    FLUX.2 folder's weight file is read as --init_from_ckpt reads one, keeping the counter the conversion drops."""
+    config = AutoencoderKL.load_config(source.path)
+    present = set(os.listdir(source.path))
+    torch_file = next((name for name in with_variants(TORCH_WEIGHT_FILES)
+                       if name in present and not name.endswith(".json")), None)
+    if is_flux2_config(config) and source.layout == "diffusers" and torch_file:
+        vae = vae_from_config(config)
+        assign_weights(vae, _read_weight_file(vae, os.path.join(source.path, torch_file)), ignore_keys, source.path)
+        return vae
+    if not is_flux2_config(config):
         _check_encoder_widths(source.path)
-    with _counter_not_reported_missing():
-        vae, info = cls.from_pretrained(
-            source.path, from_diffusers=source.from_diffusers, ignore_keys=list(ignore_keys),
-            low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
-    missing = info["missing_keys"]
+    vae, info = (AutoencoderKLFlux2 if is_flux2_config(config) else AutoencoderKL).from_pretrained(
+        source.path, from_diffusers=source.layout == "diffusers", ignore_keys=list(ignore_keys),
+        low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
     if is_flux2(vae):
-        with_source_entries(vae, AutoencoderKL.load_config(source.path))
-        if source.from_diffusers:
-            missing = _load_torch_counters(vae, source.path, missing, ignore_keys)
-    _check_missing(source.path, missing, ignore_keys)
+        with_source_entries(vae, config)
+    _check_missing(source.path, info["missing_keys"], ignore_keys)
     _check_unexpected(source.path, info["unexpected_keys"])
     vae.train()  # from_pretrained returns eval mode; the trainer sets modes itself, as for a fresh model
     return vae
-
-
-# BatchNorm's step counter: ppdiffusers' PyTorch -> Paddle conversion drops it (Paddle's BatchNorm has none);
-# models/flux2.py keeps it as a buffer so that diffusers finds it in our exports.
-COUNTER_SUFFIX = ".num_batches_tracked"
-
-
-def torch_counters(state: Dict[str, object]) -> Dict[str, np.ndarray]:
-    """The BatchNorm counters of a PyTorch state dict, as Paddle's [1]-shaped int64, before conversion drops them."""
-    return {key: np.asarray(value, dtype=np.int64).reshape([1]) for key, value in state.items()
-            if key.endswith(COUNTER_SUFFIX)}
-
-
-def _load_torch_counters(vae: AutoencoderKL, folder: str, missing: List[str], ignore_keys: Iterable[str]) -> List[str]:
-    """Load the counters ppdiffusers' loader dropped from the PyTorch weight file of `folder`; the keys still missing."""
-    wanted = [key for key in missing if key.endswith(COUNTER_SUFFIX) and not _ignored(key, ignore_keys)]
-    if not wanted:
-        return missing
-    present = set(os.listdir(folder))
-    files = [name for name in with_variants(TORCH_WEIGHT_FILES) if name in present and not name.endswith(".json")]
-    state: Dict[str, object] = {}
-    if files:
-        load_state_dict(os.path.join(folder, files[0]), state)
-    counters = torch_counters({key: _numpy(value) for key, value in state.items()})
-    own = vae.state_dict()
-    for key in wanted:
-        if key in counters:
-            own[key].set_value(paddle.to_tensor(counters[key]))
-    return [key for key in missing if key not in counters]
-
-
-class _DropCounterWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return f"newly initialized: ['bn{COUNTER_SUFFIX}']" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _counter_not_reported_missing() -> Iterator[None]:
-    """ppdiffusers' loader says FLUX.2's bn counter is "newly initialized" (its PyTorch conversion drops it);
-    `_load_torch_counters` loads it right after, so that one line would be false. Other lines pass."""
-    library_logger, dropped = logging.getLogger("ppdiffusers.models.modeling_utils"), _DropCounterWarning()
-    library_logger.addFilter(dropped)
-    try:
-        yield
-    finally:
-        library_logger.removeFilter(dropped)
-
-
-def _numpy(value) -> np.ndarray:
-    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
 
 
 def _check_unexpected(source: str, unexpected: List[str]) -> None:
@@ -341,8 +231,7 @@ def _check_unexpected(source: str, unexpected: List[str]) -> None:
 
 
 def _check_encoder_widths(folder: str) -> None:
-    """Refuse a config.json that lost its encoder's widths (see `with_encoder_widths`): saved by ppdiffusers
-    from a VAE whose decoder had other widths, e.g. by the reference trainer. The weights would not fit."""
+    """Refuse a config.json that lost its encoder's widths (`with_encoder_widths`), e.g. the reference trainer's."""
     config = AutoencoderKL.load_config(folder)
     widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
     if config.get("down_block_out_channels") is None and len(widths) != len(down_blocks):
@@ -376,7 +265,7 @@ def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: It
                          f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
     _check_missing(source, [k for k in expected if k not in state], ignore_keys)
     _check_unexpected(source, sorted(set(state) - set(expected)))
-    # Ignored weights are given their own (fresh) values: a partial dict would make Paddle warn once per weight.
+    # Ignored weights get their own fresh values: a partial dict would make Paddle warn once per weight.
     vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) if k in state else expected[k] for k in expected})
 
 
@@ -396,8 +285,9 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
     if any(k.startswith("first_stage_model.") for k in state):  # a whole SD checkpoint: its VAE part
         state = {k[len("first_stage_model."):]: v for k, v in state.items() if k.startswith("first_stage_model.")}
     if any(k.startswith("encoder.down_blocks.") for k in state):  # diffusers' names, not LDM's
+        folder = os.path.dirname(path) or "."
         raise ValueError(f"{path} is the weight file of a diffusers / ppdiffusers VAE folder, not an original LDM "
-                         f"single file: give the folder, --pretrained_model_name_or_path {os.path.dirname(path) or '.'}")
+                         f"single file: give the folder, --pretrained_model_name_or_path {folder}")
     if "encoder.conv_in.weight" not in state or "decoder.conv_out.weight" not in state:
         raise ValueError(f"{path} is not an original LDM/SD VAE checkpoint (no encoder.conv_in / decoder.conv_out "
                          "weights); a diffusers VAE is a folder with config.json")
@@ -405,10 +295,8 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
 
 
 def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
-    """AutoencoderKL kwargs (the architecture) from an LDM VAE's tensor shapes. GroupNorm's group count is not
-    in the tensors: SD's 32 is assumed. Nor is the latent scale, which this config does not state: `build_vae`
-    gives the VAE SD's factor through latent_scale.assumed_for_single_file (and its one warning). 16-channel
-    VAEs (FLUX, SD3) and non-SD widths need --vae_config_file (configs/flux_vae.json)."""
+    """The architecture from an LDM VAE's tensor shapes, with SD's 32 GroupNorm groups and no latent scale
+    (latent_scale.py assumes SD's). 16-channel VAEs (FLUX, SD3) and non-SD widths need --vae_config_file."""
     levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.down.")})
     widths = [int(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0]) for i in levels]
     layers = len({k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")})
@@ -421,19 +309,13 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
                          "the VAE's config with --vae_config_file")
     logger.info("%s: architecture inferred from the tensor shapes (block widths %s, %d latent channels; SD's %d "
                 "GroupNorm groups)", path, widths, latent_channels, SD_NORM_GROUPS)
-    return {
-        "in_channels": int(state["encoder.conv_in.weight"].shape[1]),
-        "out_channels": int(state["decoder.conv_out.weight"].shape[0]),
-        "down_block_types": ["DownEncoderBlock2D"] * len(widths),
-        "up_block_types": ["UpDecoderBlock2D"] * len(widths),
-        "block_out_channels": widths,
-        "layers_per_block": layers,
-        "latent_channels": latent_channels,
-        "norm_num_groups": SD_NORM_GROUPS,
-        "sample_size": 512,
-        "use_quant_conv": "quant_conv.weight" in state,
-        "use_post_quant_conv": "post_quant_conv.weight" in state,
-    }
+    return dict(in_channels=int(state["encoder.conv_in.weight"].shape[1]),
+                out_channels=int(state["decoder.conv_out.weight"].shape[0]),
+                down_block_types=["DownEncoderBlock2D"] * len(widths),
+                up_block_types=["UpDecoderBlock2D"] * len(widths), block_out_channels=widths,
+                layers_per_block=layers, latent_channels=latent_channels,
+                norm_num_groups=SD_NORM_GROUPS, sample_size=512, use_quant_conv="quant_conv.weight" in state,
+                use_post_quant_conv="post_quant_conv.weight" in state)
 
 
 def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -452,25 +334,29 @@ def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -
 # ---- --init_from_ckpt
 
 def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
-    """Weights only (no optimizer, schedule or step) into `vae` from one of:
-    - a `checkpoint-N` folder of ours, or its `model_state.pdparams` (the `vae.` weights of it; for an O2 run,
-      the float32 master weights of its optimizer.pdopt, `checkpoint.read_model_state`);
-    - a VAE weight file: ppdiffusers' `diffusion_paddle_model.safetensors` / `model_state.pdparams`, or
-      PyTorch diffusers' `diffusion_pytorch_model.safetensors` / `.bin` (converted to Paddle's layout).
-    Every weight not covered by `ignore_keys` must be in the file, with the same shape.
-    """
+    """Weights only into `vae`: from a checkpoint-N of ours (or its model_state.pdparams: the `vae.` weights), or a
+    VAE weight file (ppdiffusers' or PyTorch diffusers'). Every weight not under `ignore_keys` must be there."""
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight "
                                 f"file).{_not_a_checkpoint_hint(path)}")
-    state: Dict[str, object] = {}
-    if file.endswith(".pdparams"):
-        state = read_model_state(file)  # O2 checkpoints: the float32 master weights
-    elif load_state_dict(file, state) == "pt":
-        counters = torch_counters({key: _numpy(value) for key, value in state.items()})
-        convert_pytorch_state_dict_to_paddle(vae, state)
-        state.update(counters)
+    state = _read_weight_file(vae, file)
     if any(k.startswith("vae.") for k in state):  # our checkpoint: the VAE part of VAEWithDiscriminator
         state = {k[len("vae."):]: v for k, v in state.items() if k.startswith("vae.")}
     assign_weights(vae, state, ignore_keys, file)
     logger.info("initialised the VAE weights from %s", file)
+
+
+def _read_weight_file(vae: AutoencoderKL, file: str) -> Dict[str, object]:
+    """A weight file's state in Paddle's layout: a .pdparams (an O2 checkpoint's float32 master weights,
+    `read_model_state`), a ppdiffusers file, or a PyTorch one converted, with the BatchNorm counters it holds."""
+    if file.endswith(".pdparams"):
+        return read_model_state(file)
+    state: Dict[str, object] = {}
+    if load_state_dict(file, state) == "pt":
+        counters = {key: np.asarray(value.numpy() if isinstance(value, paddle.Tensor) else value,
+                                    dtype=np.int64).reshape([1])
+                    for key, value in state.items() if key.endswith(COUNTER_SUFFIX)}
+        convert_pytorch_state_dict_to_paddle(vae, state)
+        state.update(counters)
+    return state
