@@ -171,7 +171,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("no_cuda",), _always, "use --device cpu"),
     (("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
       "max_evaluate_steps", "prediction_loss_only"), _always,
-     "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and --metric_for_best_model)"),
+     "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
+     "--metric_for_best_model)"),
     (("dataloader_drop_last",), _always, "training batches are always full (the stream is infinite)"),
     (("ignore_data_skip",), _always, "the data stream always resumes at its saved position"),
     (("run_name", "wandb_api_key"), _always, "only VisualDL logs are written (--report_to visualdl|none)"),
