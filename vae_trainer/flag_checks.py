@@ -285,10 +285,15 @@ def _shown(value: Any) -> str:
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
     `flags` (an object with every flag as attribute); `otherwise`: the reason for a given flag no row names."""
-    lines = [f"--{name} {_shown(getattr(flags, name))}: {why}" for names, when, why in REFUSALS for name in names
-             if name in given and not (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name])
-             and when(flags)]
-    named = {name for names, _, _ in REFUSALS for name in names}
-    lines += [f"--{name} {_shown(getattr(flags, name))}: {otherwise}" for name in sorted(given - named) if otherwise]
+    lines = []
+    for names, when, why in REFUSALS:
+        for name in names:
+            if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
+                continue
+            if when(flags):
+                lines.append(f"--{name} {_shown(getattr(flags, name))}: {why}")
+    if otherwise:
+        named = {name for names, _, _ in REFUSALS for name in names}
+        lines += [f"--{name} {_shown(getattr(flags, name))}: {otherwise}" for name in sorted(given - named)]
     if lines:
         raise ValueError("\n  ".join([header + ":"] + lines if header else lines))
