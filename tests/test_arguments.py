@@ -5,8 +5,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 import typing
 from dataclasses import dataclass, field
 
@@ -19,8 +17,9 @@ from paddlenlp.trainer.trainer_utils import SchedulerType
 from vae_trainer import arguments
 from vae_trainer import argument_parser
 from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser, parse_arguments
-from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments, VAETrainingArguments
-from vae_trainer.flag_policy import ALIASES, IGNORED_FLAGS, PADDLENLP_FLAGS
+from vae_trainer.arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, DataArguments,
+                                   LossArguments, ModelArguments, VAETrainingArguments)
+from vae_trainer.flag_checks import DISCRIMINATOR_FLAGS
 
 BASE = ["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
         "--output_dir", "/tmp/vae_trainer_args"]
@@ -71,6 +70,10 @@ def test_help_lists_our_groups_in_order_before_paddlenlp_and_hides_refused_flags
     assert "--pixel_loss {l1,l2}" in text and "--disc_norm {batch,group,spectral_group,none}" in text
     assert "--lr_scheduler_type {linear,cosine,constant,constant_with_warmup,polynomial}" in text
     assert "--max_steps MAX_STEPS, --max_train_steps MAX_STEPS" in text
+    # The refusal "with --disc_weight 0 the discriminator never trains" names every flag of that group.
+    discriminator = {f.name for cls in ALL_ARGUMENT_CLASSES for f in dataclasses.fields(cls)
+                     if f.metadata.get("group", getattr(cls, "_group", None)) == "discriminator"}
+    assert set(DISCRIMINATOR_FLAGS) == discriminator - {"disc_weight"}
 
 
 def test_a_field_added_to_a_dataclass_lands_in_its_group():
@@ -105,7 +108,8 @@ def test_bad_choices_fail_at_parse_time_naming_the_choices(flag, value, capsys):
 def test_choices_hold_in_code_too():
     with pytest.raises(ValueError, match="--pixel_loss"):
         argument_parser.validate(ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"),
-                           LossArguments(pixel_loss="l3"))
+                                 LossArguments(pixel_loss="l3"), VAETrainingArguments(output_dir="/tmp/x", max_steps=1),
+                                 given=set())
 
 
 # ---------------------------------------------------------------- refused PaddleNLP flags
@@ -151,7 +155,7 @@ def test_every_inherited_flag_outside_the_allow_list_is_refused_even_from_code()
     for f in dataclasses.fields(TrainingArguments):
         if not f.init or f.name in PADDLENLP_FLAGS or f.name in IGNORED_FLAGS:  # (--do_train: accepted, ignored)
             continue
-        with pytest.raises(ValueError, match=f"--{f.name}:"):
+        with pytest.raises(ValueError, match=f"--{f.name} "):
             VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1, **{f.name: _non_default(f)})
         refused += 1
     assert refused > 50  # the ~90 inherited flags minus the allow-list
@@ -165,18 +169,9 @@ def test_refused_flags_in_a_json_args_file(tmp_path):
         parse_arguments([str(config)])
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-def test_each_entry_point_refuses_with_a_message_not_a_traceback(driver):
-    completed = subprocess.run([sys.executable, driver, *BASE, "--optim", "sgd"], cwd=REPO, capture_output=True,
-                               text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
-    assert completed.returncode != 0
-    assert "error: refused PaddleNLP flag(s)" in completed.stderr and "--optim: the optimizer is AdamW" in completed.stderr
-    assert "Traceback" not in completed.stderr
-
-
 @pytest.mark.parametrize("extra,message", [
-    (["--ignore_keys", "decoder."], "--ignore_keys needs"),
-    (["--pretrained_model_name_or_path", "/vae", "--input_size", "16"], "--input_size takes two"),
+    (["--ignore_keys", "decoder."], "--ignore_keys decoder.: .*--pretrained_model_name_or_path or --init_from_ckpt"),
+    (["--pretrained_model_name_or_path", "/vae", "--input_size", "16"], "--input_size 16: .*two positive numbers"),
     (["--scaling_factor", "big"], "--scaling_factor must be"),
     (["--overwrite_output_dir", "--resume_from_checkpoint", "latest"], "give one of them"),
 ])
@@ -235,7 +230,7 @@ def test_lr_scheduler_names_mean_what_they_mean_in_ppdiffusers():
 
     from vae_trainer.optim import build_scheduler
 
-    for name in typing.get_args(arguments.SchedulerName):
+    for name in (s.value for s in SchedulerType):
         warm_up = [] if name == "constant" else ["--lr_warmup_steps", "3"]  # constant has none (refused with it)
         _, _, _, args = parse_arguments(BASE + ["--lr_scheduler", name, *warm_up, "--max_train_steps", "10"])
         ours = build_scheduler(args, 1.0, args.max_steps)
@@ -311,34 +306,25 @@ def test_both_drivers_honour_the_flags_identically(reference_style_runs):
         np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
 
 
-# Each sampled PaddleNLP flag (or alias) that the runs above pass, with a value other than its default. The
-# learning-rate flags are checked through the logged learning rates; these act only through the weights.
-WEIGHT_FLAGS = ["--max_grad_norm", "--gradient_accumulation_steps", "--adam_epsilon", "--adam_weight_decay"]
+def test_the_sampled_flags_that_act_through_the_weights_reach_the_optimizers_and_the_step(photo_filelist, tmp_path):
+    """Two drivers that both ignored a flag would still agree with each other: --max_grad_norm,
+    --gradient_accumulation_steps, --adam_epsilon and --adam_weight_decay must be in the objects of
+    build_optimization, which both drivers train with (and reproduce each other bit for bit with, above)."""
+    import paddle
 
+    from vae_trainer.build import build_networks, build_optimization
 
-def without_flag(flags, name):
-    at = flags.index(name)
-    return flags[:at] + flags[at + 2:]
+    paddle.set_device("cpu")
+    model_args, _, loss_args, args = parse_arguments([str(a) for a in reference_style_args(photo_filelist, tmp_path)])
+    optimization = build_optimization(build_networks(model_args, loss_args, args), loss_args, args)
+    assert (optimization.step.max_grad_norm, optimization.step.accumulation_steps) == (0.05, 2)
+    for optimizer in (optimization.vae_optimizer, optimization.disc_optimizer):
+        assert (optimizer._epsilon, optimizer._weight_decay) == (1e-6, 0.1)
+    defaults = VAETrainingArguments(output_dir=str(tmp_path), max_steps=1)  # so the flags, not these, were read
+    assert all(default != given for default, given in zip((defaults.max_grad_norm, defaults.gradient_accumulation_steps,
+                                                           defaults.adam_epsilon, defaults.weight_decay),
+                                                          (0.05, 2, 1e-6, 0.1)))
 
-
-@pytest.fixture(scope="module")
-def runs_without_one_flag(photo_filelist, tmp_path_factory):
-    """{flag: output dir} of the reference-style command without that flag (its default instead), one driver."""
-    out = {}
-    for flag in WEIGHT_FLAGS:
-        output_dir = str(tmp_path_factory.mktemp("without_" + flag.strip("-")))
-        run_entry_point(DRIVERS[1], without_flag(reference_style_args(photo_filelist, output_dir), flag))
-        out[flag] = output_dir
-    return out
-
-
-@pytest.mark.parametrize("flag", WEIGHT_FLAGS)
-def test_each_sampled_flag_changes_the_weights(reference_style_runs, runs_without_one_flag, flag):
-    """Two drivers that both ignored a flag would still agree with each other: the run without the flag must
-    end with other weights than the run with it (which both drivers reproduce bit for bit, above)."""
-    with_flag, without = vae_weights(reference_style_runs[DRIVERS[1]]), vae_weights(runs_without_one_flag[flag])
-    assert with_flag.keys() == without.keys()
-    assert any(not np.array_equal(with_flag[name], without[name]) for name in with_flag), f"{flag} had no effect"
 
 # ---------------------------------------------------------------- checked before anything is built
 def vae_config(tmp_path, down_blocks: int, name="vae.json") -> str:
@@ -361,10 +347,10 @@ def with_vae(config: str, *extra: str) -> list:
     (["--resolution", "260"], "--resolution 260 must be a multiple of the VAE's downsampling factor 8"),
     (["--resolution", "256", "--input_size", "100", "100"], "--input_size 100 100 must be a multiple of the VAE's "
                                                             "downsampling factor 8"),
-    (["--resolution", "100", "--aspect_ratio_buckets"], "--aspect_ratio_buckets needs a --resolution that is a "
-                                                        "multiple of 8"),
-    (["--input_size", "128", "128", "--aspect_ratio_buckets"], "--aspect_ratio_buckets cannot be combined with "
-                                                               "--input_size"),
+    (["--resolution", "100", "--aspect_ratio_buckets"], "--aspect_ratio_buckets true: it needs a --resolution that "
+                                                        "is a multiple of 8"),
+    (["--input_size", "128", "128", "--aspect_ratio_buckets"], "--aspect_ratio_buckets true: it cannot be combined "
+                                                               "with --input_size"),
 ])
 def test_sizes_the_vae_cannot_take_are_refused_when_parsing_with_the_numbers(extra, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -404,45 +390,53 @@ def test_bucket_shapes_must_fit_the_downsampling_factor(tmp_path):
 EVAL = ["--eval_file_list", "held_out", "--eval_steps", "2"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--eval_file_list", "held_out"], "--eval_file_list without --eval_steps is never evaluated: add --eval_steps"),
-    (["--eval_steps", "2"], "--eval_steps needs --eval_file_list"),
-    (["--eval_steps", "0", "--eval_file_list", "held_out"], "--eval_steps must be >= 1"),
-    (["--metric_for_best_model", "psnr"], "--metric_for_best_model psnr needs evaluations: add --eval_file_list and "
-                                          "--eval_steps"),
-    ([*EVAL, "--metric_for_best_model", "rfid"], "--metric_for_best_model rfid needs --inception_weights"),
-    (["--inception_weights", "w.pdparams"], "--inception_weights: rFID is measured in evaluations: add "
-                                            "--eval_file_list and --eval_steps, or drop it"),
-    (["--ema_decay", "0.99"], "--ema_decay: add --use_ema true, or drop it"),
-    (["--disc_weight", "0", "--disc_start", "10"], "--disc_start: with --disc_weight 0 the discriminator never trains"),
-    (["--disc_weight", "0", "--disc_learning_rate", "1e-3"], "--disc_learning_rate: with --disc_weight 0"),
-    (["--disc_weight", "0", "--discriminator_path", "d"], "--discriminator_path: with --disc_weight 0"),
-    (["--disc_type", "vgg", "--disc_norm", "group"], "--disc_norm: the VGG16 discriminator"),
-    (["--relative_hinge_margin", "0.2"], "--relative_hinge_margin: it is the margin of --gen_loss relative_hinge"),
-    (["--lecam_decay", "0.9"], "--lecam_decay: add --lecam_weight > 0"),
-    (["--gradnorm_scope", "global"], "--gradnorm_scope: add --loss_balancing gradnorm"),
-    (["--loss_balancing", "gradnorm", "--no_adaptive_disc_weight"], "--adaptive_disc_weight: --loss_balancing gradnorm "
-                                                                    "replaces"),
-    (["--pixel_loss_mask_threshold", "0.3"], "--pixel_loss_mask_threshold: add --pixel_loss_mask lowpass"),
-    (["--subfolder", "vae"], "--subfolder: it is a folder inside --pretrained_model_name_or_path"),
-    (["--latent_stats_num_images", "8", "--scaling_factor", "0.2"], "--latent_stats_num_images: it counts the images "
-                                                                    "of a measured scaling factor"),
-    (["--num_logged_images", "8", "--image_logging_steps", "0"], "--num_logged_images: no image grid is logged"),
-    (["--report_to", "none", "--image_logging_steps", "10"], "--image_logging_steps: images are logged to VisualDL"),
-    (["--report_to", "none", "--logging_dir", "runs"], "--logging_dir: it is the VisualDL log folder"),
-    (["--fp16_opt_level", "O2"], "--fp16_opt_level: add --fp16 or --bf16"),
-    (["--min_loss_scale", "4"], "--min_loss_scale: only --fp16 scales the loss"),
-    (["--scale_loss", "1024"], "--scale_loss: only --fp16 scales the loss"),
-    (["--num_cycles", "2"], "--num_cycles: only --lr_scheduler_type cosine reads it"),
-    (["--lr_scheduler_type", "cosine", "--power", "2"], "--power: only --lr_scheduler_type polynomial"),
-    (["--lr_scheduler_type", "constant", "--warmup_steps", "5"], "--warmup_steps: --lr_scheduler_type constant has no "
-                                                                  "warm-up"),
-    (["--warmup_steps", "5", "--warmup_ratio", "0.1"], "--warmup_ratio: --warmup_steps > 0 wins over it"),
-    (["--eval_tiled", "true", "--scaling_factor", "0.2"], "--eval_tiled: it tiles evaluations and the measurement"),
+def refusal_line(argv, flag: str) -> str:
+    """The line(s) of parse_arguments(argv)'s refusal that name `flag` (as `--flag VALUE: why`)."""
+    with pytest.raises(ValueError) as refused:
+        parse_arguments(argv)
+    lines = [line.strip() for line in str(refused.value).splitlines()]
+    lines = [line for line in lines if re.match(re.escape(flag) + "[ :]", line)]
+    assert lines, str(refused.value)
+    return " ".join(lines)
+
+
+@pytest.mark.parametrize("extra,flag,words", [
+    (["--eval_file_list", "held_out"], "--eval_file_list", ("never evaluated", "--eval_steps")),
+    (["--eval_steps", "2"], "--eval_steps", ("--eval_file_list",)),
+    (["--eval_steps", "0", "--eval_file_list", "held_out"], "--eval_steps 0", (">= 1",)),
+    (["--metric_for_best_model", "psnr"], "--metric_for_best_model psnr", ("--eval_file_list", "--eval_steps")),
+    ([*EVAL, "--metric_for_best_model", "rfid"], "--metric_for_best_model rfid", ("--inception_weights",)),
+    (["--inception_weights", "w.pdparams"], "--inception_weights", ("rFID", "--eval_file_list", "--eval_steps")),
+    (["--ema_decay", "0.99"], "--ema_decay 0.99", ("--use_ema",)),
+    (["--disc_weight", "0", "--disc_start", "10"], "--disc_start 10", ("--disc_weight 0", "never trains")),
+    (["--disc_weight", "0", "--disc_learning_rate", "1e-3"], "--disc_learning_rate", ("--disc_weight 0",)),
+    (["--disc_weight", "0", "--discriminator_path", "d"], "--discriminator_path", ("--disc_weight 0",)),
+    (["--disc_type", "vgg", "--disc_norm", "group"], "--disc_norm group", ("VGG16", "--disc_type vgg")),
+    (["--relative_hinge_margin", "0.2"], "--relative_hinge_margin", ("--gen_loss relative_hinge",)),
+    (["--lecam_decay", "0.9"], "--lecam_decay", ("--lecam_weight",)),
+    (["--gradnorm_scope", "global"], "--gradnorm_scope", ("--loss_balancing gradnorm",)),
+    (["--loss_balancing", "gradnorm", "--no_adaptive_disc_weight"], "--adaptive_disc_weight false",
+     ("--loss_balancing gradnorm", "replaces")),
+    (["--pixel_loss_mask_threshold", "0.3"], "--pixel_loss_mask_threshold", ("--pixel_loss_mask lowpass",)),
+    (["--subfolder", "vae"], "--subfolder vae", ("--pretrained_model_name_or_path",)),
+    (["--latent_stats_num_images", "8", "--scaling_factor", "0.2"], "--latent_stats_num_images 8",
+     ("measured scaling factor", "--scaling_factor measure")),
+    (["--num_logged_images", "8", "--image_logging_steps", "0"], "--num_logged_images", ("no image grid",)),
+    (["--report_to", "none", "--image_logging_steps", "10"], "--image_logging_steps 10", ("VisualDL",)),
+    (["--report_to", "none", "--logging_dir", "runs"], "--logging_dir", ("VisualDL", "--report_to none")),
+    (["--fp16_opt_level", "O2"], "--fp16_opt_level O2", ("--fp16", "--bf16")),
+    (["--min_loss_scale", "4"], "--min_loss_scale", ("--fp16",)),
+    (["--scale_loss", "1024"], "--scale_loss", ("--fp16",)),
+    (["--num_cycles", "2"], "--num_cycles", ("--lr_scheduler_type cosine",)),
+    (["--lr_scheduler_type", "cosine", "--power", "2"], "--power", ("--lr_scheduler_type polynomial",)),
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "5"], "--warmup_steps 5",
+     ("--lr_scheduler_type constant", "warm-up")),
+    (["--warmup_steps", "5", "--warmup_ratio", "0.1"], "--warmup_ratio 0.1", ("--warmup_steps",)),
+    (["--eval_tiled", "true", "--scaling_factor", "0.2"], "--eval_tiled true", ("evaluations", "scaling factor")),
 ])
-def test_flags_that_would_do_nothing_are_refused_naming_what_to_add_or_drop(extra, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        parse_arguments(BASE + extra)
+def test_flags_that_would_do_nothing_are_refused_naming_what_to_add_or_drop(extra, flag, words):
+    line = refusal_line(BASE + extra, flag)
+    assert all(word in line for word in words), line
 
 
 @pytest.mark.parametrize("extra", [
@@ -464,13 +458,6 @@ def test_the_same_flags_with_what_they_need_parse(extra):
     parse_arguments(BASE + extra)
 
 
-def test_idle_flags_set_in_code_are_refused_too():
-    with pytest.raises(ValueError, match="--ema_decay"):
-        argument_parser.validate(ModelArguments(vae_config_file="configs/vae_micro.json"), DataArguments(file_list="x"),
-                           LossArguments(), VAETrainingArguments(output_dir="/tmp/vae_trainer_args", max_steps=1,
-                                                                 ema_decay=0.5))
-
-
 @pytest.mark.parametrize("device", ["cuda", "gpu:x", "gpu1", "cpu:0", "GPU"])
 def test_a_bad_device_fails_at_parse_time(device, capsys):
     with pytest.raises(SystemExit):
@@ -490,16 +477,18 @@ def test_device_choices_and_one_gpu_per_launched_process(monkeypatch):
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_each_entry_point_refuses_sizes_idle_flags_and_devices_before_building(driver, tmp_path, capsys):
-    """In both entry points, as one `error:` line (or argparse's usage error), before the VAE is built."""
+def test_each_entry_point_refuses_sizes_idle_and_paddlenlp_flags_and_devices_before_building(driver, tmp_path, capsys):
+    """In both entry points, as an `error:` message (exit status 1, no traceback; or argparse's usage error), before
+    the VAE is built."""
     from conftest import run_in_process
 
-    for extra, message in ((["--resolution", "100"], "--resolution 100 must be a multiple of the VAE's downsampling "
-                                                     "factor 8"),
-                           (["--ema_decay", "0.99"], "--ema_decay: add --use_ema true")):
+    for extra, words in ((["--resolution", "100"], ("--resolution 100", "downsampling factor 8")),
+                         (["--ema_decay", "0.99"], ("--ema_decay 0.99", "--use_ema")),
+                         (["--optim", "sgd"], ("PaddleNLP", "--optim sgd", "AdamW"))):
         with pytest.raises(SystemExit) as stopped:
             run_in_process(driver, with_vae("configs/sd_vae.json", "--device", "cpu", *extra))
-        assert str(stopped.value.code).startswith("error: ") and message in str(stopped.value.code)
+        message = str(stopped.value.code)
+        assert message.startswith("error: ") and all(word in message for word in words), message
     with pytest.raises(SystemExit) as stopped:
         run_in_process(driver, with_vae("configs/sd_vae.json", "--device", "cuda"))
     assert stopped.value.code == 2 and "invalid choice: 'cuda'" in capsys.readouterr().err
@@ -526,14 +515,13 @@ def _with(flags, **values):
     return flags
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-def test_the_ppdiffusers_laion400m_training_arguments_parse_in_each_entry_point(driver):
+def test_the_ppdiffusers_laion400m_training_arguments_parse_in_each_entry_point():
     """Before: "--do_train: both entry points always train; drop it" and "--warmup_steps: --lr_scheduler_type
     constant has no warm-up"."""
     import importlib
 
-    parse = importlib.import_module(driver[:-len(".py")]).parse_arguments
-    _, _, _, training_args = parse(["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json",
+    assert all(importlib.import_module(driver[:-len(".py")]).parse_arguments is parse_arguments for driver in DRIVERS)
+    _, _, _, training_args = parse_arguments(["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json",
                                     *LAION400M_TRAINING_ARGUMENTS])
     assert (training_args.warmup_steps, training_args.max_grad_norm, training_args.gradient_accumulation_steps,
             training_args.per_device_train_batch_size, training_args.seed) == (0, -1, 2, 16, 23)
@@ -553,14 +541,14 @@ def test_a_flag_given_its_value_that_does_nothing_is_never_refused(extra):
     parse_arguments(BASE + extra)
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--lr_scheduler_type", "constant", "--warmup_steps", "500"], "--warmup_steps: --lr_scheduler_type constant"),
-    (["--lr_scheduler_type", "constant", "--warmup_ratio", "0.1"], "--warmup_ratio: --lr_scheduler_type constant"),
-    (["--disc_weight", "0", "--lecam_weight", "0.1"], "--lecam_weight: with --disc_weight 0"),
+@pytest.mark.parametrize("extra,flag,words", [
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "500"], "--warmup_steps 500", ("constant", "warm-up")),
+    (["--lr_scheduler_type", "constant", "--warmup_ratio", "0.1"], "--warmup_ratio 0.1", ("constant", "warm-up")),
+    (["--disc_weight", "0", "--lecam_weight", "0.1"], "--lecam_weight 0.1", ("--disc_weight 0",)),
 ])
-def test_other_values_of_those_flags_stay_refused_where_they_would_be_ignored(extra, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        parse_arguments(BASE + extra)
+def test_other_values_of_those_flags_stay_refused_where_they_would_be_ignored(extra, flag, words):
+    line = refusal_line(BASE + extra, flag)
+    assert all(word in line for word in words), line
 
 
 def test_a_short_run_with_the_ppdiffusers_training_arguments(photo_filelist, tmp_path):

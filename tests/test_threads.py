@@ -107,7 +107,7 @@ def test_dataloader_workers_are_read_from_the_command_line_or_a_json_of_flags(tm
 
 
 def test_every_spelling_of_the_workers_flag_is_read():
-    from vae_trainer.flag_policy import ALIASES
+    from vae_trainer.arguments import ALIASES
 
     assert set(WORKER_FLAGS) == {"dataloader_num_workers", *ALIASES.get("dataloader_num_workers", ())}
 

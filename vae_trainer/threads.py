@@ -39,7 +39,7 @@ from typing import Mapping, Optional, Sequence
 VARIABLE = "OMP_NUM_THREADS"
 _CORES_BEFORE_RESERVING = 4  # a process with fewer cores keeps them all for compute
 _LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
-# The flag and its reference-trainer alias (vae_trainer.flag_policy.ALIASES; a test keeps them in step).
+# The flag and its reference-trainer alias (vae_trainer.arguments.ALIASES; a test keeps them in step).
 WORKER_FLAGS = ("dataloader_num_workers", "num_workers")
 
 

@@ -1,10 +1,8 @@
-"""Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one line, no traceback.
+"""Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, no traceback.
 
-Our validation and loading raise ValueError / FileNotFoundError / FileExistsError with a message that names
-the flag or the file and the fix. Inside `start_up()` (parsing the flags, preparing the output folder,
-building the model, the optimizers, the data and the evaluator) those become `UserError`, which the entry
-points and scripts turn into `error: MESSAGE` and exit status 1 (`exit_on_user_error`). The same
-exceptions raised later, while training, keep their traceback: they are bugs to report, not input to fix.
+Inside `start_up()` (parsing, the output folder, building everything) our input errors (`USER_ERROR_TYPES`) become
+`UserError`, which `exit_on_user_error` prints as `error: MESSAGE` with exit status 1. Raised later, while
+training, they keep their traceback: they are bugs to report, not input to fix.
 """
 
 from __future__ import annotations
