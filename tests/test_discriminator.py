@@ -10,7 +10,8 @@ from vae_trainer.models.discriminator import (
     PatchDiscriminator,
     build_discriminator,
     convert_batchnorm_to_sync,
-    load_discriminator,
+    init_discriminator_from,
+    read_discriminator,
     save_discriminator,
 )
 
@@ -100,7 +101,9 @@ def test_save_load_round_trip(norm, tmp_path):
     disc.eval()
     x = paddle.randn([2, 3, 32, 32])
     save_discriminator(disc, config, str(tmp_path / "discriminator"))
-    loaded = load_discriminator(str(tmp_path / "discriminator"))
+    saved_config, state, source = read_discriminator(str(tmp_path / "discriminator"))
+    loaded = build_discriminator(**saved_config)
+    init_discriminator_from(loaded, config, saved_config, state, source)  # as --discriminator_path does
     loaded.eval()
     np.testing.assert_array_equal(loaded(x).numpy(), disc(x).numpy())
 
