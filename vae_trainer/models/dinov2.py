@@ -34,7 +34,7 @@ _RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
             (r"embeddings\.position_embeddings", "pos_embed"), (r"encoder\.layer\.", "blocks."),
             (r"attention\.attention\.(query|key|value)", lambda match: "attn." + match.group(1)[0]),
             (r"attention\.([qkv])_proj", r"attn.\1"), (r"attention\.(output\.dense|o_proj)", "attn.proj"),
-            (r"layer_scale(\d)\.lambda1", r"ls\1.gamma"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
+            (r"(layer_scale|ls)(\d)\.(lambda1|gamma)", r"ls\2"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
             (r"mlp\.(weights_out|w3|down_proj)", "mlp.fc2"), (r"mlp\.gate_proj", "mlp.g"), (r"mlp\.up_proj", "mlp.u"),
             (r"^layernorm\.", "norm.")]
 
@@ -98,25 +98,17 @@ class _Mlp(nn.Layer):
         return self.fc2(F.gelu(x))
 
 
-class _LayerScale(nn.Layer):
-    def __init__(self, width: int):
-        super().__init__()
-        self.gamma = self.create_parameter([width], default_initializer=nn.initializer.Constant(1.0))
-
-    def forward(self, x):
-        return x * self.gamma
-
-
 class _Block(nn.Layer):
     def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
         super().__init__()
         self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads)
         self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu)
-        self.ls1, self.ls2 = _LayerScale(width), _LayerScale(width)
+        one = nn.initializer.Constant(1.0)  # (overwritten by the file; a constant draws no random numbers)
+        self.ls1, self.ls2 = (self.create_parameter([width], default_initializer=one) for _ in range(2))  # layer scales
 
     def forward(self, x):
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
+        x = x + self.ls1 * self.attn(self.norm1(x))
+        return x + self.ls2 * self.mlp(self.norm2(x))
 
 
 class Dinov2(FrozenLayer):

@@ -11,16 +11,11 @@ class FrozenLayer(nn.Layer):
     """A network whose parameters never train and which stays in eval mode (`train()` is ignored)."""
 
     def load_frozen(self, state: Mapping, source: str) -> None:
-        """Set every parameter from `state` (named as in `state_dict()`), then freeze; ValueError names `source`
-        and the missing or mis-shaped parameters."""
-        expected = self.state_dict()
-        missing = sorted(set(expected) - set(state))
+        """Set every parameter from `state` (named as in `state_dict()`; extra entries ignored), then freeze.
+        A ValueError names `source` and the missing or mis-shaped parameters (paddle warns their shapes)."""
+        missing, _ = self.set_state_dict(state)
         if missing:
-            raise ValueError(f"{source} lacks parameters {missing[:4]} of a {type(self).__name__}")
-        for name, param in expected.items():
-            if list(state[name].shape) != list(param.shape):
-                raise ValueError(f"{source}: {name} has shape {list(state[name].shape)}, expected {list(param.shape)}")
-        self.set_state_dict({name: state[name] for name in expected})
+            raise ValueError(f"{source} lacks (or mis-shapes) parameters {missing[:4]} of a {type(self).__name__}")
         for param in self.parameters():
             param.stop_gradient = True
         self.train()

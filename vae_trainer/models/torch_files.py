@@ -13,9 +13,25 @@ import zipfile
 
 import numpy as np
 
+
+def _from_bfloat16(value: np.ndarray) -> np.ndarray:
+    # numpy has no bfloat16: this reader and ppdiffusers' safetensors patch hold its bits as uint16.
+    return (value.astype(np.uint32) << 16).view(np.float32) if value.dtype == np.uint16 else value
+
+
+def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple, *_) -> np.ndarray:
+    view = np.lib.stride_tricks.as_strided(storage[offset:], size, [step * storage.itemsize for step in stride])
+    return _from_bfloat16(np.array(view))
+
+
 _STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
              "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8,
              "BoolStorage": np.bool_}
+# The only globals a plain tensor state dict pickles.
+_ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+            ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
+            ("collections", "OrderedDict"): collections.OrderedDict,
+            **{("torch", name): dtype for name, dtype in _STORAGES.items()}}
 
 
 def read_state_dict(path: str) -> dict:
@@ -27,36 +43,20 @@ def read_state_dict(path: str) -> dict:
     return read_torch_zip(path)
 
 
-def _from_bfloat16(value: np.ndarray) -> np.ndarray:
-    # numpy has no bfloat16: this reader and ppdiffusers' safetensors patch hold its bits as uint16.
-    return (value.astype(np.uint32) << 16).view(np.float32) if value.dtype == np.uint16 else value
-
-
 def read_torch_zip(path: str) -> dict:
     """A torch.save file (zip format) as numpy arrays, tensors and plain containers only."""
     with zipfile.ZipFile(path) as archive:
         pickle_name = next(name for name in archive.namelist() if name.endswith("data.pkl"))
-        prefix = pickle_name[: -len("data.pkl")]
-
-        def rebuild_tensor(storage, offset, size, stride, *_):
-            itemsize = storage.dtype.itemsize
-            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [step * itemsize for step in stride])
-            return _from_bfloat16(np.array(view))
+        storage_folder = pickle_name[: -len("data.pkl")] + "data/"
 
         class TensorsOnly(pickle.Unpickler):
             def find_class(self, module, name):
-                if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-                    return rebuild_tensor
-                if (module, name) == ("torch._utils", "_rebuild_parameter"):
-                    return lambda data, *_: data
-                if module == "torch" and name in _STORAGES:
-                    return _STORAGES[name]
-                if (module, name) == ("collections", "OrderedDict"):
-                    return collections.OrderedDict
-                raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor state dict")
+                if (module, name) not in _ALLOWED:
+                    raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor state dict")
+                return _ALLOWED[module, name]
 
             def persistent_load(self, saved_id):
                 _, dtype, key, _, numel = saved_id
-                return np.frombuffer(archive.read(f"{prefix}data/{key}"), dtype=dtype, count=numel)
+                return np.frombuffer(archive.read(storage_folder + key), dtype=dtype, count=numel)
 
         return TensorsOnly(io.BytesIO(archive.read(pickle_name))).load()
