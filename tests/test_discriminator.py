@@ -45,7 +45,8 @@ def test_patch_logits_shape(norm, size):
 
 def test_channel_widths_follow_pix2pix():
     disc = PatchDiscriminator(in_channels=3, base_channels=64, num_layers=3)
-    assert [(c._in_channels, c._out_channels) for c in convs(disc)] == [(3, 64), (64, 128), (128, 256), (256, 512), (512, 1)]
+    widths = [(3, 64), (64, 128), (128, 256), (256, 512), (512, 1)]
+    assert [(c._in_channels, c._out_channels) for c in convs(disc)] == widths
     assert [c._stride for c in convs(disc)] == [[2, 2], [2, 2], [2, 2], [1, 1], [1, 1]]
     deeper = PatchDiscriminator(base_channels=64, num_layers=5)
     assert max(c._out_channels for c in convs(deeper)) == 512  # channel multiplier capped at 8

@@ -193,7 +193,8 @@ def numpy_lpips(weights_path: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
                 continue
             key = f"vgg.features.{[0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28][conv_index]}"
             windows = sliding_window_view(np.pad(h, ((0, 0), (1, 1), (1, 1), (0, 0))), (3, 3), axis=(1, 2))
-            h = np.maximum(np.einsum("bhwcij,ocij->bhwo", windows, state[key + ".weight"], optimize=True) + state[key + ".bias"], 0)
+            conv = np.einsum("bhwcij,ocij->bhwo", windows, state[key + ".weight"], optimize=True)
+            h = np.maximum(conv + state[key + ".bias"], 0)
             conv_index += 1
             if conv_index in (2, 4, 7, 10, 13):
                 taps.append(h)
@@ -226,7 +227,8 @@ def test_stronger_distortions_score_higher(lpips):
 
 
 def test_different_photos_are_further_apart_than_mild_distortions(lpips):
-    mild = max(distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.05)), distance(lpips, ASTRONAUT, blurred(ASTRONAUT, 0.6)))
+    mild = max(distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.05)),
+               distance(lpips, ASTRONAUT, blurred(ASTRONAUT, 0.6)))
     for other in (CHELSEA, COFFEE):
         assert distance(lpips, ASTRONAUT, other) > 3 * mild
 
@@ -235,7 +237,8 @@ def test_batch_gives_per_sample_distances(lpips):
     both = lpips(batch(ASTRONAUT, CHELSEA), batch(with_noise(ASTRONAUT, 0.1), COFFEE))
     assert list(both.shape) == [2]
     np.testing.assert_allclose(
-        both.numpy(), [distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.1)), distance(lpips, CHELSEA, COFFEE)], rtol=1e-4
+        both.numpy(), [distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.1)), distance(lpips, CHELSEA, COFFEE)],
+        rtol=1e-4
     )
 
 
