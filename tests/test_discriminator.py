@@ -10,7 +10,8 @@ from vae_trainer.models.discriminator import (
     PatchDiscriminator,
     build_discriminator,
     convert_batchnorm_to_sync,
-    load_discriminator,
+    init_discriminator_from,
+    read_discriminator,
     save_discriminator,
 )
 
@@ -44,7 +45,8 @@ def test_patch_logits_shape(norm, size):
 
 def test_channel_widths_follow_pix2pix():
     disc = PatchDiscriminator(in_channels=3, base_channels=64, num_layers=3)
-    assert [(c._in_channels, c._out_channels) for c in convs(disc)] == [(3, 64), (64, 128), (128, 256), (256, 512), (512, 1)]
+    widths = [(3, 64), (64, 128), (128, 256), (256, 512), (512, 1)]
+    assert [(c._in_channels, c._out_channels) for c in convs(disc)] == widths
     assert [c._stride for c in convs(disc)] == [[2, 2], [2, 2], [2, 2], [1, 1], [1, 1]]
     deeper = PatchDiscriminator(base_channels=64, num_layers=5)
     assert max(c._out_channels for c in convs(deeper)) == 512  # channel multiplier capped at 8
@@ -100,7 +102,9 @@ def test_save_load_round_trip(norm, tmp_path):
     disc.eval()
     x = paddle.randn([2, 3, 32, 32])
     save_discriminator(disc, config, str(tmp_path / "discriminator"))
-    loaded = load_discriminator(str(tmp_path / "discriminator"))
+    saved_config, state, source = read_discriminator(str(tmp_path / "discriminator"))
+    loaded = build_discriminator(**saved_config)
+    init_discriminator_from(loaded, config, saved_config, state, source)  # as --discriminator_path does
     loaded.eval()
     np.testing.assert_array_equal(loaded(x).numpy(), disc(x).numpy())
 

@@ -167,9 +167,12 @@ def test_checkpoint_reader_refuses_non_numpy_pickles():
         convert_script.load_ckpt_bytes(pickle.dumps({"kernel": print}))
 
 
-def test_missing_weights_file_explains_how_to_make_it(tmp_path):
+def test_missing_or_wrong_weights_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="make setup"):
         LPIPS(str(tmp_path / "absent.pdparams"))
+    paddle.save({"vgg.features.0.weight": paddle.zeros([64, 3, 3, 3])}, str(tmp_path / "partial.pdparams"))
+    with pytest.raises(ValueError, match="partial.pdparams lacks"):
+        LPIPS(str(tmp_path / "partial.pdparams"))
 
 
 # ---------------------------------------------------------------- forward pass
@@ -190,7 +193,8 @@ def numpy_lpips(weights_path: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
                 continue
             key = f"vgg.features.{[0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28][conv_index]}"
             windows = sliding_window_view(np.pad(h, ((0, 0), (1, 1), (1, 1), (0, 0))), (3, 3), axis=(1, 2))
-            h = np.maximum(np.einsum("bhwcij,ocij->bhwo", windows, state[key + ".weight"], optimize=True) + state[key + ".bias"], 0)
+            conv = np.einsum("bhwcij,ocij->bhwo", windows, state[key + ".weight"], optimize=True)
+            h = np.maximum(conv + state[key + ".bias"], 0)
             conv_index += 1
             if conv_index in (2, 4, 7, 10, 13):
                 taps.append(h)
@@ -223,7 +227,8 @@ def test_stronger_distortions_score_higher(lpips):
 
 
 def test_different_photos_are_further_apart_than_mild_distortions(lpips):
-    mild = max(distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.05)), distance(lpips, ASTRONAUT, blurred(ASTRONAUT, 0.6)))
+    mild = max(distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.05)),
+               distance(lpips, ASTRONAUT, blurred(ASTRONAUT, 0.6)))
     for other in (CHELSEA, COFFEE):
         assert distance(lpips, ASTRONAUT, other) > 3 * mild
 
@@ -232,7 +237,8 @@ def test_batch_gives_per_sample_distances(lpips):
     both = lpips(batch(ASTRONAUT, CHELSEA), batch(with_noise(ASTRONAUT, 0.1), COFFEE))
     assert list(both.shape) == [2]
     np.testing.assert_allclose(
-        both.numpy(), [distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.1)), distance(lpips, CHELSEA, COFFEE)], rtol=1e-4
+        both.numpy(), [distance(lpips, ASTRONAUT, with_noise(ASTRONAUT, 0.1)), distance(lpips, CHELSEA, COFFEE)],
+        rtol=1e-4
     )
 
 
@@ -241,10 +247,10 @@ def test_features_are_the_five_vgg_taps(lpips, lpips_weights):
     taps = lpips.features(x)
     assert [list(t.shape) for t in taps] == [[1, c, SIZE >> i, SIZE >> i] for i, c in enumerate(LPIPS_CHANNELS)]
     assert all(t.min().item() >= 0 for t in taps)  # they are ReLU outputs
-    backbone = load_vgg16_features(lpips_weights)
-    scaled = (x - paddle.to_tensor(LPIPS_SHIFT).reshape([1, 3, 1, 1])) / paddle.to_tensor(LPIPS_SCALE).reshape([1, 3, 1, 1])
-    np.testing.assert_allclose(backbone(scaled)[4].numpy(), taps[4].numpy(), rtol=1e-5, atol=1e-6)
-    assert all(p.stop_gradient for p in backbone.parameters())
+    backbone = load_vgg16_features(lpips_weights)  # the VGG discriminator's backbone: the same features
+    np.testing.assert_allclose(backbone(x)[4].numpy(), taps[4].numpy(), rtol=1e-5, atol=1e-6)
+    backbone.train()
+    assert all(p.stop_gradient for p in backbone.parameters()) and not backbone.training
     assert len(backbone.features) == VGG16_TAP_INDICES[-1] + 1
 
 

@@ -1,60 +1,48 @@
-"""DINOv2 (ViT, patch 14) in Paddle: frozen patch tokens from the local weight files users have.
+"""DINOv2 (ViT, patch 14) in Paddle: `load_dinov2(path)` and the frozen model's `patch_tokens`.
 
-`load_dinov2(path)` reads a transformers folder (Dinov2Model / Dinov2WithRegistersModel: config.json +
-model.safetensors or pytorch_model.bin) or a timm / torch-hub state dict (.safetensors, .pth, .bin; torch.save
-files are read without torch, by a reader that unpickles tensors only), any size. Every layout is renamed to
-timm's key names; width, depth, registers, patch size, MLP / SwiGLU come from the tensors, heads from
-config.json or width / 64. Position embeddings are resized to other grids as the file's own library does:
-transformers' Dinov2Model plain bicubic; its registers model, timm and the hub's reg4 models bicubic with
-antialias; the hub's plain models bicubic with scale (grid + 0.1) / stored grid. Checked against
-transformers to 1e-4 (tests/test_dinov2.py).
-
-The model is frozen (stop_gradient, eval flags) and must stay OUTSIDE any layer that is saved: keep it as
-a plain attribute of the training step or loss, never a sublayer of the VAE container, so checkpoints and
-exports never hold it. On GPU it runs under float16/bfloat16 autocast (softmax and position resizing in
-float32); on CPU in float32. Tokens come back float32.
+Reads a transformers folder (Dinov2Model / Dinov2WithRegistersModel: config.json + model.safetensors or
+pytorch_model.bin) or a timm / torch-hub state dict (.safetensors, .pth, .bin; without torch), any size; every
+layout is renamed to timm's key names. Position embeddings are resized to other grids as the file's own library
+does (docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it.
+On GPU it runs under float16/bfloat16 autocast (softmax and position resizing in float32); tokens come back float32.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
-import io
 import json
 import math
 import os
-import pickle
 import re
-import zipfile
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .lpips import _freeze, _set_training_flags
+from .frozen import FrozenLayer
+from .torch_files import read_state_dict
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_SIZE = 224
 EXPECTED = ("a transformers DINOv2 folder (config.json + model.safetensors or pytorch_model.bin) or a timm / "
             "torch-hub DINOv2 state dict (.safetensors, .pth, .bin)")
 # transformers (and torch hub) names -> timm names; q/k/v and gate/up are concatenated afterwards.
-_RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""), (r"embeddings\.patch_embeddings\.projection", "patch_embed.proj"),
+_RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
+            (r"embeddings\.patch_embeddings\.projection", "patch_embed.proj"),
             (r"embeddings\.cls_token", "cls_token"), (r"(embeddings\.)?register_tokens", "reg_token"),
             (r"embeddings\.position_embeddings", "pos_embed"), (r"encoder\.layer\.", "blocks."),
-            (r"attention\.attention\.(query|key|value)", lambda m: "attn." + m.group(1)[0]),
+            (r"attention\.attention\.(query|key|value)", lambda match: "attn." + match.group(1)[0]),
             (r"attention\.([qkv])_proj", r"attn.\1"), (r"attention\.(output\.dense|o_proj)", "attn.proj"),
-            (r"layer_scale(\d)\.lambda1", r"ls\1.gamma"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
+            (r"(layer_scale|ls)(\d)\.(lambda1|gamma)", r"ls\2"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
             (r"mlp\.(weights_out|w3|down_proj)", "mlp.fc2"), (r"mlp\.gate_proj", "mlp.g"), (r"mlp\.up_proj", "mlp.u"),
             (r"^layernorm\.", "norm.")]
 
 
 @functools.lru_cache(maxsize=64)
 def resize_matrix(size_in: int, size_out: int, mode: str) -> np.ndarray:
-    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False).
-
-    mode: "bicubic" (size given), "offset" (scale_factor (size_out + 0.1) / size_in, the hub's DINOv2),
-    "antialias" (antialias=True, PIL's kernel: a = -0.5, support widened when shrinking)."""
+    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False). mode: "bicubic" (size
+    given), "offset" (scale_factor (size_out + 0.1) / size_in, the hub's), "antialias" (PIL's kernel, a = -0.5)."""
     matrix = np.zeros((size_out, size_in))
     scale = size_in / (size_out + (0.1 if mode == "offset" else 0.0))
     for i in range(size_out):
@@ -86,7 +74,8 @@ class _Attention(nn.Layer):
 
     def forward(self, x):
         b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4]).unbind(0)
+        qkv = self.qkv(x).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv.unbind(0)
         scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
         attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
         return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
@@ -109,27 +98,20 @@ class _Mlp(nn.Layer):
         return self.fc2(F.gelu(x))
 
 
-class _LayerScale(nn.Layer):
-    def __init__(self, width: int):
-        super().__init__()
-        self.gamma = self.create_parameter([width], default_initializer=nn.initializer.Constant(1.0))
-
-    def forward(self, x):
-        return x * self.gamma
-
-
 class _Block(nn.Layer):
     def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
         super().__init__()
-        self.norm1, self.attn, self.ls1 = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads), _LayerScale(width)
-        self.norm2, self.mlp, self.ls2 = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu), _LayerScale(width)
+        self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads)
+        self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu)
+        one = nn.initializer.Constant(1.0)  # (overwritten by the file; a constant draws no random numbers)
+        self.ls1, self.ls2 = (self.create_parameter([width], default_initializer=one) for _ in range(2))  # layer scales
 
     def forward(self, x):
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
+        x = x + self.ls1 * self.attn(self.norm1(x))
+        return x + self.ls2 * self.mlp(self.norm2(x))
 
 
-class Dinov2(nn.Layer):
+class Dinov2(FrozenLayer):
     """DINOv2 ViT with timm's parameter names, built by `load_dinov2`. `feature_dim`: token width; `registers`;
     `half_dtype`: the autocast dtype of `patch_tokens` (bfloat16 or float16 on GPU, None = float32)."""
 
@@ -149,11 +131,6 @@ class Dinov2(nn.Layer):
         self.half_dtype = None
         if paddle.device.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
             self.half_dtype = "bfloat16" if paddle.amp.is_bfloat16_supported() else "float16"
-
-    def train(self, mode: bool = True) -> "Dinov2":
-        """Ignored: the model stays in eval mode."""
-        _set_training_flags(self, False)
-        return self
 
     def _positions(self, height: int, width: int):
         """Patch position embeddings [1, h*w, C] for an input of height x width pixels (float32)."""
@@ -192,15 +169,16 @@ class Dinov2(nn.Layer):
             x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
         mean = paddle.to_tensor(IMAGENET_MEAN, dtype="float32").reshape([1, 3, 1, 1])
         x = (x - mean) / paddle.to_tensor(IMAGENET_STD, dtype="float32").reshape([1, 3, 1, 1])
-        with paddle.amp.auto_cast(enable=self.half_dtype is not None, level="O1", dtype=self.half_dtype or "float16"):
+        half = self.half_dtype is not None
+        with paddle.amp.auto_cast(enable=half, level="O1", dtype=self.half_dtype or "float16"):
             tokens = self(x)
         grid = (x.shape[2] // self.patch, x.shape[3] // self.patch)
         return tokens[:, 1 + self.registers:].astype("float32"), grid
 
 
 def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
-    """The frozen DINOv2 in `path` (see the module docstring). FileNotFoundError / ValueError name the path
-    and what was expected. `num_heads` overrides the head count (config.json, else width / 64)."""
+    """The frozen DINOv2 in `path`; FileNotFoundError / ValueError name the path and what was expected.
+    `num_heads` overrides the head count (config.json, else width / 64)."""
     state, config = _read(path)
     origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
               "hub" if "mask_token" in state or "register_tokens" in state else "timm")
@@ -208,7 +186,7 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
     try:
         width, patch = state["cls_token"].shape[-1], state["patch_embed.proj.weight"].shape[-1]
         depth = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("blocks.")), default=-1)
-        hidden = state["blocks.0.mlp.fc2.weight"].shape[1]
+        hidden = state["blocks.0.mlp.fc2.weight"].shape[0]
         positions = state["pos_embed"].shape[1]
     except KeyError as error:
         raise ValueError(f"{path} is not a DINOv2 checkpoint (no {error}); expected {EXPECTED}") from None
@@ -216,108 +194,55 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
     if not heads or width % heads:
         raise ValueError(f"{path}: cannot tell the attention heads of width {width}; give num_heads")
     registers = state["reg_token"].shape[1] if "reg_token" in state else 0
-    # How the file's own library resizes position embeddings (module docstring).
+    # How the file's own library resizes position embeddings.
     mode = "antialias" if registers or config.get("model_type") == "dinov2_with_registers" else {
         "transformers": "bicubic", "hub": "offset"}.get(origin, "antialias")
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
-    model = Dinov2(width, depth, heads, patch, registers, hidden, state["blocks.0.mlp.fc1.weight"].shape[0] == 2 * hidden,
-                   positions, config.get("layer_norm_eps", 1e-6), mode)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ValueError(f"{path} lacks {missing[:4]} for a DINOv2 of width {width}, depth {depth}; expected {EXPECTED}")
-    for name, param in expected.items():
-        value = state[name].T if state[name].ndim == 2 and name.endswith(".weight") else state[name]
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{path}: {name} has shape {list(value.shape)}, expected {list(param.shape)}")
-        param.set_value(np.ascontiguousarray(value, dtype=np.float32))
-    _freeze(model)
-    _set_training_flags(model, False)
+    swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
+    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
+                   mode)
+    model.load_frozen(state, path)
     return model
 
 
-def _read(path: str):
+def _read(path: str) -> tuple[dict, dict]:
     """(numpy state dict, config.json of a folder or {})."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"DINOv2 weights not found: {path}; expected {EXPECTED}")
+    config, file = {}, path
     if os.path.isdir(path):
         names = ("model.safetensors", "pytorch_model.bin")
-        found = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+        found = [os.path.join(path, name) for name in names if os.path.isfile(os.path.join(path, name))]
         if not found or not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} holds no config.json + {' / '.join(names)}; expected {EXPECTED}")
-        with open(os.path.join(path, "config.json")) as file:
-            config = json.load(file)
-        return _read_file(found[0]), config
-    return _read_file(path), {}
-
-
-def _read_file(path: str) -> dict:
+        with open(os.path.join(path, "config.json")) as handle:
+            config = json.load(handle)
+        file = found[0]
     try:
-        if path.endswith(".safetensors"):
-            from safetensors.numpy import load_file
-
-            state = load_file(path)
-        else:
-            state = _torch_zip_load(path)
+        state = read_state_dict(file)
     except Exception as error:
-        raise ValueError(f"cannot read {path} ({type(error).__name__}: {error}); expected {EXPECTED}") from None
+        raise ValueError(f"cannot read {file} ({type(error).__name__}: {error}); expected {EXPECTED}") from None
     for key in ("model", "teacher", "state_dict"):  # training checkpoints wrap the weights
         state = state[key] if isinstance(state.get(key), dict) else state
-    out = {}
-    for key, value in state.items():
-        value = np.asarray(value)
-        if value.dtype == np.uint16:  # bfloat16 (how this reader and ppdiffusers' safetensors patch hold it)
-            value = (value.astype(np.uint32) << 16).view(np.float32)
-        out[key] = value.astype(np.float32) if value.dtype.kind == "f" else value
-    return out
-
-
-_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
-             "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8,
-             "BoolStorage": np.bool_}
-
-
-def _torch_zip_load(path: str) -> dict:
-    """A torch.save state dict (zip format) as numpy arrays, without torch. Only tensors, dicts and plain values
-    unpickle (no code runs). ppdiffusers' torch-free `torch_load` fails under numpy 2 (`np.cfloat`)."""
-    with zipfile.ZipFile(path) as archive:
-        pickle_name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-        prefix = pickle_name[: -len("data.pkl")]
-
-        def rebuild(storage, offset, size, stride, *_):
-            itemsize = storage.dtype.itemsize
-            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * itemsize for s in stride])
-            return np.array(view)
-
-        class Unpickler(pickle.Unpickler):
-            def find_class(self, module, name):
-                if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-                    return rebuild
-                if (module, name) == ("torch._utils", "_rebuild_parameter"):
-                    return lambda data, *_: data
-                if module == "torch" and name in _STORAGES:
-                    return _STORAGES[name]
-                if (module, name) == ("collections", "OrderedDict"):
-                    return collections.OrderedDict
-                raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor state dict")
-
-            def persistent_load(self, saved_id):
-                _, dtype, key, _, numel = saved_id
-                return np.frombuffer(archive.read(f"{prefix}data/{key}"), dtype=dtype, count=numel)
-
-        return Unpickler(io.BytesIO(archive.read(pickle_name))).load()
+    return state, config
 
 
 def _to_timm(state: dict) -> dict:
+    """timm's names, q/k/v and gate/up concatenated, Linear weights [in, out] as paddle holds them, floats float32."""
     out = {}
     for key, value in state.items():
-        for pattern, repl in _RENAMES:
-            key = re.sub(pattern, repl, key)
-        out[key] = value
+        for pattern, replacement in _RENAMES:
+            key = re.sub(pattern, replacement, key)
+        out[key] = np.asarray(value)
     for key in [k for k in out if re.search(r"attn\.q\.(weight|bias)$", k)]:
-        parts = [out.pop(key.replace("attn.q.", f"attn.{x}.")) for x in "qkv"]
-        out[key.replace("attn.q.", "attn.qkv.")] = np.concatenate(parts)
+        out[key.replace("attn.q.", "attn.qkv.")] = np.concatenate([out.pop(key.replace("attn.q.", f"attn.{x}."))
+                                                                   for x in "qkv"])
     for key in [k for k in out if re.search(r"mlp\.g\.(weight|bias)$", k)]:
-        out[key.replace("mlp.g.", "mlp.fc1.")] = np.concatenate([out.pop(key), out.pop(key.replace("mlp.g.", "mlp.u."))])
+        up = out.pop(key.replace("mlp.g.", "mlp.u."))
+        out[key.replace("mlp.g.", "mlp.fc1.")] = np.concatenate([out.pop(key), up])
+    for key, value in out.items():
+        if value.dtype.kind == "f":
+            value = value.T if value.ndim == 2 and key.endswith(".weight") else value
+            out[key] = np.ascontiguousarray(value, dtype=np.float32)
     return out

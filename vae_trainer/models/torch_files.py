@@ -1,0 +1,62 @@
+"""PyTorch weight files read without torch: `read_state_dict` of a .safetensors or a torch.save (zip) file.
+
+A torch.save pickle unpickles tensors, dicts and plain values only (no code runs); anything else is refused.
+(ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.)
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+import zipfile
+
+import numpy as np
+
+
+def _from_bfloat16(value: np.ndarray) -> np.ndarray:
+    # numpy has no bfloat16: this reader and ppdiffusers' safetensors patch hold its bits as uint16.
+    return (value.astype(np.uint32) << 16).view(np.float32) if value.dtype == np.uint16 else value
+
+
+def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple, *_) -> np.ndarray:
+    view = np.lib.stride_tricks.as_strided(storage[offset:], size, [step * storage.itemsize for step in stride])
+    return _from_bfloat16(np.array(view))
+
+
+_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
+             "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8,
+             "BoolStorage": np.bool_}
+# The only globals a plain tensor state dict pickles.
+_ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+            ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
+            ("collections", "OrderedDict"): collections.OrderedDict,
+            **{("torch", name): dtype for name, dtype in _STORAGES.items()}}
+
+
+def read_state_dict(path: str) -> dict:
+    """The arrays of `path` as numpy (nested dicts of a torch.save file kept); bfloat16 becomes float32."""
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        return {name: _from_bfloat16(value) for name, value in load_file(path).items()}
+    return read_torch_zip(path)
+
+
+def read_torch_zip(path: str) -> dict:
+    """A torch.save file (zip format) as numpy arrays, tensors and plain containers only."""
+    with zipfile.ZipFile(path) as archive:
+        pickle_name = next(name for name in archive.namelist() if name.endswith("data.pkl"))
+        storage_folder = pickle_name[: -len("data.pkl")] + "data/"
+
+        class TensorsOnly(pickle.Unpickler):
+            def find_class(self, module, name):
+                if (module, name) not in _ALLOWED:
+                    raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor state dict")
+                return _ALLOWED[module, name]
+
+            def persistent_load(self, saved_id):
+                _, dtype, key, _, numel = saved_id
+                return np.frombuffer(archive.read(storage_folder + key), dtype=dtype, count=numel)
+
+        return TensorsOnly(io.BytesIO(archive.read(pickle_name))).load()
