@@ -6,7 +6,8 @@ it, with it, and with it but without the adaptive weight (--adaptive_vf false), 
 
 Without --vf_model_path a DINOv2-small-sized model (width 384, 12 blocks, 6 heads, patch 14) with seeded random
 weights is written to a temporary timm-style file: the cost does not depend on the weights. LPIPS on, the GAN
-on from the first step, batch --batch_size, posterior sampled; the first step of each setting is not timed.
+on from the first step, batch --batch_size, posterior sampled; the settings' steps are interleaved (a drifting load
+meets them alike) and the first of each is not timed.
 """
 
 from __future__ import annotations
@@ -48,23 +49,32 @@ def write_random_dinov2(path: str, width: int = 384, depth: int = 12, seed: int 
     return path
 
 
-def seconds_per_step(flags: list, steps: int) -> float:
+def build_step(flags: list):
+    """The training step of a run with `flags`, and a batch of its size."""
     import paddle
 
     from vae_trainer.argument_parser import parse_arguments
     from vae_trainer.build import build_networks, build_optimization
 
     model_args, data_args, loss_args, args = parse_arguments(flags)
-    optimization = build_optimization(build_networks(model_args, loss_args, args), loss_args, args)
+    step = build_optimization(build_networks(model_args, loss_args, args), loss_args, args).step
     size = data_args.resolution
-    pixels = paddle.uniform([args.per_device_train_batch_size, 3, size, size], min=-1, max=1)
-    times = []
-    for step in range(steps + 1):
-        started = time.perf_counter()
-        optimization.step.forward_backward(pixels, step, 0)
-        optimization.step.optimizer_step(step)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
+    return step, paddle.uniform([args.per_device_train_batch_size, 3, size, size], min=-1, max=1)
+
+
+def interleaved_seconds(settings: dict, steps: int) -> dict:
+    """{setting: median seconds per optimizer step}, the settings' steps interleaved (a load that drifts
+    meets them all alike); each setting's first step is not timed."""
+    built = {name: build_step(flags) for name, flags in settings.items()}
+    times = {name: [] for name in settings}
+    for number in range(steps + 1):
+        for name, (step, pixels) in built.items():
+            started = time.perf_counter()
+            step.forward_backward(pixels, number, 0)
+            step.optimizer_step(number)
+            if number:
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -80,12 +90,12 @@ def main() -> None:
     base = ["--file_list", "unused", "--vae_config_file", os.path.join(REPO_ROOT, options.vae_config_file),
             "--output_dir", scratch, "--resolution", str(options.resolution), "--device", "cpu",
             "--per_device_train_batch_size", str(options.batch_size), "--disc_start", "0", "--report_to", "none", "--max_steps", "100"]
-    settings = {"no VF": [], "VF": ["--vf_model_path", vf_model],
-                "VF, --adaptive_vf false": ["--vf_model_path", vf_model, "--adaptive_vf", "false"]}
+    settings = {"no VF": base, "VF": base + ["--vf_model_path", vf_model],
+                "VF, --adaptive_vf false": base + ["--vf_model_path", vf_model, "--adaptive_vf", "false"]}
     print(f"machine: {machine_description()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print(f"{options.vae_config_file} at {options.resolution} px, batch {options.batch_size}, median of "
           f"{options.steps} steps")
-    results = {name: seconds_per_step(base + extra, options.steps) for name, extra in settings.items()}
+    results = interleaved_seconds(settings, options.steps)
     for name, seconds in results.items():
         print(f"{name:26} {seconds:8.2f} s/step   x{seconds / results['no VF']:.2f}")
 
