@@ -72,35 +72,37 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
 
     `resolution` (--resolution), when given, is checked against what the decoder returns (--input_size)."""
     set_seed(training_args.seed)
-    vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
-                    ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
-    if resolution is not None:
-        check_reconstruction_size(vae, model_args.input_size, resolution)
-    scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
-    if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
-        segments = enable_recompute(vae)
-        logger.info("--recompute: %d segments of the VAE are recomputed in the backward (every resnet, attention, "
-                    "down- and upsampler of the encoder, the decoder and their mid blocks)", len(segments))
-    disc_config = {
-        "disc_type": model_args.disc_type,
-        "norm": model_args.disc_norm,
-        "num_layers": model_args.disc_num_layers,
-        "base_channels": model_args.disc_base_channels,
-    }
-    if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
-        disc_config["weights_path"] = model_args.lpips_weights
-    discriminator = build_discriminator(**disc_config)
-    if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
-        init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
-    if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
-        discriminator = convert_batchnorm_to_sync(discriminator)
-    vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
-    model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
-                                 posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
-                                 input_size=model_args.input_size,
-                                 vf_feature_dim=vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None)
+    with all_ranks_agree("building the networks"):  # a file one rank cannot read stops every rank, naming it
+        vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
+                        ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
+        if resolution is not None:
+            check_reconstruction_size(vae, model_args.input_size, resolution)
+        scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
+        if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
+            segments = enable_recompute(vae)
+            logger.info("--recompute: %d segments of the VAE are recomputed in the backward (every resnet, attention, "
+                        "down- and upsampler of the encoder, the decoder and their mid blocks)", len(segments))
+        disc_config = {
+            "disc_type": model_args.disc_type,
+            "norm": model_args.disc_norm,
+            "num_layers": model_args.disc_num_layers,
+            "base_channels": model_args.disc_base_channels,
+        }
+        if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
+            disc_config["weights_path"] = model_args.lpips_weights
+        discriminator = build_discriminator(**disc_config)
+        if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
+            init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
+        if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
+            discriminator = convert_batchnorm_to_sync(discriminator)
+        vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
+        vf_width = vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None  # the VF loss's projection
+        model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
+                                     posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
+                                     input_size=model_args.input_size,
+                                     vf_feature_dim=vf_width)
+        lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
-    lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     return Networks(model=model, lpips=lpips, discriminator_config=disc_config,
                       lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode,
                       resolution=resolution, vf_model=vf_model)
