@@ -151,11 +151,12 @@ def _weights(output_dir, step):
 
 def test_both_entry_points_resume_and_two_ranks_agree_with_the_vf_loss(dino_file, photo_filelist, held_out_folder,
                                                                       tmp_path):
-    """Same weights from both entry points (the projection included), an exact resume from checkpoint-2, two ranks
-    in sync (every save checks the ranks' parameter fingerprints), vf_alignment_cka in the evaluations, and the
+    """Same weights from both entry points (the projection included; with EMA, accumulation and EQ-VAE), an exact
+    resume from checkpoint-2, two ranks in sync (every save checks the ranks' parameter fingerprints), vf_alignment_cka in the evaluations, and the
     same number from scripts/eval_vae.py on the exported VAE."""
-    flags = dict(vf_model_path=dino_file, use_ema="false", max_steps=4, save_steps=2, image_logging_steps=0,
-                 **EVAL_FLAGS(held_out_folder))
+    # With EMA, two micro-batches per step and EQ-VAE's transforms: the VF loss composes with them.
+    flags = dict(vf_model_path=dino_file, max_steps=4, save_steps=2, image_logging_steps=0, gradient_accumulation_steps=2,
+                 equivariance_prob=0.5, **EVAL_FLAGS(held_out_folder))
     flags["eval_steps"] = 4
     runs = {driver: str(tmp_path / driver.split(".")[0]) for driver in DRIVERS}
     for driver, out in runs.items():
