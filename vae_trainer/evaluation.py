@@ -237,11 +237,7 @@ def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[
     for batch in batches:
         if remaining is not None and remaining <= 0:
             return
-        if isinstance(batch, dict):
-            batch = batch["pixel_values"]
-        elif isinstance(batch, (list, tuple)):
-            batch = batch[0]
-        pixels = (batch if isinstance(batch, paddle.Tensor) else paddle.to_tensor(np.asarray(batch))).astype("float32")
+        pixels = (batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32")
         if remaining is not None:
             pixels = pixels[:remaining]
             remaining -= pixels.shape[0]
@@ -406,12 +402,9 @@ def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, ba
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     """An evaluation's numbers with their protocol: eval_vae.py's metrics.json, a line of eval_metrics.jsonl."""
-    patchified = result.patchified_mode_mean is not None
-    return {"metrics": result.metrics, "protocol": protocol.describe(), "num_images": result.num_images,
-            "latent_mean": result.latent_mean, "latent_std": result.latent_std,
-            "scaling_factor": result.scaling_factor, "shift_factor": result.shift_factor,
-            **({"patchified_mode_mean": result.patchified_mode_mean,
-                "patchified_mode_var": result.patchified_mode_var} if patchified else {})}
+    latents = {name: value for name, value in vars(result).items()
+               if name not in ("metrics", "grid") and value is not None}  # the patchified ones: FLUX.2's VAE
+    return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
 
 
 # --------------------------------------------------------------------------------- during training
