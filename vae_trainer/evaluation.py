@@ -275,7 +275,7 @@ class _Pass:
             with paddle.no_grad(), tiled(self.vae, tiling):
                 for pixels in _capped_batches(batches, num_images):
                     add(pixels)
-                    watchdog.beat(f"a batch of {what}")
+                    watchdog.beat(f"a batch ({what})")
         finally:
             if was_training:
                 self.vae.train()
