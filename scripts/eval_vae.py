@@ -1,31 +1,11 @@
-"""Standalone VAE evaluation: reconstruction metrics, rFID and latent statistics of a saved VAE.
+"""Standalone VAE evaluation: reconstruction metrics, rFID, latent diagnostics and statistics of a saved VAE.
 
-    python scripts/eval_vae.py --vae out/vae --data data/filelist \\
-        --resolution 256 --num_images 1000 --output_dir eval_out
+    python scripts/eval_vae.py --vae out/vae --data data/filelist --resolution 256 --num_images 1000 \\
+        --output_dir eval_out [--inception_weights weights/fid_inception_v3.pdparams]
 
-Optional: --vae_config_file CONFIG, --sample_posterior, --lpips_weights weights/lpips_vgg16.pdparams,
---inception_weights weights/fid_inception_v3.pdparams (adds rFID), --batch_size N (default: as many images as hold
-the pixels of 8 images of 256 px, 1 to 8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px; the numbers do
-not depend on it), --eval_tiled
-[--eval_tile_size 512] (ppdiffusers' tiled encode/decode for 1024 px and larger; the protocol says so).
-
-Prints the evaluation protocol and a table, and writes ``metrics.json`` (metrics, latent statistics,
-the protocol and the settings; for a FLUX.2 / ERNIE-Image VAE, AutoencoderKLFlux2, also its bn statistics,
-``latent_normalisation``, beside the measured statistics of its 2x2-patchified posterior modes) and ``reconstructions.png`` to ``--output_dir``. Images are decoded at full
-size, resized and centre-cropped; PSNR and SSIM are on [0, 1] images with data range 1; the protocol
-states only the metrics measured (``vae_trainer.evaluation.EvalProtocol``).
-
-CPU threads: the usable cores (shared among the launcher's processes) unless ``OMP_NUM_THREADS`` is set;
-see ``vae_trainer/threads.py``.
-
-Data parallel: ``python -m paddle.distributed.launch --nproc_per_node N scripts/eval_vae.py ...``.
-Each process decodes its share of the first ``--num_images`` usable images (the same images for any number
-of processes: vae_trainer/data/dataset.py, "Evaluation"); metrics are summed over
-processes, and rank 0 alone prints and writes the outputs (its own first images form the grid).
-
-LPIPS uses ``--lpips_weights`` or, when that is not given, ``weights/lpips_vgg16.pdparams`` if it
-exists (``make setup``); otherwise it is skipped. rFID needs ``--inception_weights`` (converted by
-``scripts/convert_inception_weights.py``) and is skipped with a message without it.
+Prints the protocol once and a table, and writes metrics.json (the numbers, the protocol, the settings) and
+reconstructions.png to --output_dir. Data parallel under `python -m paddle.distributed.launch`: each process
+decodes its share of the same images, rank 0 prints and writes. Flags and protocol: docs/measuring.md.
 """
 
 from __future__ import annotations
@@ -46,16 +26,16 @@ if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREA
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
+from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalProtocol, EvalResult, check_tiling, eval_batch_size, evaluate_vae,  # noqa: E402
                                     result_record, tiling_of)
-
 from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
+from vae_trainer.latent_scale import kept_normalisation  # noqa: E402
 from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
+from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
-from vae_trainer.distributed import run_and_exit  # noqa: E402
-from vae_trainer.latent_scale import kept_normalisation  # noqa: E402
-from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -66,9 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "checkpoint, or a config JSON (an untrained baseline)")
     parser.add_argument("--subfolder", default=None, help="e.g. 'vae' inside a pipeline directory")
     parser.add_argument("--vae_config_file", default=None,
-                        help="the VAE's config (AutoencoderKL kwargs, e.g. configs/sdxl_vae.json) for a single-file "
-                             "checkpoint whose config cannot be inferred from its tensors (SDXL's scaling factor, "
-                             "FLUX's 16 channels, non-SD widths)")
+                        help="the VAE's config (e.g. configs/sdxl_vae.json) for a single-file checkpoint whose config "
+                             "cannot be inferred from its tensors (SDXL's scaling factor, FLUX, non-SD widths)")
     parser.add_argument("--data", required=True, help="filelist or image folder")
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
@@ -76,47 +55,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_images", type=int, default=1000, help="total over all processes")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="per process (default: as many images as hold the pixels of 8 images of 256 px, 1 to "
-                             "8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px; "
-                             "vae_trainer.evaluation.eval_batch_size); the numbers do not depend on it")
+                             "8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px); the numbers do not depend "
+                             "on it")
     parser.add_argument("--eval_tiled", action="store_true",
                         help="encode and decode images larger than --eval_tile_size tile by tile (ppdiffusers' "
                              "tiled VAE, for 1024 px and larger); the protocol says when tiling was used")
     parser.add_argument("--eval_tile_size", type=int, default=None,
                         help="tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's "
                              "downsampling factor)")
-    parser.add_argument("--sample_posterior", action="store_true",
-                        help="decode a posterior sample instead of its mode")
+    parser.add_argument("--sample_posterior", action="store_true", help="decode a posterior sample instead of its mode")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lpips_weights", default=None)
+    parser.add_argument("--lpips_weights", default=None, help=f"default {DEFAULT_LPIPS_WEIGHTS} if it exists")
     parser.add_argument("--skip_lpips", action="store_true", help="do not compute LPIPS")
     parser.add_argument("--inception_weights", default=None,
-                        help="converted FID Inception .pdparams; rFID is skipped without it")
+                        help="converted FID Inception .pdparams (scripts/convert_inception_weights.py); rFID is "
+                             "skipped without it")
     parser.add_argument("--vf_model_path", default=None,
                         help="a DINOv2 (transformers folder, timm / torch-hub state dict): adds vf_alignment_cka")
     parser.add_argument("--grid_images", type=int, default=8)
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     try:
-        # --eval_tiled / --eval_tile_size as the entry points check them (the VAE's factor: once it is loaded)
-        check_tiling_flags(args, args, None, "the VAE's config")
-        # the batch used, as metrics.json records
-        args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")
+        check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
+        args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:
         parser.error(str(error))
     return args
 
 
-def setup_device_and_parallel() -> tuple[int, int]:
-    """Pick the device, join the process group under a multi-process launch; (rank, world size)."""
-    env = paddle.distributed.ParallelEnv()
-    paddle.set_device(f"gpu:{env.device_id}" if paddle.is_compiled_with_cuda() else "cpu")
-    if env.world_size > 1:
-        paddle.distributed.init_parallel_env()
-    return env.rank, env.world_size
-
-
 def load_vae(args: argparse.Namespace):
-    """A saved VAE folder (local only), or a config JSON for an untrained baseline seeded by --seed."""
+    """A saved VAE (local only), or a config JSON for an untrained baseline seeded by --seed."""
     from vae_trainer.models.vae_loading import build_vae
 
     if args.vae.endswith(".json"):
@@ -127,8 +95,7 @@ def load_vae(args: argparse.Namespace):
 
 def load_lpips(args: argparse.Namespace):
     """The LPIPS layer, or None (with a message) when skipped or no weights are available."""
-    weights = args.lpips_weights or (DEFAULT_LPIPS_WEIGHTS if os.path.exists(DEFAULT_LPIPS_WEIGHTS)
-                                     else None)
+    weights = args.lpips_weights or (DEFAULT_LPIPS_WEIGHTS if os.path.exists(DEFAULT_LPIPS_WEIGHTS) else None)
     if args.skip_lpips or weights is None:
         print("LPIPS skipped" + ("" if args.skip_lpips else f": no {DEFAULT_LPIPS_WEIGHTS}"))
         return None
@@ -147,78 +114,54 @@ def load_inception(args: argparse.Namespace):
 
 
 def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None) -> str:
-    """The metrics and latent statistics; for FLUX.2's VAE (`normalisation`, its bn statistics) those instead
-    of the scaling factor a FLUX.2 pipeline does not read, beside what this evaluation measured."""
+    """The metrics and latent statistics; for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the
+    measured ones, instead of the scaling factor its pipeline does not read."""
+    def values(numbers, sign=""):
+        return " ".join(f"{v:{sign}.3f}" for v in numbers)
+
     rows = [(name, f"{value:.4f}") for name, value in sorted(result.metrics.items())]
     rows.append(("images", str(result.num_images)))
     if normalisation is None:
         rows += [("scaling_factor", f"{result.scaling_factor:.5f}"), ("shift_factor", f"{result.shift_factor:.5f}")]
-    rows += [
-        ("latent_mean", " ".join(f"{v:+.3f}" for v in result.latent_mean)),
-        ("latent_std", " ".join(f"{v:.3f}" for v in result.latent_std)),
-    ]
+    rows += [("latent_mean", values(result.latent_mean, "+")), ("latent_std", values(result.latent_std))]
     if normalisation is not None:
-        rows += [
-            ("bn running_mean (the VAE's)", " ".join(f"{v:+.3f}" for v in normalisation.running_mean)),
-            ("patchified mode mean (measured)", " ".join(f"{v:+.3f}" for v in result.patchified_mode_mean)),
-            ("bn running_var (the VAE's)", " ".join(f"{v:.3f}" for v in normalisation.running_var)),
-            ("patchified mode var (measured)", " ".join(f"{v:.3f}" for v in result.patchified_mode_var)),
-        ]
+        rows += [("bn running_mean (the VAE's)", values(normalisation.running_mean, "+")),
+                 ("patchified mode mean (measured)", values(result.patchified_mode_mean, "+")),
+                 ("bn running_var (the VAE's)", values(normalisation.running_var)),
+                 ("patchified mode var (measured)", values(result.patchified_mode_var))]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def protocol_of(args: argparse.Namespace, result: EvalResult) -> EvalProtocol:
-    """The protocol of this evaluation, stating the metrics it measured."""
-    return EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
-                        input_size=args.input_size, metrics=tuple(result.metrics), tiling=_tiling(args),
-                        patchified=result.patchified_mode_mean is not None)
-
-
-def _tiling(args: argparse.Namespace):
-    return tiling_of(args.eval_tiled, args.eval_tile_size)
-
-
-def write_outputs(result: EvalResult, args: argparse.Namespace, vae=None) -> None:
-    os.makedirs(args.output_dir, exist_ok=True)
-    summary = {**result_record(result, protocol_of(args, result)), "settings": vars(args)}
-    normalisation = kept_normalisation(vae) if vae is not None else None
-    if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
-        summary["latent_normalisation"] = normalisation.record(vae.config.batch_norm_eps)
-    with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> EvalResult:
     args = parse_args(argv)
-    rank, world_size = setup_device_and_parallel()
-    from vae_trainer.data.dataset import build_eval_dataloader  # written alongside; import late
-
+    paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}" if paddle.is_compiled_with_cuda() else "cpu")
+    init_distributed()
+    tiling = tiling_of(args.eval_tiled, args.eval_tile_size)
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
         check_reconstruction_size(vae, args.input_size, args.resolution)
-        check_tiling(vae.config, _tiling(args), args.input_size, "the VAE's config")
-        dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank,
-                                           world_size, args.num_images)
+        check_tiling(vae.config, tiling, args.input_size, "the VAE's config")
+        dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
+                                           args.num_images)
         vf_model = load_dinov2(args.vf_model_path) if args.vf_model_path else None
-    result = evaluate_vae(
-        vae,
-        dataloader,
-        lpips=load_lpips(args),
-        inception=load_inception(args),
-        sample_posterior=args.sample_posterior,
-        seed=args.seed,
-        grid_images=args.grid_images,
-        input_size=args.input_size,
-        tiling=_tiling(args),
-        vf_model=vf_model,
-    )
-    if rank == 0:
-        print(f"protocol:\n{protocol_of(args, result).text()}\n")
-        print(format_table(result, kept_normalisation(vae)))
-        write_outputs(result, args, vae)
+    result = evaluate_vae(vae, dataloader, lpips=load_lpips(args), inception=load_inception(args),
+                          sample_posterior=args.sample_posterior, seed=args.seed, grid_images=args.grid_images,
+                          input_size=args.input_size, tiling=tiling, vf_model=vf_model)
+    if rank() == 0:
+        protocol = EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
+                                input_size=args.input_size, metrics=tuple(result.metrics), tiling=tiling,
+                                patchified=result.patchified_mode_mean is not None)
+        normalisation = kept_normalisation(vae)
+        print(f"protocol:\n{protocol.text()}\n\n{format_table(result, normalisation)}")
+        summary = {**result_record(result, protocol), "settings": vars(args)}
+        if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
+            summary["latent_normalisation"] = normalisation.record(vae.config.batch_norm_eps)
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        Image.fromarray(result.grid).save(os.path.join(args.output_dir, "reconstructions.png"))
         print(f"wrote metrics.json and reconstructions.png to {args.output_dir}")
     return result
 

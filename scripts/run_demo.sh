@@ -32,10 +32,16 @@ echo; echo "== held-out photos (never seen in training), 64 px =="
 import json, sys
 out = sys.argv[1]
 untrained = json.load(open(f"{out}/eval_untrained/metrics.json"))["metrics"]
-trained = json.load(open(f"{out}/eval/metrics.json"))["metrics"]
+evaluated = json.load(open(f"{out}/eval/metrics.json"))
+trained = evaluated["metrics"]
 print(f"{'metric':8} {'untrained':>10} {'trained':>10}")
 for name in ("psnr", "ssim", "lpips"):
     print(f"{name:8} {untrained[name]:10.4f} {trained[name]:10.4f}")
+# The protocol once in the whole demo: training printed it with its first evaluation.
+if evaluated["protocol"] == json.loads(open(f"{out}/eval_metrics.jsonl").readline())["protocol"]:
+    print(f"protocol: as printed with the first evaluation above (and in {out}/eval/metrics.json)")
+else:
+    print("protocol:\n" + "\n".join(f"{item}: {text}" for item, text in evaluated["protocol"].items()))
 print(f"\nVAE (ppdiffusers and PyTorch diffusers): {out}/vae   reconstructions: {out}/eval/reconstructions.png")
 print(f"VisualDL: .venv/bin/visualdl --logdir {out}/logs   (then open http://localhost:8040)")
 PY

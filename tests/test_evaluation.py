@@ -1,5 +1,5 @@
-"""evaluate_vae on a tiny random AutoencoderKL, compared with the metrics computed directly, and an
-end-to-end run of scripts/eval_vae.py on a saved VAE and a folder of real photos."""
+"""evaluate_vae on a tiny random AutoencoderKL, compared with the metrics computed directly, and
+scripts/eval_vae.py on a saved VAE and a folder of real photos (in-process; once on two processes)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
+from conftest import load_script
 from PIL import Image
 from ppdiffusers import AutoencoderKL
 from skimage import data as skimage_data
@@ -166,11 +167,7 @@ def test_rfid_uses_features_of_inputs_and_reconstructions(vae, images):
 
 
 def test_eval_script_loads_converted_inception_weights(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eval_vae", REPO_ROOT / "scripts" / "eval_vae.py")
-    eval_vae = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eval_vae)
+    eval_vae = load_script("eval_vae")
     paddle.seed(2)
     saved = FIDInceptionV3()
     path = tmp_path / "fid_inception_v3.pdparams"
@@ -205,8 +202,7 @@ def test_make_grid_puts_inputs_over_reconstructions():
     assert (grid[4:, 5:] == 128).all()  # 0.0 -> 127.5, rounded
 
 
-def test_eval_script_end_to_end(tmp_path, vae):
-    pytest.importorskip("vae_trainer.data.dataset")
+def test_eval_script_end_to_end(tmp_path, vae, capsys):
     vae.save_pretrained(str(tmp_path / "vae"))
     image_dir = tmp_path / "images"
     image_dir.mkdir()
@@ -214,13 +210,10 @@ def test_eval_script_end_to_end(tmp_path, vae):
         Image.fromarray(getattr(skimage_data, name)()).resize((48, 40)).save(image_dir / f"{name}.png")
 
     output_dir = tmp_path / "out"
-    completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "eval_vae.py"), "--vae", str(tmp_path / "vae"),
-         "--data", str(image_dir), "--resolution", str(SIZE), "--num_images", "4",
-         "--batch_size", "3", "--skip_lpips", "--output_dir", str(output_dir)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    load_script("eval_vae").main(["--vae", str(tmp_path / "vae"), "--data", str(image_dir), "--resolution", str(SIZE),
+                                  "--num_images", "4", "--batch_size", "3", "--skip_lpips",
+                                  "--output_dir", str(output_dir)])
+    stdout = capsys.readouterr().out
     summary = json.loads((output_dir / "metrics.json").read_text())
     assert summary["num_images"] == 4
     assert set(summary["metrics"]) == {"psnr", "ssim", *DIAGNOSTICS}
@@ -231,19 +224,21 @@ def test_eval_script_end_to_end(tmp_path, vae):
         - summary["shift_factor"] ** 2), rel=1e-4)
     grid = Image.open(output_dir / "reconstructions.png")
     assert grid.size == (4 * SIZE, 2 * SIZE)
-    assert "psnr" in completed.stdout
-    assert "LPIPS skipped" in completed.stdout and "rFID skipped" in completed.stdout
+    assert "psnr" in stdout
+    assert "LPIPS skipped" in stdout and "rFID skipped" in stdout
     # The protocol is printed and recorded with the numbers, stating the metrics measured (LPIPS skipped).
     protocol = EvalProtocol(resolution=SIZE, metrics=("psnr", "ssim", *DIAGNOSTICS))
     assert summary["protocol"] == protocol.describe() and "lpips" not in summary["protocol"]
-    assert protocol.text() in completed.stdout
+    assert stdout.count(protocol.text()) == 1  # printed once
     assert "data range 1" in summary["protocol"]["value range"] and "posterior mode" in summary["protocol"]["latents"]
 
 
 def test_the_readme_quotes_the_protocol_the_code_uses():
     """docs/measuring.md, "The protocol" (the README links to it)."""
     page = (REPO_ROOT / "docs" / "measuring.md").read_text()
-    assert EvalProtocol(resolution=256).text() in page
+    with_vf = EvalProtocol(resolution=256).text().splitlines()
+    assert with_vf[-1].startswith("vf_alignment_cka: ")  # (quoted apart: it needs --vf_model_path)
+    assert "\n".join(with_vf[:-1]) + "\n```" in page and "\n" + with_vf[-1] + "\n```" in page
 
 
 def test_eval_script_gives_the_same_numbers_on_two_processes(tmp_path, vae):
@@ -256,19 +251,16 @@ def test_eval_script_gives_the_same_numbers_on_two_processes(tmp_path, vae):
         Image.fromarray(getattr(skimage_data, name)()).resize((48, 40)).save(image_dir / f"{index}_{name}.png")
     (image_dir / "0_broken.png").write_bytes(b"broken")
     (image_dir / "1_truncated.png").write_bytes((image_dir / "1_coffee.png").read_bytes()[:800])
-    summaries = []
-    for nproc in (1, 2):
-        launcher = ["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log")]
-        output_dir = tmp_path / f"out{nproc}"
-        completed = subprocess.run(
-            [sys.executable, *(launcher if nproc == 2 else []), str(REPO_ROOT / "scripts" / "eval_vae.py"),
-             "--vae", str(tmp_path / "vae"), "--data", str(image_dir), "--resolution", str(SIZE), "--num_images", "4",
-             "--batch_size", "2", "--skip_lpips", "--output_dir", str(output_dir)],
-            capture_output=True, text=True, cwd=tmp_path, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        summaries.append(json.loads((output_dir / "metrics.json").read_text()))
-    one, two = summaries
+    flags = ["--vae", str(tmp_path / "vae"), "--data", str(image_dir), "--resolution", str(SIZE), "--num_images", "4",
+             "--batch_size", "2", "--skip_lpips", "--output_dir"]
+    load_script("eval_vae").main(flags + [str(tmp_path / "out1")])
+    completed = subprocess.run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+         str(REPO_ROOT / "scripts" / "eval_vae.py"), *flags, str(tmp_path / "out2")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("out1", "out2"))
     assert one["num_images"] == two["num_images"] == 4
     assert one["metrics"] == pytest.approx(two["metrics"], rel=1e-5)
     np.testing.assert_allclose(one["latent_mean"] + one["latent_std"], two["latent_mean"] + two["latent_std"],

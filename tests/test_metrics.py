@@ -217,7 +217,7 @@ WORKER = textwrap.dedent(
     rank = paddle.distributed.get_rank()
     data = np.load(sys.argv[2])
     shard = slice(0, 4) if rank == 0 else slice(4, None)  # uneven shards: 4 and 7 samples
-    metrics, features, latents = MetricAccumulator(), FeatureStatistics(8), LatentStatistics()
+    metrics, features, latents = MetricAccumulator(), FeatureStatistics(), LatentStatistics()
     metrics.update("psnr", data["values"][shard])
     features.update(data["features"][shard])
     latents.update(data["latents"][shard])

@@ -1,16 +1,10 @@
 """Latents aligned with a frozen vision foundation model (VA-VAE's VF loss) and how aligned they are (CKA).
 
-Owns the grid matching, the VF loss and its adaptive weight's inputs (used by losses.vae_objective), and the
-`vf_alignment_cka` diagnostic (used by evaluation). Formulas and the recipe: docs/techniques.md, section 12.
-
-Grids: the foundation model sees the image resized to 224 px (16 x 16 DINOv2 tokens); a latent on another
-grid (f8 at 256 px: 32 x 32) is area-averaged to the token grid (`to_token_grid`), which for a linear
-projection is the same as projecting the averaged latent.
-"""
+Owns the grid matching (`to_token_grid`: the latent area-averaged to the foundation model's token grid), the
+VF loss (used by losses.vae_objective) and the `vf_alignment_cka` diagnostic (used by evaluation).
+Formulas and the recipe: docs/techniques.md, section 12."""
 
 from __future__ import annotations
-
-from typing import Tuple
 
 import numpy as np
 import paddle
@@ -20,18 +14,19 @@ from .distributed import sum_over_ranks
 
 Tensor = paddle.Tensor
 DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foundation model's token grid, and its "
-              "patch tokens, over all tokens of the evaluation images: ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F), "
-              "Xc, Yc the token matrices with their column means removed")
+              "patch tokens, over all tokens of the evaluation images: "
+              "||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F), Xc, Yc the token matrices with their column means "
+              "removed")
 
 
-def to_token_grid(latents: Tensor, grid: Tuple[int, int]) -> Tensor:
+def to_token_grid(latents: Tensor, grid: tuple[int, int]) -> Tensor:
     """[B, C, h, w] latents area-averaged to the token grid, as [B, grid_h * grid_w, C] tokens."""
     pooled = F.adaptive_avg_pool2d(latents.astype("float32"), list(grid))
     return pooled.flatten(2).transpose([0, 2, 1])
 
 
 def vf_loss(projected: Tensor, features: Tensor, distmat_margin: float = 0.0,
-            cos_margin: float = 0.0) -> Tuple[Tensor, Tensor]:
+            cos_margin: float = 0.0) -> tuple[Tensor, Tensor]:
     """VA-VAE's two VF terms between projected latent tokens p and foundation-model tokens f, both [B, N, C]:
     (L_mdms, L_mcos) = (mean over token pairs of relu(|cos(p_i, p_j) - cos(f_i, f_j)| - m1),
                         mean over tokens of relu(1 - m2 - cos(p_i, f_i))); cosines over channels."""
@@ -61,13 +56,8 @@ class CKAAccumulator:
         """The CKA over every rank's tokens (a collective: every rank calls it, with or without tokens)."""
         flat = np.concatenate([[self.count]] + [part.ravel() for part in self.sums])
         flat = sum_over_ranks(paddle.to_tensor(flat)).numpy()
-        count, rest = flat[0], flat[1:]
-        shapes = [part.shape for part in self.sums]
-        sums, start = [], 0
-        for shape in shapes:
-            size = int(np.prod(shape))
-            sums.append(rest[start:start + size].reshape(shape))
-            start += size
-        sx, sy, xx, yy, yx = sums
+        ends = np.cumsum([part.size for part in self.sums])[:-1]
+        sx, sy, xx, yy, yx = (part.reshape(like.shape) for part, like in zip(np.split(flat[1:], ends), self.sums))
+        count = flat[0]
         xx, yy, yx = xx - np.outer(sx, sx) / count, yy - np.outer(sy, sy) / count, yx - np.outer(sy, sx) / count
         return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))

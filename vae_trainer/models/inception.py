@@ -1,15 +1,11 @@
-"""The FID InceptionV3 feature extractor: a Paddle port of pytorch-fid's ``InceptionV3([3])``.
+"""The FID InceptionV3 feature extractor: a Paddle port of pytorch-fid's `InceptionV3([3])` (FID weights variant).
 
-pytorch-fid (``use_fid_inception=True``) builds torchvision's Inception3 and patches it to match
-TensorFlow's FID graph: the average pools inside InceptionA/C/E ignore padded zeros
-(``count_include_pad=False``, Paddle's ``exclusive=True``) and the last InceptionE block uses a max
-pool. Parameter names here equal torchvision's, with Paddle's BatchNorm buffer names, so weights
-convert by renaming (see ``convert_torch_state_dict`` and ``scripts/convert_inception_weights.py``).
-
-Input convention: images in **[-1, 1]** (the VAE's range), NCHW, any size. pytorch-fid takes [0, 1]
-and computes ``2x - 1`` itself after resizing; both steps are linear, so feeding ``2x - 1`` here gives
-the same features. Inputs are resized to 299x299 bilinearly with ``align_corners=False`` and no
-antialiasing, as pytorch-fid does. Output: [B, 2048] final average-pool features.
+pytorch-fid patches torchvision's Inception3 to match TensorFlow's FID graph: the average pools in InceptionA/C/E
+do not count padded zeros (Paddle's `exclusive=True`) and the last InceptionE max-pools. Parameter names are
+torchvision's (Paddle's BatchNorm buffer names), so weights convert by renaming (`convert_torch_state_dict`,
+scripts/convert_inception_weights.py). Input: NCHW images in [-1, 1], any size, resized to 299x299 bilinearly
+without antialiasing as pytorch-fid does (its own [0, 1] -> 2x - 1 step is linear, so it commutes). Output:
+[B, 2048] pool features.
 """
 
 from __future__ import annotations
@@ -22,9 +18,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 FID_INPUT_SIZE = 299
-FID_FEATURE_DIM = 2048
-# torchvision/TensorFlow Inception BatchNorm epsilon (Paddle's default is 1e-5).
-BATCH_NORM_EPSILON = 0.001
+BATCH_NORM_EPSILON = 0.001  # torchvision's / TensorFlow's (Paddle's default is 1e-5)
 
 
 class BasicConv2d(nn.Layer):
@@ -40,7 +34,6 @@ class BasicConv2d(nn.Layer):
 
 
 def _avg_pool_without_padding(x: paddle.Tensor) -> paddle.Tensor:
-    # TensorFlow's average pool does not count the padded zeros (pytorch-fid's FID patch).
     return F.avg_pool2d(x, kernel_size=3, stride=1, padding=1, exclusive=True)
 
 
@@ -96,13 +89,8 @@ class FIDInceptionC(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch7x7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
         branch7x7dbl = x
-        for layer in (
-            self.branch7x7dbl_1,
-            self.branch7x7dbl_2,
-            self.branch7x7dbl_3,
-            self.branch7x7dbl_4,
-            self.branch7x7dbl_5,
-        ):
+        for layer in (self.branch7x7dbl_1, self.branch7x7dbl_2, self.branch7x7dbl_3, self.branch7x7dbl_4,
+                      self.branch7x7dbl_5):
             branch7x7dbl = layer(branch7x7dbl)
         branch_pool = self.branch_pool(_avg_pool_without_padding(x))
         return paddle.concat([self.branch1x1(x), branch7x7, branch7x7dbl, branch_pool], axis=1)
@@ -123,12 +111,7 @@ class InceptionD(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch3x3 = self.branch3x3_2(self.branch3x3_1(x))
         branch7x7x3 = x
-        for layer in (
-            self.branch7x7x3_1,
-            self.branch7x7x3_2,
-            self.branch7x7x3_3,
-            self.branch7x7x3_4,
-        ):
+        for layer in (self.branch7x7x3_1, self.branch7x7x3_2, self.branch7x7x3_3, self.branch7x7x3_4):
             branch7x7x3 = layer(branch7x7x3)
         branch_pool = F.max_pool2d(x, kernel_size=3, stride=2)
         return paddle.concat([branch3x3, branch7x7x3, branch_pool], axis=1)
@@ -154,13 +137,8 @@ class FIDInceptionE(nn.Layer):
         branch3x3 = self.branch3x3_1(x)
         branch3x3 = paddle.concat([self.branch3x3_2a(branch3x3), self.branch3x3_2b(branch3x3)], 1)
         branch3x3dbl = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
-        branch3x3dbl = paddle.concat(
-            [self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl)], axis=1
-        )
-        if self.max_pool:
-            pooled = F.max_pool2d(x, kernel_size=3, stride=1, padding=1)
-        else:
-            pooled = _avg_pool_without_padding(x)
+        branch3x3dbl = paddle.concat([self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl)], axis=1)
+        pooled = F.max_pool2d(x, kernel_size=3, stride=1, padding=1) if self.max_pool else _avg_pool_without_padding(x)
         branch_pool = self.branch_pool(pooled)
         return paddle.concat([self.branch1x1(x), branch3x3, branch3x3dbl, branch_pool], axis=1)
 
@@ -188,39 +166,26 @@ class FIDInceptionV3(nn.Layer):
         self.Mixed_7c = FIDInceptionE(2048, max_pool=True)
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
-        x = F.interpolate(
-            images.astype("float32"),
-            size=[FID_INPUT_SIZE, FID_INPUT_SIZE],
-            mode="bilinear",
-            align_corners=False,
-        )
+        x = F.interpolate(images.astype("float32"), size=[FID_INPUT_SIZE, FID_INPUT_SIZE], mode="bilinear",
+                          align_corners=False)
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = F.max_pool2d(x, kernel_size=3, stride=2)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = F.max_pool2d(x, kernel_size=3, stride=2)
-        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b):
+        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c,
+                      self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c):
             x = block(x)
-        for block in (self.Mixed_6c, self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b):
-            x = block(x)
-        x = self.Mixed_7c(x)
         return F.adaptive_avg_pool2d(x, output_size=1).flatten(start_axis=1)
 
 
-# torch BatchNorm buffer names -> Paddle BatchNorm2D names.
-_BATCH_NORM_RENAMES = {"running_mean": "_mean", "running_var": "_variance"}
-# Entries of the published torch file that the feature extractor does not use: the 1008-way
-# classifier head (FID reads the pool features before it) and torch's BN step counters.
-_UNUSED_TORCH_KEYS = ("fc.", "AuxLogits.")
+_BATCH_NORM_RENAMES = {"running_mean": "_mean", "running_var": "_variance"}  # torch -> Paddle BatchNorm buffers
+_UNUSED_TORCH_KEYS = ("fc.", "AuxLogits.")  # the classifier: FID reads the pool features before it
 _UNUSED_TORCH_SUFFIXES = ("num_batches_tracked",)
 
 
 def convert_torch_state_dict(torch_state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Map pytorch-fid's Inception3 state dict (as numpy arrays) to ``FIDInceptionV3`` names.
-
-    The feature extractor has only convolutions (OIHW in both frameworks) and BatchNorms, so the
-    conversion is a rename of the BN buffers and a drop of the unused classifier; there is no
-    Linear weight to transpose.
-    """
+    """pytorch-fid's Inception3 state dict (numpy arrays) in `FIDInceptionV3` names: convolutions (OIHW in both)
+    and BatchNorms only, so BN buffers renamed and the classifier dropped; no Linear weight to transpose."""
     converted = {}
     for name, value in torch_state.items():
         if name.startswith(_UNUSED_TORCH_KEYS) or name.endswith(_UNUSED_TORCH_SUFFIXES):
@@ -231,11 +196,8 @@ def convert_torch_state_dict(torch_state: dict[str, np.ndarray]) -> dict[str, np
 
 
 def load_fid_inception(weights_path: str | os.PathLike) -> FIDInceptionV3:
-    """Build ``FIDInceptionV3`` in eval mode with weights from a converted ``.pdparams`` file.
-
-    Raises if any parameter is missing, unexpected, or has the wrong shape, so a wrong file cannot
-    silently give meaningless FIDs.
-    """
+    """`FIDInceptionV3` in eval mode, frozen, from a converted .pdparams file; a missing, unexpected or misshapen
+    tensor is an error (a wrong file must not give meaningless FIDs silently)."""
     model = FIDInceptionV3()
     state = paddle.load(str(weights_path))
     expected = model.state_dict()
@@ -245,10 +207,9 @@ def load_fid_inception(weights_path: str | os.PathLike) -> FIDInceptionV3:
         raise ValueError(f"{weights_path}: missing keys {missing[:5]}, unexpected {unexpected[:5]}")
     for name, tensor in expected.items():
         if list(state[name].shape) != list(tensor.shape):
-            raise ValueError(f"{weights_path}: {name} has shape {state[name].shape}, "
-                             f"expected {tensor.shape}")
+            raise ValueError(f"{weights_path}: {name} has shape {state[name].shape}, expected {tensor.shape}")
     model.set_state_dict(state)
     for parameter in model.parameters():
-        parameter.stop_gradient = True  # a fixed feature extractor, never trained
+        parameter.stop_gradient = True
     model.eval()
     return model
