@@ -4,7 +4,7 @@ the low-pass mask, gradnorm's gradient-normalising identity). Formulas: docs/tra
 
 One backward per head: LPIPS and the discriminator run on a leaf copy of the reconstruction; their gradients
 there are taken once, give the adaptive weight (`last_layer_gradient`), and enter the VAE's backward at the
-reconstruction (`VAELoss.backward`), so VGG16 and D are backpropagated once (docs/training.md).
+reconstruction (`VAELoss.backward`), so VGG16 and D are backpropagated once (docs/training.md, same title).
 """
 
 from __future__ import annotations
