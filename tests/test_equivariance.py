@@ -74,7 +74,8 @@ def test_rotation_turns_latent_and_image_together(turns):
     latent = rng.standard_normal((1, 4, 3, 5)).astype("float32")
     images = blocks(latent[:, :3], 8)
     transform = Transform("rotate", quarter_turns=turns)
-    z, x = transform.latent(paddle.to_tensor(latent), images.shape[2:]), transform.images(paddle.to_tensor(images), (3, 5))
+    z = transform.latent(paddle.to_tensor(latent), images.shape[2:])
+    x = transform.images(paddle.to_tensor(images), (3, 5))
     np.testing.assert_array_equal(z.numpy(), np.rot90(latent, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), np.rot90(images, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), blocks(z.numpy()[:, :3], 8))  # the pair still corresponds
@@ -216,6 +217,7 @@ def test_refusals(flags, message):
 
 
 def test_accepted_spellings():
-    _, _, loss_args, _ = parse_arguments(BASE + ["--equivariance_prob", "0.5", "--equivariance_transforms", " rotate ,scale"])
+    flags = ["--equivariance_prob", "0.5", "--equivariance_transforms", " rotate ,scale"]
+    _, _, loss_args, _ = parse_arguments(BASE + flags)
     assert parse_transforms(loss_args.equivariance_transforms) == ("rotate", "scale")
     parse_arguments(BASE + ["--equivariance_prob", "0"])  # 0 means off: never refused

@@ -48,7 +48,8 @@ def threads_at_paddle_import(tmp_path, script, env, cpus=None, launcher_procs=0,
     command = [sys.executable]
     log_dir = tmp_path / f"launch_{launcher_procs}"
     if launcher_procs:
-        command += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launcher_procs), "--log_dir", str(log_dir)]
+        command += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launcher_procs),
+                    "--log_dir", str(log_dir)]
     command += [str(probe), os.path.join(REPO, script), *extra_args]
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,

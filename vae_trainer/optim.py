@@ -59,7 +59,8 @@ def build_vae_optimizer(args, model):
 
 def build_disc_optimizer(args, model, disc_start: int):
     """Scheduler and optimizer of the discriminator; its schedule covers the steps after disc_start."""
-    lr = scaled_learning_rate(args, args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate)
+    lr = args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate
+    lr = scaled_learning_rate(args, lr)
     scheduler = build_scheduler(args, lr, args.max_steps - min(disc_start, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.")]
     return build_optimizer(args, named, scheduler), scheduler

@@ -129,10 +129,9 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
         raise ValueError(f"--min_loss_scale must be > 0 (got {args.min_loss_scale}): a zero scale zeroes the gradients")
     dtype = "float16" if args.fp16 else "bfloat16"
     if not on_gpu():
-        logger.warning(
-            "--%s on %s: Paddle does no autocast on this device, so training runs in float32 "
-            "(the mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16", paddle.get_device()
-        )
+        logger.warning("--%s on %s: Paddle does no autocast on this device, so training runs in float32 (the "
+                       "mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16",
+                       paddle.get_device())
     elif args.fp16_opt_level == "O2":
         # The flag Paddle's `excluded_layers` sets, on the root alone: its own scalars stay float32 (an fp16 EMA
         # step of decay 0.99 vanishes in rounding); sublayers are cast as usual.
