@@ -177,7 +177,7 @@ def _ldm_reference_loss(x, recon, mean, logvar, discriminator, last_layer, kl_we
 @pytest.mark.parametrize("disc_scale,clamped", [(1.0, False), (1e-9, True)])
 def test_objective_is_ldm_objective_over_pixel_count_including_the_adaptive_weight_clamp(disc_scale, clamped):
     """loss = LDM loss / (C*H*W) and adaptive weight = LDM's / (C*H*W), also where LDM's 1e4 clamp binds
-    (a discriminator whose gradient vanishes): the clamp must scale with the normalisation (losses.py)."""
+    (a discriminator whose gradient vanishes): the clamp must scale with the normalisation (docs/training.md)."""
     from vae_trainer.arguments import LossArguments
 
     paddle.seed(3)

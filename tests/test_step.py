@@ -41,7 +41,8 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
     vae_opt, vae_sched = build_vae_optimizer(args, model)
     disc_opt, disc_sched = build_disc_optimizer(args, model, loss_args.disc_start)
     return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation,
-                     precision or Precision(), max_grad_norm=args.max_grad_norm, guard=NonFiniteGuard(max_nonfinite, max_overflow))
+                     precision or Precision(), max_grad_norm=args.max_grad_norm,
+                     guard=NonFiniteGuard(max_nonfinite, max_overflow))
 
 
 def full_step(step, x, global_step):

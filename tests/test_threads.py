@@ -8,7 +8,8 @@ import sys
 import pytest
 from conftest import REPO
 
-from vae_trainer.threads import WORKER_FLAGS, cgroup_cpu_quota, choose_threads, dataloader_workers, usable_cpus
+from vae_trainer.threads import (VARIABLE, WORKER_FLAGS, cgroup_cpu_quota, choose_threads, dataloader_workers,
+                                 set_default_threads, usable_cpus)
 
 ENTRY_POINTS = ["train_vae_trainer.py", "train_vae_no_trainer.py", "scripts/eval_vae.py"]
 AFFINITY = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -47,7 +48,8 @@ def threads_at_paddle_import(tmp_path, script, env, cpus=None, launcher_procs=0,
     command = [sys.executable]
     log_dir = tmp_path / f"launch_{launcher_procs}"
     if launcher_procs:
-        command += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launcher_procs), "--log_dir", str(log_dir)]
+        command += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launcher_procs),
+                    "--log_dir", str(log_dir)]
     command += [str(probe), os.path.join(REPO, script), *extra_args]
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
@@ -138,13 +140,19 @@ def test_entry_point_sets_all_usable_cpus_before_paddle_is_imported(tmp_path, sc
 
 
 @needs_two_cpus
-def test_entry_point_follows_the_cpu_affinity_and_keeps_the_users_setting(tmp_path):
-    values, _ = threads_at_paddle_import(tmp_path, "train_vae_no_trainer.py", _env_without_threads(),
-                                         cpus={AFFINITY[0]})
-    assert values == ["1"]
-    values, output = threads_at_paddle_import(tmp_path, "train_vae_no_trainer.py",
-                                              _env_without_threads(OMP_NUM_THREADS="3"))
-    assert values == ["3"] and "as set by the user" in output
+def test_the_default_follows_the_cpu_affinity_and_keeps_the_users_setting(monkeypatch, capsys):
+    """set_default_threads in-process (the entry points' call before Paddle loads: the test above)."""
+    monkeypatch.delitem(sys.modules, "paddle")  # as before Paddle's import; restored afterwards
+    for name in [VARIABLE, *(k for k in os.environ if k.startswith("PADDLE_"))]:
+        monkeypatch.delenv(name, raising=False)
+    os.sched_setaffinity(0, {AFFINITY[0]})
+    try:
+        assert set_default_threads([]).threads == 1 and os.environ[VARIABLE] == "1"
+    finally:
+        os.sched_setaffinity(0, AFFINITY)
+    monkeypatch.setenv(VARIABLE, "3")
+    assert set_default_threads([]).by_user and os.environ[VARIABLE] == "3"
+    assert "as set by the user" in capsys.readouterr().err
 
 
 @needs_two_cpus

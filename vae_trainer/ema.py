@@ -1,11 +1,10 @@
-"""The exponential moving average of the VAE weights (--use_ema): built, swapped in, read back.
-
-Owns: `build_ema` (ppdiffusers' EMAModel with float32 averages), `ema_weights` (the VAE temporarily
-holds the averaged weights, for evaluation, image logging and export) and `load_ema` (a checkpoint's
-`ema.pdparams`, for scripts/export_vae.py). The training step updates it (step.py).
-"""
+"""The EMA of the VAE weights (--use_ema): built with float32 averages (ppdiffusers' EMAModel), swapped into
+the VAE for evaluation, image logging and export, and loaded from a checkpoint. The step updates it."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import paddle
 from ppdiffusers.training_utils import EMAModel
@@ -13,32 +12,29 @@ from ppdiffusers.training_utils import EMAModel
 EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
 
 
-def build_ema(vae: paddle.nn.Layer, decay: float):
-    """An EMA of `vae`'s weights. Build it while the weights are float32 (before O2 casts them): its
-    averages start from the exact weights and stay float32 (many small updates need that precision)."""
+def build_ema(vae: paddle.nn.Layer, decay: float) -> EMAModel:
+    """An EMA of `vae`'s weights; build it before O2 casts them, so its averages start exact and stay float32."""
     ema = EMAModel(vae.parameters(), decay=decay)
     ema.to(dtype=paddle.float32)
     return ema
 
 
-def load_ema(vae: paddle.nn.Layer, file: str):
+def load_ema(vae: paddle.nn.Layer, file: str) -> EMAModel:
     """The EMA saved in a checkpoint (`ema.pdparams`), over `vae`'s parameters."""
     ema = EMAModel(vae.parameters())
     ema.load_state_dict(paddle.load(file))
     return ema
 
 
-class ema_weights:
-    """Context manager: the VAE temporarily holds its EMA weights (nothing changes when `ema` is None)."""
-
-    def __init__(self, ema, vae: paddle.nn.Layer):
-        self.ema, self.vae = ema, vae
-
-    def __enter__(self):
-        if self.ema is not None:
-            self.ema.store(self.vae.parameters())
-            self.ema.copy_to(self.vae.parameters())
-
-    def __exit__(self, *exc):
-        if self.ema is not None:
-            self.ema.restore(self.vae.parameters())
+@contextlib.contextmanager
+def ema_weights(ema, vae: paddle.nn.Layer) -> Iterator[None]:
+    """The VAE holds its EMA weights inside (nothing changes when `ema` is None)."""
+    if ema is None:
+        yield
+        return
+    ema.store(vae.parameters())
+    ema.copy_to(vae.parameters())
+    try:
+        yield
+    finally:
+        ema.restore(vae.parameters())

@@ -1,21 +1,6 @@
-"""Spatial transforms applied identically to a latent and its image: EQ-VAE's equivariance objective and the
-latent diagnostics (latent_diagnostics.py) share them.
-
-EQ-VAE (Kouzelis et al., ICML 2025) fine-tunes a VAE so that decoding a transformed latent gives the
-transformed image: with probability --equivariance_prob a micro-batch's reconstruction terms compare
-`decode(tau(z))` with `tau(x)` instead of `decode(z)` with `x` (step.py), `tau` one of
-- `scale`: a downscale by s in [--equivariance_min_scale, 1), the latent h x w -> h' x w' with
-  h' = round(s h), w' = round(s w), each kept below h (resp. w) and, as far as that allows, at least
-  MIN_SCALED_SIDE / F, and the image H x W -> h' F x w' F (F = H / h, the VAE's downsampling factor), so both
-  stay exact multiples of F, whatever s and the sizes; both resized by antialiased bilinear resampling
-  (`resize`). The floor keeps the scaled images scorable: the default PatchGAN (3 strided layers) gives no
-  output below 24 px, and LPIPS's VGG16 none at 8;
-- `rotate`: a rotation by 90, 180 or 270 degrees (`paddle.rot90` over the last two axes).
-
-The transform of micro-batch m of optimizer step t is drawn from (--seed, t, m) alone (`draw`): every rank
-draws the same one (the ranks' batches keep one shape, and no rank waits for a larger one), the two entry
-points draw the same ones, and a resumed run draws, from its checkpointed step, exactly those the
-uninterrupted run drew: the RNG's state is the step counter every checkpoint holds.
+"""EQ-VAE's spatial transforms, applied alike to a latent and its image (`Transform`: a downscale keeping both
+exact multiples of the downsampling factor, or a quarter turn), drawn per micro-batch from (seed, step,
+micro-batch) alone (`draw`); also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10.
 """
 
 from __future__ import annotations
@@ -52,7 +37,7 @@ class Transform:
     quarter_turns: int = 0
 
     def latent_size(self, height: int, width: int, factors: Sequence[int]) -> Tuple[int, int]:
-        """tau's latent size for a latent `height` x `width` whose images are `factors` (H / h, W / w) larger."""
+        """tau's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
         if self.kind == "rotate":
             return (width, height) if self.quarter_turns % 2 else (height, width)
         return (scaled_size(height, self.scale, -(-MIN_SCALED_SIDE // factors[0])),
@@ -66,9 +51,8 @@ class Transform:
         return resize(latent, self.latent_size(h, w, (image_size[0] // h, image_size[1] // w)))
 
     def images(self, images: paddle.Tensor, latent_size: Sequence[int]) -> paddle.Tensor:
-        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w): what decode(tau(z)) is
-        compared with, of the size the decoder gives for tau(z). Computed in float32 whatever autocast is on
-        (the clean objective compares with float32 images too)."""
+        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w), the size of decode(tau(z)),
+        in float32 whatever the autocast."""
         with paddle.amp.auto_cast(enable=False):
             if self.kind == "rotate":
                 return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
@@ -76,20 +60,15 @@ class Transform:
             factors = (images.shape[2] // h, images.shape[3] // w)
             return resize(images, image_size(images, latent_size, self.latent_size(h, w, factors)))
 
-    def describe(self) -> str:
-        return f"rotate {90 * self.quarter_turns}" if self.kind == "rotate" else f"scale {self.scale:.3f}"
-
 
 def image_size(images: paddle.Tensor, latent_size: Sequence[int], new_latent_size: Sequence[int]) -> Tuple[int, int]:
-    """The image size whose latent is `new_latent_size`: H / h (the downsampling factor, also a super-resolving
-    decoder's) times the new latent size, per axis."""
+    """The image size whose latent is `new_latent_size`: the new latent size times H / h, per axis."""
     height, width = images.shape[2], images.shape[3]
     return (new_latent_size[0] * (height // latent_size[0]), new_latent_size[1] * (width // latent_size[1]))
 
 
 def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
-    """round(scale * size), at least `minimum` and at most size - 1: a scale always shrinks, but never below
-    `minimum` (a size that cannot shrink and stay at or above it keeps its size, and a size of 1 stays 1)."""
+    """round(scale * size) within [minimum, size - 1]; a size that cannot shrink and stay >= minimum is kept."""
     if size - 1 < max(1, minimum):
         return size
     return max(max(1, minimum), min(size - 1, int(round(scale * size))))
@@ -109,12 +88,10 @@ def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
     return Transform("scale", scale=float(rng.uniform(min_scale, 1.0)))
 
 
-# ---------------------------------------------------------------------------------------- resampling
 @lru_cache(maxsize=64)
 def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
-    """[out, in] antialiased bilinear (triangle filter) weights: PIL's BILINEAR resize (also PyTorch's
-    interpolate(mode="bilinear", antialias=True), except where an output side is 1). Downscaling widens the
-    triangle to the input's sample spacing per output sample (1 / scale), so every input pixel contributes."""
+    """[out, in] antialiased bilinear (triangle filter) weights, PIL's BILINEAR resize: downscaling widens the
+    triangle to 1 / scale input samples, so every input pixel contributes."""
     scale = in_size / out_size
     support = max(scale, 1.0)  # the triangle's half-width, in input samples
     weights = np.zeros((out_size, in_size), dtype=np.float64)
@@ -128,8 +105,7 @@ def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
 
 
 def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
-    """Antialiased bilinear resize of [B, C, H, W] to `size` = (H', W'): two matrix products (exact,
-    differentiable, any sizes, odd ones too)."""
+    """Antialiased bilinear resize of [B, C, H, W] to `size` = (H', W'): two matrix products, differentiable."""
     height, width = tensor.shape[2], tensor.shape[3]
     if (height, width) == tuple(size):
         return tensor
@@ -139,8 +115,8 @@ def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
 
 
 def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent h x w -> h // 2 x w // 2 (at least
-    1), the images to the size the decoder gives for it, both antialiased bilinear."""
+    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent to h // 2 x w // 2 (at least 1), the
+    images to the size the decoder gives for it."""
     size = latent.shape[2], latent.shape[3]
     half = max(1, size[0] // 2), max(1, size[1] // 2)
     with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images

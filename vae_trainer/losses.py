@@ -1,68 +1,17 @@
-"""The autoencoder objectives, written once for both drivers: LDM's, and the optional techniques.
+"""The autoencoder objectives of both drivers: the VAE loss (`vae_objective`), the discriminator loss
+(`discriminator_objective`) and their parts (pixel, KL, latent penalty, GAN, LeCAM, adaptive weights, VF loss,
+the low-pass mask, gradnorm's gradient-normalising identity). Formulas: docs/training.md and docs/techniques.md.
 
-Owns: the VAE loss (`vae_objective`), the discriminator loss (`discriminator_objective`), their parts
-(pixel, KL, latent penalty, GAN losses, LeCAM, adaptive weight), the low-pass pixel-loss mask and the
-gradient-normalising identity used by `--loss_balancing gradnorm`. Formulas: docs/techniques.md.
-
-VAE loss (what the VAE optimizer minimises), per micro-batch, with the default flags (LDM):
-
-    rec    = mean over pixels of |x - x_hat| (or squared, --pixel_loss l2)
-    p      = mean over images of LPIPS(x, x_hat)
-    nll    = (rec + perceptual_weight * p) / exp(logvar) + logvar
-    kl     = mean over images of sum over latent elements of KL(q(z|x) || N(0, I)), divided by C*H*W
-    gan    = -mean(D(x_hat))                       (hinge)  or  mean(softplus(-D(x_hat)))   (vanilla)
-    loss   = nll + kl_weight * kl + d_weight * gan,   d_weight = disc_weight * ||dnll/dW|| / ||dgan/dW||
-
-Normalisation: LDM (taming-transformers' LPIPSWithDiscriminator) *sums* the reconstruction over pixels
-and the KL over latent elements and divides by the batch size. We divide both by the number of pixel
-values N = C*H*W instead, so the pixel term is a per-pixel mean (comparable across resolutions) while
-`--kl_weight` and `--perceptual_weight` keep exactly their LDM meaning (1e-6 and 1.0 mean what they mean
-in the SD VAE configs). W is the weight of the decoder's last conv. Before `--disc_start` the GAN term
-is off and its gradient norms are not computed at all.
-
-The adaptive weight, and why its clamp is 1e4 / N (LDM: 1e4). With LDM's quantities marked _L:
-    nll = nll_L / N,  kl = kl_L / N,  gan = gan_L                  (the GAN loss is a mean in both)
-    r   = ||dnll/dW|| / (||dgan/dW|| + 1e-4) = r_L / N             (the same epsilon: gan is unscaled)
-LDM uses d_L = disc_weight * min(r_L, 1e4). With d = disc_weight * min(r, 1e4 / N) = d_L / N,
-    loss = nll + kl_weight * kl + d * gan = (nll_L + kl_weight * kl_L + d_L * gan_L) / N = loss_L / N,
-LDM's objective up to a constant factor, which Adam's update ignores (up to its epsilon). A clamp at 1e4
-on r would bind only when r_L > 1e4 * N (2e9 at 256 px), i.e. never: LDM's guard against a vanishing
-GAN gradient would be gone. So the clamp is `ADAPTIVE_WEIGHT_MAX / N`, and the logged
-`gan/adaptive_weight` is LDM's d_L / N. The fp16 loss scale / accumulation factor s multiplies both
-losses and the epsilon, which leaves r unchanged.
-
-One backward per head. The heads (pixel loss, LPIPS, discriminator) see the decoder only through x_hat, so
-they run on a leaf copy of x_hat and their gradients there are taken once each (s = `grad_scale`, the loss
-scale / accumulation factor the step multiplies the loss by, so that fp16 gradients do not underflow):
-    g_nll = s * dnll/dx_hat    (one VGG16 backward),    g_gan = s * dgan/dx_hat    (one D input-backward)
-dnll/dW and dgan/dW follow from them by the decoder's backward from x_hat to W, which for W = conv_out's
-weight (whose output IS x_hat) is one small convolution (`last_layer_gradient`): that gives d. The objective
-    loss = nll + kl_weight * kl + d * gan
-is then differentiated as `VAELoss` says: the terms that do not go through the heads (`direct`: KL, latent
-penalty, nll's path to a learnable logvar) by their own backward, and the rest by handing
-`recon_grad` = g_nll + d * g_gan to the reconstruction, in the same backward pass (step.py). VGG16 and the
-discriminator are backpropagated once per micro-batch (LDM's `paddle.grad(nll, W)` and `paddle.grad(gan, W)`
-on the loss's own graph run both twice). The discriminator's parameters get nothing from this loss (it runs
-`frozen`). An overflowing d (fp16) skips the GAN term: weight 0 and none of its gradient.
-
-VF loss (VA-VAE, --vf_model_path; alignment.py): vf = L_mdms + L_mcos between the projected latent and the
-foundation model's tokens, added as w * vf to `direct` (it reaches the encoder through z, not the heads),
-    w = vf_weight * min(||dnll/dE|| / (||dvf/dE|| + 1e-4), 1e8 / N)     (--adaptive_vf; else w = vf_weight)
-E the encoder's conv_out weight; dnll/dE is the decoder's backward of g_nll taken once more (to E), the
-price of the adaptive weight. The clamp is VA-VAE's 1e8 in our units, as for d. A non-finite w (fp16) is 0.
-
-Discriminator loss on detached reconstructions: hinge mean(relu(1 - D(x))) + mean(relu(1 + D(x_hat)))
-(halved, as in LDM) or vanilla mean(softplus(-D(x))) + mean(softplus(D(x_hat))) (halved), plus
-`lecam_weight` * LeCAM when enabled.
-
-Options (all off by default): `--pixel_weight`, `--pixel_loss_pool K`, `--pixel_loss_mask lowpass`,
-`--latent_penalty_weight`, `--gen_loss relative_hinge`, `--lecam_weight`, `--loss_balancing gradnorm`.
+One backward per head: LPIPS and the discriminator run on a leaf copy of the reconstruction; their gradients
+there are taken once, give the adaptive weight (`last_layer_gradient`), and enter the VAE's backward at the
+reconstruction (`VAELoss.backward`), so VGG16 and D are backpropagated once (docs/training.md, same title).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -75,16 +24,14 @@ from .alignment import vf_loss
 Tensor = paddle.Tensor
 
 GRADNORM_EPS = 1e-12
-# LDM's bound on the adaptive GAN weight, in its units (a sum over the N pixel values); see the module doc.
-ADAPTIVE_WEIGHT_MAX = 1e4
+ADAPTIVE_WEIGHT_MAX = 1e4  # LDM's bound on the adaptive GAN weight, in its units: ours is this / N (docs)
 ADAPTIVE_WEIGHT_EPS = 1e-4
-VF_WEIGHT_MAX = 1e8  # VA-VAE's bound on the adaptive VF weight, in its units (module doc)
-# Luma weights (ITU-R BT.601) for the grayscale image the low-pass mask is built from.
-_GRAY_WEIGHTS = (0.299, 0.587, 0.114)
-_MASK_BLUR_SIZE = 5
-_MASK_BLUR_SIGMA = 1.0
-# Floor of the normaliser of the edge energy: without it an image with no real edge would have its
-# faint noise stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
+VF_WEIGHT_MAX = 1e8  # VA-VAE's bound on the adaptive VF weight, in its units: ours is this / N (docs)
+_GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma, for the low-pass mask
+_HIGH_PASS = np.full((5, 5), -1.0, dtype=np.float32)
+_HIGH_PASS[2, 2] = 24.0
+# Floor of the edge energy's normaliser: without it, faint noise of an image with no real edge would be
+# stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
 _MIN_EDGE_ENERGY = 1.0
 
 
@@ -99,11 +46,7 @@ def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
 
 
 def kl_loss(mean: Tensor, logvar: Tensor) -> Tensor:
-    """Per-image KL(N(mean, exp(logvar)) || N(0, I)) summed over latent elements, in float32.
-
-    Computed from the posterior's parameters in float32 so that exp(logvar) and the squares cannot
-    overflow under fp16/bf16 autocast.
-    """
+    """Per-image KL(N(mean, exp(logvar)) || N(0, I)) summed over latent elements, in float32 (no fp16 overflow)."""
     mean = mean.astype("float32")
     logvar = paddle.clip(logvar.astype("float32"), -30.0, 20.0)
     return 0.5 * paddle.sum(mean.square() + logvar.exp() - 1.0 - logvar, axis=[1, 2, 3])
@@ -114,15 +57,7 @@ def latent_penalty(mean: Tensor) -> Tensor:
     return mean.astype("float32").square().mean()
 
 
-# ---------------------------------------------------------------- low-pass mask and pooled pixel loss
-def _high_pass_kernel() -> np.ndarray:
-    """5x5 Laplacian-like high-pass filter: 24 at the centre, -1 elsewhere (sums to 0)."""
-    kernel = -np.ones((5, 5), dtype=np.float32)
-    kernel[2, 2] = 24.0
-    return kernel
-
-
-def _gaussian_kernel(size: int, sigma: float) -> np.ndarray:
+def _gaussian_kernel(size: int = 5, sigma: float = 1.0) -> np.ndarray:
     axis = np.arange(size, dtype=np.float64) - (size - 1) / 2
     one_d = np.exp(-(axis**2) / (2 * sigma**2))
     two_d = np.outer(one_d, one_d)
@@ -132,47 +67,36 @@ def _gaussian_kernel(size: int, sigma: float) -> np.ndarray:
 def _filter_2d(images: Tensor, kernel: np.ndarray) -> Tensor:
     """Single-channel 'same' convolution with replicate padding (no false edges at the border)."""
     pad = kernel.shape[0] // 2
-    weight = paddle.to_tensor(kernel[None, None])
-    return F.conv2d(F.pad(images, [pad] * 4, mode="replicate"), weight)
+    return F.conv2d(F.pad(images, [pad] * 4, mode="replicate"), paddle.to_tensor(kernel[None, None]))
 
 
 def lowpass_mask(x: Tensor, threshold: float = 0.5) -> Tensor:
-    """1 where the image is smooth, 0 near edges and texture; shape [B, 1, H, W], no gradient.
-
-    gray -> 5x5 high-pass -> |.| -> Gaussian blur (5x5, sigma 1) -> e = divide by the per-image max
-    (at least _MIN_EDGE_ENERGY, so [0, 1]) -> 1 - e -> (>= threshold).
-    """
+    """1 where the image is smooth, 0 near edges and texture; [B, 1, H, W], no gradient (docs/techniques.md 4)."""
     with paddle.no_grad():
         x = x.astype("float32")
         gray = sum(w * x[:, c : c + 1] for c, w in enumerate(_GRAY_WEIGHTS))
-        energy = _filter_2d(_filter_2d(gray, _high_pass_kernel()).abs(), _gaussian_kernel(_MASK_BLUR_SIZE, _MASK_BLUR_SIGMA))
+        energy = _filter_2d(_filter_2d(gray, _HIGH_PASS).abs(), _gaussian_kernel())
         energy = energy / paddle.clip(energy.amax(axis=[1, 2, 3], keepdim=True), min=_MIN_EDGE_ENERGY)
         return (1.0 - energy >= threshold).astype("float32")
 
 
 def pixel_term(x: Tensor, recon: Tensor, loss_args) -> Tensor:
-    """The pixel loss as configured: optionally between K-pooled images, optionally low-pass masked.
-
-    With the mask, the loss is mean(mask * error): masked pixels count as zero error, so the term's
-    scale shrinks with the fraction of textured area instead of blowing up on busy images.
-    """
-    pool = getattr(loss_args, "pixel_loss_pool", 1)
+    """The pixel loss as configured: optionally between K-pooled images, optionally mean(low-pass mask * error)."""
+    pool = loss_args.pixel_loss_pool
     if pool > 1:
         x, recon = F.avg_pool2d(x.astype("float32"), pool), F.avg_pool2d(recon.astype("float32"), pool)
     error = pixel_loss(x, recon, loss_args.pixel_loss)
-    if getattr(loss_args, "pixel_loss_mask", "none") == "lowpass":
+    if loss_args.pixel_loss_mask == "lowpass":
         error = error * lowpass_mask(x, loss_args.pixel_loss_mask_threshold)
     return error.mean()
 
 
-# ---------------------------------------------------------------- gradient-normalised balancing
-def _global_norm(grad: Tensor) -> Tensor:
-    """sqrt of the squared gradient norm averaged over ranks (the local norm on one process)."""
-    squared = grad.square().sum()
+def _mean_over_ranks(value: Tensor) -> Tensor:
+    """`value` averaged over the ranks (all-reduced in place; unchanged on one process)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(squared)
-        squared = squared / dist.get_world_size()
-    return squared.sqrt()
+        dist.all_reduce(value)
+        value = value / dist.get_world_size()
+    return value
 
 
 class _NormalizeGradient(PyLayer):
@@ -190,31 +114,21 @@ class _NormalizeGradient(PyLayer):
             norm = grad32.square().sum(axis=list(range(1, grad.ndim)), keepdim=True).sqrt()
             target = ctx.target_norm / grad.shape[0]
         else:
-            norm, target = _global_norm(grad32), ctx.target_norm
+            norm, target = _mean_over_ranks(grad32.square().sum()).sqrt(), ctx.target_norm
         return (grad32 * (target / (norm + GRADNORM_EPS))).astype(grad.dtype)
 
 
 def normalize_gradient(x: Tensor, weight: float, scope: str = "sample") -> Tensor:
-    """An identity copy of x whose backward sets the gradient's norm to `weight`.
-
-    scope "sample": every sample's gradient gets norm weight / B (the gradient of a batch mean of
-    per-sample losses with gradient norm `weight`). scope "global": the whole micro-batch's gradient
-    gets norm `weight`, the norm being the root mean square over ranks of each rank's batch norm.
-    """
+    """An identity copy of x whose backward sets the gradient's norm to `weight`: per sample (weight / B each) or
+    for the whole micro-batch ("global": the root mean square over ranks of each rank's norm)."""
     if scope not in ("sample", "global"):
         raise ValueError(f"unknown gradnorm scope {scope!r}")
     return _NormalizeGradient.apply(x, float(weight), scope == "sample")
 
 
-# ---------------------------------------------------------------- adversarial losses
-def generator_loss(
-    logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None, margin: float = 0.0
-) -> Tensor:
-    """Adversarial loss of the VAE (the generator).
-
-    relative_hinge: mean(relu(D(x) - D(x_hat) - margin)), zero once the reconstruction scores within
-    `margin` of the real image; needs `logits_real` (constant for the VAE).
-    """
+def generator_loss(logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None,
+                   margin: float = 0.0) -> Tensor:
+    """Adversarial loss of the VAE; relative_hinge needs `logits_real` (constant for the VAE)."""
     logits_fake = logits_fake.astype("float32")
     if kind == "hinge":
         return -logits_fake.mean()
@@ -243,25 +157,17 @@ def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Ten
 
 
 def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
-    """ema = [ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means (averaged over ranks), in float32
-    even inside an O2 autocast (which would round the update in half precision; the buffer stays float32)."""
+    """[ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means over ranks, in float32 even under O2."""
     with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
         means = paddle.stack([logits_real.astype("float32").mean(), logits_fake.astype("float32").mean()])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(means)
-            means = means / dist.get_world_size()
+        means = _mean_over_ranks(means)
         ema.set_value((decay * ema.astype("float32") + (1.0 - decay) * means).astype(ema.dtype))
 
 
 def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,
                     eps: float | Tensor = ADAPTIVE_WEIGHT_EPS) -> Tensor:
-    """||d nll / dW|| / (||d gan / dW|| + eps) from the two gradients at the decoder's last layer W,
-    clamped to [0, max_weight] (taming's calculate_adaptive_weight; see the module doc for the clamp our
-    normalisation needs).
-
-    NaN when either gradient norm is not finite (an fp16 overflow of the scaled gradients): the caller
-    then skips the GAN term (clipping would turn an infinite ratio into `max_weight`).
-    """
+    """||nll_grad|| / (||gan_grad|| + eps) clamped to [0, max_weight] (taming's calculate_adaptive_weight); NaN,
+    not clamped, when a norm is not finite (an fp16 overflow: the caller skips the term)."""
     nll_norm = paddle.linalg.norm(nll_grad.astype("float32"))
     gan_norm = paddle.linalg.norm(gan_grad.astype("float32"))
     weight = paddle.clip(nll_norm / (gan_norm + eps), 0.0, max_weight)
@@ -270,69 +176,56 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
 
 
 def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -> Tensor:
-    """dL/dW for any loss L whose gradient at `recon` is `recon_grad` (L depends on W only through recon).
-
-    `paddle.grad` follows only the graph's path from `recon` to W: for W = decoder.conv_out.weight, whose
-    output is `recon`, that is one weight-gradient convolution (vae_tiny, 64 px: 1-3% of the VAE's
-    backward). Keeps the VAE's graph for its real backward and leaves `.grad` untouched.
-    """
+    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`: the graph's path from `recon` back to W only
+    (one small convolution for the decoder's conv_out), keeping the graph and leaving `.grad` untouched."""
     return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
 
 
-def _input_gradient(loss: Tensor, leaf: Tensor) -> Tensor:
-    """d loss / d leaf, freeing the loss's graph (LPIPS's VGG16 or the discriminator's)."""
-    return paddle.grad(loss, leaf)[0]
-
-
-class frozen:
-    """Context manager: no gradients reach a layer's parameters while it is used inside."""
-
-    def __init__(self, layer: paddle.nn.Layer):
-        self.params = [p for p in layer.parameters() if not p.stop_gradient]
-
-    def __enter__(self):
-        for p in self.params:
-            p.stop_gradient = True
-
-    def __exit__(self, *exc):
-        for p in self.params:
+@contextlib.contextmanager
+def frozen(layer: paddle.nn.Layer) -> Iterator[None]:
+    """No gradients reach `layer`'s parameters inside (its inputs still get theirs)."""
+    params = [p for p in layer.parameters() if not p.stop_gradient]
+    for p in params:
+        p.stop_gradient = True
+    try:
+        yield
+    finally:
+        for p in params:
             p.stop_gradient = False
 
 
-# ---------------------------------------------------------------- the objectives
-def _uses_gradnorm(loss_args) -> bool:
-    return getattr(loss_args, "loss_balancing", "none") == "gradnorm"
-
-
 def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
-    kind = getattr(loss_args, "gen_loss", None) or loss_args.disc_loss
+    kind = loss_args.gen_loss or loss_args.disc_loss
     with frozen(discriminator):
         logits_fake = discriminator(recon)
-        # The relative hinge compares with D(x): one more discriminator forward, no VAE forward.
-        logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None
-    return generator_loss(logits_fake, kind, logits_real, getattr(loss_args, "relative_hinge_margin", 0.0))
+        logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
+    return generator_loss(logits_fake, kind, logits_real, loss_args.relative_hinge_margin)
 
 
-def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_image: float, loss_args):
+def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_image: float,
+                  loss_args) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """(kl_weight * kl + latent_penalty_weight * penalty, their logs); the KL per pixel value of the image."""
     kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    penalty_weight = getattr(loss_args, "latent_penalty_weight", 0.0)
-    penalty = latent_penalty(posterior_mean) if penalty_weight > 0 else paddle.zeros([], "float32")
-    return kl, penalty, loss_args.kl_weight * kl + penalty_weight * penalty
+    penalty_weight = loss_args.latent_penalty_weight
+    if penalty_weight <= 0:
+        return loss_args.kl_weight * kl, {"loss/kl": kl}
+    penalty = latent_penalty(posterior_mean)
+    return loss_args.kl_weight * kl + penalty_weight * penalty, {"loss/kl": kl, "loss/latent_penalty": penalty}
 
 
 @dataclass
 class VAELoss:
-    """One micro-batch's VAE objective, as the step differentiates it (module doc, "One backward per head"):
-    its gradient is the backward of `direct` plus `recon_grad` handed to the reconstruction."""
+    """One micro-batch's VAE objective; its gradient is `direct`'s backward plus `recon_grad` entering at the
+    reconstruction (one backward per head)."""
 
-    value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (detached)
+    value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (+ w * vf), detached
     direct: Tensor  # the terms differentiated as they stand (all of the objective when recon_grad is None)
     recon_grad: Optional[Tensor]  # grad_scale * the heads' gradient at the reconstruction, float32
     logs: Dict[str, Tensor]  # detached parts, for logging
 
     def backward(self, recon: Tensor, scale: Callable[[Tensor], Tensor] = lambda loss: loss) -> None:
-        """The objective's backward: `scale(direct)`'s, and `recon_grad` entering at `recon`, in one pass.
-        `scale` must multiply by the `grad_scale` the heads' gradients were taken with."""
+        """`scale(direct)`'s backward and `recon_grad` entering at `recon`, in one pass; `scale` must multiply by
+        the `grad_scale` the heads' gradients were taken with."""
         direct = scale(self.direct)
         if self.recon_grad is None:
             direct.backward()
@@ -343,62 +236,40 @@ class VAELoss:
 
 @dataclass
 class VFTerm:
-    """The VF loss's inputs for one micro-batch (step.py): the projected latent and the foundation model's tokens
-    on one grid ([B, N, C] each, alignment.to_token_grid), and the encoder's last layer E."""
+    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each, on one grid), and the
+    encoder's last layer E."""
 
     projected: Tensor
     features: Tensor
     encoder_last_layer: Tensor
 
 
-def vae_objective(
-    x: Tensor,
-    recon: Tensor,
-    posterior_mean: Tensor,
-    posterior_logvar: Tensor,
-    logvar: Tensor,
-    *,
-    loss_args,
-    lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
-    discriminator: Optional[paddle.nn.Layer],
-    last_layer: Optional[Tensor],
-    gan_active: bool,
-    grad_scale: float | Tensor = 1.0,
-    encoded_pixels: Optional[float] = None,
-    vf: Optional[VFTerm] = None,
-) -> VAELoss:
-    """The VAE's objective for one micro-batch (`VAELoss`: module doc, "One backward per head").
-
-    `grad_scale` (loss scale / accumulation steps, a float or a 0-d tensor): the factor the caller
-    multiplies the loss by before its backward. The heads' gradients are computed with it (fp16: no
-    underflow), and gradnorm needs it, as its backward would otherwise undo the caller's scaling.
-    `encoded_pixels`: C x H x W of the image the posterior encodes, which normalises the KL, when `x` is
-    another (EQ-VAE's transformed target, step.py); default `x`'s. `vf`: the VF loss's inputs (module doc).
-    """
-    if _uses_gradnorm(loss_args):
-        return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args=loss_args, lpips=lpips,
-                                   discriminator=discriminator, gan_active=gan_active, grad_scale=grad_scale,
-                                   encoded_pixels=encoded_pixels)
-    # The heads see a leaf copy of the reconstruction; their gradients there are taken once, below.
-    x_hat = recon.detach()
+def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Tensor, logvar: Tensor, *,
+                  loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
+                  discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_active: bool,
+                  grad_scale: float | Tensor = 1.0, encoded_pixels: Optional[float] = None,
+                  vf: Optional[VFTerm] = None) -> VAELoss:
+    """The VAE's objective for one micro-batch. `grad_scale`: the factor (loss scale / accumulation steps) the
+    caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W of the image the
+    posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s."""
+    pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
+    encoded_pixels = encoded_pixels or pixels_per_image
+    if loss_args.loss_balancing == "gradnorm":
+        return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args, lpips, discriminator,
+                                   gan_active, grad_scale, encoded_pixels)
+    x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
     x_hat.stop_gradient = False
     rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    weighted = getattr(loss_args, "pixel_weight", 1.0) * rec + loss_args.perceptual_weight * perceptual
-    logvar_value = logvar.detach()
-    nll = weighted / logvar_value.exp() + logvar_value
-    pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
-    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels or pixels_per_image,
-                                             loss_args)
-    # nll again, with its path to a learnable output log-variance only.
-    direct = weighted.detach() / logvar.exp() + logvar + latent_loss
+    weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual
+    nll = weighted / logvar.detach().exp() + logvar.detach()
+    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
+    direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
     loss = direct.detach()
-    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, "loss/kl": kl, "train/logvar": logvar}
-    if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
-        logs["loss/latent_penalty"] = penalty
+    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
 
-    nll_grad = _input_gradient(nll * grad_scale, x_hat)
+    nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
     recon_grad = nll_grad.astype("float32")
     if gan_active:
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
@@ -409,8 +280,7 @@ def vae_objective(
         if overflow is not None:
             logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
     if vf is not None:
-        weighted_vf, vf_logs = _weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale,
-                                                 encoded_pixels or pixels_per_image)
+        weighted_vf, vf_logs = _weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale, encoded_pixels)
         direct = direct + weighted_vf
         loss = loss + weighted_vf.detach()
         logs.update(vf_logs)
@@ -420,23 +290,18 @@ def vae_objective(
 
 def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, grad_scale,
                        pixels_per_image) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """The GAN term on the heads' leaf `x_hat`: (gan, its weight d, d * its scaled gradient at the
-    reconstruction in float32, the adaptive weight's overflow flag or None without the adaptive weight).
-
-    `nll_grad`: the scaled gradient of nll at the reconstruction, for the adaptive weight.
-    """
+    """(gan on the leaf `x_hat`, its weight d, d * its scaled gradient at the reconstruction in float32, the
+    adaptive weight's overflow flag or None); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = _generator_term(x, x_hat, discriminator, loss_args)
-    gan_grad = _input_gradient(gan * grad_scale, x_hat)
+    gan_grad = paddle.grad(gan * grad_scale, x_hat)[0]  # frees the discriminator's graph
     if not loss_args.adaptive_disc_weight:
         d_weight = paddle.full([], loss_args.disc_weight, "float32")
         return gan, d_weight, gan_grad.astype("float32") * d_weight, None
-    # Both gradients carry grad_scale; so does the epsilon, which leaves the ratio unchanged. Clamp: LDM's,
-    # in our units (module doc).
+    # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
     weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer),
                              last_layer_gradient(recon, gan_grad, last_layer),
                              max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image, eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
-    # An overflow skips the GAN term of this micro-batch (weight 0, and none of its gradient, which may be
-    # the non-finite one) instead of making the loss NaN; counted by the step (no host read here).
+    # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
     overflow = ~paddle.isfinite(weight)
     d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
     weighted_grad = gan_grad.astype("float32") * d_weight
@@ -445,13 +310,13 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
 
 def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, grad_scale,
                       pixels_per_image: float) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """w * (L_mdms + L_mcos) and its logs (module doc, "VF loss"); `nll_grad`: the scaled gradient of nll at the
-    reconstruction."""
+    """w * (L_mdms + L_mcos) and its logs; w adaptive from the encoder's last layer with --adaptive_vf (a
+    non-finite w is 0); `nll_grad`: nll's scaled gradient at the reconstruction."""
     mdms, mcos = vf_loss(vf.projected, vf.features, loss_args.distmat_margin, loss_args.cos_margin)
     value = mdms + mcos
     weight = paddle.full([], loss_args.vf_weight, "float32")
     if loss_args.adaptive_vf:
-        nll_at_encoder = paddle.grad(recon, vf.encoder_last_layer, grad_outputs=nll_grad, retain_graph=True)[0]
+        nll_at_encoder = last_layer_gradient(recon, nll_grad, vf.encoder_last_layer)
         vf_at_encoder = paddle.grad(value * grad_scale, vf.encoder_last_layer, retain_graph=True)[0]
         ratio = adaptive_weight(nll_at_encoder, vf_at_encoder, max_weight=VF_WEIGHT_MAX / pixels_per_image,
                                 eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
@@ -461,13 +326,10 @@ def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, gr
     return weight * value, logs
 
 
-def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args, lpips, discriminator,
-                        gan_active, grad_scale, encoded_pixels=None) -> VAELoss:
-    """--loss_balancing gradnorm: each branch gets its own gradient-normalised copy of the reconstruction.
-
-    The branch weights act in the backward only, so the loss value is the unweighted sum of the branch
-    losses (plus the weighted latent terms); the output log-variance and the adaptive weight are unused.
-    """
+def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args, lpips, discriminator, gan_active,
+                        grad_scale, encoded_pixels) -> VAELoss:
+    """--loss_balancing gradnorm: each branch on its own gradient-normalised copy of the reconstruction; the
+    weights act in the backward only, so the value is the unweighted sum of the branches (+ latent terms)."""
     scope = loss_args.gradnorm_scope
     if isinstance(grad_scale, Tensor):  # e.g. fp16 loss scale / accumulation steps
         grad_scale = grad_scale.item()
@@ -475,17 +337,14 @@ def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args
     def branch(weight: float) -> Tensor:
         return normalize_gradient(recon, weight * grad_scale, scope)
 
-    zero = paddle.zeros([], "float32")
-    pixel_weight = getattr(loss_args, "pixel_weight", 1.0)
-    rec = pixel_term(x, branch(pixel_weight), loss_args) if pixel_weight > 0 else pixel_term(x, recon.detach(), loss_args)
+    pixel_weight = loss_args.pixel_weight
+    rec = pixel_term(x, branch(pixel_weight) if pixel_weight > 0 else recon.detach(), loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
-    perceptual = lpips(x, branch(loss_args.perceptual_weight)).astype("float32").mean() if use_lpips else zero
-    pixels_per_image = encoded_pixels or float(x.shape[1] * x.shape[2] * x.shape[3])
-    kl, penalty, latent_loss = _latent_terms(posterior_mean, posterior_logvar, pixels_per_image, loss_args)
+    perceptual = (lpips(x, branch(loss_args.perceptual_weight)).astype("float32").mean() if use_lpips
+                  else paddle.zeros([], "float32"))
+    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
     loss = rec + perceptual + latent_loss
-    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/kl": kl}
-    if getattr(loss_args, "latent_penalty_weight", 0.0) > 0:
-        logs["loss/latent_penalty"] = penalty
+    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
     if gan_active:
         gan = _generator_term(x, branch(loss_args.disc_weight), discriminator, loss_args)
         loss = loss + gan
@@ -494,28 +353,16 @@ def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, *, loss_args
     return VAELoss(loss.detach(), loss, None, {k: v.detach() for k, v in logs.items()})
 
 
-def discriminator_objective(
-    discriminator: paddle.nn.Layer,
-    x: Tensor,
-    recon: Tensor,
-    kind: str,
-    *,
-    lecam_weight: float = 0.0,
-    lecam_ema: Optional[Tensor] = None,
-    lecam_decay: float = 0.99,
-) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The discriminator's loss on real images and detached reconstructions, and its logs.
-
-    With `lecam_weight` > 0, adds lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)]
-    (from earlier steps), then updates the EMA in place with this batch.
-    """
+def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,
+                            lecam_weight: float = 0.0, lecam_ema: Optional[Tensor] = None,
+                            lecam_decay: float = 0.99) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """The discriminator's loss on real images and detached reconstructions, and its logs; with `lecam_weight`
+    > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then updates that EMA."""
     logits_real = discriminator(x.detach())
     logits_fake = discriminator(recon.detach())
     loss = discriminator_loss(logits_real, logits_fake, kind)
-    logs = {
-        "gan/logits_real": logits_real.astype("float32").mean(),
-        "gan/logits_fake": logits_fake.astype("float32").mean(),
-    }
+    logs = {"gan/logits_real": logits_real.astype("float32").mean(),
+            "gan/logits_fake": logits_fake.astype("float32").mean()}
     if lecam_weight > 0:
         previous = lecam_ema.detach().clone()  # the in-place EMA update below must not reach this loss
         lecam = lecam_regularization(logits_real, logits_fake, previous[0], previous[1])

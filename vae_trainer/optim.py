@@ -1,13 +1,6 @@
-"""Optimizers, LR schedules and gradient clipping for the VAE and the discriminator, the same in both drivers.
-
-AdamW (betas from --adam_beta1/--adam_beta2, LDM uses 0.5/0.9), no weight decay on biases and norms, and
-PaddleNLP's `get_scheduler` (--lr_scheduler_type with --warmup_steps / --warmup_ratio). The discriminator's
-schedule starts counting at --disc_start, so its warm-up happens when it actually starts training. With
---scale_lr both peak rates are multiplied by the global batch (`scaled_learning_rate`).
-
-Clipping (--max_grad_norm, per network) is not the optimizer's `grad_clip`: the training step calls
-`grad_norm` once, uses that norm for its finite check, then `clip_grads` with it, then `optimizer.step()`
-(step.py), so the order is visible in one place and the norm is computed once.
+"""Optimizers, LR schedules and gradient clipping of the VAE and the discriminator, the same in both drivers:
+AdamW without decay on biases and norms, PaddleNLP's schedules (the discriminator's counted from --disc_start),
+and the step's own global-norm clipping (docs/training.md, "One block per optimizer step").
 """
 
 from __future__ import annotations
@@ -51,8 +44,7 @@ def build_optimizer(args, named_parameters: List, lr_scheduler) -> paddle.optimi
 
 
 def scaled_learning_rate(args, learning_rate: float) -> float:
-    """--scale_lr: LDM's rule, lr x per-device batch x accumulation x processes (the reference trainer's
-    ngpu x batch_size x lr, which has no accumulation)."""
+    """--scale_lr: LDM's rule, lr x per-device batch x accumulation x processes."""
     if not getattr(args, "scale_lr", False):
         return learning_rate
     return learning_rate * args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
@@ -67,7 +59,8 @@ def build_vae_optimizer(args, model):
 
 def build_disc_optimizer(args, model, disc_start: int):
     """Scheduler and optimizer of the discriminator; its schedule covers the steps after disc_start."""
-    lr = scaled_learning_rate(args, args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate)
+    lr = args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate
+    lr = scaled_learning_rate(args, lr)
     scheduler = build_scheduler(args, lr, args.max_steps - min(disc_start, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.")]
     return build_optimizer(args, named, scheduler), scheduler
@@ -75,12 +68,8 @@ def build_disc_optimizer(args, model, disc_start: int):
 
 @paddle.no_grad()
 def grad_norm(parameters: Sequence[paddle.Tensor]) -> paddle.Tensor:
-    """Global L2 norm of the gradients of `parameters` (a 0-d float32 tensor on the device; no host sync).
-
-    Squares are summed in float32, so half-precision gradients (O2) do not overflow the norm; it is
-    non-finite exactly when some gradient is (or when the norm itself exceeds float32, ~1.8e19).
-    `paddle.nn.utils.clip_grad_norm_` takes each norm in the gradient's own dtype, which overflows in fp16.
-    """
+    """Global L2 norm of the gradients, a 0-d float32 tensor on the device; squares summed in float32 (unlike
+    `paddle.nn.utils.clip_grad_norm_`), so fp16 gradients do not overflow it."""
     squares = [p.grad.astype("float32").square().sum() for p in parameters if p.grad is not None]
     if not squares:
         return paddle.zeros([], "float32")
@@ -89,8 +78,8 @@ def grad_norm(parameters: Sequence[paddle.Tensor]) -> paddle.Tensor:
 
 @paddle.no_grad()
 def clip_grads(parameters: Sequence[paddle.Tensor], norm: paddle.Tensor, max_norm: float) -> None:
-    """Scale the gradients in place so that their global norm (`norm`, from `grad_norm`) is at most
-    `max_norm`; the rule of `paddle.nn.ClipGradByGlobalNorm`. `max_norm` <= 0 disables clipping."""
+    """Scale the gradients in place to a global norm (`norm`, from `grad_norm`) of at most `max_norm`, the rule
+    of `paddle.nn.ClipGradByGlobalNorm`; `max_norm` <= 0 disables clipping."""
     if max_norm <= 0:
         return
     scale = max_norm / paddle.clip(norm, min=max_norm)

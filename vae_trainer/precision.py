@@ -1,24 +1,6 @@
-"""Mixed precision: autocast, fp16 loss scaling (one scaler per network), O2 weights in and out of training.
-
---fp16 / --bf16 with --fp16_opt_level O1 (autocast, float32 weights) or O2 (half-precision weights with
-float32 master weights in the optimizers: `multi_precision`). fp16 uses dynamic loss scaling with
-SEPARATE scalers for the VAE and the discriminator, so an overflow in one network's backward does not
-skip or rescale the other's update. The scale never drops below --min_loss_scale (a run whose gradients
-stay non-finite is stopped by the step's --max_consecutive_overflow_steps instead of training on
-gradients scaled to zero). bf16 needs no scaling. LPIPS normalises in float32 and the KL is computed in
-float32 (losses.py), so neither overflows in half precision.
-
-Outside the training step the weights' dtype decides: `half_precision_autocast(layer)` runs evaluation and
-image logging of an O2 (half-precision) VAE under O2 autocast, so float32 images meet float16 weights
-correctly; `restore_float32` puts the optimizers' float32 master weights back into the model after O2
-training, so the final evaluation and the export are float32. Frozen layers (--freeze_encoder) are never
-cast: they stay float32 under O2 (`setup_precision`'s `keep_float32`), bit-identical to what was loaded.
-The model's own tensors (the container's log-variance and LeCAM's EMA buffer) stay float32 under O2 too.
-
-On CPU Paddle does no autocast (`auto_cast` is a no-op there and GradScaler disables itself), and
-half-precision conv kernels do not exist, so O2 decoration is skipped: the flags run in float32 with a
-warning. Only the GPU does real mixed precision; that path follows Paddle's AMP documentation and has
-been exercised only on CPU here (tests force the scaler on).
+"""Mixed precision for both drivers: autocast, fp16 loss scaling (one scaler per network, with a floor), O2
+decoration (GPU only: on CPU the flags run in float32 with a warning), and O2 weights back to float32 after
+training (`restore_float32`) or under autocast outside the step (`half_precision_autocast`). docs/training.md.
 """
 
 from __future__ import annotations
@@ -36,16 +18,9 @@ HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 
 
 class LossScaler(paddle.amp.GradScaler):
-    """Paddle's GradScaler, updated from the training step's own overflow decision, with a floor.
-
-    - `update_after(found_inf)`: GradScaler.update() reads `_cache_found_inf`, which only its own
-      step()/minimize() set; the training step steps the optimizers itself, after its own finite check.
-    - The scale never goes below `min_loss_scale`.
-    - `scale_value` is the scale as a Python float: the step decides overflows on the host, so the new
-      scale is known there without reading the device (no host sync for logging or the floor).
-    - Paddle 3.3.1's `_update` formats `float(self._scale)` (a 1-element tensor) when it lowers the
-      scale, which numpy 2.4 refuses: fp16 training would crash at its first overflow. Not here.
-    """
+    """Paddle's GradScaler, updated from the step's own overflow decision (`update_after`), never below
+    `min_loss_scale`, with the scale kept on the host (`scale_value`: no device read). Its own `_update` is
+    replaced: Paddle 3.3.1's formats `float(self._scale)`, which numpy 2.4 refuses at the first overflow."""
 
     def __init__(self, init_loss_scaling: float, min_loss_scale: float = 1.0):
         super().__init__(init_loss_scaling=init_loss_scaling)
@@ -87,6 +62,8 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
+    """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator."""
+
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
     vae_scaler: Optional[LossScaler] = None
@@ -103,8 +80,7 @@ class Precision:
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
 
     def vae_loss_scale(self) -> float:
-        """The VAE's current fp16 loss scale (1.0 without fp16), a host number."""
-        return self.vae_scaler.scale_value if self.scales_losses else 1.0
+        return self.loss_scales()["vae"]
 
     def scale_vae(self, loss: paddle.Tensor) -> paddle.Tensor:
         return self.vae_scaler.scale(loss) if self.vae_scaler is not None else loss
@@ -120,8 +96,7 @@ class Precision:
             self.disc_scaler.unscale_(disc_optimizer)
 
     def update_scales(self, vae_overflow: bool, disc_overflow: Optional[bool]) -> None:
-        """After the optimizer step: lower the scale of a network that overflowed, or count a good step.
-        disc_overflow None: the discriminator had no gradients this step (GAN off), its scale is left alone."""
+        """After the optimizer step; disc_overflow None (GAN off) leaves the discriminator's scale alone."""
         if self.vae_scaler is not None:
             self.vae_scaler.update_after(vae_overflow)
         if disc_overflow is not None and self.disc_scaler is not None:
@@ -134,13 +109,9 @@ class Precision:
         return {"vae": self.vae_scaler.scale_value, "discriminator": self.disc_scaler.scale_value}
 
     def stateful(self) -> dict:
-        """Checkpoint entries for the loss scalers (their scale and good-step counters)."""
-        out = {}
-        if self.vae_scaler is not None:
-            out["vae_scaler.pdparams"] = self.vae_scaler
-        if self.disc_scaler is not None:
-            out["disc_scaler.pdparams"] = self.disc_scaler
-        return out
+        """Checkpoint entries for the loss scalers."""
+        scalers = {"vae_scaler.pdparams": self.vae_scaler, "disc_scaler.pdparams": self.disc_scaler}
+        return {name: scaler for name, scaler in scalers.items() if scaler is not None}
 
 
 def on_gpu() -> bool:
@@ -148,11 +119,8 @@ def on_gpu() -> bool:
 
 
 def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.nn.Layer] = ()) -> Precision:
-    """Build the Precision for --fp16/--bf16 and decorate the model for O2 (GPU only).
-
-    `keep_float32`: layers whose weights O2 must not cast (paddle.amp.decorate's `excluded_layers`): frozen
-    ones (--freeze_encoder). No optimizer keeps a float32 master copy of a frozen weight, so a half-precision
-    cast would round it for good (the EMA, `restore_float32` and the export would all see the rounding)."""
+    """The Precision for --fp16/--bf16; decorates `model` for O2 on a GPU, except `keep_float32` (frozen layers,
+    which no optimizer keeps a float32 master copy of) and the root's own tensors (logvar, LeCAM's EMA)."""
     if args.fp16 and args.bf16:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
@@ -161,14 +129,12 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
         raise ValueError(f"--min_loss_scale must be > 0 (got {args.min_loss_scale}): a zero scale zeroes the gradients")
     dtype = "float16" if args.fp16 else "bfloat16"
     if not on_gpu():
-        logger.warning(
-            "--%s on %s: Paddle does no autocast on this device, so training runs in float32 "
-            "(the mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16", paddle.get_device()
-        )
+        logger.warning("--%s on %s: Paddle does no autocast on this device, so training runs in float32 (the "
+                       "mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16",
+                       paddle.get_device())
     elif args.fp16_opt_level == "O2":
-        # O2 casts layer by layer, the root's own tensors included: the container's log-variance and LeCAM's
-        # EMA (scalars; 0.1 becomes 0.09998 and an EMA step of decay 0.99 vanishes under fp16 rounding). The
-        # flag Paddle's `excluded_layers` sets, on the root alone, keeps them float32; sublayers are cast as usual.
+        # The flag Paddle's `excluded_layers` sets, on the root alone: its own scalars stay float32 (an fp16 EMA
+        # step of decay 0.99 vanishes in rounding); sublayers are cast as usual.
         model._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
     scalers = {}
@@ -192,12 +158,8 @@ def half_dtype(layer: paddle.nn.Layer) -> Optional[str]:
 
 
 def half_precision_autocast(layer: paddle.nn.Layer):
-    """The context for a forward of `layer` outside the training step (evaluation, image logging).
-
-    O2 weights are float16/bfloat16 while images are float32: O2 autocast casts the inputs to the
-    weights' dtype (norms stay float32); callers cast the outputs to float32. With float32 weights
-    (no mixed precision, or O1) nothing changes, and evaluation runs in float32.
-    """
+    """The context for a forward of `layer` outside the step: O2 autocast if its weights are half precision (float32
+    images in; callers cast the outputs to float32), else nothing."""
     dtype = half_dtype(layer)
     if dtype is None:
         return contextlib.nullcontext()
@@ -205,11 +167,8 @@ def half_precision_autocast(layer: paddle.nn.Layer):
 
 
 def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
-    """After O2 training: `layer` back in float32, holding the optimizers' float32 master weights.
-
-    The half-precision weights are roundings of the master weights (`multi_precision`); evaluating and
-    exporting those would lose the precision the optimizer kept. A no-op when `layer` is float32.
-    """
+    """After O2 training: `layer` back in float32 with the optimizers' float32 master weights (not their
+    half-precision roundings); a no-op when `layer` is float32."""
     if half_dtype(layer) is None:
         return
     masters = {}

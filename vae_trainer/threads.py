@@ -1,30 +1,7 @@
-"""CPU compute threads: use the whole machine unless the user says otherwise.
-
-Owns: choosing `OMP_NUM_THREADS` for a process that is about to import Paddle. Must not import Paddle
-(nor anything that does): Paddle's import sets `OMP_NUM_THREADS=1` when it is unset, and its dygraph CPU
-kernels take their threads from OpenMP, which reads the variable once; `FLAGS_paddle_num_threads` adds
-no thread in dygraph. So the entry points (`train_vae_trainer.py`, `train_vae_no_trainer.py`,
-`scripts/eval_vae.py`) call `set_default_threads` first thing, before any Paddle import.
-
-The rule, when the user has not set `OMP_NUM_THREADS`:
-
-    threads = max(1, usable CPUs // processes on this node - reserve)
-
-- usable CPUs: this process's CPU affinity (`taskset`, cpusets, `--cpuset-cpus`), capped by a cgroup
-  CPU quota (`docker --cpus`, Kubernetes limits) when there is one;
-- processes on this node: `PADDLE_LOCAL_SIZE`, which `paddle.distributed.launch` gives each worker
-  (`--nproc_per_node`, or one per GPU); else the endpoints on this host in `PADDLE_TRAINER_ENDPOINTS`
-  (older launchers); else 1;
-- reserve: one core per process for its dataloader workers when it has any and at least 4 cores of
-  its own, else none. Workers decode images: a batch costs a small fraction of a training step, so a
-  whole core per worker would starve the compute on small machines, while on larger ones one core kept
-  free stops decoding bursts from pre-empting an OpenMP thread (every thread of a kernel waits for the
-  slowest).
-
-The user's setting always wins. One trap: the launcher imports Paddle itself before it starts the
-workers, so a worker inherits `OMP_NUM_THREADS=1` even when the user never set it. A launcher worker
-whose value is "1" therefore checks the environment its launcher (the parent process) started with,
-`/proc/<ppid>/environ`; where that cannot be read (not Linux), the "1" is taken to be Paddle's.
+"""CPU compute threads: set `OMP_NUM_THREADS` before Paddle is imported (its import sets 1 when unset, and its
+CPU kernels read the variable once), unless the user did: max(1, usable CPUs // processes on this node -
+reserve). The entry points call `set_default_threads` first thing; this module must not import Paddle.
+The rule and the launcher's trap: docs/launching.md, "CPU threads".
 """
 
 from __future__ import annotations
@@ -37,7 +14,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 VARIABLE = "OMP_NUM_THREADS"
-_CORES_BEFORE_RESERVING = 4  # a process with fewer cores keeps them all for compute
+# With workers and at least this many cores, one core per process is left to decode (docs/launching.md).
+_CORES_BEFORE_RESERVING = 4
 _LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
 # The flag and its reference-trainer alias (vae_trainer.arguments.ALIASES; a test keeps them in step).
 WORKER_FLAGS = ("dataloader_num_workers", "num_workers")
@@ -132,7 +110,8 @@ def parent_environment() -> Optional[dict]:
 
 
 def set_by_user(environ: Mapping[str, str], parent_environ: Optional[Mapping[str, str]]) -> bool:
-    """Did the user choose OMP_NUM_THREADS (as opposed to Paddle's import inside a launcher)?"""
+    """Did the user choose OMP_NUM_THREADS? Under a launcher, whose Paddle import sets "1" before the workers
+    start, a "1" is the user's only if the launcher's own environment had it."""
     if VARIABLE not in environ:
         return False
     under_launcher = any(name in environ for name in _LAUNCHER_VARIABLES)
@@ -154,10 +133,8 @@ def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
 
 
 def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
-    """Set OMP_NUM_THREADS for this process unless the user did; log the choice on stderr.
-
-    Does nothing (returns None) once Paddle is imported: the setting could no longer take effect.
-    """
+    """Set OMP_NUM_THREADS for this process unless the user did, and log the choice on stderr; nothing (None)
+    once Paddle is imported, when it could no longer take effect."""
     if "paddle" in sys.modules:
         return None
     argv = sys.argv[1:] if argv is None else argv
