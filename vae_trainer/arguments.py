@@ -224,8 +224,8 @@ class VAETrainingArguments(TrainingArguments):
     recompute: bool = flag(False, "Gradient checkpointing of the VAE (less memory, more compute).")
     stall_timeout: float = flag(
         DEFAULT_STALL_TIMEOUT,
-        "Seconds without a finished training step, evaluation batch or save (on any rank, the first batch's wait "
-        "included) after which the run reports what each thread was doing and exits with "
+        "Seconds without a finished training step, evaluation batch or save (on any rank; start-up and the first "
+        "batch's wait included) after which the run reports what each thread was doing and exits with "
         f"{STALL_EXIT_CODE}, so the launcher stops it and a scheduler can requeue it. 0: off. Pick it above your "
         "slowest save or evaluation batch.")
     device: str = flag(
