@@ -301,7 +301,7 @@ def is_checkpoint_of(output_dir: str, checkpoint: str, step: Optional[int] = Non
 def _set_aside(output_dir: str, resume: str) -> List[str]:
     found = list_checkpoints(output_dir)
     step = checkpoint_step(resume)
-    if is_checkpoint_of(output_dir, resume):
+    if any(os.path.realpath(path) == os.path.realpath(resume) for _, path in found):
         later = [path for found_step, path in found if step is not None and found_step > step]
         name, after = f"after-{PREFIX}-{step}", step
     else:

@@ -128,9 +128,11 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
             continue
         members = _file_list_members(given) if flag.endswith("file_list") else [given]
         for member in members:
-            holder = _doomed_holder(_realpath(member, real_folders), doomed)
-            if holder is not None:
-                return flag, given, member, holder
+            real = _realpath(member, real_folders)
+            while real not in doomed and os.path.dirname(real) != real:  # is it, or one of its folders, doomed?
+                real = os.path.dirname(real)
+            if real in doomed:
+                return flag, given, member, doomed[real]
     return None
 
 
@@ -141,17 +143,6 @@ def _realpath(path: str, real_folders: Dict[str, str]) -> str:
         real_folders[folder] = os.path.realpath(folder)
     real = os.path.join(real_folders[folder], name)
     return os.path.realpath(real) if os.path.islink(real) else real
-
-
-def _doomed_holder(real: str, doomed: Dict[str, str]) -> Optional[str]:
-    """The doomed path that is `real` or one of its folders, or None."""
-    while True:
-        if real in doomed:
-            return doomed[real]
-        parent = os.path.dirname(real)
-        if parent == real:
-            return None
-        real = parent
 
 
 def _file_list_members(file_list: str) -> List[str]:

@@ -101,13 +101,12 @@ def start(timeout: Optional[float], rank: int = 0, activity: Optional[str] = Non
     """Watch this process from now on (`timeout` None or 0: off), busy with `activity` (default: the first batch)."""
     global _current
     stop()
-    if timeout and timeout > 0:
-        _current = _Watchdog(float(timeout), rank)
-        if activity:
-            _current.activity = activity
-        _current._thread.start()
-        if activity:
-            return
+    if not timeout or timeout <= 0:
+        return
+    _current = _Watchdog(float(timeout), rank)
+    _current.activity = activity or _current.activity
+    _current._thread.start()
+    if not activity:
         logger.info("stall watchdog: a rank that finishes no step, evaluation batch or save for %g s ends the run "
                     "(--stall_timeout; 0 turns it off)", timeout)
 
