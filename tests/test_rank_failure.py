@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 
-import pytest
 from conftest import DRIVERS, REPO, tiny_args
 from test_multinode import NODES, free_port, launch_node, node_logs
 

@@ -290,12 +290,9 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
     return moved
 
 
-def is_checkpoint_of(output_dir: str, checkpoint: str, step: Optional[int] = None) -> bool:
-    """Whether `checkpoint` is one of OUTPUT_DIR's complete checkpoints (with `step`: OUTPUT_DIR/checkpoint-`step`
-    itself, decided without listing the folder). Compared after realpath."""
-    real = os.path.realpath(checkpoint)
-    candidates = list_checkpoints(output_dir) if step is None else [(step, checkpoint_path(output_dir, step))]
-    return any(os.path.realpath(path) == real for _, path in candidates)
+def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
+    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself (compared after realpath)."""
+    return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
 
 
 def _set_aside(output_dir: str, resume: str) -> List[str]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# What a run writes into OUTPUT_DIR besides checkpoints: final_save.save_final_models's folders at the end, the evaluations.
+# What a run writes into OUTPUT_DIR besides checkpoints: the final exports (final_save.py), the evaluations.
 EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
 # What an export killed mid-way leaves (disk.written_atomically writes FOLDER.tmp, keeps FOLDER.old briefly).
 EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))

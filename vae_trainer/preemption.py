@@ -26,7 +26,8 @@ class Preempted(Exception):
     def __init__(self, signal_name: str, step: int, checkpoint: str):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         super().__init__(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command with "
-                         f"--resume_from_checkpoint latest continues exactly from there (exit code {PREEMPTED_EXIT_CODE})")
+                         "--resume_from_checkpoint latest continues exactly from there "
+                         f"(exit code {PREEMPTED_EXIT_CODE})")
 
 
 class StopRequest:
