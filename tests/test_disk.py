@@ -36,9 +36,10 @@ def run(driver, args):
                           env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
 def test_a_full_disk_stops_with_a_message_the_last_checkpoint_intact_and_resume_continues(
-        small_disk, tmp_path, photo_filelist, driver):
+        small_disk, tmp_path, photo_filelist, driver=DRIVERS[0]):
+    """One entry point: both save through checkpoint.save_checkpoint (the plain loop's full-disk save under the
+    launcher: tests/test_rank_failure.py)."""
     output_dir = small_disk / "run"
     args = tiny_args(photo_filelist, output_dir, max_steps=4, save_steps=2, logging_dir=tmp_path / "logs")
     result = run(driver, args)

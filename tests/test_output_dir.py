@@ -4,12 +4,10 @@ only what our runs wrote: never a user's file, never another run's logs, whateve
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
-from conftest import DRIVERS, REPO, run_entry_point, tiny_args
+from conftest import DRIVERS, run_entry_point, run_in_process, tiny_args
+from test_distributed import as_rank_1  # noqa: F401 (a fixture)
 
 from vae_trainer import checkpoint as ckpt
 from vae_trainer import output_dir as run_dir
@@ -166,48 +164,20 @@ def test_run_inputs_name_the_pretrained_subfolder_and_not_a_resumed_checkpoint()
     assert "--resume_from_checkpoint" not in reads and reads["--file_list"] == "a.filelist"
 
 
-WORKER = textwrap.dedent(
-    """
-    import json, sys
-    import paddle
-    sys.path.insert(0, sys.argv[1])
-    from vae_trainer import output_dir as run_dir
-    from vae_trainer.distributed import init_distributed, rank
-
-    class Args:
-        output_dir, logging_dir, resume_from_checkpoint = sys.argv[2], sys.argv[2] + "/logs", None
-        overwrite_output_dir = sys.argv[3] == "overwrite"
-
-    paddle.set_device("cpu")
-    init_distributed()
-    if rank() == 1:  # rank 1 would see nothing to protect: only rank 0's view may count
-        run_dir.earlier_run = lambda output_dir: []
-    try:
-        run_dir.prepare_output_dir(Args())
-        outcome = "started"
-    except FileExistsError:
-        outcome = "refused"
-    print("RESULT " + json.dumps({"outcome": outcome}))
-    from vae_trainer.distributed import run_and_exit
-    run_and_exit(lambda: None)  # ends as the entry points do (no SIGABRT at exit)
-    """
-)
-
-
-@pytest.mark.parametrize("mode,outcome", [("refuse", "refused"), ("overwrite", "started")])
-def test_two_ranks_take_rank_zeros_decision(tmp_path, mode, outcome):
-    output_dir = tmp_path / "out"
-    earlier_run(str(output_dir))
-    (tmp_path / "worker.py").write_text(WORKER)
-    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
-                    str(tmp_path / "log"), str(tmp_path / "worker.py"), REPO, str(output_dir), mode],
-                   cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    for rank in (0, 1):
-        log = (tmp_path / "log" / f"workerlog.{rank}").read_text()
-        assert json.loads(log.split("RESULT ", 1)[1].splitlines()[0]) == {"outcome": outcome}, log[-2000:]
-    remaining = sorted(os.listdir(output_dir))
-    assert remaining == (["launch_logs", "notes.txt"] if mode == "overwrite" else remaining)
-    assert ("checkpoint-4" in remaining) == (mode == "refuse")
+@pytest.mark.parametrize("rank_0_refuses", [True, False])
+def test_rank_1_takes_rank_zeros_decision_and_deletes_nothing(as_rank_1, tmp_path, monkeypatch, rank_0_refuses):
+    """This process as rank 1 of 2 (the collectives simulated: test_distributed.py); the real two-process
+    agreement is proven by tests/test_rank_failure.py."""
+    earlier_run(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.setattr(run_dir, "check_shared", lambda output_dir: None)  # its own test: test_distributed.py
+    as_rank_1.failure = (FileExistsError, "--output_dir holds an earlier run") if rank_0_refuses else None
+    if rank_0_refuses:  # rank 1 alone would see nothing to protect: only rank 0's view counts
+        with pytest.raises(FileExistsError, match="rank 0: .*earlier run"):
+            run_dir.prepare_output_dir(Args(tmp_path))
+    else:
+        run_dir.prepare_output_dir(Args(tmp_path, overwrite=True))
+    assert sorted(os.listdir(tmp_path)) == before  # rank 0 alone deletes
 
 
 # ---------------------------------------------------------------- both entry points, for real
@@ -227,19 +197,31 @@ def snapshot(output_dir):
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_second_run_is_refused_then_overwrite_starts_clean(photo_filelist, tmp_path, driver):
+def test_both_entry_points_refuse_an_earlier_run_or_deleting_an_input_before_writing(photo_filelist, tmp_path,
+                                                                                     driver):
+    earlier_run(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        run_in_process(driver, run_args(photo_filelist, tmp_path, max_steps=1))
+    message = str(refused.value.code)  # one `error:` line (SystemExit's message), no traceback
+    assert message.startswith("error:") and "--resume_from_checkpoint" in message
+    assert "--overwrite_output_dir" in message
+    from_export = run_args(photo_filelist, tmp_path, max_steps=1, overwrite_output_dir="true",
+                           pretrained_model_name_or_path=os.path.join(tmp_path, "vae") + os.sep)
+    with pytest.raises(SystemExit) as refused:
+        run_in_process(driver, from_export)
+    assert "--overwrite_output_dir would delete" in str(refused.value.code)
+    assert "--pretrained_model_name_or_path" in str(refused.value.code)
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_starts_clean_after_a_real_run(photo_filelist, tmp_path):
+    """One entry point end to end (both entry points' refusals: above, in-process)."""
+    driver = DRIVERS[1]
     output_dir = str(tmp_path / "out")
     run_entry_point(driver, run_args(photo_filelist, output_dir, max_steps=2))
     first = snapshot(output_dir)
     assert "checkpoint-2/trainer_state.json" in first and any(p.startswith("logs/vdlrecords") for p in first)
-
-    again = subprocess.run([sys.executable, os.path.join(REPO, driver), *map(str, run_args(photo_filelist, output_dir,
-                                                                                                  max_steps=2))],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
-    assert again.returncode != 0
-    assert "--resume_from_checkpoint" in again.stderr and "--overwrite_output_dir" in again.stderr
-    assert "Traceback" not in again.stderr
-    assert snapshot(output_dir) == first  # nothing written, nothing deleted
 
     # A shorter new run: the old checkpoint-2 would otherwise survive and win `latest`; --report_to none
     # writes no logs, so no log folder may remain either.
@@ -250,12 +232,3 @@ def test_second_run_is_refused_then_overwrite_starts_clean(photo_filelist, tmp_p
     assert ckpt.resolve_resume(output_dir, "latest").endswith("checkpoint-1")
     second = snapshot(output_dir)
     assert all(second[path] > first.get(path, 0) for path in second)  # all of it is the new run's
-
-    # Issue 17.2: continuing from the last export into the same folder "from scratch" deleted OUT/vae first.
-    from_export = run_args(photo_filelist, output_dir, max_steps=1, overwrite_output_dir="true",
-                           pretrained_model_name_or_path=os.path.join(output_dir, "vae") + os.sep)
-    refused = subprocess.run([sys.executable, os.path.join(REPO, driver), *map(str, from_export)], cwd=REPO,
-                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "--overwrite_output_dir would delete" in refused.stderr and "--pretrained_model_name_or_path" in refused.stderr
-    assert snapshot(output_dir) == second  # the export it reads, and everything else, still there

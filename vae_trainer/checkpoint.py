@@ -1,41 +1,8 @@
-"""What a checkpoint holds, how it is written safely, found again, loaded and rotated.
+"""Checkpoints: what `OUTPUT_DIR/checkpoint-N/` holds, how it is written (atomically, fsynced, with a manifest),
+found again (`latest`, complete ones only), loaded, rotated and set aside on a rollback.
 
-`OUTPUT_DIR/checkpoint-N/` (the same layout from both drivers, so either can resume the other's run):
-
-    model_state.pdparams       VAE + discriminator + output log-variance (VAEWithDiscriminator)
-    optimizer.pdopt            VAE optimizer          scheduler.pdparams       VAE LR schedule
-    disc_optimizer.pdopt       discriminator optimizer  disc_scheduler.pdparams  its LR schedule
-    <name>.pdparams            any further state a driver registers (build.Optimization.stateful: fp16
-                               loss scalers, the non-finite guard's skip counters, EMA weights)
-    trainer_state.json         PaddleNLP TrainerState (global_step, best metric, log history)
-    rank_state_R.pdparams      per rank: RNG states (this device's and the CPU's paddle generator, numpy,
-                               random) and the data position
-    vae_config.json            the VAE's AutoencoderKL config     discriminator_config.json  its build kwargs
-    export_config.json         what an export needs beyond weights (posterior_std, scaling-factor mode,
-                               input_size, resolution, the images the latent statistics are measured on):
-                               `scripts/export_vae.py` turns any checkpoint into a VAE folder
-    manifest.json              every other file's name and size; written last, by rank 0
-
-An O2 (half-precision) run saves the half-precision weights in model_state.pdparams and their float32
-master copies in the optimizer files; `read_model_state` gives the float32 ones back. Names follow the
-PaddleNLP Trainer's. Every rank writes into `checkpoint-N.tmp/`; once all have
-finished (a failure on any rank stops every rank with its message: `distributed.all_ranks_agree`),
-rank 0 renames it to `checkpoint-N` (an atomic rename), so a process killed mid-save leaves at
-most a `.tmp` folder, which `latest` never picks and the next save removes. Against a node crash: every file
-and the folder are fsynced before the rename (the parent after it), and `latest`, rotation, the rollback and
-an explicit resume take only checkpoints whose files match their manifest (one without a manifest, from an
-earlier version, needs its trainer_state.json as before). A resume with another number of ranks restarts
-the data stream (`load_rank_state`). A checkpoint is deleted
-(rotation, or re-saving a step) by first renaming it to `checkpoint-N.old`, so a kill during the deletion
-never leaves a half-deleted folder that still looks complete. Resuming from a checkpoint that is not the
-newest starts a new branch: the later ones (all of OUTPUT_DIR's, when the resumed one is elsewhere) move to
-`OUTPUT_DIR/abandoned/` (`set_aside_later`), where `latest` and rotation do not look. Assumes OUTPUT_DIR is on
-a file system that all ranks share (one node, or a shared mount across nodes).
-
-The three JSON files are written by this version and are not needed to resume (older checkpoints resume
-as before). Not here: the final export (`OUTPUT_DIR/vae/`, `vae_raw/`, `discriminator/`) is `final_save.py`;
-reading a discriminator for --discriminator_path is `models/discriminator.py`; refusing or clearing an
-OUTPUT_DIR that holds an earlier run is `output_dir.py`.
+The layout, the crash-safety and rollback rules are in docs/reliability.md. Not here: the final export
+(`final_save.py`) and refusing or clearing an OUTPUT_DIR that holds an earlier run (`output_dir.py`).
 """
 
 from __future__ import annotations
@@ -51,10 +18,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
-import paddle.distributed as dist
 
 from .disk import failed_write, folder_bytes, fsync_path, is_disk_error
-from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
+from .distributed import all_ranks_agree, assert_parameters_in_sync, from_rank_0, rank, world_size
 from .precision import HALF_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -73,34 +39,40 @@ _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves 
 _RANK_STATE_RE = re.compile(r"^rank_state_(\d+)\.pdparams$")
 _reported: set = set()  # incomplete checkpoints already warned about (once per process)
 
+# The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR", and "no resume".
+LATEST = ("latest", "true", "True")
+_NO_RESUME = (None, "", "none", "None", "false", "False")
+
 
 def checkpoint_path(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"{PREFIX}-{step}")
 
 
 def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, str]]:
-    """Complete checkpoints (`complete=False`: all `checkpoint-N` folders) in `output_dir` as (step, path), oldest
-    first. `.tmp` folders are ignored; an incomplete checkpoint is skipped with a warning naming it."""
-    if not os.path.isdir(output_dir):
-        return []
+    """(step, path) of the complete checkpoints in `output_dir` (`complete=False`: of every `checkpoint-N`
+    folder), oldest first. An incomplete one is skipped with a warning naming it (once per process)."""
     found = []
-    for name in os.listdir(output_dir):
-        match = _CHECKPOINT_RE.match(name)
-        path = os.path.join(output_dir, name)
-        if match and os.path.isdir(path) and (not complete or _usable(path)):
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+        match, path = _CHECKPOINT_RE.match(name), os.path.join(output_dir, name)
+        if not match or not os.path.isdir(path):
+            continue
+        problem = checkpoint_problem(path) if complete else None
+        if problem and path not in _reported:
+            _reported.add(path)
+            logger.warning("skipping %s: an incomplete checkpoint (%s), e.g. left by a node crash during its save",
+                           path, problem)
+        if not problem:
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
-    """Why `path` is not a complete checkpoint, or None: a file of its manifest missing or of another size.
+    """Why `path` is not a complete checkpoint (a manifest's file missing or of another size), or None.
     Without a manifest (saved by an earlier version) its trainer_state.json is what counts."""
     manifest = os.path.join(path, MANIFEST_NAME)
     if not os.path.isfile(manifest):
-        if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
-            return f"no {MANIFEST_NAME} and no {TRAINER_STATE_NAME}"
-        logger.debug("%s has no %s (saved by an earlier version): taken as complete", path, MANIFEST_NAME)
-        return None
+        has_state = os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
+        return None if has_state else f"no {MANIFEST_NAME} and no {TRAINER_STATE_NAME}"
     try:
         files = read_json(manifest)["files"]
         sizes = {name: os.path.getsize(os.path.join(path, name)) for name in files
@@ -114,18 +86,9 @@ def checkpoint_problem(path: str) -> Optional[str]:
     return None
 
 
-def _usable(path: str) -> bool:
-    problem = checkpoint_problem(path)
-    if problem and path not in _reported:
-        _reported.add(path)
-        logger.warning("skipping %s: an incomplete checkpoint (%s), e.g. left by a node crash during its save",
-                       path, problem)
-    return problem is None
-
-
 def write_manifest(folder: str, ranks: int = 1) -> None:
-    """Record the name and size of every file in `folder` in its manifest.json, fsynced (written last). The
-    `ranks` rank states are looked up by name (a cached listing of a network mount may not show them yet)."""
+    """Write `folder`'s manifest.json (every file's name and size), fsynced. The `ranks` rank states are named
+    explicitly: a cached listing of a network mount may not show them yet."""
     names = set(os.listdir(folder)) - {MANIFEST_NAME} | {f"rank_state_{r}.pdparams" for r in range(ranks)}
     files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(names)
              if not os.path.isdir(os.path.join(folder, name))}
@@ -133,25 +96,17 @@ def write_manifest(folder: str, ranks: int = 1) -> None:
     fsync_path(os.path.join(folder, MANIFEST_NAME))
 
 
-# The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR".
-LATEST = ("latest", "true", "True")
-_NO_RESUME = (None, "", "none", "None", "false", "False")
-
-
 def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
     return resume_from_checkpoint not in _NO_RESUME
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
-    """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None.
-
-    'latest' is decided by rank 0 and broadcast, so that every rank resumes from the same step even if
-    a shared file system shows the ranks slightly different listings; a path is checked on every rank.
-    """
+    """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None. 'latest' is
+    rank 0's (ranks may see a shared folder's listing differently); a path is checked on every rank."""
     if not resume_requested(resume_from_checkpoint):
         return None
     if resume_from_checkpoint not in LATEST:
-        with all_ranks_agree("checking --resume_from_checkpoint"):  # every rank must see it
+        with all_ranks_agree("checking --resume_from_checkpoint"):
             unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
             problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
             if problem:
@@ -160,21 +115,16 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
                                         "complete one")
         return resume_from_checkpoint
     found = list_checkpoints(output_dir) if rank() == 0 else []
-    step = found[-1][0] if found else -1
-    if world_size() > 1:
-        shared = paddle.to_tensor([step], dtype="int64")
-        dist.broadcast(shared, src=0)
-        step = int(shared.item())
-    if step < 0:
+    step = from_rank_0(found[-1][0] if found else None)
+    if step is None:
         logger.warning("--resume_from_checkpoint latest: no checkpoint in %s, starting from scratch", output_dir)
         return None
     return checkpoint_path(output_dir, step)
 
 
 def _generators() -> Dict[str, Any]:
-    """The paddle generators this process draws from: the CPU's and the current device's ("gpu", "xpu", ...),
-    keyed by device type, not index, so a state restores on another device or device count. (Paddle's own
-    Generator: ppdiffusers replaces `paddle.Generator` with its RNG tracker.)"""
+    """Paddle's generators of the CPU and the current device, keyed by device type ("gpu"), not index, so a
+    state restores on another device. (`paddle.Generator` itself is replaced by ppdiffusers' RNG tracker.)"""
     device, new = paddle.device.get_device(), paddle.framework.random.Generator  # device: "cpu", "gpu:3", ...
     generators = {"cpu": new("cpu")}
     if device != "cpu":
@@ -227,21 +177,22 @@ def save_checkpoint(
     keep: Optional[str] = None,
     configs: Optional[Dict[str, dict]] = None,
 ) -> str:
-    """Write checkpoint-`step` atomically from all ranks; return its path.
+    """Write checkpoint-`step` from all ranks into `.tmp`, then rank 0 renames it; return its path.
 
-    `stateful` maps a file name (e.g. "optimizer.pdopt") to anything with `state_dict()`; rank 0 writes
-    those, the model, `trainer_state` (a PaddleNLP TrainerState) and `configs` (file name -> JSON-able
-    dict, e.g. `final_save.checkpoint_configs`). Every rank writes its `rank_state`.
+    Rank 0 writes the model, `stateful` (file name -> anything with `state_dict()`), `trainer_state` (a
+    PaddleNLP TrainerState) and `configs` (file name -> JSON-able dict); every rank its `rank_state`.
     `keep` names a checkpoint that rotation must not delete (the best one).
     """
-    final, tmp = checkpoint_path(output_dir, step), checkpoint_path(output_dir, step) + ".tmp"
+    final = checkpoint_path(output_dir, step)
+    tmp, own_state = final + ".tmp", f"rank_state_{rank()}.pdparams"
 
     def explain(error: Exception) -> Exception:  # a full disk, quota, read-only or I/O error: a message
         if not is_disk_error(error):
             return error
         previous = list_checkpoints(output_dir)
         last_good = previous[-1][1] if previous else None
-        needed = folder_bytes(last_good) or tensor_bytes([model.state_dict()] + [o.state_dict() for o in stateful.values()])
+        states = [model.state_dict()] + [obj.state_dict() for obj in stateful.values()]
+        needed = folder_bytes(last_good) or tensor_bytes(states)
         return failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good)  # removes tmp
 
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
@@ -256,10 +207,10 @@ def save_checkpoint(
                 paddle.save(obj.state_dict(), os.path.join(tmp, name))
             trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
             for name, config in (configs or {}).items():
-                with open(os.path.join(tmp, name), "w") as handle:
-                    json.dump(config, handle, indent=2, sort_keys=True)
-        paddle.save(rank_state, os.path.join(tmp, f"rank_state_{rank()}.pdparams"))
-        for name in _written_by_this_rank(tmp):
+                _write_json(os.path.join(tmp, name), config)
+        paddle.save(rank_state, os.path.join(tmp, own_state))
+        written = [name for name in os.listdir(tmp) if not _RANK_STATE_RE.match(name)] if rank() == 0 else []
+        for name in written + [own_state]:
             fsync_path(os.path.join(tmp, name))
     with all_ranks_agree(what, explain):
         if rank() == 0:
@@ -274,14 +225,8 @@ def save_checkpoint(
     return final
 
 
-def _written_by_this_rank(folder: str) -> List[str]:
-    """The files of a checkpoint being written that this rank wrote: its rank state (rank 0: all others too)."""
-    others = [name for name in os.listdir(folder) if not _RANK_STATE_RE.match(name)] if rank() == 0 else []
-    return others + [f"rank_state_{rank()}.pdparams"]
-
-
 def tensor_bytes(state: Any) -> int:
-    """Bytes of the tensors in a (nested) state dict: what saving it writes, about."""
+    """Bytes of the tensors in a (nested) state dict: about what saving it writes."""
     if isinstance(state, paddle.Tensor):
         return int(np.prod(state.shape)) * state.element_size()
     if isinstance(state, np.ndarray):
@@ -329,21 +274,15 @@ def unfinished_checkpoints(output_dir: str) -> List[str]:
 
 
 def remove_unfinished(output_dir: str) -> None:
-    """Delete `.tmp` and `.old` folders left by a process killed while saving or deleting a checkpoint."""
     for path in unfinished_checkpoints(output_dir):
         shutil.rmtree(path, ignore_errors=True)
         logger.info("removed unfinished %s", os.path.basename(path))
 
 
 def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
-    """Rolling back is a branch: before the first step, move the checkpoints of OUTPUT_DIR that do not belong
-    to the branch resumed from `resume` (and their lines of eval_metrics.jsonl) into OUTPUT_DIR/abandoned/,
-    so that `latest`, rotation, the best-checkpoint bookkeeping and the next saves see only the new branch:
-    - `resume` is one of OUTPUT_DIR's checkpoints: those newer than it, to `<when>-after-checkpoint-N/`;
-    - `resume` is elsewhere (another run's folder, an abandoned branch): all of OUTPUT_DIR's, to
-      `<when>-before-resuming-<its name>/`.
-    Nothing is deleted: a moved checkpoint still resumes or exports by its path. Rank 0 moves; all ranks call
-    it (an agreement: a failure ends every rank). Returns the moved checkpoints' new paths."""
+    """Rolling back is a branch: move the checkpoints of OUTPUT_DIR that are not on the branch of `resume`
+    (those after it; all of them when it is elsewhere), with their eval_metrics.jsonl lines, into
+    OUTPUT_DIR/abandoned/<when>-.../. Rank 0 moves, every rank agrees. Returns the moved checkpoints' paths."""
     moved: List[str] = []
     with all_ranks_agree("setting aside the later checkpoints"):
         if resume and rank() == 0:
@@ -351,18 +290,15 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
     return moved
 
 
-def is_checkpoint_of(output_dir: str, checkpoint: str, step: Optional[int] = None) -> bool:
-    """Whether `checkpoint` is one of OUTPUT_DIR's complete checkpoints (with `step`: OUTPUT_DIR/checkpoint-`step`
-    itself, decided without listing the folder). Compared after realpath."""
-    real = os.path.realpath(checkpoint)
-    candidates = list_checkpoints(output_dir) if step is None else [(step, checkpoint_path(output_dir, step))]
-    return any(os.path.realpath(path) == real for _, path in candidates)
+def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
+    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself (compared after realpath)."""
+    return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
 
 
 def _set_aside(output_dir: str, resume: str) -> List[str]:
     found = list_checkpoints(output_dir)
     step = checkpoint_step(resume)
-    if is_checkpoint_of(output_dir, resume):
+    if any(os.path.realpath(path) == os.path.realpath(resume) for _, path in found):
         later = [path for found_step, path in found if step is not None and found_step > step]
         name, after = f"after-{PREFIX}-{step}", step
     else:
@@ -370,7 +306,12 @@ def _set_aside(output_dir: str, resume: str) -> List[str]:
         name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
     if not later:
         return []
-    branch = _new_branch_folder(output_dir, name)
+    base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    branch, count = base, 1
+    while os.path.lexists(branch):  # two rollbacks within a second
+        count += 1
+        branch = f"{base}-{count}"
+    os.makedirs(branch)
     moved = []
     for path in later:  # one atomic rename each: a kill mid-way leaves every checkpoint whole
         moved.append(os.path.join(branch, os.path.basename(path)))
@@ -382,19 +323,8 @@ def _set_aside(output_dir: str, resume: str) -> List[str]:
     return moved
 
 
-def _new_branch_folder(output_dir: str, name: str) -> str:
-    """OUTPUT_DIR/abandoned/<date>-<time>-`name`, made; `-2`, `-3`... appended if two rollbacks share a second."""
-    base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
-    branch, count = base, 1
-    while os.path.lexists(branch):
-        count += 1
-        branch = f"{base}-{count}"
-    os.makedirs(branch)
-    return branch
-
-
 def checkpoint_step(checkpoint: str) -> Optional[int]:
-    """The step a checkpoint folder was saved at (its trainer_state.json), or None if unreadable."""
+    """The step a checkpoint folder was saved at (its trainer_state.json, else its name), or None."""
     try:
         return int(read_json(os.path.join(checkpoint, TRAINER_STATE_NAME))["global_step"])
     except (OSError, ValueError, KeyError):
@@ -403,8 +333,8 @@ def checkpoint_step(checkpoint: str) -> Optional[int]:
 
 
 def _move_eval_lines(output_dir: str, branch: str, after: Optional[int]) -> None:
-    """The evaluations of steps after `after` (all of them if None) belong to the abandoned branch: move them
-    next to its checkpoints. A line that cannot be read (half-written by a killed run) stays where it is."""
+    """Move the lines of eval_metrics.jsonl of steps after `after` (all if None) into `branch`. An unreadable
+    line (half-written by a killed run) stays."""
     path = os.path.join(output_dir, EVAL_METRICS_NAME)
     if not os.path.isfile(path):
         return
@@ -458,15 +388,15 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
         else:
             obj.load_state_dict(state)
         if isinstance(obj, paddle.optimizer.lr.LRScheduler):
-            # The saved `last_lr` was computed from the saved run's peak rate; recompute it from this run's
-            # (same value when unchanged), so a --learning_rate given on resume applies from the first step.
+            # The saved `last_lr` came from the saved run's peak rate: recompute it, so that a --learning_rate
+            # given on resume applies from the first step.
             obj.last_lr = obj.get_lr()
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:
-    """This rank's RNG and data position. Saved by another number of ranks, the data position is dropped (the
-    stream starts again: its order depends on the world size) and a rank without its own file is seeded from
-    rank r % saved's state and its rank; one warning (rank 0) says so."""
+    """This rank's RNG and data position. Saved by another number of ranks: the data position is dropped (the
+    stream's order depends on the world size), a rank without its own file is seeded from rank r % saved's
+    state and its rank, and rank 0 warns."""
     saved = 1 + max((int(m.group(1)) for m in map(_RANK_STATE_RE.match, os.listdir(path)) if m), default=-1)
     own = os.path.join(path, f"rank_state_{rank()}.pdparams")
     if saved == world_size() or saved == 0:
@@ -486,9 +416,8 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 
 
 def read_model_state(file: str) -> Dict[str, Any]:
-    """A checkpoint's model_state.pdparams, float32: an O2 (half-precision) run saves the roundings of its
-    weights there and their float32 master copies in optimizer.pdopt / disc_optimizer.pdopt, which are taken
-    instead (matched by parameter name, which paddle.save keeps)."""
+    """A checkpoint's model_state.pdparams in float32: an O2 run's half-precision weights are replaced by their
+    float32 master copies from optimizer.pdopt / disc_optimizer.pdopt (matched by parameter name)."""
     state = paddle.load(file)
     half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
     if not half:
@@ -506,22 +435,24 @@ def read_model_state(file: str) -> Dict[str, Any]:
     return {**state, **restored}
 
 
-def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
-    """The vae_config.json of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
+def _file_beside(path: Optional[str], name: str) -> Optional[str]:
+    """The file `name` of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
     if not path:
         return None
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(folder, VAE_CONFIG_NAME)
-    return config if os.path.isfile(config) else None
+    file = os.path.join(folder, name)
+    return file if os.path.isfile(file) else None
+
+
+def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
+    """The path of the vae_config.json of checkpoint `path` (a folder or a file in it), if there is one."""
+    return _file_beside(path, VAE_CONFIG_NAME)
 
 
 def checkpoint_export_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The export_config.json of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
-    if not path:
-        return None
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(folder, EXPORT_CONFIG_NAME)
-    return read_json(config) if os.path.isfile(config) else None
+    """The export_config.json of checkpoint `path` (a folder or a file in it), read, if there is one."""
+    config = _file_beside(path, EXPORT_CONFIG_NAME)
+    return read_json(config) if config else None
 
 
 def _write_json(path: str, value: Any) -> None:

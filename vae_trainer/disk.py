@@ -1,9 +1,8 @@
-"""A full disk (or quota, read-only file system, I/O error) is a message that costs nothing saved (issue 22.2).
+"""Full disks (no space, quota, read-only, I/O error) and durable writes (docs/reliability.md).
 
-Owns `OutOfSpace` (the one message a failed write stops a run with), `failed_write` (turns the OSError of a
-checkpoint write into it, after removing what the write left), `written_atomically` (an export folder is
-written beside its place, then moved in: always the previous complete export or the new one), `fsync_path` /
-`fsync_tree` (what a rename must follow to survive a node crash, docs/reliability.md), and `warn_if_short` (the start-up warning when OUTPUT_DIR cannot hold the checkpoints the run will keep).
+`OutOfSpace` is the one message a failed write stops a run with (`failed_write` builds it and removes what the
+write left); `written_atomically` writes an export folder beside its place and moves it in; `fsync_path` is what
+a rename follows to survive a node crash; `warn_if_short` warns at start when OUTPUT_DIR is too small.
 """
 
 from __future__ import annotations
@@ -38,12 +37,6 @@ def is_disk_error(error: BaseException) -> bool:
     return type(error).__name__ == "SafetensorError" and any(text in str(error) for text in _SAFETENSORS_DISK_ERRORS)
 
 
-def _reason(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.errno is not None:
-        return f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})"
-    return str(error)
-
-
 def folder_bytes(path: Optional[str]) -> int:
     if not path or not os.path.isdir(path):
         return 0
@@ -66,10 +59,12 @@ def failed_write(error: BaseException, what: str, folder: str, partial: str, nee
     """Remove `partial` (what the failed write of `what` left) and describe the failure: the folder, what the
     write needs and what is free, the last good checkpoint, the command that continues."""
     shutil.rmtree(partial, ignore_errors=True)
-    kept = (f"{last_good} (the last complete checkpoint) is intact" if last_good
-            else "no earlier checkpoint exists")
+    kept = f"{last_good} (the last complete checkpoint) is intact" if last_good else "no earlier checkpoint exists"
+    reason = str(error)
+    if isinstance(error, OSError) and error.errno is not None:
+        reason = f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})"
     return OutOfSpace(
-        f"writing {what} in {folder} failed: {_reason(error)}. "
+        f"writing {what} in {folder} failed: {reason}. "
         f"It needs about {gib(needed)} and {gib(free_bytes(folder))} is free; the partial {os.path.basename(partial)} "
         f"was removed. {kept}. Free space (or lower --save_total_limit), then run the same command with "
         "--resume_from_checkpoint latest to continue.")
@@ -77,9 +72,8 @@ def failed_write(error: BaseException, what: str, folder: str, partial: str, nee
 
 @contextlib.contextmanager
 def written_atomically(path: str) -> Iterator[str]:
-    """Yield a folder to write beside `path`; when the block succeeds it replaces `path` (the previous folder is
-    renamed to `.old`, the new one moved in, the old one deleted: renames on one file system). When the block
-    fails on a full disk the partial folder is removed and `OutOfSpace` raised; `path` is untouched either way."""
+    """Yield `path`.tmp to write; when the block succeeds it replaces `path` (fsynced; renames via `.old`). On a
+    full disk the partial folder is removed and `OutOfSpace` raised; `path` is untouched."""
     partial, old = path + ".tmp", path + ".old"
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -90,7 +84,10 @@ def written_atomically(path: str) -> Iterator[str]:
         needed = folder_bytes(path) or folder_bytes(partial)
         raise failed_write(error, os.path.basename(path) + "/", os.path.dirname(path) or ".", partial, needed,
                            None) from None
-    fsync_tree(partial)  # on the disk before the rename makes it the export
+    for root, _, names in os.walk(partial, topdown=False):  # on the disk before the rename makes it the export
+        for name in names:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
     if os.path.isdir(path):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
@@ -100,8 +97,7 @@ def written_atomically(path: str) -> Iterator[str]:
 
 
 def fsync_path(path: str) -> None:
-    """Flush a file's or a folder's (its entries') writes to the disk. A mount that cannot fsync a folder
-    (EINVAL and the like: some FUSE and network file systems) is let pass."""
+    """fsync a file or a folder (its entries); a mount that cannot fsync a folder (some FUSE, NFS) is let pass."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -112,17 +108,9 @@ def fsync_path(path: str) -> None:
         os.close(descriptor)
 
 
-def fsync_tree(folder: str) -> None:
-    """fsync every file under `folder`, then the folders, deepest first."""
-    for root, _, names in os.walk(folder, topdown=False):
-        for name in names:
-            fsync_path(os.path.join(root, name))
-        fsync_path(root)
-
-
 def warn_if_short(output_dir: str, checkpoint_bytes: int, kept: Optional[int]) -> None:
-    """At start: warn when OUTPUT_DIR's disk cannot hold the checkpoints the run keeps (`kept`, --save_total_limit;
-    one more is written before rotation deletes the oldest). Without a limit, at least two."""
+    """Warn when OUTPUT_DIR's disk cannot hold the checkpoints the run keeps (`kept`, --save_total_limit) plus
+    the one being written; without a limit, two."""
     count = (kept + 1) if kept and kept > 0 else 2
     needed, free = count * checkpoint_bytes, free_bytes(output_dir)
     if free < needed:

@@ -1,16 +1,6 @@
-"""Process-group set-up and the gradient all-reduce used by both drivers.
-
-Why not `paddle.DataParallel`: its reducer assumes one forward and one backward over one set of
-parameters per step. A GAN step breaks that (the discriminator runs frozen in the VAE's backward and
-trainable in its own; the adaptive weight calls `paddle.grad`; two optimizers step), and with the
-Trainer's default `find_unused_parameters=False` the VAE weights silently drift apart across ranks.
-Instead each rank accumulates local gradients and, once per optimizer step, averages them with
-`fused_allreduce_gradients` (bucketed all-reduce; the same call the PaddleNLP Trainer uses for its own
-no-sync path). Micro-steps of gradient accumulation therefore never communicate.
-
-It also owns how a process of a run ends (`run_and_exit`): see there for why a multi-process run ends with
-`os._exit`; and how ranks agree (`all_ranks_agree`, `from_rank_0`): a failure on one rank ends every rank
-with the same message, never leaves the others waiting in a collective.
+"""Ranks: the process group, the gradient all-reduce both drivers use (no `paddle.DataParallel`, see
+docs/launching.md "How data parallelism is done"), how ranks agree (`all_ranks_agree`, `from_rank_0`: one rank's
+failure ends every rank with its reason), the weights' cross-rank check, and how a process ends (`run_and_exit`).
 """
 
 from __future__ import annotations
@@ -52,14 +42,12 @@ def init_distributed() -> None:
 
 @contextlib.contextmanager
 def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception]] = None) -> Iterator[None]:
-    """Run a block on every rank; it succeeds on all ranks or raises on all (one all-reduce; a barrier too).
+    """Run a block on every rank; it succeeds on all ranks or raises on all (one all-reduce, also a barrier).
 
-    If any rank raised, every rank logs and raises the same one-line error: "`what` failed on rank R: reason"
-    for each failing rank, of the lowest failing rank's class if that is a user error (UserError and the
-    types `start_up` turns into one: still an `error:` line on every rank), else RuntimeError; on a failing
-    rank chained to its own exception. `explain` turns this rank's exception into the one reported once every
-    rank has left the block (so it may remove what the block left). One process: no collective, the
-    (explained) exception as it is."""
+    If any rank raised, every rank logs and raises "`what` failed on rank R: reason" (each failing rank), of the
+    lowest failing rank's class if a user error (UserError, USER_ERROR_TYPES), else RuntimeError. `explain` turns
+    this rank's exception into the one reported, once all ranks left the block. One process: no collective.
+    """
     error: Optional[Exception] = None
     try:
         yield
@@ -103,35 +91,13 @@ def from_rank_0(value: Any) -> Any:
 
 
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
-    """Run an entry point's `main` and end the process in one defined order, on every exit path.
+    """Run an entry point's `main`, then end the process in one order on every path (docs/reliability.md).
 
-    With `stop_signals` (the training entry points) SIGTERM / SIGINT / SIGUSR1 are stop requests for the whole
-    process (preemption.py): one that arrived after the last step (during the final save or export) lets
-    `main` finish, and then every rank exits PREEMPTED_EXIT_CODE.
-
-    `main` has already stopped its data loader workers and reader threads and closed its logs (the drivers
-    do that in their own `finally`). Then, with several processes:
-    1. success only: a final all-reduce of "was signalled", which is also the barrier that keeps every rank
-       until none communicates (on an error path the other ranks may never get there: they are ended by the
-       launcher, which sees this one fail);
-    2. the process group is destroyed (Python's registry of groups: Paddle offers no call that stops the store);
-    3. Python's exit functions run (logging flushed, Paddle's shared-memory files removed, child processes
-       joined) and stdout/stderr are flushed;
-    4. the process ends with `os._exit`, skipping the C++ static destructors.
-
-    Why 4 (Paddle 3.3.1; no upstream report found, see docs/benchmarks.md "Clean exits"): rank 0 hosts the
-    process group's TCP store, whose libuv server thread (`LibUVMasterDaemon`) is never stopped before the
-    process exits. When another rank exits at the same moment, its store connection closes and that thread
-    handles the EOF (`LibUVClient::readCallback`, which calls glog's `VLOG(5)`) while rank 0's main thread is
-    already running the C++ exit handlers that destroy glog's locks: glog calls abort(). The run had finished,
-    yet rank 0 died with SIGABRT and the launcher reported the job failed (about 1 run in 20 of the two-process
-    tests, more with torch installed, whose libraries lengthen the exit handlers). A core dump shows both
-    threads. Ending with `os._exit` after everything of ours is closed leaves no window for that thread.
-    One process runs no store: it exits normally.
-
-    Exit status: 0, `SystemExit`'s code (a message: printed, status 1), PREEMPTED_EXIT_CODE (75) after a
-    signal made the run save and stop (preemption.py), or 1 after any other exception (traceback printed;
-    130 for Ctrl-C, a second one in a single process).
+    `stop_signals` (training): SIGTERM / SIGINT / SIGUSR1 are stop requests (preemption.py). With several
+    processes: a final all-reduce of "was signalled" (the barrier, success only), the group destroyed, Python's
+    exit functions, then `os._exit`, skipping C++ destructors that race Paddle 3.3.1's TCP store thread
+    (docs/benchmarks.md section 8). Exit status: 0; SystemExit's code; PREEMPTED_EXIT_CODE after a stop
+    signal (also one during the final save or export); 130 for Ctrl-C; 1 after any other exception.
     """
     status = 0
     if stop_signals:
@@ -166,7 +132,7 @@ def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoRetu
 
 
 def _stopped_at_the_end(status: int, signalled: bool) -> int:
-    """The exit status of a run that finished: PREEMPTED_EXIT_CODE if some rank was signalled meanwhile."""
+    """A finished run's exit status: PREEMPTED_EXIT_CODE if some rank was signalled meanwhile."""
     if status != 0 or not signalled:
         return status
     print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save or "
@@ -205,19 +171,13 @@ def broadcast_parameters(layer: paddle.nn.Layer) -> None:
             dist.broadcast(tensor, src=0)
 
 
-
 _GOLDEN = 0.6180339887498949
 FINGERPRINT_SIZE = 3  # numbers per parameter
 
 
 def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
-    """Per trainable parameter, three float64 numbers: the sum, the absolute sum and a position-weighted
-    sum (weights frac(i * golden ratio), all distinct, so swapped or permuted values change it too).
-    Two ranks' fingerprints agree, in practice, only if their weights do.
-
-    Non-trainable state (BatchNorm running statistics) is left out: like any data-parallel BatchNorm
-    without SyncBatchNorm it is per rank, and it does not influence training-mode forwards.
-    """
+    """Three float64 numbers per trainable parameter: sum, absolute sum and a sum weighted by frac(i * golden
+    ratio) (permuted values change it too). Per-rank BatchNorm statistics are left out."""
     values = []
     with paddle.no_grad():
         for _, p in _trainable(layer):
@@ -230,7 +190,7 @@ def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
 
 
 def assert_parameters_in_sync(layer: paddle.nn.Layer) -> np.ndarray:
-    """Raise if any parameter differs across ranks: drift must never be silent. Returns this rank's fingerprint."""
+    """Raise if any parameter differs across ranks (drift is never silent); return this rank's fingerprint."""
     fingerprint = parameter_fingerprint(layer)
     if world_size() > 1:
         gathered = []

@@ -1,23 +1,6 @@
-"""What our runs write into --output_dir besides the checkpoints' contents, and a new run's safety there.
-
-A new run never eats an earlier one: `prepare_output_dir` (called by both drivers before anything is
-written) refuses to start into an OUTPUT_DIR that holds checkpoints or exports of an earlier run unless
-the user chose --resume_from_checkpoint (continue it) or --overwrite_output_dir (delete that run's files
-first). Rank 0 decides and deletes; the other ranks learn the decision from it. Before that, all ranks
-must see one OUTPUT_DIR (`check_shared`): node-local folders are refused at start.
-
---overwrite_output_dir deletes only what our runs wrote, and nothing it cannot prove is ours:
-checkpoint-N folders (complete, `.tmp`, `.old`), the exports (vae/, vae_raw/, discriminator/), and the
-VisualDL record files listed in `OUTPUT_DIR/visualdl_records.txt`, to which every run appends the
-record file it opens (`note_log_file`). A log folder left empty by that is removed too if it is inside
-OUTPUT_DIR. Everything else stays: the user's own files (also when --logging_dir is OUTPUT_DIR itself),
-`launch_logs/`, and the record files of other runs that share a --logging_dir.
-
-Nothing the run reads is deleted: before deleting anything, --overwrite_output_dir refuses when a path
-the run reads (`run_inputs`: the pretrained VAE, --init_from_ckpt, --discriminator_path, the file lists
-and the parts a file list names, ...) lies inside what it would delete (`doomed_paths`), e.g.
-`--pretrained_model_name_or_path OUT/vae --output_dir OUT` (continue from the last export). Paths are
-compared after `realpath`, so relative paths, trailing slashes and symlinks cannot hide a match.
+"""A new run's safety in --output_dir: refuse (or, with --overwrite_output_dir, clear) one that holds an earlier
+run, never deleting what the run reads or what is not ours; refuse one that the ranks do not share.
+The rules are in docs/training.md, "A new run never eats an earlier one".
 """
 
 from __future__ import annotations
@@ -28,8 +11,8 @@ import secrets
 import shutil
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, remove_unfinished,
-                         resume_requested, unfinished_checkpoints)
+from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, resume_requested,
+                         unfinished_checkpoints)
 from .data.filelists import PIPE_PREFIX, read_sources
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 
@@ -38,7 +21,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# What a run writes into OUTPUT_DIR besides checkpoints: final_save.save_final_models's folders at the end, the evaluations.
+# What a run writes into OUTPUT_DIR besides checkpoints: the final exports (final_save.py), the evaluations.
 EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
 # What an export killed mid-way leaves (disk.written_atomically writes FOLDER.tmp, keeps FOLDER.old briefly).
 EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
@@ -55,13 +38,8 @@ def earlier_run(output_dir: str) -> List[str]:
 
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
     """Check that all ranks share --output_dir; then refuse, or clear with --overwrite_output_dir, one that
-    holds an earlier run.
-
-    `reads` (`run_inputs`: flag -> path) are what this run reads; clearing refuses, before deleting
-    anything, if one of them lies inside what it would delete. Decided once, by rank 0, which alone deletes;
-    all ranks then agree, so that they refuse together. Resuming (--resume_from_checkpoint) leaves the
-    folder as it is.
-    """
+    holds an earlier run (unless resuming). Clearing refuses first if a path of `reads` (`run_inputs`) lies in
+    what it would delete. Rank 0 decides and deletes; all ranks agree."""
     check_shared(args.output_dir)
     if resume_requested(args.resume_from_checkpoint):
         return
@@ -74,7 +52,14 @@ def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Opt
                 "checkpoints, logs and exports), or choose another --output_dir.")
         endangered = endangered_input(args.output_dir, reads or {}) if found else None
         if endangered:
-            raise FileExistsError(_endangered_message(args.output_dir, endangered))
+            flag, given, member, doomed = endangered
+            named = "" if member == given else f" (it names {member})"
+            copy = f"{os.path.normpath(args.output_dir)}_{os.path.basename(os.path.normpath(doomed))}"
+            raise FileExistsError(
+                f"--overwrite_output_dir would delete {doomed}, which this run reads: {flag} {given}{named}. Nothing "
+                f"was deleted. Copy it out of {args.output_dir} first and give {flag} the copy (e.g. cp -r {doomed} "
+                f"{copy}), or continue the earlier run with --resume_from_checkpoint latest instead of starting over, "
+                "or choose another --output_dir.")
         if found:
             clear_run(args.output_dir)
             logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
@@ -132,9 +117,8 @@ def doomed_paths(output_dir: str) -> List[str]:
 
 def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Optional[Tuple[str, str, str, str]]:
     """(flag, given path, the path it reads, the doomed path holding it) of the first input that clearing
-    `output_dir` would delete, or None. A file list counts with the lists and parts it names.
-    Each input is resolved once and its folders are looked up among the doomed paths (a set), so a list
-    of 100k parts costs about one stat per part, not one comparison per part and doomed path."""
+    `output_dir` would delete, or None. A file list counts with the lists and parts it names (a set lookup
+    per folder of each: a list of 100k parts costs about one stat per part)."""
     doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
     if not doomed:
         return None
@@ -144,9 +128,11 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
             continue
         members = _file_list_members(given) if flag.endswith("file_list") else [given]
         for member in members:
-            holder = _doomed_holder(_realpath(member, real_folders), doomed)
-            if holder is not None:
-                return flag, given, member, holder
+            real = _realpath(member, real_folders)
+            while real not in doomed and os.path.dirname(real) != real:  # is it, or one of its folders, doomed?
+                real = os.path.dirname(real)
+            if real in doomed:
+                return flag, given, member, doomed[real]
     return None
 
 
@@ -159,20 +145,8 @@ def _realpath(path: str, real_folders: Dict[str, str]) -> str:
     return os.path.realpath(real) if os.path.islink(real) else real
 
 
-def _doomed_holder(real: str, doomed: Dict[str, str]) -> Optional[str]:
-    """The doomed path that is `real` or one of its folders, or None."""
-    while True:
-        if real in doomed:
-            return doomed[real]
-        parent = os.path.dirname(real)
-        if parent == real:
-            return None
-        real = parent
-
-
 def _file_list_members(file_list: str) -> List[str]:
-    """The list itself and every local filelist, folder and part it names (pipes skipped); just the list if
-    it cannot be read now (the run's own start-up then says why)."""
+    """The list and every local filelist, folder and part it names; just the list if it cannot be read now."""
     try:
         sources = read_sources(file_list, counts=False)
     except Exception:  # noqa: BLE001 - a broken list is reported where the data is built, with file:line
@@ -181,27 +155,28 @@ def _file_list_members(file_list: str) -> List[str]:
     return [file_list] + [name for name in names if not name.startswith(PIPE_PREFIX)]
 
 
-def _endangered_message(output_dir: str, endangered: Tuple[str, str, str, str]) -> str:
-    flag, given, member, doomed = endangered
-    named = "" if member == given else f" (it names {member})"
-    return (f"--overwrite_output_dir would delete {doomed}, which this run reads: {flag} {given}{named}. Nothing "
-            f"was deleted. Copy it out of {output_dir} first and give {flag} the copy (e.g. cp -r {doomed} "
-            f"{os.path.normpath(output_dir)}_{os.path.basename(os.path.normpath(doomed))}), or continue the earlier "
-            "run with --resume_from_checkpoint latest instead of starting over, or choose another --output_dir.")
-
-
 def clear_run(output_dir: str) -> None:
-    """Delete an earlier run's checkpoints (complete or not), exports and VisualDL record files, nothing else."""
-    for _, path in list_checkpoints(output_dir, complete=False):
-        delete_checkpoint(path)
-    remove_unfinished(output_dir)
-    for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,):  # rolled-back branches (set_aside_later): ours too
-        path = os.path.join(output_dir, name)
-        if os.path.isdir(path):
+    """Delete an earlier run's checkpoints (complete or not), exports, rolled-back branches and noted VisualDL
+    record files (`doomed_paths`), then its log folders left empty inside OUTPUT_DIR; nothing else."""
+    log_files = _noted_log_files(output_dir)
+    checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
+    for path in doomed_paths(output_dir):
+        if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
+            continue
+        if path in checkpoints:
+            delete_checkpoint(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        elif os.path.exists(path):
+        else:
             os.remove(path)
-    _remove_log_files(output_dir)
+    listing = os.path.join(output_dir, LOG_FILES_NAME)
+    if os.path.exists(listing):
+        os.remove(listing)
+    top = os.path.abspath(output_dir)
+    for folder in {os.path.abspath(os.path.dirname(path)) for path in log_files}:
+        inside = folder != top and os.path.commonpath([folder, top]) == top
+        if inside and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
 
 
 def note_log_file(output_dir: str, record_file: str) -> None:
@@ -212,32 +187,11 @@ def note_log_file(output_dir: str, record_file: str) -> None:
 
 
 def _noted_log_files(output_dir: str) -> List[str]:
-    """Absolute paths of the record files noted in `output_dir`; only VisualDL record names count, so an
-    edited list cannot make --overwrite_output_dir delete anything else."""
+    """The record files noted in `output_dir`; only VisualDL record names count (an edited list deletes nothing
+    else)."""
     listing = os.path.join(output_dir, LOG_FILES_NAME)
     if not os.path.isfile(listing):
         return []
     with open(listing) as handle:
-        names = [line.strip() for line in handle if line.strip()]
-    paths = [os.path.normpath(os.path.join(output_dir, name)) for name in names]
+        paths = [os.path.normpath(os.path.join(output_dir, line.strip())) for line in handle if line.strip()]
     return [path for path in paths if os.path.basename(path).startswith(_RECORD_PREFIX)]
-
-
-def _remove_log_files(output_dir: str) -> None:
-    folders = set()
-    for path in _noted_log_files(output_dir):
-        if os.path.isfile(path):
-            os.remove(path)
-        folders.add(os.path.dirname(path))
-    listing = os.path.join(output_dir, LOG_FILES_NAME)
-    if os.path.exists(listing):
-        os.remove(listing)
-    for folder in folders:  # a log folder of ours that is now empty (not OUTPUT_DIR itself)
-        if _strictly_inside(folder, output_dir) and os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
-
-
-def _strictly_inside(path: str, folder: str) -> bool:
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
-    return path != folder and os.path.commonpath([path, folder]) == folder
-

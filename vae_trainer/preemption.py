@@ -1,25 +1,9 @@
-"""Stopping on a scheduler's signal with a checkpoint at the step reached (preemption, issues 22.1 and 29.1).
+"""Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption").
 
-Owns the process's stop request (`install`, `stop_signal`: the signal handlers), `Preempted` (how a driver
-says it stopped), `PREEMPTED_EXIT_CODE` and `stop_after_step` (what both drivers do after each optimizer step).
-
-SIGTERM (what SLURM, Kubernetes and `paddle.distributed.launch` send before killing a job), SIGINT (Ctrl-C)
-and SIGUSR1 (SLURM's `--signal=USR1@120` warning) only note that a stop was asked for: the step in flight
-finishes. The training entry points install the handlers for the whole process (`distributed.run_and_exit`),
-and their data-loader workers ignore these signals (data/loader.py), so a signal to every process of the
-job (the launcher's `killpg`, SLURM's scancel) is a stop request too. Every rank must stop at the same step,
-while the signal may reach the ranks at different moments, or only some of them: the step folds "this rank
-was signalled" into the few numbers it already sums over the ranks and reads once per optimizer step
-(step.py `_read_checks`), so every rank learns at the same step that some rank was signalled, with no extra
-host sync. The drivers then save `checkpoint-N` of that step (the checkpoint a periodic save writes:
-rotation and `--resume_from_checkpoint latest` see it), log why and how to continue, and raise `Preempted`;
-the entry point exits with PREEMPTED_EXIT_CODE. A signal during an evaluation or a save is acted on at the
-next step's read, after that work finished; one during the final save or export lets it finish, and the
-run then exits PREEMPTED_EXIT_CODE on every rank (`run_and_exit` agrees on it).
-
-Further signals change nothing (the launcher sends SIGTERM up to three times, 0.2 s apart), so the save is
-never cut short; but in a single process a second Ctrl-C quits at once (KeyboardInterrupt, exit 130): the
-last complete checkpoint stays intact, since saves are atomic.
+Owns the process's stop request (`install`, `stop_signal`): SIGTERM, SIGINT and SIGUSR1 only note that a stop
+was asked for; the step agrees on it across ranks (step.py), and `stop_after_step` then saves that step's
+checkpoint and raises `Preempted` (exit PREEMPTED_EXIT_CODE, `distributed.run_and_exit`). Further signals change
+nothing, except a second Ctrl-C in a single process (KeyboardInterrupt).
 """
 
 from __future__ import annotations
@@ -42,20 +26,17 @@ class Preempted(Exception):
     def __init__(self, signal_name: str, step: int, checkpoint: str):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         super().__init__(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command with "
-                         f"--resume_from_checkpoint latest continues exactly from there (exit code {PREEMPTED_EXIT_CODE})")
+                         "--resume_from_checkpoint latest continues exactly from there "
+                         f"(exit code {PREEMPTED_EXIT_CODE})")
 
 
 class StopRequest:
-    """The signal handlers of a training run; `received` is this process's (the step agrees across ranks)."""
+    """The signal handlers of a training run: `signal_name` is the first stop signal this process received."""
 
     def __init__(self, single_process: bool = True) -> None:
         self.signal_name: Optional[str] = None
         self.single_process = single_process
         self._previous: Dict[int, object] = {}
-
-    @property
-    def received(self) -> bool:
-        return self.signal_name is not None
 
     def install(self) -> "StopRequest":
         """Handle SIGNALS from now on (main thread only, Python's rule; elsewhere nothing is installed)."""
@@ -92,8 +73,8 @@ def stop_signal() -> Optional[str]:
 
 
 def stop_after_step(stop: bool, step: int, save) -> None:
-    """At the end of optimizer step `step` (after logging, evaluation and a periodic save): when some rank
-    was signalled (`stop`: agreed by the step, `StepReport.stop`), `save()` the checkpoint of this step (it returns its path) and raise `Preempted`."""
+    """At the end of optimizer step `step`: when some rank was signalled (`stop`, agreed by the step), `save()`
+    this step's checkpoint (returning its path) and raise `Preempted`."""
     if not stop:
         return
     checkpoint = save()

@@ -1,8 +1,7 @@
-"""Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, no traceback.
+"""Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, exit 1.
 
-Inside `start_up()` (parsing, the output folder, building everything) our input errors (`USER_ERROR_TYPES`) become
-`UserError`, which `exit_on_user_error` prints as `error: MESSAGE` with exit status 1. Raised later, while
-training, they keep their traceback: they are bugs to report, not input to fix.
+Inside `start_up()` our input errors (`USER_ERROR_TYPES`) become `UserError`, which `exit_on_user_error` prints;
+raised later, while training, they keep their traceback (bugs to report, not input to fix).
 """
 
 from __future__ import annotations

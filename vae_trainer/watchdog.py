@@ -1,17 +1,9 @@
-"""A stall is reported, not waited out (issue 22.3): `--stall_timeout SECONDS`.
+"""The process's stall watchdog (--stall_timeout, docs/reliability.md "A stall is reported, not waited out").
 
-Owns the process's stall watchdog: `start`, `beat` (something finished: a training step, an evaluation or
-latent-statistics batch, a save), `doing` (what the process is busy with now), `stop`, and STALL_EXIT_CODE.
-
-A daemon thread wakes a few times per timeout. When nothing finished for --stall_timeout seconds it logs
-which rank, the last step finished and when, what the rank was doing (waiting for data, the first batch
-included; in the step or its collectives; evaluating; saving), dumps the stacks of all threads
-(`faulthandler`), kills the processes it started (a hung `pipe:` command, loader workers) and ends with
-STALL_EXIT_CODE: a stuck `pipe:` download, a dead data mount or a
-rank stuck in a collective then ends the job, so the launcher stops the other ranks and a scheduler can
-requeue it, instead of holding the allocation until its time limit. The training loop pays nothing: `beat`
-and `doing` set two attributes, no device read. One watchdog per process (module state), so that evaluation
-and data code can beat without being handed an object.
+`start`, `beat` (something finished: a step, an evaluation batch, a save), `doing` (what the process is busy
+with), `stop`. A daemon thread ends the process with STALL_EXIT_CODE, after logging what it was doing and all
+threads' stacks and killing its child processes, when nothing finished for the timeout. `beat` and `doing` set
+attributes only (no device read); module state, so any code can beat without being handed an object.
 """
 
 from __future__ import annotations
@@ -89,8 +81,7 @@ def _descendants(pid: int) -> list:
 
 
 def _kill_descendants() -> None:
-    """What this process started must not outlive it: a hung `pipe:` command (its own session: its whole process
-    group) holds the job's output streams, and loader workers hold memory."""
+    """Kill what this process started: a hung `pipe:` command (its own session: its whole group), loader workers."""
     own_group = os.getpgrp()
     for pid in _descendants(os.getpid()):
         try:
@@ -107,17 +98,15 @@ _current: Optional[_Watchdog] = None
 
 
 def start(timeout: Optional[float], rank: int = 0, activity: Optional[str] = None) -> None:
-    """Watch this process from now on (`timeout` None or 0: off), busy with `activity` (default: waiting for
-    the first batch)."""
+    """Watch this process from now on (`timeout` None or 0: off), busy with `activity` (default: the first batch)."""
     global _current
     stop()
-    if timeout and timeout > 0:
-        _current = _Watchdog(float(timeout), rank)
-        if activity:
-            _current.activity = activity
-        _current._thread.start()
-        if activity:
-            return
+    if not timeout or timeout <= 0:
+        return
+    _current = _Watchdog(float(timeout), rank)
+    _current.activity = activity or _current.activity
+    _current._thread.start()
+    if not activity:
         logger.info("stall watchdog: a rank that finishes no step, evaluation batch or save for %g s ends the run "
                     "(--stall_timeout; 0 turns it off)", timeout)
 
