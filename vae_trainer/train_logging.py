@@ -12,7 +12,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -162,11 +162,18 @@ class TrainMonitor:
             self.writer.close()
 
     def _log_skip_summary(self) -> None:
-        """Skips per reason and the files with the most skips (the console shows only each file's first few)."""
-        counts = self._final_skip_counts()
-        if counts is None:
+        """Skips per reason and the files with the most skips (the console shows only each file's first few).
+        Several ranks: as of the last logging step (no collective is safe here: ranks may end at different
+        moments), the files of every rank if that was the step of --max_steps, else rank 0's."""
+        if self._data_position is None or (world_size() > 1 and self._skipped is None):
             return
-        totals, files, when = counts
+        totals, files, when = self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
+        if world_size() > 1:
+            totals, when = self._skipped, f" (as of step {self._skipped_step})"
+            if self._skipped_files is not None:
+                files = self._skipped_files
+            else:
+                when += "; files: rank 0's only"
         skipped = {reason: count for reason, count in totals.items() if count}
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
@@ -176,20 +183,6 @@ class TrainMonitor:
         logger.warning("data: %d training records skipped (all ranks, resumed runs included)%s: %s; see the "
                        "data/skipped_* scalars. Files with skips: %d, the worst %d:%s", sum(skipped.values()), when,
                        skipped, len(files), len(worst), shown)
-
-    def _final_skip_counts(self) -> Optional[Tuple[Dict[str, int], Dict[str, int], str]]:
-        """(skips per reason, skips per file, what they cover) for the end-of-run summary, or None. Several ranks:
-        as of the last logging step (no collective is safe here: ranks may end at different moments)."""
-        if self._data_position is None:
-            return None
-        if world_size() == 1:
-            return self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
-        if self._skipped is None:
-            return None
-        when = f" (as of step {self._skipped_step})"
-        if self._skipped_files is not None:
-            return self._skipped, self._skipped_files, when
-        return self._skipped, self._data_position.skipped_by_file(), when + "; files: rank 0's only"
 
 
 def format_scalars(scalars: Dict[str, float]) -> str:

@@ -98,8 +98,8 @@ class VAETrainer(Trainer):
         if micro_batch == self.args.gradient_accumulation_steps - 1:
             self.step_report = step.optimizer_step(self.state.global_step)
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
-        loss = self.micro.logs["loss/total"]
-        return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss)) / self.args.gradient_accumulation_steps
+        loss = self.micro.logs["loss/total"] / self.args.gradient_accumulation_steps
+        return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss))
 
     def _save_checkpoint(self, model, metrics=None) -> str:
         return self.run.save(self.state)
