@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import paddle
 import pytest
 from conftest import DRIVERS, REPO, run_in_process, tiny_args
 
+from vae_trainer.console import quiet_third_party
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
@@ -78,13 +80,26 @@ def test_latent_stats_num_images_is_checked_at_start_up(driver, photo_filelist, 
     assert not [name for name in written if name.startswith(("checkpoint", "vae"))]  # refused before training
 
 
-def test_the_message_is_printed_without_a_traceback(tmp_path):
+def test_the_message_is_printed_without_a_traceback_or_third_party_noise(tmp_path):
+    """Issue 30.5: paddle's ccache warning, setuptools' distutils notice and the "PyTorch version ... available"
+    lines are not printed at start-up (this run imports everything and builds the networks)."""
     completed = subprocess.run([sys.executable, os.path.join(REPO, DRIVERS[1]), "--file_list", str(tmp_path),
                                 "--pretrained_model_name_or_path", str(tmp_path / "none"), "--max_steps", "1",
                                 "--output_dir", str(tmp_path / "out"), "--device", "cpu"],
                                cwd=REPO, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1
     assert "Traceback" not in completed.stderr and f"error: No pretrained VAE at {tmp_path / 'none'}" in completed.stderr
+    for noise in ("No ccache found", "Setuptools is replacing distutils", "PyTorch version"):
+        assert noise not in completed.stderr, completed.stderr
+
+
+def test_only_the_unactionable_warnings_are_silenced():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_third_party()
+        warnings.warn("No ccache found. Please be aware ...")
+        warnings.warn("--max_steps 1 is shorter than --disc_start 4")  # one of ours
+    assert [str(warning.message) for warning in caught] == ["--max_steps 1 is shorter than --disc_start 4"]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

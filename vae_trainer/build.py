@@ -55,10 +55,7 @@ class Networks:
 
 
 def init_process(training_args) -> None:
-    """Device, process group and readable logs.
-
-    CPU threads are chosen before Paddle is imported, by the entry points (vae_trainer/threads.py).
-    """
+    """Device, process group and readable logs (CPU threads are chosen before Paddle loads: threads.py)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     device = training_args.device
     if device == "gpu":  # under the launcher, each process drives the GPU it was given
@@ -132,8 +129,7 @@ class Optimization:
         return out
 
     def restore_float32(self, model: paddle.nn.Layer) -> None:
-        """After training, before the final evaluation and export: O2 weights back to float32, from the
-        optimizers' master weights (a no-op for float32 and O1 runs)."""
+        """O2 weights back to float32 from the optimizers' master weights, before the export (else a no-op)."""
         restore_float32(model, [self.vae_optimizer, self.disc_optimizer])
 
 
@@ -185,11 +181,8 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
 
 
 def seed_training(seed: int) -> None:
-    """Seed the random streams used while training: different on every rank, reproducible from --seed.
-
-    (Model initialisation used `seed` itself, identically on all ranks.) Data order and augmentation
-    have their own per-rank, per-worker seeds in the dataset.
-    """
+    """Seed the random streams of training: different on every rank, reproducible from --seed (the networks were
+    initialised from `seed` itself on every rank; the data has its own per-rank, per-worker seeds)."""
     training_seed = seed + 1_000_003 * (rank() + 1)
     paddle.seed(training_seed)
     np.random.seed(training_seed % 2**32)

@@ -1,36 +1,126 @@
-"""The plain training loop (train_vae_no_trainer.py): the whole run on one screen, nothing hidden.
+"""The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step.
 
-It drives the same `TrainStep` (`forward_backward` per micro-batch, then `optimizer_step`, which updates
-both networks and their schedules), checkpoints and telemetry as the Trainer subclass, in the same
-order, so the two entry points produce the same numbers.
+`start` builds a run (networks, optimization, evaluation, telemetry) and finds the checkpoint to resume;
+`Run.after_step` is the bookkeeping of every optimizer step and `Run.save` the checkpoint, in both drivers;
+`Run.export` writes the final models; `main` is both entry points' main. `train` is the whole plain loop.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Dict, Optional
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from paddlenlp.trainer import TrainerState
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .build import (build_evaluator, build_networks, build_optimization, build_train_data, init_process,
-                    seed_training)
+from . import watchdog
+from .argument_parser import parse_arguments
+from .build import (Networks, Optimization, build_evaluator, build_networks, build_optimization, build_train_data,
+                    init_process, seed_training)
+from .data.position import StreamPosition
 from .distributed import rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
-from . import watchdog
 from .preemption import stop_after_step
-from .step import NonFiniteError, logged_images
+from .step import MicroBatch, NonFiniteError, StepReport, logged_images
 from .train_logging import TrainMonitor, format_scalars
-from .user_errors import start_up
+from .user_errors import exit_on_user_error, start_up
 
 logger = logging.getLogger("vae_trainer")
 
 
-def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
-    """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
+@dataclass
+class Run:
+    """A run's parts besides the data, and the checkpoint bookkeeping both drivers share."""
+
+    args: Any
+    data_args: Any
+    networks: Networks
+    optimization: Optimization
+    evaluator: Any
+    monitor: TrainMonitor
+    position: Optional[StreamPosition] = None  # this rank's data position, once the loader is built
+    batches: Any = None  # the timed training batches (TrainMonitor.timed), once the loader is built
+    saved_at: Optional[int] = None  # the step whose checkpoint was last written (or resumed from, in OUTPUT_DIR)
+
+    def load(self, checkpoint: str) -> Tuple[TrainerState, dict]:
+        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state."""
+        ckpt.load_model_state(checkpoint, self.networks.model)
+        ckpt.load_stateful(checkpoint, self.optimization.stateful())
+        state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
+        if ckpt.is_checkpoint_of(self.args.output_dir, checkpoint, state.global_step):
+            self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
+        logger.info("resuming from %s at step %d", checkpoint, state.global_step)
+        return state, ckpt.load_rank_state(checkpoint)
+
+    def build_data(self, rank_state: Optional[dict]):
+        """This rank's training batches, resumed at the data position of `rank_state` if given, their waits timed."""
+        with start_up():
+            loader, self.position = build_train_data(self.data_args, self.args,
+                                                     rank_state["data"] if rank_state else None)
+        self.monitor.watch_data(self.position)
+        self.batches = self.monitor.timed(loader)  # each wait for a batch counts as data time, nothing else
+        return self.batches
+
+    def save(self, state: TrainerState) -> str:
+        """checkpoint-N of `state.global_step` (kept as is if already written); returns its path."""
+        step = state.global_step
+        if self.saved_at == step:
+            return ckpt.checkpoint_path(self.args.output_dir, step)
+        watchdog.doing(f"saving checkpoint-{step}")
+        model = self.networks.model
+        path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=self.optimization.stateful(),
+                                    trainer_state=state, rank_state=ckpt.make_rank_state(model, self.position),
+                                    save_total_limit=self.args.save_total_limit, keep=state.best_model_checkpoint,
+                                    configs=checkpoint_configs(self.networks, self.evaluator))
+        self.saved_at = step
+        watchdog.beat(f"saving checkpoint-{step}", step)
+        return path
+
+    def after_step(self, state: TrainerState, report: StepReport, micro: MicroBatch) -> Optional[Dict[str, float]]:
+        """After optimizer step `state.global_step`: telemetry, evaluation (and the best checkpoint), the periodic
+        save, and a stop on a signal (preemption.py). Returns the logged numbers at logging steps."""
+        step = state.global_step
+        watchdog.beat(f"step {step}", step)
+        scalars = self.monitor.optimizer_step_end(step, report.scalars,
+                                                  lambda: logged_images(self.optimization.step, micro))
+        if scalars is not None:
+            state.log_history.append({"step": step, **scalars})
+        model, ema = self.networks.model, self.optimization.ema
+        if self.evaluator.due(step) and self.evaluator.run(step, model.vae, ema, self.monitor, state):
+            state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
+            self.save(state)  # the best checkpoint so far, kept by rotation
+        if self.args.save_steps > 0 and step % self.args.save_steps == 0:
+            self.save(state)
+        stop_after_step(report.stop, step, lambda: self.save(state))
+        return scalars
+
+    def close(self) -> None:
+        """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
+        watchdog.stop()
+        if self.batches is not None:
+            self.batches.close()
+        self.monitor.close()
+
+    def export(self, step: int) -> Dict[str, str]:
+        """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
+        self.optimization.restore_float32(self.networks.model)
+        watchdog.start(self.args.stall_timeout, rank(), "exporting")
+        try:
+            vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.optimization.ema,
+                                                  self.evaluator, step)
+        finally:
+            watchdog.stop()
+        return {"vae": vae_dir, "discriminator": disc_dir, "logs": self.args.logging_dir}
+
+
+def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
+    """Both drivers' start-up: the process, OUTPUT_DIR, networks, optimization, evaluation and telemetry;
+    returns the run and the checkpoint to resume from (None: a new run)."""
     watchdog.start(args.stall_timeout, rank(), "starting up")  # stopped by the entry point (exit_on_user_error)
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
         init_process(args)
@@ -40,86 +130,56 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
-    model = networks.model
-    state = TrainerState(max_steps=args.max_steps)
-    rank_state: Optional[dict] = None
-    if resume:
-        ckpt.load_model_state(resume, model)
-        ckpt.load_stateful(resume, optimization.stateful())
-        state = TrainerState.load_from_json(os.path.join(resume, ckpt.TRAINER_STATE_NAME))
-        rank_state = ckpt.load_rank_state(resume)
-        logger.info("resuming from %s at step %d", resume, state.global_step)
-    else:
-        seed_training(args.seed)
-
-    data_state = rank_state["data"] if rank_state else None
-    with start_up():
-        dataloader, position = build_train_data(data_args, args, data_state)
-    if rank_state:
-        ckpt.set_rng_state(rank_state["rng"])
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
     monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
-    monitor.watch_data(position)
+    return Run(args, data_args, networks, optimization, evaluator, monitor), resume
+
+
+@exit_on_user_error
+def main(train: Callable[..., Dict[str, str]], argv=None) -> None:
+    """An entry point: parse the flags, `train`, print where the VAE and the logs are."""
+    with start_up():  # bad flags: one `error: ...` line, no traceback
+        model_args, data_args, loss_args, training_args = parse_arguments(argv)
+    try:
+        outputs = train(model_args, data_args, loss_args, training_args)
+    except NonFiniteError as error:
+        sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
+    if rank() == 0:
+        print(f"VAE saved to {outputs['vae']}\nVisualDL logs: {outputs['logs']}")
+
+
+def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
+    """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
+    run, resume = start(model_args, data_args, loss_args, args)
+    state, rank_state = run.load(resume) if resume else (TrainerState(max_steps=args.max_steps), None)
+    if not resume:
+        seed_training(args.seed)
+    iteration = iter(run.build_data(rank_state))
+    if rank_state:
+        ckpt.set_rng_state(rank_state["rng"])
     progress = tqdm(total=args.max_steps, initial=state.global_step, disable=rank() != 0 or args.disable_tqdm,
                     desc="train", dynamic_ncols=True)
-
-    # Resumed from OUTPUT_DIR's own checkpoint of this step (e.g. one already at --max_steps): it is this very
-    # state, so the final save must not delete and rewrite it.
-    saved_at = [state.global_step if resume and ckpt.is_checkpoint_of(args.output_dir, resume, state.global_step)
-                else None]
-
-    def save() -> str:
-        if saved_at[0] == state.global_step:
-            return ckpt.checkpoint_path(args.output_dir, state.global_step)
-        watchdog.doing(f"saving checkpoint-{state.global_step}")
-        path = ckpt.save_checkpoint(args.output_dir, state.global_step, model=model, stateful=optimization.stateful(),
-                             trainer_state=state, rank_state=ckpt.make_rank_state(model, position),
-                             save_total_limit=args.save_total_limit, keep=state.best_model_checkpoint,
-                             configs=checkpoint_configs(networks, evaluator))
-        saved_at[0] = state.global_step
-        watchdog.beat(f"saving checkpoint-{state.global_step}", state.global_step)
-        return path
-
-    batches = monitor.timed(dataloader)  # each wait for a batch counts as data time, nothing else
-    iteration = iter(batches)
-    step = optimization.step
+    step = run.optimization.step
     watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
     try:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
                 batch = next(iteration)
                 micro = step.forward_backward(batch["pixel_values"], state.global_step, micro_batch)
-                position.update(batch["position"])
-                monitor.micro_step_end(micro.logs)
+                run.position.update(batch["position"])
+                run.monitor.micro_step_end(micro.logs)
             # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
             report = step.optimizer_step(state.global_step)
             state.global_step += 1
-            watchdog.beat(f"step {state.global_step}", state.global_step)
             progress.update(1)
-
-            scalars = monitor.optimizer_step_end(state.global_step, report.scalars, lambda: logged_images(step, micro))
+            scalars = run.after_step(state, report, micro)
             if scalars is not None:
-                state.log_history.append({"step": state.global_step, **scalars})
                 progress.set_postfix_str(format_scalars(scalars))
-            if evaluator.due(state.global_step) and evaluator.run(state.global_step, model.vae, optimization.ema, monitor, state):
-                state.best_model_checkpoint = ckpt.checkpoint_path(args.output_dir, state.global_step)
-                save()  # the best checkpoint so far, kept by rotation
-            if args.save_steps > 0 and state.global_step % args.save_steps == 0:
-                save()
-            stop_after_step(report.stop, state.global_step, save)  # a signal: save and stop (preemption.py)
-        save()  # always a checkpoint at the end, to continue training later
+        run.save(state)  # always a checkpoint at the end, to continue training later
     except NonFiniteError:
-        save()  # the weights are those of the last good step: a checkpoint to go back to
+        run.save(state)  # the weights are those of the last good step: a checkpoint to go back to
         raise
     finally:
-        watchdog.stop()
-        batches.close()  # the loader's workers end here, not while the export runs
         progress.close()
-        monitor.close()
-    optimization.restore_float32(model)  # O2: evaluate and export the float32 master weights
-    watchdog.start(args.stall_timeout, rank(), "exporting")
-    try:
-        vae_dir, disc_dir = save_final_models(args.output_dir, networks, optimization.ema, evaluator, state.global_step)
-    finally:
-        watchdog.stop()
-    return {"vae": vae_dir, "discriminator": disc_dir, "logs": args.logging_dir}
+        run.close()
+    return run.export(state.global_step)

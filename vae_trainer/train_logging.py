@@ -1,23 +1,8 @@
-"""Training telemetry shared by both drivers: VisualDL scalars and image grids, throughput, console lines.
+"""Training telemetry shared by both drivers: VisualDL scalars and image grids, throughput, the skipped-data summary.
 
-Each micro-step's detached device scalars are summed here on the device and averaged over the logging
-window; each optimizer step's report (learning rates, counters: host numbers; gradient norms: device
-scalars) is logged as of the logging step. All device values of a logging step come to the host in ONE
-read, and none between logging steps. Only rank 0 writes, and only rank 0 asks for the image grid (with
-EMA it costs a VAE forward).
-
-Scalars (VisualDL tags): loss/{total,pixel,perceptual,nll,kl,generator,discriminator},
-gan/{adaptive_weight,adaptive_weight_overflow,logits_real,logits_fake},
-train/{learning_rate,disc_learning_rate,logvar,grad_norm,disc_grad_norm,skipped_steps,overflow_steps,
-disc_overflow_steps,skipped_gan_terms,loss_scale,disc_loss_scale},
-perf/{images_per_second,seconds_per_step,data_seconds_per_step,compute_seconds_per_step,peak_memory_gb},
-data/skipped_<reason> (training records skipped so far, summed over all ranks and loader workers; one tag
-per reason of `data.position.SKIP_REASONS`; cumulative over the whole run, resumes included). The skip
-counts are host numbers; with several ranks, summing them is one small all-reduce per logging step.
-Images: `reconstructions` (inputs over reconstructions) every --image_logging_steps.
-At the end of the run rank 0 prints a summary of the skipped records: per reason, and the files with the most
-skips (the console names only each file's first few problems; a broken part is found here); with several
-processes, as of the last logging step (`TrainMonitor._final_skip_counts` says exactly what it covers).
+Micro-step scalars are summed on the device and averaged over the logging window; all device values of a
+logging step come to the host in ONE read, none between logging steps. Only rank 0 writes. The tags are listed
+in docs/measuring.md, the skip counts and summary in docs/data.md.
 """
 
 from __future__ import annotations
@@ -27,7 +12,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -76,22 +61,26 @@ class TrainMonitor:
         """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
         self._data_position = position
 
-    # --- timing: perf/data_seconds_per_step is the time spent waiting for batches and nothing else (not the
-    # optimizer step, logging, evaluation or saves that happen between two batches)
-    def timed(self, loader: Iterable) -> _TimedBatches:
-        """`loader`, each batch's wait counted as data time. Both drivers iterate their batches through this
-        (the Trainer iterates it itself); its `close()` ends the running iteration and the loader's workers."""
-        return _TimedBatches(loader, self)
-
-    def _next_batch(self, batches: Iterator) -> Any:
-        """next(batches), its wait counted as data time."""
-        start = time.perf_counter()
-        watchdog.doing("waiting for data (the data reader)")  # what a stall report says (watchdog.py)
+    def timed(self, loader: Iterable) -> Iterator:
+        """`loader`'s batches, each wait counted as data time (perf/data_seconds_per_step, nothing else); `close()`
+        ends the iteration and the loader's workers. Both drivers iterate their batches through this."""
+        batches = iter(loader)
         try:
-            return next(batches)
+            while True:
+                start = time.perf_counter()
+                watchdog.doing("waiting for data (the data reader)")  # what a stall report says (watchdog.py)
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                finally:
+                    self._data_seconds += time.perf_counter() - start
+                    watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
+                yield batch
         finally:
-            self._data_seconds += time.perf_counter() - start
-            watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def micro_step_end(self, logs: Dict[str, paddle.Tensor]) -> None:
         for name, value in logs.items():
@@ -106,7 +95,7 @@ class TrainMonitor:
         self._window_steps += 1
         if images is not None and self.writer is not None and self.args.image_logging_steps > 0 \
                 and step % self.args.image_logging_steps == 0:
-            self.log_images(step, *images())
+            self.log_grid(step, make_grid(*images(), self.args.num_logged_images), "reconstructions")
         if step % self.args.logging_steps != 0 and step != self.args.max_steps:
             return None
         averages = {name: total / self._counts[name] for name, total in self._sums.items()}
@@ -117,7 +106,7 @@ class TrainMonitor:
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
         scalars.update(self._skip_scalars(step))
-        self._write(step, scalars)
+        self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
 
@@ -152,26 +141,18 @@ class TrainMonitor:
         self._skipped, self._skipped_step = dict(zip(totals, counts)), step
         return {f"data/skipped_{reason}": float(count) for reason, count in self._skipped.items()}
 
-    def _write(self, step: int, scalars: Dict[str, float]) -> None:
+    def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
+        """Numbers to VisualDL at `step` (training scalars, evaluation metrics, latent statistics)."""
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(tag=name, value=value, step=step)
             self.writer.flush()
-
-    def log_images(self, step: int, inputs: paddle.Tensor, recons: paddle.Tensor, tag: str = "reconstructions") -> None:
-        if self.writer is None:
-            return
-        self.log_grid(step, make_grid(inputs, recons, self.args.num_logged_images), tag)
 
     def log_grid(self, step: int, grid: np.ndarray, tag: str) -> None:
         """An image (uint8 HxWx3) to VisualDL."""
         if self.writer is not None:
             self.writer.add_image(tag=tag, img=np.asarray(grid), step=step)
             self.writer.flush()
-
-    def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
-        """Write extra numbers (evaluation metrics, latent statistics) at `step`."""
-        self._write(step, scalars)
 
     def close(self) -> None:
         """Print the skipped-records summary and close the writer."""
@@ -181,11 +162,18 @@ class TrainMonitor:
             self.writer.close()
 
     def _log_skip_summary(self) -> None:
-        """Skips per reason and the files with the most skips (the console shows only each file's first few)."""
-        counts = self._final_skip_counts()
-        if counts is None:
+        """Skips per reason and the files with the most skips (the console shows only each file's first few).
+        Several ranks: as of the last logging step (no collective is safe here: ranks may end at different
+        moments), the files of every rank if that was the step of --max_steps, else rank 0's."""
+        if self._data_position is None or (world_size() > 1 and self._skipped is None):
             return
-        totals, files, when = counts
+        totals, files, when = self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
+        if world_size() > 1:
+            totals, when = self._skipped, f" (as of step {self._skipped_step})"
+            if self._skipped_files is not None:
+                files = self._skipped_files
+            else:
+                when += "; files: rank 0's only"
         skipped = {reason: count for reason, count in totals.items() if count}
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
@@ -195,55 +183,6 @@ class TrainMonitor:
         logger.warning("data: %d training records skipped (all ranks, resumed runs included)%s: %s; see the "
                        "data/skipped_* scalars. Files with skips: %d, the worst %d:%s", sum(skipped.values()), when,
                        skipped, len(files), len(worst), shown)
-
-    def _final_skip_counts(self) -> Optional[Tuple[Dict[str, int], Dict[str, int], str]]:
-        """(skips per reason, skips per file, a note on what they cover) for the end-of-run summary, or None.
-        One process: as of the last batch taken (it sees every batch). Several: the per-reason totals summed
-        over ranks at the last logging step, and every rank's files if that was the step of --max_steps
-        (gathered then), else rank 0's only; ranks may end at different moments, so no collective call is
-        safe here. None with several ranks before any logging step."""
-        if self._data_position is None:
-            return None
-        if world_size() == 1:
-            return self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
-        if self._skipped is None:
-            return None
-        when = f" (as of step {self._skipped_step})"
-        if self._skipped_files is not None:
-            return self._skipped, self._skipped_files, when
-        return self._skipped, self._data_position.skipped_by_file(), when + "; files: rank 0's only"
-
-
-class _TimedBatches:
-    """An iterable over a loader's batches whose waits count as data time (`TrainMonitor.timed`); ending the
-    iteration (`close()`, or the end of the loader) ends the loader's (its workers stop and are joined)."""
-
-    def __init__(self, loader: Iterable, monitor: TrainMonitor):
-        self.loader, self.monitor = loader, monitor
-        self._iteration: Optional[Iterator] = None
-
-    def __iter__(self) -> Iterator:
-        self._iteration = self._batches()
-        return self._iteration
-
-    def close(self) -> None:
-        """End the running iteration now (its workers stop and are joined), not whenever it is collected."""
-        if self._iteration is not None:
-            self._iteration.close()
-
-    def _batches(self) -> Iterator:
-        batches = iter(self.loader)
-        try:
-            while True:
-                try:
-                    batch = self.monitor._next_batch(batches)
-                except StopIteration:
-                    return
-                yield batch
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
 
 
 def format_scalars(scalars: Dict[str, float]) -> str:
