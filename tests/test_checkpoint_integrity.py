@@ -13,22 +13,10 @@ import paddle
 import pytest
 from conftest import run_in_process, tiny_args
 
+from test_crash_safety import _State
+
 from vae_trainer import checkpoint as ckpt
 from vae_trainer.disk import written_atomically
-
-
-class _State:
-    """Stands in for optimizers and the TrainerState: what save_checkpoint calls on them."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def state_dict(self):
-        return {"step": paddle.to_tensor([self.step])}
-
-    def save_to_json(self, path):
-        with open(path, "w") as f:
-            json.dump({"global_step": self.step}, f)
 
 
 def save(output_dir, step, rank_state=None, **options) -> str:
