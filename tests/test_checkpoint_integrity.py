@@ -2,7 +2,6 @@
 fsync before the rename, a manifest that `latest` and explicit resumes verify, the current device's RNG only,
 a resume with another number of ranks. Crash safety against a killed process: tests/test_crash_safety.py."""
 
-import json
 import logging
 import os
 import random
