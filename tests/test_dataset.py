@@ -726,3 +726,45 @@ def test_eval_folder_sorted_centre_crop(tmp_path, monkeypatch):
     assert ranks == [[1, 3], [2, 4]] and decodes == [2, 3]  # a.png, b.png, (c_broken.png), d.webp, sub/c.png
     loader = build_eval_dataloader(str(tmp_path), RES, batch_size=4, rank=0, world_size=1, num_images=2)
     assert [i for batch in loader for i in ids_of(batch["pixel_values"].numpy())] == [1, 2]
+
+
+def test_a_rank_that_fails_mid_evaluation_stops_the_others_instead_of_leaving_them_in_the_gather(tmp_path,
+                                                                                                monkeypatch):
+    """Rank 1's decode fails in the first round: it still joins the round's gather (with its failure), so rank 0
+    stops with a message naming it instead of waiting for a gather rank 1 never reaches (a hang on GPUs)."""
+    from vae_trainer.data import dataset
+
+    part = write_part(tmp_path / "p.gz", [line(id_image(i)) for i in range(8)])
+    path = write_filelist(tmp_path / "eval.filelist", [part])
+    barrier, values, errors = threading.Barrier(2, timeout=60), {}, {}
+
+    def gather(value, ranks):
+        values[threading.get_ident()] = value
+        barrier.wait()
+        gathered = [values[thread.ident] for thread in threads]
+        barrier.wait()
+        return gathered
+
+    monkeypatch.setattr(dataset, "_gather", gather)
+    items = dataset._EvalShare._items
+
+    def failing_items(self):
+        if self.rank == 1:
+            raise RuntimeError("decode failed on rank 1")
+        yield from items(self)
+
+    def run(rank):
+        try:
+            for _ in build_eval_dataloader(path, RES, 2, rank, 2, 6):
+                pass
+        except Exception as error:  # noqa: BLE001
+            errors[rank] = str(error)
+
+    monkeypatch.setattr(dataset._EvalShare, "_items", failing_items)
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert "decode failed on rank 1" in errors[1]
+    assert "rank 1" in errors[0] and "failed" in errors[0]  # rank 0 stopped too, naming rank 1

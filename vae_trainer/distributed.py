@@ -62,7 +62,10 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
         return
     cause = error
     if error is not None and explain is not None:
-        error = explain(error)
+        try:
+            error = explain(error)
+        except Exception:  # noqa: BLE001 (explaining must not keep this rank from the gather below)
+            pass
     if world_size() == 1:
         raise error if error is cause else error from cause
     user = isinstance(error, (UserError,) + USER_ERROR_TYPES)
@@ -78,7 +81,11 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
         f"rank{'s' * (len(rs) > 1)} {', '.join(rs)}: {reason}" for reason, rs in ranks.items())
     logger.error("%s", message)  # in every rank's log at once, even if the launcher ends this rank next
     kind = next(item[0] for item in gathered if item is not None)
-    raise kind(message) from error
+    try:
+        raised = kind(message)
+    except TypeError:  # an error class that takes more than a message (json.JSONDecodeError)
+        raised = UserError(message) if issubclass(kind, (UserError,) + USER_ERROR_TYPES) else RuntimeError(message)
+    raise raised from error
 
 
 def from_rank_0(value: Any) -> Any:

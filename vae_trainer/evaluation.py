@@ -274,9 +274,12 @@ class _Pass:
         self.vae.eval()
         try:
             with all_ranks_agree(what), paddle.no_grad(), tiled(self.vae, tiling):
-                for pixels in _capped_batches(batches, num_images):
-                    add(pixels)
-                    watchdog.beat(f"a batch ({what})")
+                try:
+                    for pixels in _capped_batches(batches, num_images):
+                        add(pixels)
+                        watchdog.beat(f"a batch ({what})")
+                finally:  # a rank that fails here still joins the loader's gather (data.dataset._eval_batches)
+                    getattr(batches, "close", lambda: None)()
                 if self.count == 0:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:

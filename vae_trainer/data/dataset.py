@@ -261,27 +261,36 @@ def _owners(images: list[int]) -> Iterator[int]:
         yield rank
 
 
-def _gather(value: int, world_size: int) -> list[int]:
-    """`value` of every rank, in rank order (a collective when `world_size` > 1)."""
+def _gather(values: list[int], world_size: int) -> list[list[int]]:
+    """`values` of every rank, in rank order (a collective when `world_size` > 1)."""
     if world_size == 1:
-        return [value]
-    values = []
-    paddle.distributed.all_gather(values, paddle.to_tensor([value], dtype="int64"))
-    return [int(tensor.item()) for tensor in values]
+        return [values]
+    gathered = []
+    paddle.distributed.all_gather(gathered, paddle.to_tensor(values, dtype="int64"))
+    return [tensor.numpy().tolist() for tensor in gathered]
 
 
 def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: int,
                   num_images: int | None) -> Iterator[dict]:
     """In rounds (only decoding shows a truncated image): the next `num_images` - usable records are dealt to the
-    ranks, each decodes its own, and the ranks gather their usable counts."""
+    ranks, each decodes its own, and the ranks gather their usable counts. A rank that fails (or whose consumer
+    fails and closes this generator) still joins its round's gather, so the others stop too instead of waiting."""
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
     records = enumerate(stream._epoch_records(sources, 0, 0, 0))
     images, read = [0] * world_size, 0  # usable images per rank so far
     while True:
         wanted = None if num_images is None else num_images - sum(images)
         share = _EvalShare(stream, itertools.islice(records, wanted), _owners(images), rank)
-        yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
-        images = [held + new for held, new in zip(images, _gather(share.usable, world_size))]
+        done = False
+        try:
+            yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
+            done = True
+        finally:  # (on a failure this rank's own error goes on after the gather)
+            rounds = _gather([share.usable, int(not done)], world_size)
+        failed = [str(r) for r, (_, bad) in enumerate(rounds) if bad]
+        if failed:
+            raise RuntimeError(f"stopped with rank {', '.join(failed)}, which failed in this evaluation")
+        images = [held + usable for held, (usable, _) in zip(images, rounds)]
         read += share.read
         if wanted is None or share.read < wanted or sum(images) == num_images:
             break
