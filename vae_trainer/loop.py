@@ -22,7 +22,7 @@ from .argument_parser import parse_arguments
 from .build import (Networks, Optimization, build_evaluator, build_networks, build_optimization, build_train_data,
                     init_process, seed_training)
 from .data.position import StreamPosition
-from .distributed import rank, world_size
+from .distributed import all_ranks_agree, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
 from .preemption import stop_after_step
@@ -48,14 +48,17 @@ class Run:
     saved_at: Optional[int] = None  # the step whose checkpoint was last written (or resumed from, in OUTPUT_DIR)
 
     def load(self, checkpoint: str) -> Tuple[TrainerState, dict]:
-        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state."""
-        ckpt.load_model_state(checkpoint, self.networks.model)
-        ckpt.load_stateful(checkpoint, self.optimization.stateful())
-        state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
+        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state. A rank
+        that cannot read it stops every rank, naming it (not: the others wait in the first step's collectives)."""
+        with all_ranks_agree(f"loading {checkpoint}"):
+            ckpt.load_model_state(checkpoint, self.networks.model)
+            ckpt.load_stateful(checkpoint, self.optimization.stateful())
+            state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
+            rank_state = ckpt.load_rank_state(checkpoint)
         if ckpt.is_checkpoint_of(self.args.output_dir, checkpoint, state.global_step):
             self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
         logger.info("resuming from %s at step %d", checkpoint, state.global_step)
-        return state, ckpt.load_rank_state(checkpoint)
+        return state, rank_state
 
     def build_data(self, rank_state: Optional[dict]):
         """This rank's training batches, resumed at the data position of `rank_state` if given, their waits timed."""
