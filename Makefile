@@ -55,8 +55,10 @@ demo: setup
 	bash scripts/run_demo.sh $(DEMO_OUT)
 
 # VAE_TRAINER_REQUIRE_TEST_EXTRAS: a test extra that failed to install fails its tests instead of skipping them.
+# TEST_WORKERS pytest-xdist processes share the test files out (one file stays on one worker); 0 runs them in this process.
+TEST_WORKERS ?= 2
 test: setup $(TEST_STAMP) $(FLUX2_STAMP)
-	VAE_TRAINER_REQUIRE_TEST_EXTRAS=1 $(BIN)/python -m pytest -q tests
+	VAE_TRAINER_REQUIRE_TEST_EXTRAS=1 $(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 clean-demo:
 	rm -rf $(DEMO_OUT)

@@ -32,7 +32,25 @@ def _without_torch_in_subprocesses() -> None:
     subprocess.Popen.__init__ = popen
 
 
-_without_torch_in_subprocesses()
+@pytest.fixture(scope="session", autouse=True)
+def _subprocesses_without_torch():
+    # A fixture, not an import-time patch: under pytest-xdist the controller starts the worker processes
+    # with Popen, and they must keep torch (the PyTorch-side tests run in them).
+    _without_torch_in_subprocesses()
+
+
+# The files that run multi-process training jobs under the launcher, heaviest first: `make test` runs the suite
+# on two pytest-xdist workers (--dist loadfile), which share out files in collection order, so these start first
+# and the many short files fill in around them.
+HEAVY_FILES = ("test_preemption.py", "test_architectures.py", "test_stall.py", "test_rank_failure.py",
+               "test_train_e2e.py", "test_multinode.py", "test_alignment.py", "test_crash_safety.py", "test_disk.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: k for k, name in enumerate(HEAVY_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FILES)))
+
+
 # Set by `make test` (and so by CI): the test extras (requirements-test.txt) must be there, so a failed
 # install fails the tests that need them instead of skipping them silently.
 REQUIRE_TEST_EXTRAS = "VAE_TRAINER_REQUIRE_TEST_EXTRAS"
