@@ -1,7 +1,6 @@
 """Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, exit 1.
 
-Inside `start_up()` our input errors (`USER_ERROR_TYPES`) become `UserError`, which `exit_on_user_error` prints;
-raised later, while training, they keep their traceback (bugs to report, not input to fix).
+Raised later, while training, the same errors keep their traceback (bugs to report, not input to fix).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def start_up() -> Iterator[None]:
 
 
 def exit_on_user_error(main: F) -> F:
-    """`main`, printing a `UserError` as one `error: ...` line and exiting with status 1; the stall watchdog
-    that `main` started is stopped however it ends."""
+    """`main`, printing a `UserError` as `error: ...` and exiting 1; the stall watchdog is stopped however it ends."""
     @functools.wraps(main)
     def guarded(*args, **kwargs):
         try:
