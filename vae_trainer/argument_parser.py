@@ -64,10 +64,8 @@ class VAEArgumentParser(PdArgumentParser):
             metadata = dict(f.metadata)
             paddlenlp = issubclass(dtype, TrainingArguments) and f.name in inherited
             group = metadata.pop("group", None) or ("paddlenlp" if paddlenlp else getattr(dtype, "_group", "training"))
-            if f.name in IGNORED_FLAGS:
-                metadata["help"] = IGNORED_FLAGS[f.name]
-            elif paddlenlp and f.name not in PADDLENLP_FLAGS:
-                metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
+            if paddlenlp and f.name not in PADDLENLP_FLAGS:  # parsed (to refuse it with a reason), never advertised
+                metadata["help"] = IGNORED_FLAGS.get(f.name, argparse.SUPPRESS)
             spec, choices = copy.copy(f), _literal_choices(hints[f.name])
             spec.type = hints[f.name]
             if choices is not None:  # PdArgumentParser knows Enums, not Literals: the values' type, and choices

@@ -19,15 +19,13 @@ from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size (evaluation.Tiling)
 
 
-# ---------------------------------------------------------------------------------- sizes and tiles
 def downsampling_factor(config: Mapping[str, Any]) -> int:
     """The encoder's downsampling factor: 2 ** (down blocks - 1)."""
     return 2 ** (len(config["down_block_types"]) - 1)
 
 
 def check_sizes(model_args, data_args) -> None:
-    """--resolution, --input_size, bucket shapes and tiles the VAE can take, its config read from its JSON file
-    (none, e.g. a single-file checkpoint: checked once built; a missing file: the build reports it)."""
+    """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
     from .checkpoint import checkpoint_vae_config
     from .models.vae import check_reconstruction_shape
 
@@ -95,7 +93,6 @@ def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]
         check_tile_size(tile_size or DEFAULT_TILE_SIZE, config, model_args.input_size, where)
 
 
-# ------------------------------------------------------------------------- the table of refusals
 def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
     (raises on a bad --scaling_factor or --equivariance_transforms)."""
@@ -115,10 +112,6 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     return f
 
 
-def _always(f) -> bool:
-    return True
-
-
 # Every flag of the --help group "discriminator" but --disc_weight, which switches the discriminator on.
 DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num_layers", "disc_base_channels",
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
@@ -128,26 +121,26 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
 REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     # PaddleNLP flags that both drivers do not honour, refused for any value but PaddleNLP's default (any
     # other inherited flag outside arguments.PADDLENLP_FLAGS is too: "not honoured the same way").
-    (("num_train_epochs",), _always, "the training stream is infinite: set the run's length with --max_steps"),
-    (("save_strategy",), _always, "checkpoints are saved every --save_steps optimizer steps (0: only at the end)"),
-    (("logging_strategy", "logging_first_step"), _always, "scalars are logged every --logging_steps optimizer steps"),
-    (("optim",), _always, "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, "
-                          "--weight_decay)"),
-    (("greater_is_better",), _always, "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, "
-                                      "rfid: lower)"),
-    (("to_static",), _always, "both drivers train in dynamic-graph mode"),
-    (("amp_master_grad",), _always, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
-    (("no_cuda",), _always, "use --device cpu"),
+    (("num_train_epochs",), lambda f: True, "the training stream is infinite: set the run's length with --max_steps"),
+    (("save_strategy",), lambda f: True, "checkpoints are saved every --save_steps optimizer steps (0: at the end)"),
+    (("logging_strategy", "logging_first_step"), lambda f: True, "scalars are logged every --logging_steps steps"),
+    (("optim",), lambda f: True,
+     "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)"),
+    (("greater_is_better",), lambda f: True,
+     "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)"),
+    (("to_static",), lambda f: True, "both drivers train in dynamic-graph mode"),
+    (("amp_master_grad",), lambda f: True, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
+    (("no_cuda",), lambda f: True, "use --device cpu"),
     (("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
-      "max_evaluate_steps", "prediction_loss_only"), _always,
+      "max_evaluate_steps", "prediction_loss_only"), lambda f: True,
      "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
      "--metric_for_best_model)"),
-    (("dataloader_drop_last",), _always, "training batches are always full (the stream is infinite)"),
-    (("ignore_data_skip",), _always, "the data stream always resumes at its saved position"),
-    (("run_name", "wandb_api_key"), _always, "only VisualDL logs are written (--report_to visualdl|none)"),
+    (("dataloader_drop_last",), lambda f: True, "training batches are always full (the stream is infinite)"),
+    (("ignore_data_skip",), lambda f: True, "the data stream always resumes at its saved position"),
+    (("run_name", "wandb_api_key"), lambda f: True, "only VisualDL logs are written (--report_to visualdl|none)"),
     (("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
       "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
-      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), _always,
+      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), lambda f: True,
      "only data parallelism is supported (paddle.distributed.launch); drop it"),
     # Values a flag cannot take, and flags that contradict or need others.
     (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
@@ -158,8 +151,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
      "it takes two positive numbers H W"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.input_size is not None,
-     "it cannot be combined with --input_size, one fixed encoder input size, while every bucket has its own shape: "
-     "drop one of them"),
+     "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
@@ -192,8 +184,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("metric_for_best_model",), lambda f: f.metric == "rfid" and not f.inception_weights,
      "rFID is measured only with --inception_weights: add them"),
     (("metric_for_best_model",), lambda f: f.metric == "lpips" and f.lpips_missing,
-     "LPIPS is measured only with its weights (--lpips_weights, default weights/lpips_vgg16.pdparams written by "
-     "make setup): give them"),
+     "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
     (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
     # Flags that would do nothing with the other flags.
@@ -218,8 +209,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("equivariance_min_scale", "equivariance_transforms"), lambda f: f.equivariance_prob == 0,
      "it shapes the transforms of --equivariance_prob, which is 0 (off): add --equivariance_prob 0.5, or drop it"),
     (("equivariance_min_scale",), lambda f: f.equivariance_prob > 0 and not f.uses_scale,
-     "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale to it, or "
-     "drop it"),
+     "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale, or drop it"),
     (("subfolder",), lambda f: not f.pretrained_model_name_or_path,
      "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
     (("inception_weights",), lambda f: not f.evaluates,

@@ -8,15 +8,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 from . import watchdog
 
 # What our validation and loading raise for bad input (argparse's own errors exit by themselves).
 USER_ERROR_TYPES = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-
-F = TypeVar("F", bound=Callable)
-
 
 class UserError(Exception):
     """A start-up error whose message is meant for the user (it names the flag or file and the fix)."""
@@ -31,7 +28,7 @@ def start_up() -> Iterator[None]:
         raise UserError(str(error)) from error
 
 
-def exit_on_user_error(main: F) -> F:
+def exit_on_user_error(main: Callable) -> Callable:
     """`main`, printing a `UserError` as `error: ...` and exiting 1; the stall watchdog is stopped however it ends."""
     @functools.wraps(main)
     def guarded(*args, **kwargs):
@@ -42,4 +39,4 @@ def exit_on_user_error(main: F) -> F:
         finally:
             watchdog.stop()
 
-    return guarded  # type: ignore[return-value]
+    return guarded
