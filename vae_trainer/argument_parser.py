@@ -1,7 +1,6 @@
 """The command line of both entry points: `parse_arguments` (flags or one JSON file -> the four dataclasses of
-arguments.py, --recipe applied under the flags given, then `validate`) and its parser, PaddleNLP's
-`PdArgumentParser` with --help grouped by concern (`GROUPS`, then the honoured PaddleNLP flags; the refused
-ones parsed but hidden), `Literal` fields as choices and the ppdiffusers scripts' aliases.
+arguments.py, --recipe under the flags given, then `validate`) with PaddleNLP's `PdArgumentParser`, --help grouped
+by concern (the refused PaddleNLP flags parsed but hidden), `Literal` fields as choices, the ppdiffusers aliases.
 """
 
 from __future__ import annotations
@@ -9,19 +8,15 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import sys
 import types
-from types import SimpleNamespace
 from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, get_args, get_origin, get_type_hints
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, RECIPES, DataArguments,
-                        LossArguments, ModelArguments, VAETrainingArguments, canonical_names, unsupported_flags)
-from .equivariance import parse_transforms
-from .flag_checks import check_eval_batch_size, check_sizes, refuse
-from .latent_scale import scaling_factor_mode
+from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, RECIPES, UNSUPPORTED_FLAGS,
+                        DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
+from .flag_checks import check_eval_batch_size, check_sizes, flag_values, refuse
 
 GROUPS = {
     "data": "data: training images and preprocessing",
@@ -69,54 +64,43 @@ class VAEArgumentParser(PdArgumentParser):
             metadata = dict(f.metadata)
             paddlenlp = issubclass(dtype, TrainingArguments) and f.name in inherited
             group = metadata.pop("group", None) or ("paddlenlp" if paddlenlp else getattr(dtype, "_group", "training"))
-            if f.name in IGNORED_FLAGS:
-                metadata["help"] = IGNORED_FLAGS[f.name]
-            elif paddlenlp and f.name not in PADDLENLP_FLAGS:
-                metadata["help"] = argparse.SUPPRESS  # parsed (to refuse it with a reason), never advertised
-            spec = copy.copy(f)
-            spec.type, choices = _argparse_type(hints[f.name])
-            spec.type = metadata.pop("parse", spec.type)
-            if choices is not None:
+            if paddlenlp and f.name not in PADDLENLP_FLAGS:  # parsed (to refuse it with a reason), never advertised
+                metadata["help"] = IGNORED_FLAGS.get(f.name, argparse.SUPPRESS)
+            spec, choices = copy.copy(f), _literal_choices(hints[f.name])
+            spec.type = hints[f.name]
+            if choices is not None:  # PdArgumentParser knows Enums, not Literals: the values' type, and choices
                 metadata["choices"] = list(choices)
+                listed = any(get_origin(a) is list for a in (spec.type, *get_args(spec.type)))
+                spec.type = List[type(choices[0])] if listed else type(choices[0])
+            spec.type = metadata.pop("parse", spec.type)
             spec.metadata = types.MappingProxyType(metadata)
             self._parse_dataclass_field(_FlagTarget(self._groups[group], f.name), spec)
 
 
 def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
-    """The values of a (possibly Optional) Literal type, else None."""
-    if get_origin(annotation) is Union:
+    """The values of a Literal type, also inside Optional[...] or List[...]; else None."""
+    while get_origin(annotation) in (Union, list):
         annotation = next(a for a in get_args(annotation) if a is not type(None))
     return get_args(annotation) if get_origin(annotation) is Literal else None
-
-
-def _argparse_type(annotation: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
-    """(type for PdArgumentParser, choices): Literal[...] and List[Literal[...]] become their value type + choices."""
-    choices = _literal_choices(annotation)
-    if choices is not None:
-        return type(choices[0]), choices
-    inner = get_args(annotation)[0] if get_origin(annotation) is Union else annotation
-    if get_origin(inner) is list and _literal_choices(get_args(inner)[0]) is not None:
-        choices = _literal_choices(get_args(inner)[0])
-        return List[type(choices[0])], choices
-    return annotation, None
 
 
 def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
     """Parse flags (or a single .json file of them) into the four argument dataclasses; apply --recipe to the
     fields not given; `validate`."""
     parser = VAEArgumentParser()
-    if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
-        arguments = parser.parse_json_file(json_file=argv[0])
-        with open(argv[0]) as handle:
-            given = set(json.load(handle))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        argv = parser.read_json(argv[0])
+        arguments = parser.common_parse(argv, return_remaining_strings=False)
     else:
         arguments = parser.parse_args_into_dataclasses(args=argv)
-        given = set()
-        for token in sys.argv[1:] if argv is None else argv:  # --name value, --name=value, --no_name (booleans)
-            if token.startswith("--"):
-                name = token[2:].split("=", 1)[0]
-                given |= {name, name[3:]} if name.startswith("no_") else {name}
-    given = canonical_names(given)
+    given = set()
+    for token in argv:  # --name value, --name=value, --no_name (booleans)
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0]
+            given |= {name, name[3:]} if name.startswith("no_") else {name}
+    alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
+    given = {alias_of.get(name, name) for name in given}
     for name, value in RECIPES.get(arguments[2].recipe, {}).items():  # explicit flags win over the recipe
         if name not in given:
             owner = next(a for a in arguments if name in {f.name for f in dataclasses.fields(a)})
@@ -142,10 +126,7 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
             choices, value = _literal_choices(hints[f.name]), getattr(objects, f.name)
             if choices is not None and value is not None and value not in choices:
                 raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
-    scaling_factor_mode(model_args)  # raises on a bad --scaling_factor
-    parse_transforms(loss_args.equivariance_transforms)  # raises on a bad --equivariance_transforms
+    flags = flag_values(arguments)  # raises on a bad --scaling_factor or --equivariance_transforms
     check_eval_batch_size(training_args.per_device_eval_batch_size)
-    flags = SimpleNamespace(**{f.name: getattr(a, f.name) for a in arguments for f in dataclasses.fields(a)})
-    refuse(flags, given - set(unsupported_flags()))  # those are refused by value in VAETrainingArguments
+    refuse(flags, given - set(UNSUPPORTED_FLAGS))  # those are refused by value in VAETrainingArguments
     check_sizes(model_args, data_args)
-

@@ -1,11 +1,8 @@
-"""Every flag of both entry points, declared once: four dataclasses parsed together by argument_parser.py.
+"""Every flag of both entry points, declared once: four dataclasses that argument_parser.py parses together.
 
-`ModelArguments` (the VAE, the discriminator, LPIPS), `DataArguments` (filelists, preprocessing, held-out
-images), `LossArguments` (every loss term) and `VAETrainingArguments` (PaddleNLP's `TrainingArguments` with
-VAE defaults and our run-time options). A field is a flag: its type (a `Literal` gives its choices), default,
---help text and --help group (its dataclass's `_group` unless `flag(..., group=...)`). Also which inherited
-PaddleNLP flags both drivers honour (`PADDLENLP_FLAGS`), the ppdiffusers scripts' spellings (`ALIASES`) and
-the --recipe presets. The combinations refused are the table of flag_checks.py.
+A field is a flag: type (a `Literal` gives its choices), default, one line of --help, and its --help group
+(its dataclass's `_group` unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
+the ppdiffusers scripts' spellings and the --recipe presets. The refusals are flag_checks.REFUSALS.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Set
+from typing import Any, Dict, List, Literal, Optional
 
 from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
@@ -31,10 +28,9 @@ from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
 # The LDM objective (taming-transformers' LPIPSWithDiscriminator), i.e. the flags' defaults.
 LDM_RECIPE = {
-    "disc_type": "patch", "posterior_std": 0.0, "loss_balancing": "none", "pixel_weight": 1.0,
-    "perceptual_weight": 1.0, "disc_weight": 0.5, "adaptive_disc_weight": True, "kl_weight": 1e-6,
-    "latent_penalty_weight": 0.0, "pixel_loss_pool": 1, "pixel_loss_mask": "none", "disc_loss": "hinge",
-    "gen_loss": None, "lecam_weight": 0.0,
+    "disc_type": "patch", "posterior_std": 0.0, "loss_balancing": "none", "pixel_weight": 1.0, "perceptual_weight": 1.0,
+    "disc_weight": 0.5, "adaptive_disc_weight": True, "kl_weight": 1e-6, "latent_penalty_weight": 0.0,
+    "pixel_loss_pool": 1, "pixel_loss_mask": "none", "disc_loss": "hinge", "gen_loss": None, "lecam_weight": 0.0,
 }
 # Gradient-normalised branches + constant variance + low-pass pixel loss + VGG16-feature discriminator.
 BALANCED_RECIPE = {
@@ -46,8 +42,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {"ldm": LDM_RECIPE, "balanced": BALANCED_RE
 
 
 def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
-    """A dataclass field that is a flag: its default, its --help text, its --help group if not its dataclass's
-    (`metadata`: e.g. "parse", a function checking the value)."""
+    """A dataclass field that is a flag (`metadata`: e.g. "parse", a function checking the value)."""
     metadata = {"help": help, **({"group": group} if group else {}), **metadata}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
@@ -65,95 +60,43 @@ def device_name(value: str) -> str:
 class ModelArguments:
     _group = "model"
 
-    vae_config_file: Optional[str] = flag(
-        None, "AutoencoderKL config JSON (ppdiffusers format) to train from scratch, e.g. configs/vae_tiny.json.")
+    vae_config_file: Optional[str] = flag(None, "AutoencoderKL config JSON to train from scratch (configs/*.json).")
     pretrained_model_name_or_path: Optional[str] = flag(
-        None, "Pretrained VAE to fine-tune, local only: a ppdiffusers or PyTorch diffusers folder (config.json + "
-              "weights; a pipeline folder with --subfolder vae), or an original LDM/SD/SDXL single-file checkpoint "
-              "(.safetensors/.ckpt). A single file's architecture is inferred from its tensors and SD's "
-              "scaling_factor 0.18215 assumed; for another VAE give its config with --vae_config_file "
-              "(configs/sdxl_vae.json, configs/flux_vae.json) or, for SDXL's, --scaling_factor 0.13025. With a "
-              "folder, --vae_config_file replaces the architecture (load what fits; see --ignore_keys).")
-    subfolder: Optional[str] = flag(
-        None, "Subfolder of --pretrained_model_name_or_path that holds the VAE, e.g. 'vae'.")
-    ignore_keys: Optional[List[str]] = flag(
-        None, "Weight-name prefixes NOT loaded from --pretrained_model_name_or_path / --init_from_ckpt, e.g. "
-              "'decoder.' to re-initialise the decoder (seeded by --seed).")
-    init_from_ckpt: Optional[str] = flag(
-        None, "Load VAE weights only (no optimizer, schedule or step) from a checkpoint-N folder (or its "
-              "model_state.pdparams) or a VAE weight file (diffusion_paddle_model.safetensors, model_state.pdparams, "
-              "diffusion_pytorch_model.safetensors/.bin). Without --vae_config_file / "
-              "--pretrained_model_name_or_path the checkpoint's vae_config.json is used.")
-    freeze_encoder: bool = flag(
-        False, "Freeze the encoder and quant_conv (out of the optimizer, no graph): decoder-only fine-tuning, the "
-               "latent space stays bit-identical.")
-    input_size: Optional[List[int]] = flag(
-        None, "H W: the encoder sees the image bilinearly downsized to HxW while the loss compares the --resolution "
-              "target (a super-resolving decoder; needs a decoder with more up blocks).")
-    scaling_factor: Optional[str] = flag(
-        None, "Latent scale written to the exported vae/config.json: 'keep' (the VAE's own scaling_factor and "
-              "shift_factor), 'measure' (from posterior statistics, see --latent_stats_num_images) or a number. "
-              "Default: keep when the encoder's weights are loaded (--pretrained_model_name_or_path, or "
-              "--init_from_ckpt of a run that kept or was given its factor) and not re-initialised by --ignore_keys; "
-              "measure otherwise.")
-    discriminator_path: Optional[str] = flag(
-        None, "Start the discriminator from an earlier run's OUTPUT_DIR/discriminator (or a checkpoint-N folder); "
-              "its type and norm must match --disc_type/--disc_norm/--disc_num_layers/--disc_base_channels.",
-        group="discriminator")
-    disc_type: Literal["patch", "vgg"] = flag(
-        "patch", "'patch' (PatchGAN) or 'vgg' (frozen ImageNet VGG16 features from --lpips_weights with a trained "
-                 "conv head per stage; --disc_base_channels = head width).", group="discriminator")
+        None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder or an LDM single file (docs/fine-tuning.md).")
+    subfolder: Optional[str] = flag(None, "Subfolder of --pretrained_model_name_or_path holding the VAE ('vae').")
+    ignore_keys: Optional[List[str]] = flag(None, "Weight-name prefixes not loaded (re-initialised), e.g. decoder.")
+    init_from_ckpt: Optional[str] = flag(None, "VAE weights only, from a checkpoint-N or a weight file.")
+    freeze_encoder: bool = flag(False, "Freeze the encoder and quant_conv: decoder-only fine-tuning.")
+    input_size: Optional[List[int]] = flag(None, "H W: the encoder's input size (the loss sees --resolution).")
+    scaling_factor: Optional[str] = flag(None, "Exported latent scale: keep, measure or a number (see docs).")
+    discriminator_path: Optional[str] = flag(None, "A trained discriminator to start from.", group="discriminator")
+    disc_type: Literal["patch", "vgg"] = flag("patch", "PatchGAN or frozen VGG16 features.", group="discriminator")
     disc_norm: Literal[NORM_TYPES] = flag("batch", "PatchGAN normalisation.", group="discriminator")
     disc_num_layers: int = flag(3, "Number of strided layers of the PatchGAN.", group="discriminator")
     disc_base_channels: int = flag(64, "Channels of the first PatchGAN layer.", group="discriminator")
-    lpips_weights: Optional[str] = flag(
-        None, "LPIPS VGG16 weights (.pdparams). Default: weights/lpips_vgg16.pdparams made by `make setup`.",
-        group="loss")
-    vf_model_path: Optional[str] = flag(
-        None, "VA-VAE: a DINOv2 (transformers folder, or timm / torch-hub .safetensors/.pth/.bin) whose patch tokens "
-              "the latents are aligned with (VF loss), and vf_alignment_cka is measured against in evaluations. "
-              "docs/techniques.md.", group="loss")
-    posterior_std: float = flag(
-        0.0, "Constant variance: if > 0, ignore the encoder's log-variance and sample z = mean + posterior_std * "
-             "noise (pair with --kl_weight 0 and --latent_penalty_weight). 0: off.")
+    lpips_weights: Optional[str] = flag(None, "LPIPS VGG16 weights (.pdparams).", group="loss")
+    vf_model_path: Optional[str] = flag(None, "VA-VAE: a DINOv2 to align the latents with.", group="loss")
+    posterior_std: float = flag(0.0, "If > 0: sample z = mean + posterior_std * noise (constant variance).")
 
 
 @dataclass
 class DataArguments:
     _group = "data"
 
-    file_list: Optional[str] = flag(
-        None, "Training data: a .filelist.list (weighted sources), a .filelist (part files or tar shards), a folder "
-              "of images, or WebDataset tar shards (a .tar, a brace pattern like shards/{00000..00999}.tar, or a "
-              "'pipe:COMMAND'). See README 'Preparing data'.")
+    file_list: Optional[str] = flag(None, "Training data: a filelist, an image folder or tar shards (docs/data.md).")
     resolution: int = flag(256, "Training crop size in pixels (and evaluation crop size).")
     image_column: int = flag(2, "0-based tab-separated column that holds the base64 image.")
     random_flip: bool = flag(True, "Randomly flip training images horizontally.")
     random_crop: bool = flag(True, "Random crop for training (centre crop if false).")
     min_image_size: int = flag(32, "Skip images whose shorter side is below this.")
-    aspect_ratio_buckets: bool = flag(
-        False, "Crop each training image to the bucket of nearest aspect ratio (1:2 to 2:1, about resolution^2 "
-               "pixels, sides multiples of 8; --resolution must be a multiple of 8) instead of a square; every batch "
-               "holds one shape.")
-    shuffle_buffer_size: int = flag(
-        1000, "Training records shuffled together per loader worker; memory: this many encoded images.")
-    eval_file_list: Optional[str] = flag(
-        None, "Held-out filelist or image folder for evaluation during training.", group="evaluation")
+    aspect_ratio_buckets: bool = flag(False, "Crop to the bucket of nearest aspect ratio, not a square.")
+    shuffle_buffer_size: int = flag(1000, "Training records shuffled together per loader worker.")
+    eval_file_list: Optional[str] = flag(None, "Held-out filelist or image folder.", group="evaluation")
     eval_num_images: int = flag(64, "Number of held-out images evaluated per evaluation.", group="evaluation")
-    latent_stats_num_images: Optional[int] = flag(
-        None, "Images (from --eval_file_list, else --file_list) over which the latent statistics and a measured "
-              "scaling factor are computed at export (default: --eval_num_images; the last evaluation is reused "
-              "when it covered the same images with the same weights).")
-    inception_weights: Optional[str] = flag(
-        None, "FID InceptionV3 weights (.pdparams, scripts/convert_inception_weights.py) to add rFID to "
-              "evaluations.", group="evaluation")
-    eval_tiled: bool = flag(
-        False, "Evaluations and the export's latent measurement encode and decode images larger than "
-               "--eval_tile_size tile by tile (ppdiffusers' tiled VAE; for 1024 px and larger). Training is never "
-               "tiled; the protocol says when tiling was used.", group="evaluation")
-    eval_tile_size: Optional[int] = flag(
-        None, "Tile size in pixels for --eval_tiled (default 512; a multiple of 4 x the VAE's downsampling factor); "
-              "tiles overlap by a quarter, blended.", group="evaluation")
+    latent_stats_num_images: Optional[int] = flag(None, "Images of a measured scale (default: --eval_num_images).")
+    inception_weights: Optional[str] = flag(None, "FID InceptionV3 weights: adds rFID.", group="evaluation")
+    eval_tiled: bool = flag(False, "Tiled encode/decode of large images.", group="evaluation")
+    eval_tile_size: Optional[int] = flag(None, "Tile size for --eval_tiled (default 512).", group="evaluation")
 
 
 @dataclass
@@ -166,45 +109,30 @@ class LossArguments:
     disc_weight: float = flag(0.5, "Weight of the adversarial term (0 disables the GAN).", group="discriminator")
     disc_start: int = flag(50001, "Optimizer step at which the GAN terms switch on.", group="discriminator")
     disc_loss: Literal["hinge", "vanilla"] = flag("hinge", "Discriminator loss.", group="discriminator")
-    adaptive_disc_weight: bool = flag(
-        True, "Scale the GAN term by ||grad rec|| / ||grad gan|| at the decoder's last layer.", group="discriminator")
+    adaptive_disc_weight: bool = flag(True, "Scale the GAN term by ||grad rec|| / ||grad gan||.", group="discriminator")
     learn_logvar: bool = flag(False, "Learn the output log-variance of the LDM nll (optimized with the VAE).")
     logvar_init: float = flag(0.0, "Initial value of the output log-variance.")
     sample_posterior: bool = flag(True, "Decode a posterior sample (true) or the posterior mean (false) in training.")
-    recipe: Optional[Literal[tuple(RECIPES)]] = flag(
-        None, "Preset of the technique flags (see docs/techniques.md). Flags given explicitly on the command line "
-              "win over the recipe.")
+    recipe: Optional[Literal[tuple(RECIPES)]] = flag(None, "Preset of the technique flags; flags given win.")
     pixel_weight: float = flag(1.0, "Weight of the pixel term.")
     pixel_loss_pool: int = flag(1, "Take the pixel loss between KxK area-downsampled images (1: full resolution).")
-    pixel_loss_mask: Literal["none", "lowpass"] = flag(
-        "none", "'lowpass': apply the pixel loss only where the input image is smooth.")
-    pixel_loss_mask_threshold: float = flag(
-        0.5, "Low-pass mask: keep pixels whose inverted, normalised edge energy is >= this.")
-    latent_penalty_weight: float = flag(
-        0.0, "Weight of mean(z_mean^2), the latent-magnitude penalty (for --posterior_std).")
-    loss_balancing: Literal["none", "gradnorm"] = flag(
-        "none", "'gradnorm': every branch's gradient into the reconstruction is rescaled to norm = its weight "
-                "(pixel_weight, perceptual_weight, disc_weight); replaces the adaptive weight.")
-    gradnorm_scope: Literal["sample", "global"] = flag(
-        "sample", "gradnorm: normalise per 'sample' or over the 'global' batch (all ranks).")
+    pixel_loss_mask: Literal["none", "lowpass"] = flag("none", "'lowpass': only where the image is smooth.")
+    pixel_loss_mask_threshold: float = flag(0.5, "Low-pass mask: keep pixels whose smoothness is >= this.")
+    latent_penalty_weight: float = flag(0.0, "Weight of mean(z_mean^2), the latent-magnitude penalty.")
+    loss_balancing: Literal["none", "gradnorm"] = flag("none", "'gradnorm': each branch's gradient norm = its weight.")
+    gradnorm_scope: Literal["sample", "global"] = flag("sample", "gradnorm: per sample or over the global batch.")
     gen_loss: Optional[Literal["hinge", "vanilla", "relative_hinge"]] = flag(
         None, "Generator's GAN loss (default: the same as --disc_loss).", group="discriminator")
-    relative_hinge_margin: float = flag(
-        0.1, "relative_hinge: loss = mean(relu(D(x) - D(x_hat) - margin)).", group="discriminator")
+    relative_hinge_margin: float = flag(0.1, "Margin of --gen_loss relative_hinge.", group="discriminator")
     lecam_weight: float = flag(0.0, "Weight of the LeCAM regulariser of the discriminator.", group="discriminator")
     lecam_decay: float = flag(0.99, "EMA decay of LeCAM's D(real) and D(fake) means.", group="discriminator")
-    equivariance_prob: float = flag(
-        0.0, "EQ-VAE: the probability that a micro-batch's pixel, LPIPS and adversarial terms compare "
-             "decode(tau(z)) with tau(x), tau a random scale or rotation (0 = off; EQ-VAE uses 0.5; the KL stays on "
-             "the clean latent). docs/techniques.md.")
+    equivariance_prob: float = flag(0.0, "EQ-VAE: probability of a transformed micro-batch (0: off).")
     equivariance_min_scale: float = flag(0.25, "EQ-VAE: the smallest downscale factor s, drawn from [s, 1).")
-    equivariance_transforms: str = flag(
-        DEFAULT_TRANSFORMS, "EQ-VAE: the transforms drawn from, comma-separated: scale, rotate (90/180/270 degrees).")
+    equivariance_transforms: str = flag(DEFAULT_TRANSFORMS, "EQ-VAE: comma-separated scale, rotate.")
     vf_weight: float = flag(0.5, "VA-VAE: weight of the VF loss (0 = off: the model serves the diagnostic only).")
     distmat_margin: float = flag(0.0, "VA-VAE: margin m1 of the VF loss's distance-matrix term.")
     cos_margin: float = flag(0.0, "VA-VAE: margin m2 of the VF loss's cosine term.")
-    adaptive_vf: bool = flag(
-        True, "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf|| at the encoder's last layer.")
+    adaptive_vf: bool = flag(True, "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf||.")
 
 
 @dataclass
@@ -214,23 +142,13 @@ class VAETrainingArguments(TrainingArguments):
     _group = "training"
 
     output_dir: str = flag("outputs/vae", "Where checkpoints, logs and the VAE go.")
-    overwrite_output_dir: bool = flag(
-        False, "Start a new run in an --output_dir that holds an earlier run: delete its checkpoints, logs and "
-               "exports first. Without it (or --resume_from_checkpoint) such a start is refused.")
+    overwrite_output_dir: bool = flag(False, "Start a new run in an --output_dir of an earlier run, deleting it.")
     max_steps: int = flag(-1, "Optimizer steps to train (required: the training stream is infinite).")
-    resume_from_checkpoint: Optional[str] = flag(
-        None, "'latest' (the newest complete checkpoint in --output_dir, if any) or a checkpoint-N folder: continue "
-              "that run exactly.")
+    resume_from_checkpoint: Optional[str] = flag(None, "'latest' or a checkpoint-N folder: resume exactly.")
     recompute: bool = flag(False, "Gradient checkpointing of the VAE (less memory, more compute).")
-    stall_timeout: float = flag(
-        DEFAULT_STALL_TIMEOUT,
-        "Seconds without a finished training step, evaluation batch or save (on any rank; start-up and the first "
-        "batch's wait included) after which the run reports what each thread was doing and exits with "
-        f"{STALL_EXIT_CODE}, so the launcher stops it and a scheduler can requeue it. 0: off. Pick it above your "
-        "slowest save or evaluation batch.")
-    device: str = flag(
-        "gpu", "cpu, gpu (under paddle.distributed.launch each process uses the GPU it was given) or gpu:N (one "
-               "process on GPU N).", parse=device_name, metavar="{cpu,gpu,gpu:N}")
+    stall_timeout: float = flag(DEFAULT_STALL_TIMEOUT, f"Seconds without progress -> exit {STALL_EXIT_CODE} (0: off).")
+    device: str = flag("gpu", "cpu, gpu (each launched process on its own GPU) or gpu:N (one process).",
+                       parse=device_name, metavar="{cpu,gpu,gpu:N}")
     learning_rate: float = flag(1e-4, "Peak learning rate of the VAE optimizer.")
     adam_beta1: float = flag(0.5, "AdamW beta1 (LDM uses 0.5).")
     adam_beta2: float = flag(0.9, "AdamW beta2 (LDM uses 0.9).")
@@ -238,48 +156,31 @@ class VAETrainingArguments(TrainingArguments):
     max_grad_norm: float = flag(1.0, "Global-norm gradient clipping (0 disables).")
     lr_scheduler_type: Literal[tuple(s.value for s in SchedulerType)] = flag(
         "constant_with_warmup", "LR schedule of both optimizers (PaddleNLP's get_scheduler; warm-up --warmup_steps).")
-    fp16_opt_level: Literal["O1", "O2"] = flag(
-        "O1", "O1: autocast with float32 weights; O2: half-precision weights with float32 master weights in both "
-              "optimizers (GPU).")
-    logging_dir: Optional[str] = flag(
-        None, "VisualDL log folder; a relative path is inside --output_dir, as in the ppdiffusers scripts (default: "
-              "OUTPUT_DIR/logs).")
+    fp16_opt_level: Literal["O1", "O2"] = flag("O1", "O1: autocast; O2: half weights, float32 masters (GPU).")
+    logging_dir: Optional[str] = flag(None, "VisualDL log folder, relative to --output_dir (default logs).")
     logging_steps: int = flag(10, "Log scalars every N optimizer steps.")
     save_steps: int = flag(1000, "Save checkpoint-N every N optimizer steps (0: only at the end).")
     report_to: Optional[List[Literal["visualdl", "none"]]] = flag(["visualdl"], "Write VisualDL logs, or none.")
-    eval_steps: Optional[int] = flag(
-        None, "Evaluate every N optimizer steps and at the end (needs --eval_file_list).", group="evaluation")
-    per_device_eval_batch_size: Optional[int] = flag(
-        None, "Batch per device of evaluations and of the export's latent measurement (default: "
-              "--per_device_train_batch_size, which fits at this --resolution; a step without gradients needs less "
-              "memory than a training step). Results do not depend on it.")
+    eval_steps: Optional[int] = flag(None, "Evaluate every N steps and at the end.", group="evaluation")
+    per_device_eval_batch_size: Optional[int] = flag(None, "Evaluation batch per device (default: training's).")
     metric_for_best_model: Optional[Literal[tuple(HIGHER_IS_BETTER)]] = flag(
         None, "Keep the checkpoint with the best value of this evaluation metric.", group="evaluation")
-    disc_learning_rate: Optional[float] = flag(
-        None, "Peak learning rate of the discriminator (default: --learning_rate).", group="discriminator")
-    scale_lr: bool = flag(
-        False, "Multiply --learning_rate (and --disc_learning_rate) by the global batch: per-device batch x gradient "
-               "accumulation x processes (LDM's rule; the reference trainer's ngpu x batch_size).")
+    disc_learning_rate: Optional[float] = flag(None, "Discriminator LR (default: the VAE's).", group="discriminator")
+    scale_lr: bool = flag(False, "Multiply the learning rates by the global batch (LDM's rule).")
     image_logging_steps: int = flag(200, "Log a grid of inputs and reconstructions every N steps (0 disables).")
     num_logged_images: int = flag(4, "Images in each logged reconstruction grid.")
     use_ema: bool = flag(False, "Keep an EMA of the VAE weights; export it as OUTPUT_DIR/vae.")
     ema_decay: float = flag(0.9999, "EMA decay; warm-up: min(ema_decay, (1 + t) / (10 + t)) at step t.")
-    max_consecutive_nonfinite_steps: int = flag(
-        5, "Stop (after saving) when this many optimizer steps in a row are non-finite.")
-    max_consecutive_overflow_steps: int = flag(
-        25, "fp16: stop (after saving) when one network's gradients overflow in this many optimizer steps in a row "
-            "(each such step is skipped and halves its loss scale; from --scale_loss 32768 down to --min_loss_scale "
-            "1 takes 15).")
+    max_consecutive_nonfinite_steps: int = flag(5, "Save and stop after N non-finite steps in a row.")
+    max_consecutive_overflow_steps: int = flag(25, "fp16: save and stop after N overflowing steps in a row.")
     min_loss_scale: float = flag(1.0, "fp16: the dynamic loss scale is never lowered below this.")
 
     def __post_init__(self):
-        # Inherited flags outside PADDLENLP_FLAGS are refused by value (in code and JSON too), before PaddleNLP
-        # normalises the values they are compared on.
-        refuse(self, {name for name, default in unsupported_flags().items() if getattr(self, name) != default},
+        # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
+        refuse(self, {name for name, default in UNSUPPORTED_FLAGS.items() if getattr(self, name) != default},
                header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists",
                otherwise="not honoured the same way by both entry points")
-        # A fixed place users and tests can find, relative to --output_dir as in the ppdiffusers scripts.
-        self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")
+        self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")  # as in the ppdiffusers scripts
         try:
             device_name(self.device)  # from a JSON file or code, checked like the flag
         except argparse.ArgumentTypeError as error:
@@ -288,8 +189,8 @@ class VAETrainingArguments(TrainingArguments):
             raise ValueError(f"--device {self.device} would put every process on that one GPU: under the launcher "
                              "use --device gpu (each process takes the GPU the launcher gave it, see --gpus).")
         if self.stall_timeout and self.stall_timeout > 0:
-            # PaddleNLP forms the process group here, holding Python's lock: the stall watchdog cannot run, and a rank
-            # that never joins would be waited for forever. faulthandler's C thread ends this one (stacks, exit 1).
+            # PaddleNLP forms the process group here, holding Python's lock so the stall watchdog cannot run:
+            # faulthandler's C thread ends a rank that waits forever (stacks, exit 1).
             faulthandler.dump_traceback_later(self.stall_timeout, exit=True, file=sys.__stderr__)  # (a real file)
         try:
             super().__post_init__()
@@ -310,36 +211,23 @@ ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainin
 
 # PaddleNLP TrainingArguments that both drivers honour with the same meaning (read by our shared code).
 PADDLENLP_FLAGS = frozenset({
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps",
-    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-    "lr_scheduler_type", "warmup_steps", "warmup_ratio", "num_cycles", "lr_end", "power",
-    "logging_dir", "logging_steps", "report_to", "disable_tqdm", "save_steps", "save_total_limit",
-    "seed", "device", "dataloader_num_workers", "fp16", "bf16", "fp16_opt_level", "scale_loss", "recompute",
-    "eval_steps", "metric_for_best_model",
+    "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "per_device_train_batch_size",
+    "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate", "weight_decay",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+    "num_cycles", "lr_end", "power", "logging_dir", "logging_steps", "report_to", "disable_tqdm", "save_steps",
+    "save_total_limit", "seed", "device", "dataloader_num_workers", "fp16", "bf16", "fp16_opt_level", "scale_loss",
+    "recompute", "eval_steps", "metric_for_best_model",
 })
 # Accepted and ignored (ppdiffusers' commands pass it) -> its --help text.
 IGNORED_FLAGS = {"do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train."}
+# Every other PaddleNLP flag -> its default (parsed, hidden in --help, refused for any other value).
+UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                     for f in dataclasses.fields(TrainingArguments)
+                     if f.init and f.name not in PADDLENLP_FLAGS and f.name not in IGNORED_FLAGS}
 # The ppdiffusers reference scripts' spellings -> our flag (README "Flags from the ppdiffusers scripts").
 ALIASES = {
-    "per_device_train_batch_size": ("train_batch_size", "batch_size"),
-    "max_steps": ("max_train_steps",),
-    "weight_decay": ("adam_weight_decay",),
-    "lr_scheduler_type": ("lr_scheduler",),
-    "warmup_steps": ("lr_warmup_steps",),
-    "dataloader_num_workers": ("num_workers",),
+    "per_device_train_batch_size": ("train_batch_size", "batch_size"), "max_steps": ("max_train_steps",),
+    "weight_decay": ("adam_weight_decay",), "lr_scheduler_type": ("lr_scheduler",),
+    "warmup_steps": ("lr_warmup_steps",), "dataloader_num_workers": ("num_workers",),
     "recompute": ("gradient_checkpointing",),  # diffusers' / ppdiffusers' trainers' name
 }
-
-
-def unsupported_flags() -> Dict[str, Any]:
-    """PaddleNLP's flags that both drivers do not honour -> PaddleNLP's default (hidden in --help; refused)."""
-    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            for f in dataclasses.fields(TrainingArguments)
-            if f.init and f.name not in PADDLENLP_FLAGS and f.name not in IGNORED_FLAGS}
-
-
-def canonical_names(names: Set[str]) -> Set[str]:
-    """Flag names as typed (`ALIASES` included) -> field names."""
-    alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
-    return {alias_of.get(name, name) for name in names}

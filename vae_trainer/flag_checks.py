@@ -1,44 +1,22 @@
-"""What flags are refused at parse time, before anything is built, in both entry points.
+"""The flags refused at parse time, before anything is built, in both entry points.
 
-`REFUSALS` is the one table of refusals: (flags, when, why) rows, checked by `refuse` on the flags a user
-gave (a --recipe's values never count), and on PaddleNLP's inherited flags by value (arguments.py). Besides
-it: `check_sizes` (--resolution, --input_size, bucket shapes and tiles against the VAE's downsampling factor,
-read from its config file) and `check_eval_batch_size`, shared with evaluation.py and the scripts. Importing
-this module stays free of Paddle: what needs Paddle is imported in the function that uses it.
+`REFUSALS` is the one table of refusals, checked by `refuse` on the flags a user gave (a --recipe's values never
+count) and on PaddleNLP's inherited flags by value; `check_sizes` checks sizes against the VAE's config file.
+Importing this module stays free of Paddle (evaluation.py and scripts/eval_vae.py share the tiling checks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 
 from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 
 DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size (evaluation.Tiling)
-
-
-# ---------------------------------------------------------------------------------- sizes and tiles
-def vae_config_for_checks(model_args) -> Tuple[Optional[Dict[str, Any]], str]:
-    """(the AutoencoderKL config the run will build, its file), from JSON only; (None, why) when no file states
-    it (a single-file checkpoint, checked when built) or it is missing (the build reports it)."""
-    from .checkpoint import checkpoint_vae_config
-
-    path = model_args.vae_config_file
-    if path is None and model_args.pretrained_model_name_or_path:
-        folder = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "")
-        path = os.path.join(folder, "config.json") if os.path.isdir(folder) else None
-    elif path is None and model_args.init_from_ckpt:
-        path = checkpoint_vae_config(model_args.init_from_ckpt)
-    if path is None or not os.path.isfile(path):
-        return None, "no config file"
-    from ppdiffusers import AutoencoderKL
-
-    with open(path) as handle:
-        config = {key: value for key, value in json.load(handle).items() if value is not None}
-    parameters = inspect.signature(AutoencoderKL.__init__).parameters  # the block lists a file may leave out
-    return {**{name: parameters[name].default for name in ("down_block_types", "up_block_types")}, **config}, path
 
 
 def downsampling_factor(config: Mapping[str, Any]) -> int:
@@ -47,24 +25,35 @@ def downsampling_factor(config: Mapping[str, Any]) -> int:
 
 
 def check_sizes(model_args, data_args) -> None:
-    """--resolution / --input_size / bucket shapes / tiles that the VAE's encoder and decoder can take (after
-    `refuse`, which checks what needs no VAE config)."""
+    """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
+    from .checkpoint import checkpoint_vae_config
     from .models.vae import check_reconstruction_shape
 
-    resolution = data_args.resolution
-    config, where = vae_config_for_checks(model_args)
-    check_tiling_flags(model_args, data_args, config, where)
-    if config is None:
+    path = model_args.vae_config_file
+    if path is None and model_args.pretrained_model_name_or_path:
+        folder = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "")
+        path = os.path.join(folder, "config.json") if os.path.isdir(folder) else None
+    elif path is None and model_args.init_from_ckpt:
+        path = checkpoint_vae_config(model_args.init_from_ckpt)
+    if path is None or not os.path.isfile(path):
+        check_tiling_flags(model_args, data_args, None, "no config file")
         return
-    check_reconstruction_shape(config, model_args.input_size, resolution, where)
-    factor = downsampling_factor(config)
+    from ppdiffusers import AutoencoderKL
+
+    with open(path) as handle:
+        config = {key: value for key, value in json.load(handle).items() if value is not None}
+    parameters = inspect.signature(AutoencoderKL.__init__).parameters  # the block lists a file may leave out
+    config = {**{name: parameters[name].default for name in ("down_block_types", "up_block_types")}, **config}
+    check_tiling_flags(model_args, data_args, config, path)
+    resolution, factor = data_args.resolution, downsampling_factor(config)
+    check_reconstruction_shape(config, model_args.input_size, resolution, path)
     if data_args.aspect_ratio_buckets and not _buckets_fit(resolution, factor):
         bad = next(shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor)
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
                     if size % factor == 0 and _buckets_fit(size, factor))
         raise ValueError(f"--aspect_ratio_buckets at --resolution {resolution} makes buckets such as "
                          f"{bad[0]}x{bad[1]}, whose sides are not multiples of the VAE's downsampling factor {factor} "
-                         f"({where}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
+                         f"({path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
 
 
 def _buckets_fit(resolution: int, factor: int) -> bool:
@@ -79,15 +68,13 @@ def check_eval_batch_size(given: Optional[int], flag: str = "--per_device_eval_b
 
 def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_size: Optional[Sequence[int]] = None,
                     where: str = "the VAE's config") -> None:
-    """Tiles ppdiffusers' tiled encode/decode gets right: not with --input_size (its tiles assume the decoder
-    returns the encoder's input size), and a multiple of 4 x the downsampling factor (the tile starts must fall
-    on latent pixels). `config` None: the VAE's factor is not known yet."""
+    """Tiles ppdiffusers' tiled encode/decode gets right (`config` None: the VAE's factor is not known yet)."""
     if input_size is not None:
         raise ValueError("--eval_tiled cannot be combined with --input_size: ppdiffusers' tiles assume the decoder "
                          "returns the size the encoder saw. Drop --eval_tiled.")
     if config is None:
         return
-    multiple = 4 * downsampling_factor(config)
+    multiple = 4 * downsampling_factor(config)  # the tile starts must fall on latent pixels
     if tile_size < multiple or tile_size % multiple:
         fits = max(multiple, round(tile_size / multiple) * multiple)
         raise ValueError(f"--eval_tile_size {tile_size} must be a multiple of {multiple} (4 x the VAE's "
@@ -97,7 +84,7 @@ def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_s
 
 def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]], where: str) -> None:
     """--eval_tile_size needs --eval_tiled and is >= 1; `check_tile_size` (`config`: the VAE's, None if unknown)."""
-    eval_tiled, tile_size = getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None)
+    eval_tiled, tile_size = data_args.eval_tiled, data_args.eval_tile_size
     if tile_size is not None and not eval_tiled:
         raise ValueError("--eval_tile_size does nothing without --eval_tiled: add --eval_tiled, or drop it")
     if tile_size is not None and tile_size < 1:
@@ -106,48 +93,23 @@ def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]
         check_tile_size(tile_size or DEFAULT_TILE_SIZE, config, model_args.input_size, where)
 
 
-# ------------------------------------------------------------------------- what the rows ask of the flags
-def evaluates(f) -> bool:
-    """Does the run evaluate during training (evaluation.TrainingEvaluator.enabled)?"""
-    return bool(f.eval_file_list) and bool(f.eval_steps)
-
-
-def _loads_weights(f) -> bool:
-    return bool(f.pretrained_model_name_or_path or f.init_from_ckpt)
-
-
-def _metric(f) -> str:
-    return (f.metric_for_best_model or "").replace("eval_", "")
-
-
-def _lpips_weights_missing(f) -> bool:
+def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
+    """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
+    (raises on a bad --scaling_factor or --equivariance_transforms)."""
+    from .equivariance import parse_transforms
+    from .latent_scale import scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
-    return not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
-
-
-def _measures_latent_scale(f) -> bool:
-    from .latent_scale import scaling_factor_mode
-
-    return scaling_factor_mode(f) == "measure"
-
-
-def _uses_scale(f) -> bool:
-    from .equivariance import parse_transforms
-
-    return "scale" in parse_transforms(f.equivariance_transforms)
-
-
-def _scheduler(f) -> str:
-    return getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
-
-
-def _logs_to_visualdl(f) -> bool:
-    return bool({"visualdl", "all"} & set(f.report_to or []))
-
-
-def _always(f) -> bool:
-    return True
+    f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
+    f.measures_scale = scaling_factor_mode(f) == "measure"
+    f.uses_scale = "scale" in parse_transforms(f.equivariance_transforms)
+    f.evaluates = bool(f.eval_file_list) and bool(f.eval_steps)  # as evaluation.TrainingEvaluator.enabled
+    f.loads_weights = bool(f.pretrained_model_name_or_path or f.init_from_ckpt)
+    f.metric = (f.metric_for_best_model or "").replace("eval_", "")
+    f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
+    f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
+    f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
+    return f
 
 
 # Every flag of the --help group "discriminator" but --disc_weight, which switches the discriminator on.
@@ -159,38 +121,37 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
 REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     # PaddleNLP flags that both drivers do not honour, refused for any value but PaddleNLP's default (any
     # other inherited flag outside arguments.PADDLENLP_FLAGS is too: "not honoured the same way").
-    (("num_train_epochs",), _always, "the training stream is infinite: set the run's length with --max_steps"),
-    (("save_strategy",), _always, "checkpoints are saved every --save_steps optimizer steps (0: only at the end)"),
-    (("logging_strategy", "logging_first_step"), _always, "scalars are logged every --logging_steps optimizer steps"),
-    (("optim",), _always, "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, "
-                          "--weight_decay)"),
-    (("greater_is_better",), _always, "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, "
-                                      "rfid: lower)"),
-    (("to_static",), _always, "both drivers train in dynamic-graph mode"),
-    (("amp_master_grad",), _always, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
-    (("no_cuda",), _always, "use --device cpu"),
+    (("num_train_epochs",), lambda f: True, "the training stream is infinite: set the run's length with --max_steps"),
+    (("save_strategy",), lambda f: True, "checkpoints are saved every --save_steps optimizer steps (0: at the end)"),
+    (("logging_strategy", "logging_first_step"), lambda f: True, "scalars are logged every --logging_steps steps"),
+    (("optim",), lambda f: True,
+     "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)"),
+    (("greater_is_better",), lambda f: True,
+     "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)"),
+    (("to_static",), lambda f: True, "both drivers train in dynamic-graph mode"),
+    (("amp_master_grad",), lambda f: True, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
+    (("no_cuda",), lambda f: True, "use --device cpu"),
     (("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
-      "max_evaluate_steps", "prediction_loss_only"), _always,
+      "max_evaluate_steps", "prediction_loss_only"), lambda f: True,
      "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
      "--metric_for_best_model)"),
-    (("dataloader_drop_last",), _always, "training batches are always full (the stream is infinite)"),
-    (("ignore_data_skip",), _always, "the data stream always resumes at its saved position"),
-    (("run_name", "wandb_api_key"), _always, "only VisualDL logs are written (--report_to visualdl|none)"),
+    (("dataloader_drop_last",), lambda f: True, "training batches are always full (the stream is infinite)"),
+    (("ignore_data_skip",), lambda f: True, "the data stream always resumes at its saved position"),
+    (("run_name", "wandb_api_key"), lambda f: True, "only VisualDL logs are written (--report_to visualdl|none)"),
     (("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
       "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
-      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), _always,
+      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), lambda f: True,
      "only data parallelism is supported (paddle.distributed.launch); drop it"),
     # Values a flag cannot take, and flags that contradict or need others.
-    (("ignore_keys",), lambda f: f.ignore_keys and not _loads_weights(f),
+    (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
      "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
-    (("freeze_encoder",), lambda f: f.freeze_encoder and not _loads_weights(f),
+    (("freeze_encoder",), lambda f: f.freeze_encoder and not f.loads_weights,
      "it keeps the encoder's weights, and a VAE trained from scratch has only random ones: add "
      "--pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
     (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
      "it takes two positive numbers H W"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.input_size is not None,
-     "it cannot be combined with --input_size, one fixed encoder input size, while every bucket has its own shape: "
-     "drop one of them"),
+     "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
@@ -218,14 +179,13 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("eval_file_list",), lambda f: f.eval_file_list and not f.eval_steps,
      "it is never evaluated without --eval_steps: add --eval_steps N (every N steps and at the end; --eval_steps "
      "equal to --max_steps evaluates once, at the end)"),
-    (("metric_for_best_model",), lambda f: _metric(f) and not evaluates(f),
+    (("metric_for_best_model",), lambda f: f.metric and not f.evaluates,
      "it needs evaluations: add --eval_file_list and --eval_steps"),
-    (("metric_for_best_model",), lambda f: _metric(f) == "rfid" and not f.inception_weights,
+    (("metric_for_best_model",), lambda f: f.metric == "rfid" and not f.inception_weights,
      "rFID is measured only with --inception_weights: add them"),
-    (("metric_for_best_model",), lambda f: _metric(f) == "lpips" and _lpips_weights_missing(f),
-     "LPIPS is measured only with its weights (--lpips_weights, default weights/lpips_vgg16.pdparams written by "
-     "make setup): give them"),
-    (("metric_for_best_model",), lambda f: _metric(f) == "vf_alignment_cka" and not f.vf_model_path,
+    (("metric_for_best_model",), lambda f: f.metric == "lpips" and f.lpips_missing,
+     "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
+    (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
     # Flags that would do nothing with the other flags.
     (("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf"), lambda f: not f.vf_model_path,
@@ -248,36 +208,35 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "it does nothing without --pixel_loss_mask lowpass: add that, or drop it"),
     (("equivariance_min_scale", "equivariance_transforms"), lambda f: f.equivariance_prob == 0,
      "it shapes the transforms of --equivariance_prob, which is 0 (off): add --equivariance_prob 0.5, or drop it"),
-    (("equivariance_min_scale",), lambda f: f.equivariance_prob > 0 and not _uses_scale(f),
-     "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale to it, or "
-     "drop it"),
+    (("equivariance_min_scale",), lambda f: f.equivariance_prob > 0 and not f.uses_scale,
+     "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale, or drop it"),
     (("subfolder",), lambda f: not f.pretrained_model_name_or_path,
      "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
-    (("inception_weights",), lambda f: not evaluates(f),
+    (("inception_weights",), lambda f: not f.evaluates,
      "rFID is measured in evaluations: add --eval_file_list and --eval_steps, or drop it (scripts/eval_vae.py "
      "--inception_weights measures a saved VAE)"),
-    (("latent_stats_num_images",), lambda f: not _measures_latent_scale(f),
+    (("latent_stats_num_images",), lambda f: not f.measures_scale,
      "it counts the images of a measured scaling factor, and this run keeps or is given its factor: add "
      "--scaling_factor measure, or drop it"),
-    (("eval_tiled", "eval_tile_size"), lambda f: not evaluates(f) and not _measures_latent_scale(f),
+    (("eval_tiled", "eval_tile_size"), lambda f: not f.evaluates and not f.measures_scale,
      "it tiles evaluations and the measurement of the scaling factor, and this run has neither: add "
      "--eval_file_list and --eval_steps (or --scaling_factor measure), or drop it"),
     (("ema_decay",), lambda f: not f.use_ema, "it does nothing without --use_ema true: add that, or drop it"),
-    (("num_logged_images",), lambda f: not (_logs_to_visualdl(f) and (f.image_logging_steps > 0 or evaluates(f))),
+    (("num_logged_images",), lambda f: not (f.visualdl and (f.image_logging_steps > 0 or f.evaluates)),
      "no image grid is logged (it needs VisualDL logs, --report_to visualdl, and --image_logging_steps > 0 or "
      "evaluation): drop it"),
-    (("image_logging_steps",), lambda f: f.image_logging_steps > 0 and not _logs_to_visualdl(f),
+    (("image_logging_steps",), lambda f: f.image_logging_steps > 0 and not f.visualdl,
      "images are logged to VisualDL only: drop it or --report_to none"),
-    (("logging_dir",), lambda f: not _logs_to_visualdl(f),
+    (("logging_dir",), lambda f: not f.visualdl,
      "it is the VisualDL log folder, and --report_to none writes none: drop one of them"),
     (("fp16_opt_level",), lambda f: not (f.fp16 or f.bf16), "it does nothing without --fp16 or --bf16: add one, or "
                                                              "drop it"),
     (("scale_loss", "min_loss_scale", "max_consecutive_overflow_steps"), lambda f: not f.fp16,
      "only --fp16 scales the loss (bf16 needs no scaling): add --fp16, or drop it"),
-    (("num_cycles",), lambda f: _scheduler(f) != "cosine", "only --lr_scheduler_type cosine reads it: drop it"),
-    (("lr_end", "power"), lambda f: _scheduler(f) != "polynomial",
+    (("num_cycles",), lambda f: f.scheduler != "cosine", "only --lr_scheduler_type cosine reads it: drop it"),
+    (("lr_end", "power"), lambda f: f.scheduler != "polynomial",
      "only --lr_scheduler_type polynomial reads it: drop it"),
-    (("warmup_steps", "warmup_ratio"), lambda f: _scheduler(f) == "constant",
+    (("warmup_steps", "warmup_ratio"), lambda f: f.scheduler == "constant",
      "--lr_scheduler_type constant has no warm-up (constant_with_warmup has): drop it"),
     (("warmup_ratio",), lambda f: f.warmup_steps > 0, "--warmup_steps > 0 wins over it: drop one"),
 )
@@ -298,7 +257,7 @@ def _shown(value: Any) -> str:
 
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
-    `flags` (an object with every flag as attribute); `otherwise`: the reason for a given flag no row names."""
+    `flags`; `otherwise`: the reason for a given flag no row names."""
     lines = []
     for names, when, why in REFUSALS:
         for name in names:

@@ -1,7 +1,6 @@
 """Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, exit 1.
 
-Inside `start_up()` our input errors (`USER_ERROR_TYPES`) become `UserError`, which `exit_on_user_error` prints;
-raised later, while training, they keep their traceback (bugs to report, not input to fix).
+Raised later, while training, the same errors keep their traceback (bugs to report, not input to fix).
 """
 
 from __future__ import annotations
@@ -9,15 +8,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 from . import watchdog
 
 # What our validation and loading raise for bad input (argparse's own errors exit by themselves).
 USER_ERROR_TYPES = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-
-F = TypeVar("F", bound=Callable)
-
 
 class UserError(Exception):
     """A start-up error whose message is meant for the user (it names the flag or file and the fix)."""
@@ -32,9 +28,8 @@ def start_up() -> Iterator[None]:
         raise UserError(str(error)) from error
 
 
-def exit_on_user_error(main: F) -> F:
-    """`main`, printing a `UserError` as one `error: ...` line and exiting with status 1; the stall watchdog
-    that `main` started is stopped however it ends."""
+def exit_on_user_error(main: Callable) -> Callable:
+    """`main`, printing a `UserError` as `error: ...` and exiting 1; the stall watchdog is stopped however it ends."""
     @functools.wraps(main)
     def guarded(*args, **kwargs):
         try:
@@ -44,4 +39,4 @@ def exit_on_user_error(main: F) -> F:
         finally:
             watchdog.stop()
 
-    return guarded  # type: ignore[return-value]
+    return guarded
