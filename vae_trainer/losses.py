@@ -95,25 +95,19 @@ def normalize_gradient(grad: Tensor, norm: float, scope: str = "sample") -> Tens
 
 def generator_loss(logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None,
                    margin: float = 0.0) -> Tensor:
-    """Adversarial loss of the VAE; relative_hinge needs `logits_real` (constant for the VAE)."""
+    """Adversarial loss of the VAE (hinge, vanilla, relative_hinge: needs `logits_real`, constant for the VAE)."""
     logits_fake = logits_fake.astype("float32")
-    if kind == "hinge":
-        return -logits_fake.mean()
-    if kind == "vanilla":
-        return F.softplus(-logits_fake).mean()
     if kind == "relative_hinge":
         return F.relu(logits_real.astype("float32").detach() - logits_fake - margin).mean()
-    raise ValueError(f"unknown GAN loss {kind!r}")
+    return -logits_fake.mean() if kind == "hinge" else F.softplus(-logits_fake).mean()
 
 
 def discriminator_loss(logits_real: Tensor, logits_fake: Tensor, kind: str = "hinge") -> Tensor:
-    """Discriminator loss on real images and detached reconstructions."""
+    """Discriminator loss (hinge or vanilla) on real images and detached reconstructions."""
     logits_real, logits_fake = logits_real.astype("float32"), logits_fake.astype("float32")
     if kind == "hinge":
         return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
-    if kind == "vanilla":
-        return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
-    raise ValueError(f"unknown GAN loss {kind!r}")
+    return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
 
 
 def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Tensor, ema_fake: Tensor) -> Tensor:
@@ -175,17 +169,16 @@ def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_i
                   loss_args) -> Tuple[Tensor, Dict[str, Tensor]]:
     """(kl_weight * kl + latent_penalty_weight * penalty, their logs); the KL per pixel value of the image."""
     kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    penalty_weight = loss_args.latent_penalty_weight
-    if penalty_weight <= 0:
+    if loss_args.latent_penalty_weight <= 0:
         return loss_args.kl_weight * kl, {"loss/kl": kl}
     penalty = latent_penalty(posterior_mean)
-    return loss_args.kl_weight * kl + penalty_weight * penalty, {"loss/kl": kl, "loss/latent_penalty": penalty}
+    return (loss_args.kl_weight * kl + loss_args.latent_penalty_weight * penalty,
+            {"loss/kl": kl, "loss/latent_penalty": penalty})
 
 
 @dataclass
 class VAELoss:
-    """One micro-batch's VAE objective, differentiated as `direct`'s backward plus `recon_grad` at the
-    reconstruction."""
+    """One micro-batch's VAE objective: `direct`'s backward plus `recon_grad` at the reconstruction."""
 
     value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (+ w * vf), detached
     direct: Tensor  # the terms differentiated as they stand: those not through a head
@@ -202,8 +195,7 @@ class VAELoss:
 
 @dataclass
 class VFTerm:
-    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each), the encoder's last
-    layer."""
+    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each), encoder's last layer."""
 
     projected: Tensor
     features: Tensor
@@ -227,10 +219,22 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
     latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
     if loss_args.loss_balancing == "gradnorm":
+        # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
+        # backward only, so the value is the heads' unweighted sum (+ the latent terms).
         heads = [(rec, loss_args.pixel_weight)] + ([(perceptual, loss_args.perceptual_weight)] if use_lpips else [])
-        return _gradnorm_objective(x, x_hat, heads, rec + perceptual + latent_loss, latent_loss,
-                                   {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs},
-                                   discriminator, gan_active, loss_args, grad_scale)
+        loss, logs = rec + perceptual + latent_loss, {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
+        if gan_active:
+            gan = _generator_term(x, x_hat, discriminator, loss_args)
+            heads.append((gan, loss_args.disc_weight))
+            loss = loss + gan
+            logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight)})
+        recon_grad = paddle.zeros(x_hat.shape, "float32")
+        for head, weight in heads:
+            if weight > 0:
+                head_grad = paddle.grad(head * grad_scale, x_hat)[0]
+                recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
+        logs["loss/total"] = loss
+        return VAELoss(loss.detach(), latent_loss, recon_grad, {k: v.detach() for k, v in logs.items()})
     weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual
     nll = weighted / logvar.detach().exp() + logvar.detach()
     direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
@@ -292,25 +296,6 @@ def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, gr
     logs = {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
             "train/vf_cos_loss": mcos}
     return weight * value, logs
-
-
-def _gradnorm_objective(x, x_hat, heads, loss, latent_loss, logs, discriminator, gan_active, loss_args,
-                        grad_scale) -> VAELoss:
-    """--loss_balancing gradnorm: each head's scaled gradient at the leaf `x_hat` rescaled to norm
-    weight * grad_scale (`heads`: [(term, weight)]); the weights act in the backward only, so the value is the
-    heads' unweighted sum (+ latent terms)."""
-    if gan_active:
-        gan = _generator_term(x, x_hat, discriminator, loss_args)
-        heads.append((gan, loss_args.disc_weight))
-        loss = loss + gan
-        logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight, "float32")})
-    recon_grad = paddle.zeros(x_hat.shape, "float32")
-    for head, weight in heads:
-        if weight > 0:
-            head_grad = paddle.grad(head * grad_scale, x_hat)[0]
-            recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
-    logs["loss/total"] = loss
-    return VAELoss(loss.detach(), latent_loss, recon_grad, {k: v.detach() for k, v in logs.items()})
 
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,

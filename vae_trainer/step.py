@@ -36,8 +36,7 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Decides from rank-global counts which network steps, counts the skips (checkpointed, so a resumed run
-    counts on exactly), stops runs that stay broken."""
+    """Decides which network steps, counts the skips (checkpointed: a resumed run counts on), stops broken runs."""
 
     _STATE = ("skipped_steps", "consecutive_nonfinite", "overflow_steps", "consecutive_overflow", "skipped_gan_terms")
 
@@ -232,14 +231,13 @@ class TrainStep:
         """THE host sync of an optimizer step, one read of a few numbers summed over ranks: (losses finite on every
         rank, VAE / discriminator gradients finite, GAN terms skipped for overflow, some rank signalled to stop)."""
         losses = paddle.stack(self._window_losses).astype("float32")
-        gan_overflows = (paddle.stack(self._window_gan_overflows).sum() if self._window_gan_overflows
-                         else paddle.zeros([], "float32"))
+        gan_overflows = paddle.stack(self._window_gan_overflows + [paddle.zeros([], "float32")]).sum()
         self._window_losses, self._window_gan_overflows = [], []
         bad = paddle.stack([
             (~paddle.isfinite(losses)).any().astype("float32"),
             (~paddle.isfinite(vae_norm)).astype("float32"),
             (~paddle.isfinite(disc_norm)).astype("float32"),
-            gan_overflows.astype("float32"),
+            gan_overflows,
             paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32"),  # agreed here (preemption.py)
         ])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
