@@ -1,8 +1,5 @@
-"""Latents aligned with a frozen vision foundation model (VA-VAE's VF loss) and how aligned they are (CKA).
-
-Owns the grid matching (`to_token_grid`: the latent area-averaged to the foundation model's token grid), the
-VF loss (used by losses.vae_objective) and the `vf_alignment_cka` diagnostic (used by evaluation).
-Formulas and the recipe: docs/techniques.md, section 12."""
+"""Latents aligned with a frozen vision foundation model: the token grid matching, VA-VAE's VF loss and the
+`vf_alignment_cka` diagnostic (linear CKA). Formulas and the recipe: docs/techniques.md, section 12."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""EQ-VAE's spatial transforms, applied alike to a latent and its image (`Transform`: a downscale keeping both
-exact multiples of the downsampling factor, or a quarter turn), drawn per micro-batch from (seed, step,
-micro-batch) alone (`draw`); also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10.
-"""
+"""EQ-VAE's spatial transforms of a latent and its image alike (a downscale or a quarter turn), drawn from (seed,
+step, micro-batch) alone; also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10."""
 
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of th
 
 
 def parse_transforms(value: str) -> Tuple[str, ...]:
-    """--equivariance_transforms: a comma-separated, non-empty subset of TRANSFORMS."""
     names = tuple(dict.fromkeys(name.strip() for name in str(value).split(",") if name.strip()))
     unknown = [name for name in names if name not in TRANSFORMS]
     if not names or unknown:
@@ -51,8 +48,7 @@ class Transform:
         return resize(latent, self.latent_size(h, w, (image_size[0] // h, image_size[1] // w)))
 
     def images(self, images: paddle.Tensor, latent_size: Sequence[int]) -> paddle.Tensor:
-        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w), the size of decode(tau(z)),
-        in float32 whatever the autocast."""
+        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w), in float32 under any autocast."""
         with paddle.amp.auto_cast(enable=False):
             if self.kind == "rotate":
                 return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
@@ -62,7 +58,6 @@ class Transform:
 
 
 def image_size(images: paddle.Tensor, latent_size: Sequence[int], new_latent_size: Sequence[int]) -> Tuple[int, int]:
-    """The image size whose latent is `new_latent_size`: the new latent size times H / h, per axis."""
     height, width = images.shape[2], images.shape[3]
     return (new_latent_size[0] * (height // latent_size[0]), new_latent_size[1] * (width // latent_size[1]))
 
@@ -90,8 +85,7 @@ def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
 
 @lru_cache(maxsize=64)
 def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
-    """[out, in] antialiased bilinear (triangle filter) weights, PIL's BILINEAR resize: downscaling widens the
-    triangle to 1 / scale input samples, so every input pixel contributes."""
+    """[out, in] antialiased bilinear (triangle filter) weights, PIL's BILINEAR resize."""
     scale = in_size / out_size
     support = max(scale, 1.0)  # the triangle's half-width, in input samples
     weights = np.zeros((out_size, in_size), dtype=np.float64)
@@ -115,8 +109,7 @@ def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
 
 
 def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent to h // 2 x w // 2 (at least 1), the
-    images to the size the decoder gives for it."""
+    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent halved (sides >= 1), the images alike."""
     size = latent.shape[2], latent.shape[3]
     half = max(1, size[0] // 2), max(1, size[1] // 2)
     with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images

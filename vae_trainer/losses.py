@@ -1,10 +1,7 @@
-"""The autoencoder objectives of both drivers: the VAE loss (`vae_objective`), the discriminator loss
-(`discriminator_objective`) and their parts (pixel, KL, latent penalty, GAN, LeCAM, adaptive weights, VF loss,
-the low-pass mask, gradnorm's gradient-normalising identity). Formulas: docs/training.md and docs/techniques.md.
+"""The VAE objective (`vae_objective`), the discriminator's (`discriminator_objective`) and their parts.
 
-One backward per head: LPIPS and the discriminator run on a leaf copy of the reconstruction; their gradients
-there are taken once, give the adaptive weight (`last_layer_gradient`), and enter the VAE's backward at the
-reconstruction (`VAELoss.backward`), so VGG16 and D are backpropagated once (docs/training.md, same title).
+The heads (pixel loss, LPIPS, discriminator) run on a leaf copy of the reconstruction: their gradients there are
+taken once and enter the VAE's backward at the reconstruction (`VAELoss.backward`). docs/training.md.
 """
 
 from __future__ import annotations
@@ -15,11 +12,10 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import paddle
-import paddle.distributed as dist
 import paddle.nn.functional as F
-from paddle.autograd import PyLayer
 
 from .alignment import vf_loss
+from .distributed import sum_over_ranks, world_size
 
 Tensor = paddle.Tensor
 
@@ -30,6 +26,8 @@ VF_WEIGHT_MAX = 1e8  # VA-VAE's bound on the adaptive VF weight, in its units: o
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma, for the low-pass mask
 _HIGH_PASS = np.full((5, 5), -1.0, dtype=np.float32)
 _HIGH_PASS[2, 2] = 24.0
+_GAUSSIAN = np.exp(-np.arange(-2.0, 3.0) ** 2 / 2)  # sigma 1
+_BLUR = (np.outer(_GAUSSIAN, _GAUSSIAN) / np.outer(_GAUSSIAN, _GAUSSIAN).sum()).astype(np.float32)
 # Floor of the edge energy's normaliser: without it, faint noise of an image with no real edge would be
 # stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
 _MIN_EDGE_ENERGY = 1.0
@@ -57,13 +55,6 @@ def latent_penalty(mean: Tensor) -> Tensor:
     return mean.astype("float32").square().mean()
 
 
-def _gaussian_kernel(size: int = 5, sigma: float = 1.0) -> np.ndarray:
-    axis = np.arange(size, dtype=np.float64) - (size - 1) / 2
-    one_d = np.exp(-(axis**2) / (2 * sigma**2))
-    two_d = np.outer(one_d, one_d)
-    return (two_d / two_d.sum()).astype(np.float32)
-
-
 def _filter_2d(images: Tensor, kernel: np.ndarray) -> Tensor:
     """Single-channel 'same' convolution with replicate padding (no false edges at the border)."""
     pad = kernel.shape[0] // 2
@@ -75,7 +66,7 @@ def lowpass_mask(x: Tensor, threshold: float = 0.5) -> Tensor:
     with paddle.no_grad():
         x = x.astype("float32")
         gray = sum(w * x[:, c : c + 1] for c, w in enumerate(_GRAY_WEIGHTS))
-        energy = _filter_2d(_filter_2d(gray, _HIGH_PASS).abs(), _gaussian_kernel())
+        energy = _filter_2d(_filter_2d(gray, _HIGH_PASS).abs(), _BLUR)
         energy = energy / paddle.clip(energy.amax(axis=[1, 2, 3], keepdim=True), min=_MIN_EDGE_ENERGY)
         return (1.0 - energy >= threshold).astype("float32")
 
@@ -91,62 +82,32 @@ def pixel_term(x: Tensor, recon: Tensor, loss_args) -> Tensor:
     return error.mean()
 
 
-def _mean_over_ranks(value: Tensor) -> Tensor:
-    """`value` averaged over the ranks (all-reduced in place; unchanged on one process)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value)
-        value = value / dist.get_world_size()
-    return value
-
-
-class _NormalizeGradient(PyLayer):
-    """Identity forward; backward rescales the incoming gradient to a fixed norm (see normalize_gradient)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, target_norm: float, per_sample: bool) -> Tensor:
-        ctx.target_norm, ctx.per_sample = target_norm, per_sample
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        grad32 = grad.astype("float32")
-        if ctx.per_sample:
-            norm = grad32.square().sum(axis=list(range(1, grad.ndim)), keepdim=True).sqrt()
-            target = ctx.target_norm / grad.shape[0]
-        else:
-            norm, target = _mean_over_ranks(grad32.square().sum()).sqrt(), ctx.target_norm
-        return (grad32 * (target / (norm + GRADNORM_EPS))).astype(grad.dtype)
-
-
-def normalize_gradient(x: Tensor, weight: float, scope: str = "sample") -> Tensor:
-    """An identity copy of x whose backward sets the gradient's norm to `weight`: per sample (weight / B each) or
-    for the whole micro-batch ("global": the root mean square over ranks of each rank's norm)."""
-    if scope not in ("sample", "global"):
-        raise ValueError(f"unknown gradnorm scope {scope!r}")
-    return _NormalizeGradient.apply(x, float(weight), scope == "sample")
+def normalize_gradient(grad: Tensor, norm: float, scope: str = "sample") -> Tensor:
+    """`grad` in float32 rescaled to the L2 norm `norm`: per sample (norm / B each), or for the whole micro-batch
+    ("global": the root mean square over ranks of each rank's norm, one scalar all-reduce)."""
+    grad = grad.astype("float32")
+    if scope == "sample":
+        current, norm = grad.square().sum(axis=list(range(1, grad.ndim)), keepdim=True).sqrt(), norm / grad.shape[0]
+    else:
+        current = (sum_over_ranks(grad.square().sum()) / world_size()).sqrt()
+    return grad * (norm / (current + GRADNORM_EPS))
 
 
 def generator_loss(logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None,
                    margin: float = 0.0) -> Tensor:
-    """Adversarial loss of the VAE; relative_hinge needs `logits_real` (constant for the VAE)."""
+    """Adversarial loss of the VAE (hinge, vanilla, relative_hinge: needs `logits_real`, constant for the VAE)."""
     logits_fake = logits_fake.astype("float32")
-    if kind == "hinge":
-        return -logits_fake.mean()
-    if kind == "vanilla":
-        return F.softplus(-logits_fake).mean()
     if kind == "relative_hinge":
         return F.relu(logits_real.astype("float32").detach() - logits_fake - margin).mean()
-    raise ValueError(f"unknown GAN loss {kind!r}")
+    return -logits_fake.mean() if kind == "hinge" else F.softplus(-logits_fake).mean()
 
 
 def discriminator_loss(logits_real: Tensor, logits_fake: Tensor, kind: str = "hinge") -> Tensor:
-    """Discriminator loss on real images and detached reconstructions."""
+    """Discriminator loss (hinge or vanilla) on real images and detached reconstructions."""
     logits_real, logits_fake = logits_real.astype("float32"), logits_fake.astype("float32")
     if kind == "hinge":
         return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
-    if kind == "vanilla":
-        return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
-    raise ValueError(f"unknown GAN loss {kind!r}")
+    return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
 
 
 def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Tensor, ema_fake: Tensor) -> Tensor:
@@ -157,10 +118,11 @@ def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Ten
 
 
 def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
-    """[ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means over ranks, in float32 even under O2."""
+    """[ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means over ranks (one small all-reduce), in
+    float32 even under O2."""
     with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
         means = paddle.stack([logits_real.astype("float32").mean(), logits_fake.astype("float32").mean()])
-        means = _mean_over_ranks(means)
+        means = sum_over_ranks(means) / world_size()
         ema.set_value((decay * ema.astype("float32") + (1.0 - decay) * means).astype(ema.dtype))
 
 
@@ -176,8 +138,8 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
 
 
 def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -> Tensor:
-    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`: the graph's path from `recon` back to W only
-    (one small convolution for the decoder's conv_out), keeping the graph and leaving `.grad` untouched."""
+    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W
+    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched."""
     return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
 
 
@@ -195,6 +157,7 @@ def frozen(layer: paddle.nn.Layer) -> Iterator[None]:
 
 
 def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
+    """The adversarial loss of `recon`, no gradient reaching the discriminator."""
     kind = loss_args.gen_loss or loss_args.disc_loss
     with frozen(discriminator):
         logits_fake = discriminator(recon)
@@ -206,38 +169,33 @@ def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_i
                   loss_args) -> Tuple[Tensor, Dict[str, Tensor]]:
     """(kl_weight * kl + latent_penalty_weight * penalty, their logs); the KL per pixel value of the image."""
     kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    penalty_weight = loss_args.latent_penalty_weight
-    if penalty_weight <= 0:
+    if loss_args.latent_penalty_weight <= 0:
         return loss_args.kl_weight * kl, {"loss/kl": kl}
     penalty = latent_penalty(posterior_mean)
-    return loss_args.kl_weight * kl + penalty_weight * penalty, {"loss/kl": kl, "loss/latent_penalty": penalty}
+    return (loss_args.kl_weight * kl + loss_args.latent_penalty_weight * penalty,
+            {"loss/kl": kl, "loss/latent_penalty": penalty})
 
 
 @dataclass
 class VAELoss:
-    """One micro-batch's VAE objective; its gradient is `direct`'s backward plus `recon_grad` entering at the
-    reconstruction (one backward per head)."""
+    """One micro-batch's VAE objective: `direct`'s backward plus `recon_grad` at the reconstruction."""
 
     value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (+ w * vf), detached
-    direct: Tensor  # the terms differentiated as they stand (all of the objective when recon_grad is None)
-    recon_grad: Optional[Tensor]  # grad_scale * the heads' gradient at the reconstruction, float32
+    direct: Tensor  # the terms differentiated as they stand: those not through a head
+    recon_grad: Tensor  # grad_scale * the heads' gradient at the reconstruction, float32
     logs: Dict[str, Tensor]  # detached parts, for logging
 
     def backward(self, recon: Tensor, scale: Callable[[Tensor], Tensor] = lambda loss: loss) -> None:
         """`scale(direct)`'s backward and `recon_grad` entering at `recon`, in one pass; `scale` must multiply by
         the `grad_scale` the heads' gradients were taken with."""
         direct = scale(self.direct)
-        if self.recon_grad is None:
-            direct.backward()
-            return
         roots = ([] if direct.stop_gradient else [direct]) + [recon]
         paddle.autograd.backward(roots, [None] * (len(roots) - 1) + [self.recon_grad.astype(recon.dtype)])
 
 
 @dataclass
 class VFTerm:
-    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each, on one grid), and the
-    encoder's last layer E."""
+    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each), encoder's last layer."""
 
     projected: Tensor
     features: Tensor
@@ -247,24 +205,38 @@ class VFTerm:
 def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Tensor, logvar: Tensor, *,
                   loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_active: bool,
-                  grad_scale: float | Tensor = 1.0, encoded_pixels: Optional[float] = None,
+                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
                   vf: Optional[VFTerm] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `grad_scale`: the factor (loss scale / accumulation steps) the
     caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W of the image the
     posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s."""
     pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
     encoded_pixels = encoded_pixels or pixels_per_image
-    if loss_args.loss_balancing == "gradnorm":
-        return _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args, lpips, discriminator,
-                                   gan_active, grad_scale, encoded_pixels)
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
     x_hat.stop_gradient = False
     rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
+    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
+    if loss_args.loss_balancing == "gradnorm":
+        # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
+        # backward only, so the value is the heads' unweighted sum (+ the latent terms).
+        heads = [(rec, loss_args.pixel_weight)] + ([(perceptual, loss_args.perceptual_weight)] if use_lpips else [])
+        loss, logs = rec + perceptual + latent_loss, {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
+        if gan_active:
+            gan = _generator_term(x, x_hat, discriminator, loss_args)
+            heads.append((gan, loss_args.disc_weight))
+            loss = loss + gan
+            logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight)})
+        recon_grad = paddle.zeros(x_hat.shape, "float32")
+        for head, weight in heads:
+            if weight > 0:
+                head_grad = paddle.grad(head * grad_scale, x_hat)[0]
+                recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
+        logs["loss/total"] = loss
+        return VAELoss(loss.detach(), latent_loss, recon_grad, {k: v.detach() for k, v in logs.items()})
     weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual
     nll = weighted / logvar.detach().exp() + logvar.detach()
-    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
     direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
     loss = direct.detach()
     logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
@@ -324,33 +296,6 @@ def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, gr
     logs = {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
             "train/vf_cos_loss": mcos}
     return weight * value, logs
-
-
-def _gradnorm_objective(x, recon, posterior_mean, posterior_logvar, loss_args, lpips, discriminator, gan_active,
-                        grad_scale, encoded_pixels) -> VAELoss:
-    """--loss_balancing gradnorm: each branch on its own gradient-normalised copy of the reconstruction; the
-    weights act in the backward only, so the value is the unweighted sum of the branches (+ latent terms)."""
-    scope = loss_args.gradnorm_scope
-    if isinstance(grad_scale, Tensor):  # e.g. fp16 loss scale / accumulation steps
-        grad_scale = grad_scale.item()
-
-    def branch(weight: float) -> Tensor:
-        return normalize_gradient(recon, weight * grad_scale, scope)
-
-    pixel_weight = loss_args.pixel_weight
-    rec = pixel_term(x, branch(pixel_weight) if pixel_weight > 0 else recon.detach(), loss_args)
-    use_lpips = lpips is not None and loss_args.perceptual_weight > 0
-    perceptual = (lpips(x, branch(loss_args.perceptual_weight)).astype("float32").mean() if use_lpips
-                  else paddle.zeros([], "float32"))
-    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
-    loss = rec + perceptual + latent_loss
-    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
-    if gan_active:
-        gan = _generator_term(x, branch(loss_args.disc_weight), discriminator, loss_args)
-        loss = loss + gan
-        logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight, "float32")})
-    logs["loss/total"] = loss
-    return VAELoss(loss.detach(), loss, None, {k: v.detach() for k, v in logs.items()})
 
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,

@@ -1,6 +1,5 @@
-"""Mixed precision for both drivers: autocast, fp16 loss scaling (one scaler per network, with a floor), O2
-decoration (GPU only: on CPU the flags run in float32 with a warning), and O2 weights back to float32 after
-training (`restore_float32`) or under autocast outside the step (`half_precision_autocast`). docs/training.md.
+"""Mixed precision (docs/training.md): autocast, fp16 loss scaling (one scaler per network), O2 decoration
+(GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 
 
 class LossScaler(paddle.amp.GradScaler):
-    """Paddle's GradScaler, updated from the step's own overflow decision (`update_after`), never below
-    `min_loss_scale`, with the scale kept on the host (`scale_value`: no device read). Its own `_update` is
-    replaced: Paddle 3.3.1's formats `float(self._scale)`, which numpy 2.4 refuses at the first overflow."""
+    """Paddle's GradScaler, updated from the step's own overflow decision, never below `min_loss_scale`, its scale
+    also on the host (`scale_value`). `_update` replaced: Paddle 3.3.1's `float(self._scale)` fails under numpy 2.4."""
 
     def __init__(self, init_loss_scaling: float, min_loss_scale: float = 1.0):
         super().__init__(init_loss_scaling=init_loss_scaling)
@@ -32,27 +30,18 @@ class LossScaler(paddle.amp.GradScaler):
         self._cache_found_inf = found_inf
         self.update()
 
-    def _update(self):
-        if not self._enable:
-            return
-        if self._cache_found_inf:
-            self._incr_count, self._decr_count = 0, self._decr_count + 1
-            if self._decr_count == self._decr_every_n_nan_or_inf:
-                self._decr_count = 0
-                lowered = max(self.scale_value * self._decr_ratio, self.min_loss_scale)
-                if lowered != self.scale_value:
-                    logger.info("fp16 overflow: loss scale lowered to %g", lowered)
-                self._set_scale(lowered)
-        else:
-            self._decr_count, self._incr_count = 0, self._incr_count + 1
-            if self._incr_count == self._incr_every_n_steps:
-                self._incr_count = 0
-                self._set_scale(self.scale_value * self._incr_ratio)
-
-    def _set_scale(self, value: float) -> None:
+    def _update(self) -> None:  # update() calls it only when enabled
+        found_inf, value = self._cache_found_inf, self.scale_value
+        self._incr_count = 0 if found_inf else self._incr_count + 1
+        self._decr_count = self._decr_count + 1 if found_inf else 0
+        if self._decr_count == self._decr_every_n_nan_or_inf:
+            self._decr_count, value = 0, max(value * self._decr_ratio, self.min_loss_scale)
+        elif self._incr_count == self._incr_every_n_steps:
+            self._incr_count, value = 0, value * self._incr_ratio
         if value != self.scale_value:  # a fill on the device, only when the scale changes
-            self.scale_value = value
-            self._scale = paddle.full([1], value, "float32")
+            if found_inf:
+                logger.info("fp16 overflow: loss scale lowered to %g", value)
+            self.scale_value, self._scale = value, paddle.full([1], value, "float32")
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
@@ -79,9 +68,6 @@ class Precision:
             return contextlib.nullcontext()
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
 
-    def vae_loss_scale(self) -> float:
-        return self.loss_scales()["vae"]
-
     def scale_vae(self, loss: paddle.Tensor) -> paddle.Tensor:
         return self.vae_scaler.scale(loss) if self.vae_scaler is not None else loss
 
@@ -90,17 +76,15 @@ class Precision:
 
     def unscale(self, vae_optimizer, disc_optimizer=None) -> None:
         """Divide the gradients by their network's loss scale (disc_optimizer None: the GAN is off)."""
-        if self.vae_scaler is not None:
-            self.vae_scaler.unscale_(vae_optimizer)
-        if disc_optimizer is not None and self.disc_scaler is not None:
-            self.disc_scaler.unscale_(disc_optimizer)
+        for scaler, optimizer in ((self.vae_scaler, vae_optimizer), (self.disc_scaler, disc_optimizer)):
+            if scaler is not None and optimizer is not None:
+                scaler.unscale_(optimizer)
 
     def update_scales(self, vae_overflow: bool, disc_overflow: Optional[bool]) -> None:
         """After the optimizer step; disc_overflow None (GAN off) leaves the discriminator's scale alone."""
-        if self.vae_scaler is not None:
-            self.vae_scaler.update_after(vae_overflow)
-        if disc_overflow is not None and self.disc_scaler is not None:
-            self.disc_scaler.update_after(disc_overflow)
+        for scaler, overflow in ((self.vae_scaler, vae_overflow), (self.disc_scaler, disc_overflow)):
+            if scaler is not None and overflow is not None:
+                scaler.update_after(overflow)
 
     def loss_scales(self) -> Dict[str, float]:
         """The current loss scale of each network (host numbers; 1.0 without fp16 scaling)."""
@@ -119,8 +103,8 @@ def on_gpu() -> bool:
 
 
 def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.nn.Layer] = ()) -> Precision:
-    """The Precision for --fp16/--bf16; decorates `model` for O2 on a GPU, except `keep_float32` (frozen layers,
-    which no optimizer keeps a float32 master copy of) and the root's own tensors (logvar, LeCAM's EMA)."""
+    """The Precision for --fp16/--bf16; decorates `model` for O2 on a GPU, except `keep_float32` (frozen layers:
+    no optimizer keeps their float32 master copy) and the root's own tensors (logvar, LeCAM's EMA)."""
     if args.fp16 and args.bf16:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
@@ -151,15 +135,11 @@ def uses_master_weights(args) -> bool:
 
 def half_dtype(layer: paddle.nn.Layer) -> Optional[str]:
     """"float16" or "bfloat16" if `layer` holds half-precision weights (O2), else None."""
-    for param in layer.parameters():
-        if param.dtype in HALF_DTYPES:
-            return HALF_DTYPES[param.dtype]
-    return None
+    return next((HALF_DTYPES[param.dtype] for param in layer.parameters() if param.dtype in HALF_DTYPES), None)
 
 
 def half_precision_autocast(layer: paddle.nn.Layer):
-    """The context for a forward of `layer` outside the step: O2 autocast if its weights are half precision (float32
-    images in; callers cast the outputs to float32), else nothing."""
+    """O2 autocast for a forward of `layer` outside the step if its weights are half precision, else nothing."""
     dtype = half_dtype(layer)
     if dtype is None:
         return contextlib.nullcontext()
@@ -167,8 +147,7 @@ def half_precision_autocast(layer: paddle.nn.Layer):
 
 
 def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
-    """After O2 training: `layer` back in float32 with the optimizers' float32 master weights (not their
-    half-precision roundings); a no-op when `layer` is float32."""
+    """After O2 training: `layer` back in float32 with the optimizers' float32 master weights (no-op if float32)."""
     if half_dtype(layer) is None:
         return
     masters = {}

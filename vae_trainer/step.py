@@ -1,39 +1,16 @@
-"""The training step, shared by both drivers: micro-batches in, both networks updated, numbers out.
+"""The training step shared by both drivers (docs/training.md, "The training step").
 
-Per micro-batch, `forward_backward(pixels, step, micro_batch)`:
-  1. ONE VAE forward (with --equivariance_prob, sometimes of a transformed latent: equivariance.py);
-  2. the VAE objective (losses.vae_objective) and its gradient: `direct`'s backward plus the heads' gradient
-     handed to the reconstruction, in one backward pass (losses.py, "One backward per head");
-  3. with the GAN on, the discriminator objective on the detached reconstruction, and its backward.
-It returns a `MicroBatch` (detached logs, the compared images) and reads nothing back from the device.
-Communication in a micro-step: none, except LeCAM's EMA of the logits (one small all-reduce, --lecam_weight)
-and --loss_balancing gradnorm's global scope (one per branch); the discriminator's SyncBatchNorm
-(--disc_norm sync_batch) communicates in each of its forwards.
-
-Per optimizer step, `optimizer_step`, one straight block:
-  1. all-reduce both networks' gradients over ranks (distributed.sync_gradients);
-  2. unscale them (fp16: one loss scaler per network);
-  3. gradient norms, then the finite check: ONE device-to-host read of a few counts, summed over
-     ranks, so every rank takes the same decision (`NonFiniteGuard`), and learns whether a rank was signalled
-     to stop (preemption.py);
-  4. clip each network's gradients to --max_grad_norm (optim.clip_grads);
-  5. step the VAE optimizer, 6. step the discriminator optimizer (each unless its step is skipped);
-  7. both LR schedules follow the step counter (a skipped step still counts);
-  8. update the fp16 loss scales from the decision, free both networks' gradients (not zeroed: memory);
-  9. update the EMA of the VAE weights.
-The drivers call this block and step nothing themselves (trainer.py: how the PaddleNLP Trainer's own
-optimizer/scheduler calls become no-ops).
-
-Skipping (`NonFiniteGuard`, counted, logged and checkpointed): a non-finite loss on any rank, or non-finite
-gradients without fp16 loss scaling, skips the step for both networks; under fp16, non-finite gradients with
-finite losses are an overflow of that network only (its loss scale lowered, not below --min_loss_scale); an
-adaptive GAN weight that overflows skips that micro-batch's GAN term. Too many in a row raise
-`NonFiniteError` (--max_consecutive_nonfinite_steps, --max_consecutive_overflow_steps): the drivers save a
-checkpoint of the last good weights and stop.
+`forward_backward(pixels, step, micro_batch)`: ONE VAE forward (EQ-VAE: sometimes of a transformed latent), the
+VAE objective's backward (`losses.VAELoss.backward`) and, with the GAN on, the discriminator's; it reads nothing
+back from the device. Its only communication: LeCAM's logit EMA (--lecam_weight), gradnorm's global scope (one
+scalar per head) and a SyncBatchNorm discriminator (--disc_norm sync_batch, in each of its forwards).
+`optimizer_step(step)`: one numbered block for both networks. `NonFiniteGuard` skips non-finite steps (under
+fp16, one network's overflow skips that network only) and stops runs that stay broken (docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -59,7 +36,9 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Decides from rank-global counts which network steps, counts the skips, stops runs that stay broken."""
+    """Decides which network steps, counts the skips (checkpointed: a resumed run counts on), stops broken runs."""
+
+    _STATE = ("skipped_steps", "consecutive_nonfinite", "overflow_steps", "consecutive_overflow", "skipped_gan_terms")
 
     def __init__(self, max_consecutive_nonfinite: int = 5, max_consecutive_overflow: int = 25):
         if min(max_consecutive_nonfinite, max_consecutive_overflow) < 1:
@@ -72,9 +51,13 @@ class NonFiniteGuard:
         self.consecutive_overflow = {"vae": 0, "discriminator": 0}
         self.skipped_gan_terms = 0  # micro-batches whose adaptive GAN weight overflowed
 
-    def decide(self, step: int, losses_finite: bool, grads_finite: Dict[str, bool], scales_losses: bool,
-               loss_scales: Dict[str, float]) -> Dict[str, bool]:
+    def decide(self, step: int, losses_finite: bool, grads_finite: Dict[str, bool], gan_overflows: int,
+               scales_losses: bool, loss_scales: Dict[str, float]) -> Dict[str, bool]:
         """{network: take its optimizer step?} for optimizer step `step` (1-based). Raises NonFiniteError."""
+        if gan_overflows:
+            self.skipped_gan_terms += gan_overflows
+            logger.warning("step %d: the adaptive GAN weight overflowed in %d micro-batch(es); their GAN term was "
+                           "skipped (%d in total)", step, gan_overflows, self.skipped_gan_terms)
         if not losses_finite or (not scales_losses and not all(grads_finite.values())):
             self.skipped_steps += 1
             self.consecutive_nonfinite += 1
@@ -104,24 +87,11 @@ class NonFiniteGuard:
                     "lower --learning_rate, or resume from an earlier checkpoint.")
         return dict(grads_finite)
 
-    def count_gan_overflows(self, step: int, count: int) -> None:
-        if count:
-            self.skipped_gan_terms += count
-            logger.warning("step %d: the adaptive GAN weight overflowed in %d micro-batch(es); their GAN term was "
-                           "skipped (%d in total)", step, count, self.skipped_gan_terms)
-
-    # Checkpointed (build.Optimization.stateful), so a resumed run counts on exactly as the uninterrupted one:
-    # the limits see the same runs of bad steps, and the logged totals go on from the saved ones.
     def state_dict(self) -> Dict[str, object]:
-        return {"skipped_steps": self.skipped_steps, "consecutive_nonfinite": self.consecutive_nonfinite,
-                "overflow_steps": dict(self.overflow_steps), "consecutive_overflow": dict(self.consecutive_overflow),
-                "skipped_gan_terms": self.skipped_gan_terms}
+        return copy.deepcopy({name: getattr(self, name) for name in self._STATE})
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
-        self.skipped_steps, self.skipped_gan_terms = int(state["skipped_steps"]), int(state["skipped_gan_terms"])
-        self.consecutive_nonfinite = int(state["consecutive_nonfinite"])
-        self.overflow_steps = {name: int(count) for name, count in state["overflow_steps"].items()}
-        self.consecutive_overflow = {name: int(count) for name, count in state["consecutive_overflow"].items()}
+        self.__dict__.update(copy.deepcopy({name: state[name] for name in self._STATE}))
 
     def counters(self) -> Dict[str, float]:
         return {"train/skipped_steps": self.skipped_steps, "train/overflow_steps": self.overflow_steps["vae"],
@@ -174,25 +144,23 @@ class TrainStep:
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
-        """Micro-batch `micro_batch` (0-based) of optimizer step `global_step` (0-based): forward, both
-        objectives, both backwards (module doc).
-
-        With an EQ-VAE transform tau, the decoder decodes tau(z) and every reconstruction term (pixel, LPIPS,
-        adversarial, and the discriminator's real images) compares with tau(x); the KL stays on the clean z."""
+        """Micro-batch `micro_batch` (0-based) of optimizer step `global_step` (0-based). With an EQ-VAE transform
+        tau, every reconstruction term (and the discriminator's real images) compares decode(tau(z)) with tau(x);
+        the KL stays on the clean z."""
         model, args, gan = self.model, self.loss_args, self.gan_active(global_step)
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
         with self.precision.autocast():
-            recon, post_mean, post_logvar, z = model(                                               # 1.
+            recon, post_mean, post_logvar, z = model(                                     # 1. forward
                 clean, sample_posterior=args.sample_posterior, return_latent=True,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
-            vae_loss = vae_objective(                                                               # 2.
+            vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=model.discriminator, last_layer=decoder_last_layer(model.vae), gan_active=gan,
-                grad_scale=self.precision.vae_loss_scale() / self.accumulation_steps,
+                grad_scale=self.precision.loss_scales()["vae"] / self.accumulation_steps,
                 encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]), vf=self._vf_term(clean, z))
         vae_loss.backward(recon, lambda loss: self.precision.scale_vae(loss / self.accumulation_steps))
         logs = vae_loss.logs
@@ -200,7 +168,7 @@ class TrainStep:
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
         if gan:
-            with self.precision.autocast():                                                         # 3.
+            with self.precision.autocast():                                               # 3. discriminator
                 d_loss, d_logs = discriminator_objective(
                     model.discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay)
@@ -210,8 +178,7 @@ class TrainStep:
         return MicroBatch(logs, target, recon.detach(), clean)
 
     def _vf_term(self, images: paddle.Tensor, z: paddle.Tensor) -> Optional[VFTerm]:
-        """The VF loss's inputs: the clean latent, projected and area-averaged to the foundation model's token grid
-        of the clean images (alignment.py), or None without a VF model."""
+        """The VF loss's inputs (the clean latent projected onto the clean images' token grid), or None."""
         if self.vf_model is None:
             return None
         with paddle.no_grad():
@@ -220,8 +187,8 @@ class TrainStep:
                       self.model.vae.encoder.conv_out.weight)
 
     def optimizer_step(self, global_step: int) -> StepReport:
-        """The update after the last micro-batch of optimizer step `global_step` (0-based): the module doc's
-        nine numbered parts, in order."""
+        """The update after the last micro-batch of optimizer step `global_step` (0-based), in the order of the
+        numbered comments; the drivers step nothing themselves."""
         gan = self.gan_active(global_step)
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
@@ -232,9 +199,8 @@ class TrainStep:
         self.precision.unscale(self.vae_optimizer, self.disc_optimizer if gan else None)  # 2. unscale
         vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
         losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(vae_norm, disc_norm)  # 3.
-        self.guard.count_gan_overflows(global_step + 1, gan_overflows)
         take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
-                                 self.precision.scales_losses, self.precision.loss_scales())
+                                 gan_overflows, self.precision.scales_losses, self.precision.loss_scales())
         if take["vae"]:
             clip_grads(vae_params, vae_norm, self.max_grad_norm)                          # 4. clip
             self.vae_optimizer.step()                                                     # 5. VAE update
@@ -262,19 +228,16 @@ class TrainStep:
         return StepReport(scalars, stop)
 
     def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
-        """THE host sync of an optimizer step: (all losses finite on every rank, VAE gradients finite,
-        discriminator gradients finite, GAN terms skipped for overflow on all ranks, some rank signalled to
-        stop), from one read of a few numbers summed over ranks. Gradients are already all-reduced (a
-        non-finite value on one rank is non-finite on all); losses and signals are per rank, hence the sum."""
+        """THE host sync of an optimizer step, one read of a few numbers summed over ranks: (losses finite on every
+        rank, VAE / discriminator gradients finite, GAN terms skipped for overflow, some rank signalled to stop)."""
         losses = paddle.stack(self._window_losses).astype("float32")
-        gan_overflows = (paddle.stack(self._window_gan_overflows).sum() if self._window_gan_overflows
-                         else paddle.zeros([], "float32"))
+        gan_overflows = paddle.stack(self._window_gan_overflows + [paddle.zeros([], "float32")]).sum()
         self._window_losses, self._window_gan_overflows = [], []
         bad = paddle.stack([
             (~paddle.isfinite(losses)).any().astype("float32"),
             (~paddle.isfinite(vae_norm)).astype("float32"),
             (~paddle.isfinite(disc_norm)).astype("float32"),
-            gan_overflows.astype("float32"),
+            gan_overflows,
             paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32"),  # agreed here (preemption.py)
         ])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
