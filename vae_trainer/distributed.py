@@ -101,8 +101,10 @@ def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoRetu
         preemption.install(single_process=world_size() == 1)
     try:
         main()
-    except SystemExit as stop:
-        status = _status_of(stop)
+    except SystemExit as stop:  # the status Python would give it
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)  # a message: printed, status 1
+        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     except Preempted as stopped:  # saved where it stopped: a message, not a traceback
         print(f"stopped: {stopped}", file=sys.stderr)
         status = PREEMPTED_EXIT_CODE
@@ -135,14 +137,6 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
           f"export, which finished; exit code {PREEMPTED_EXIT_CODE} (--resume_from_checkpoint latest finds "
           "nothing left to train)", file=sys.stderr)
     return PREEMPTED_EXIT_CODE
-
-
-def _status_of(stop: SystemExit) -> int:
-    """The exit status Python gives a `SystemExit` (printing a message code, as Python does)."""
-    if stop.code is None or isinstance(stop.code, int):
-        return stop.code or 0
-    print(stop.code, file=sys.stderr)
-    return 1
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:

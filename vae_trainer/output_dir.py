@@ -104,8 +104,8 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str
 def doomed_paths(output_dir: str) -> List[str]:
     """What `clear_run` would delete."""
     paths = [path for _, path in list_checkpoints(output_dir, complete=False)] + unfinished_checkpoints(output_dir)
-    paths += [os.path.join(output_dir, name) for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,)]
-    paths += _noted_log_files(output_dir)
+    names = EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR, LOG_FILES_NAME)
+    paths += [os.path.join(output_dir, name) for name in names] + _noted_log_files(output_dir)
     return [path for path in paths if os.path.lexists(path)]
 
 
@@ -150,7 +150,7 @@ def _file_list_members(file_list: str) -> List[str]:
 
 def clear_run(output_dir: str) -> None:
     """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
-    log_files = _noted_log_files(output_dir)
+    log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
     checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
@@ -161,9 +161,6 @@ def clear_run(output_dir: str) -> None:
             shutil.rmtree(path)
         else:
             os.remove(path)
-    listing = os.path.join(output_dir, LOG_FILES_NAME)
-    if os.path.exists(listing):
-        os.remove(listing)
     top = os.path.abspath(output_dir)
     for folder in {os.path.abspath(os.path.dirname(path)) for path in log_files}:
         inside = folder != top and os.path.commonpath([folder, top]) == top
@@ -179,8 +176,7 @@ def note_log_file(output_dir: str, record_file: str) -> None:
 
 
 def _noted_log_files(output_dir: str) -> List[str]:
-    """The record files noted in `output_dir`; only VisualDL record names count (an edited list deletes nothing
-    else)."""
+    """The record files noted in `output_dir` (only VisualDL record names: an edited list deletes nothing else)."""
     listing = os.path.join(output_dir, LOG_FILES_NAME)
     if not os.path.isfile(listing):
         return []

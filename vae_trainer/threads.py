@@ -85,16 +85,6 @@ def dataloader_workers(argv: Sequence[str]) -> int:
     return workers
 
 
-def parent_environment() -> Optional[dict]:
-    """The environment the parent process started with (Linux), or None if it cannot be read."""
-    try:
-        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
-            entries = handle.read().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
-
-
 def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
                    parent_environ: Optional[Mapping[str, str]] = None) -> ThreadChoice:
     """The thread count for this process (pure). Under a launcher, whose Paddle import sets "1" before the
@@ -118,7 +108,13 @@ def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[Thread
     if "paddle" in sys.modules:
         return None
     argv = sys.argv[1:] if argv is None else argv
-    choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent_environment())
+    try:  # the environment the parent process (a launcher) started with
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            entries = handle.read().decode(errors="replace").split("\0")
+        parent = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+    except OSError:
+        parent = None
+    choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent)
     if not choice.by_user:
         os.environ[VARIABLE] = str(choice.threads)
     print(choice.description, file=sys.stderr, flush=True)

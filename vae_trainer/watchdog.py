@@ -1,8 +1,6 @@
-"""The stall watchdog (--stall_timeout, docs/reliability.md "A stall is reported, not waited out"): `start`,
-`beat` (something finished: a step, an evaluation batch, a save), `doing` (what the process is busy with), `stop`.
-When nothing finished for the timeout, a daemon thread logs what the process was doing and all threads' stacks,
-kills its child processes and exits with STALL_EXIT_CODE. `beat` and `doing` only set attributes (no device read).
-"""
+"""The stall watchdog (--stall_timeout, docs/reliability.md): when nothing finished (`beat`) for the timeout, a
+daemon thread logs what the process was `doing` and all threads' stacks, kills its child processes and exits with
+STALL_EXIT_CODE. `beat` and `doing` only set attributes (no device read)."""
 
 from __future__ import annotations
 
