@@ -78,8 +78,8 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
     kind = next(item[0] for item in gathered if item is not None)
     try:
         raised = kind(message)
-    except TypeError:  # an error class that takes more than a message (json.JSONDecodeError)
-        raised = UserError(message) if issubclass(kind, (UserError,) + USER_ERROR_TYPES) else RuntimeError(message)
+    except TypeError:  # a user error class that takes more than a message (json.JSONDecodeError)
+        raised = UserError(message)
     raise raised from error
 
 
