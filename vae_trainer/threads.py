@@ -58,12 +58,9 @@ def local_processes(environ: Mapping[str, str]) -> int:
     """Processes the launcher started on this node (1 without a launcher)."""
     if environ.get("PADDLE_LOCAL_SIZE", "").isdigit():
         return max(1, int(environ["PADDLE_LOCAL_SIZE"]))
+    host = environ.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0]  # an older launcher's endpoints
     endpoints = [e for e in environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
-    current = environ.get("PADDLE_CURRENT_ENDPOINT", "")
-    if endpoints and current:
-        host = current.rsplit(":", 1)[0]
-        return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints))
-    return 1
+    return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints)) if host else 1
 
 
 def dataloader_workers(argv: Sequence[str]) -> int:

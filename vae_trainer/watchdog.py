@@ -16,8 +16,7 @@ from typing import List, Optional
 logger = logging.getLogger("vae_trainer")
 
 STALL_EXIT_CODE = 124  # as coreutils' `timeout`: the run was ended because it stopped making progress
-DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; above any save or eval batch of
-# the SD VAE at 1024 px, far below a day of 8 GPUs
+DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; above any save or SD eval batch
 
 
 class _Watchdog(threading.Thread):
