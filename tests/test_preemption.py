@@ -84,24 +84,25 @@ def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrup
 
 
 def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process():
-    from vae_trainer.preemption import StopRequest
+    from vae_trainer import preemption
 
-    request = StopRequest(single_process=True).install()
+    preemption.install(single_process=True)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher's repeats: nothing more
-        assert request.signal_name == "SIGTERM"
+        assert preemption.stop_signal() == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
-        request.uninstall()
-    several = StopRequest(single_process=False).install()
+        preemption.uninstall()
+    preemption.install(single_process=False)
     try:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # under the launcher: the save is never cut short
-        assert several.signal_name == "SIGINT"
+        assert preemption.stop_signal() == "SIGINT"
     finally:
-        several.uninstall()
+        preemption.uninstall()
+    assert preemption.stop_signal() is None
 
 
 # ---- under the launcher, 2 ranks, 2 data workers each: signals as schedulers send them (issue 29.1)

@@ -1,9 +1,5 @@
-"""Checkpoints: what `OUTPUT_DIR/checkpoint-N/` holds, how it is written (atomically, fsynced, with a manifest),
-found again (`latest`, complete ones only), loaded, rotated and set aside on a rollback.
-
-The layout, the crash-safety and rollback rules are in docs/reliability.md. Not here: the final export
-(`final_save.py`) and refusing or clearing an OUTPUT_DIR that holds an earlier run (`output_dir.py`).
-"""
+"""Checkpoints `OUTPUT_DIR/checkpoint-N/`: written atomically (fsynced, manifest last), found again (`latest`,
+complete ones only), loaded, rotated and set aside on a rollback. The rules: docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -31,14 +27,13 @@ TRAINER_STATE_NAME = "trainer_state.json"
 VAE_CONFIG_NAME = "vae_config.json"
 DISCRIMINATOR_CONFIG_NAME = "discriminator_config.json"
 EXPORT_CONFIG_NAME = "export_config.json"
-MANIFEST_NAME = "manifest.json"  # {"files": {name: size}} of the other files, written last (write_manifest)
-ABANDONED_DIR = "abandoned"  # later checkpoints set aside when a run resumes from an earlier one (set_aside_later)
-EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation (evaluation.TrainingEvaluator)
+MANIFEST_NAME = "manifest.json"  # {"files": {name: size}} of the other files, written last
+ABANDONED_DIR = "abandoned"  # later checkpoints set aside when a run resumes from an earlier one
+EVAL_METRICS_NAME = "eval_metrics.jsonl"  # one line per in-training evaluation
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 _RANK_STATE_RE = re.compile(r"^rank_state_(\d+)\.pdparams$")
-_reported: set = set()  # incomplete checkpoints already warned about (once per process)
-
+_reported: set = set()  # incomplete checkpoints already warned about
 # The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR", and "no resume".
 LATEST = ("latest", "true", "True")
 _NO_RESUME = (None, "", "none", "None", "false", "False")
@@ -49,8 +44,8 @@ def checkpoint_path(output_dir: str, step: int) -> str:
 
 
 def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, str]]:
-    """(step, path) of the complete checkpoints in `output_dir` (`complete=False`: of every `checkpoint-N`
-    folder), oldest first. An incomplete one is skipped with a warning naming it (once per process)."""
+    """(step, path) of the complete checkpoints (`complete=False`: every `checkpoint-N` folder), oldest first;
+    an incomplete one is skipped with a warning (once per process)."""
     found = []
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
         match, path = _CHECKPOINT_RE.match(name), os.path.join(output_dir, name)
@@ -67,28 +62,26 @@ def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, 
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
-    """Why `path` is not a complete checkpoint (a manifest's file missing or of another size), or None.
-    Without a manifest (saved by an earlier version) its trainer_state.json is what counts."""
+    """Why `path` is not a complete checkpoint, or None. Without a manifest (an earlier version's) its
+    trainer_state.json counts."""
     manifest = os.path.join(path, MANIFEST_NAME)
     if not os.path.isfile(manifest):
         has_state = os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
         return None if has_state else f"no {MANIFEST_NAME} and no {TRAINER_STATE_NAME}"
     try:
-        files = read_json(manifest)["files"]
-        sizes = {name: os.path.getsize(os.path.join(path, name)) for name in files
-                 if os.path.isfile(os.path.join(path, name))}
+        for name, size in read_json(manifest)["files"].items():
+            file = os.path.join(path, name)
+            found = f"has {os.path.getsize(file)} bytes" if os.path.isfile(file) else "is missing"
+            if found != f"has {size} bytes":
+                return f"{name} {found}, {MANIFEST_NAME} says {size} bytes"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{MANIFEST_NAME} cannot be read"
-    for name, size in files.items():
-        if sizes.get(name) != size:
-            found = "is missing" if name not in sizes else f"has {sizes[name]} bytes"
-            return f"{name} {found}, {MANIFEST_NAME} says {size} bytes"
     return None
 
 
 def write_manifest(folder: str, ranks: int = 1) -> None:
-    """Write `folder`'s manifest.json (every file's name and size), fsynced. The `ranks` rank states are named
-    explicitly: a cached listing of a network mount may not show them yet."""
+    """Write `folder`'s manifest.json, fsynced. The `ranks` rank states are named explicitly: a network mount's
+    cached listing may not show them yet."""
     names = set(os.listdir(folder)) - {MANIFEST_NAME} | {f"rank_state_{r}.pdparams" for r in range(ranks)}
     files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(names)
              if not os.path.isdir(os.path.join(folder, name))}
@@ -101,8 +94,8 @@ def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
-    """Turn --resume_from_checkpoint (None, 'latest' or a path) into a checkpoint folder or None. 'latest' is
-    rank 0's (ranks may see a shared folder's listing differently); a path is checked on every rank."""
+    """--resume_from_checkpoint as a checkpoint folder or None: 'latest' is rank 0's (listings of a shared folder
+    may differ), a path is checked on every rank."""
     if not resume_requested(resume_from_checkpoint):
         return None
     if resume_from_checkpoint not in LATEST:
@@ -123,13 +116,10 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
 
 
 def _generators() -> Dict[str, Any]:
-    """Paddle's generators of the CPU and the current device, keyed by device type ("gpu"), not index, so a
-    state restores on another device. (`paddle.Generator` itself is replaced by ppdiffusers' RNG tracker.)"""
-    device, new = paddle.device.get_device(), paddle.framework.random.Generator  # device: "cpu", "gpu:3", ...
-    generators = {"cpu": new("cpu")}
-    if device != "cpu":
-        generators[device.split(":")[0]] = new(device)
-    return generators
+    """The CPU's and the current device's generators, keyed by device type, so a state restores on another GPU.
+    (`paddle.Generator` is replaced by ppdiffusers' RNG tracker.)"""
+    device, new = paddle.device.get_device(), paddle.framework.random.Generator  # "cpu", "gpu:3", ...
+    return {"cpu": new("cpu"), device.split(":")[0]: new(device)}
 
 
 def rng_state() -> Dict[str, Any]:
@@ -140,7 +130,7 @@ def rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    """Restore `rng_state()`; `{"seed": s}` (a rank new to the checkpoint, `load_rank_state`) seeds instead."""
+    """Restore `rng_state()`; `{"seed": s}` (a rank new to the checkpoint) seeds instead."""
     if "seed" in state:
         paddle.seed(state["seed"]), np.random.seed(state["seed"]), random.seed(state["seed"])
         return
@@ -165,24 +155,11 @@ def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
     return {"rng": rng_state(), "data": position.state_dict(), "parameter_fingerprint": fingerprint}
 
 
-def save_checkpoint(
-    output_dir: str,
-    step: int,
-    *,
-    model: paddle.nn.Layer,
-    stateful: Dict[str, Any],
-    trainer_state,
-    rank_state: Dict[str, Any],
-    save_total_limit: Optional[int] = None,
-    keep: Optional[str] = None,
-    configs: Optional[Dict[str, dict]] = None,
-) -> str:
-    """Write checkpoint-`step` from all ranks into `.tmp`, then rank 0 renames it; return its path.
-
-    Rank 0 writes the model, `stateful` (file name -> anything with `state_dict()`), `trainer_state` (a
-    PaddleNLP TrainerState) and `configs` (file name -> JSON-able dict); every rank its `rank_state`.
-    `keep` names a checkpoint that rotation must not delete (the best one).
-    """
+def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, stateful: Dict[str, Any], trainer_state,
+                    rank_state: Dict[str, Any], save_total_limit: Optional[int] = None, keep: Optional[str] = None,
+                    configs: Optional[Dict[str, dict]] = None) -> str:
+    """Write checkpoint-`step` from all ranks into `.tmp`, then rank 0 renames it; return its path. `stateful`
+    and `configs` map file names to objects with `state_dict()` / JSON dicts; rotation never deletes `keep`."""
     final = checkpoint_path(output_dir, step)
     tmp, own_state = final + ".tmp", f"rank_state_{rank()}.pdparams"
 
@@ -198,7 +175,8 @@ def save_checkpoint(
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
     with all_ranks_agree(what, explain):
         if rank() == 0:
-            remove_unfinished(output_dir)
+            for path in unfinished_checkpoints(output_dir):
+                shutil.rmtree(path, ignore_errors=True)
             os.makedirs(tmp)
     with all_ranks_agree(what, explain):
         if rank() == 0:
@@ -227,20 +205,17 @@ def save_checkpoint(
 
 def tensor_bytes(state: Any) -> int:
     """Bytes of the tensors in a (nested) state dict: about what saving it writes."""
-    if isinstance(state, paddle.Tensor):
-        return int(np.prod(state.shape)) * state.element_size()
-    if isinstance(state, np.ndarray):
-        return state.nbytes
     if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
+        state = list(state.values())
     if isinstance(state, (list, tuple)):
         return sum(tensor_bytes(value) for value in state)
-    return 0
+    if isinstance(state, paddle.Tensor):
+        return int(np.prod(state.shape)) * state.element_size()
+    return state.nbytes if isinstance(state, np.ndarray) else 0
 
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
-    """A checkpoint's size before the optimizers hold state: the weights, two AdamW moments per trainable
-    float32 weight, and the EMA of the VAE's weights."""
+    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the VAE's EMA."""
     weights = tensor_bytes(model.state_dict())
     trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
     vae = sum(int(np.prod(p.shape)) * 4 for p in model.vae.parameters()) if ema is not None else 0
@@ -260,7 +235,7 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
 
 
 def delete_checkpoint(path: str) -> None:
-    """Rename first (atomic), then delete: a kill mid-way leaves a `.old` folder, never a half-deleted checkpoint."""
+    """Rename first (atomic), then delete: a kill leaves a `.old` folder, never a half-deleted checkpoint."""
     doomed = path + ".old"
     shutil.rmtree(doomed, ignore_errors=True)
     os.replace(path, doomed)
@@ -273,16 +248,10 @@ def unfinished_checkpoints(output_dir: str) -> List[str]:
     return [os.path.join(output_dir, name) for name in sorted(names) if _UNFINISHED_RE.match(name)]
 
 
-def remove_unfinished(output_dir: str) -> None:
-    for path in unfinished_checkpoints(output_dir):
-        shutil.rmtree(path, ignore_errors=True)
-        logger.info("removed unfinished %s", os.path.basename(path))
-
-
 def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
-    """Rolling back is a branch: move the checkpoints of OUTPUT_DIR that are not on the branch of `resume`
-    (those after it; all of them when it is elsewhere), with their eval_metrics.jsonl lines, into
-    OUTPUT_DIR/abandoned/<when>-.../. Rank 0 moves, every rank agrees. Returns the moved checkpoints' paths."""
+    """Rolling back is a branch: move the checkpoints not on `resume`'s branch (those after it; all when it is
+    elsewhere), with their eval_metrics.jsonl lines, into OUTPUT_DIR/abandoned/<when>-.../ (rank 0 moves, all
+    ranks agree). Returns the moved checkpoints' paths."""
     moved: List[str] = []
     with all_ranks_agree("setting aside the later checkpoints"):
         if resume and rank() == 0:
@@ -291,7 +260,7 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
 
 
 def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
-    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself (compared after realpath)."""
+    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself."""
     return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
 
 
@@ -312,10 +281,9 @@ def _set_aside(output_dir: str, resume: str) -> List[str]:
         count += 1
         branch = f"{base}-{count}"
     os.makedirs(branch)
-    moved = []
-    for path in later:  # one atomic rename each: a kill mid-way leaves every checkpoint whole
-        moved.append(os.path.join(branch, os.path.basename(path)))
-        os.replace(path, moved[-1])
+    moved = [os.path.join(branch, os.path.basename(path)) for path in later]
+    for path, target in zip(later, moved):  # one atomic rename each: a kill mid-way leaves every checkpoint whole
+        os.replace(path, target)
     _move_eval_lines(output_dir, branch, after)
     logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
                    "to %s (delete it when no longer needed)", resume, output_dir,
@@ -333,26 +301,19 @@ def checkpoint_step(checkpoint: str) -> Optional[int]:
 
 
 def _move_eval_lines(output_dir: str, branch: str, after: Optional[int]) -> None:
-    """Move the lines of eval_metrics.jsonl of steps after `after` (all if None) into `branch`. An unreadable
-    line (half-written by a killed run) stays."""
+    """Move the eval_metrics.jsonl lines of steps after `after` (all if None) into `branch`; unreadable ones stay."""
     path = os.path.join(output_dir, EVAL_METRICS_NAME)
     if not os.path.isfile(path):
         return
-    kept: List[str] = []
-    later: List[str] = []
     with open(path) as handle:
-        for line in handle:
-            if line.strip():
-                step = eval_line_step(line)
-                moves = step is not None and (after is None or step > after)
-                (later if moves else kept).append(line if line.endswith("\n") else line + "\n")
-    if not later:
-        return
-    with open(os.path.join(branch, EVAL_METRICS_NAME), "w") as handle:
-        handle.writelines(later)
-    with open(path + ".tmp", "w") as handle:
-        handle.writelines(kept)
-    os.replace(path + ".tmp", path)
+        lines = [line if line.endswith("\n") else line + "\n" for line in handle if line.strip()]
+    moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
+    if any(moves):
+        with open(os.path.join(branch, EVAL_METRICS_NAME), "w") as handle:
+            handle.writelines(line for line, move in zip(lines, moves) if move)
+        with open(path + ".tmp", "w") as handle:
+            handle.writelines(line for line, move in zip(lines, moves) if not move)
+        os.replace(path + ".tmp", path)
 
 
 def eval_line_step(line: str) -> Optional[int]:
@@ -364,8 +325,8 @@ def eval_line_step(line: str) -> Optional[int]:
 
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
-    """Load the weights into `model`, cast to its current dtypes (an O2 checkpoint holds float16 weights,
-    and the Trainer loads them before the model is decorated for O2)."""
+    """Load the weights into `model`, cast to its current dtypes (the Trainer loads an O2 checkpoint's float16
+    weights before the model is decorated for O2)."""
     state = paddle.load(os.path.join(path, MODEL_NAME))
     current = model.state_dict()
     state = {k: v.astype(current[k].dtype) if k in current and v.dtype != current[k].dtype else v
@@ -381,22 +342,17 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{file} missing: cannot resume exactly")
-        state = paddle.load(file)
-        # Optimizers and schedulers use set_state_dict; GradScaler and EMAModel use load_state_dict.
-        if hasattr(obj, "set_state_dict"):
-            obj.set_state_dict(state)
+        if hasattr(obj, "set_state_dict"):  # optimizers, schedulers; GradScaler and EMAModel: load_state_dict
+            obj.set_state_dict(paddle.load(file))
         else:
-            obj.load_state_dict(state)
+            obj.load_state_dict(paddle.load(file))
         if isinstance(obj, paddle.optimizer.lr.LRScheduler):
-            # The saved `last_lr` came from the saved run's peak rate: recompute it, so that a --learning_rate
-            # given on resume applies from the first step.
-            obj.last_lr = obj.get_lr()
+            obj.last_lr = obj.get_lr()  # the saved run's peak rate made it: a new --learning_rate applies at once
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:
-    """This rank's RNG and data position. Saved by another number of ranks: the data position is dropped (the
-    stream's order depends on the world size), a rank without its own file is seeded from rank r % saved's
-    state and its rank, and rank 0 warns."""
+    """This rank's RNG and data position. Saved by another number of ranks: the data position is dropped, a rank
+    without its own file is seeded from rank r % saved's state and its rank, and rank 0 warns."""
     saved = 1 + max((int(m.group(1)) for m in map(_RANK_STATE_RE.match, os.listdir(path)) if m), default=-1)
     own = os.path.join(path, f"rank_state_{rank()}.pdparams")
     if saved == world_size() or saved == 0:
@@ -416,8 +372,8 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 
 
 def read_model_state(file: str) -> Dict[str, Any]:
-    """A checkpoint's model_state.pdparams in float32: an O2 run's half-precision weights are replaced by their
-    float32 master copies from optimizer.pdopt / disc_optimizer.pdopt (matched by parameter name)."""
+    """A checkpoint's model_state.pdparams, an O2 run's half-precision weights replaced by the float32 master
+    copies of optimizer.pdopt / disc_optimizer.pdopt."""
     state = paddle.load(file)
     half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
     if not half:
@@ -437,11 +393,8 @@ def read_model_state(file: str) -> Dict[str, Any]:
 
 def _file_beside(path: Optional[str], name: str) -> Optional[str]:
     """The file `name` of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
-    if not path:
-        return None
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    file = os.path.join(folder, name)
-    return file if os.path.isfile(file) else None
+    file = os.path.join(path if os.path.isdir(path or "") else os.path.dirname(path or ""), name)
+    return file if path and os.path.isfile(file) else None
 
 
 def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:

@@ -1,9 +1,5 @@
-"""Full disks (no space, quota, read-only, I/O error) and durable writes (docs/reliability.md).
-
-`OutOfSpace` is the one message a failed write stops a run with (`failed_write` builds it and removes what the
-write left); `written_atomically` writes an export folder beside its place and moves it in; `fsync_path` is what
-a rename follows to survive a node crash; `warn_if_short` warns at start when OUTPUT_DIR is too small.
-"""
+"""Full disks (no space, quota, read-only, I/O error) and durable writes (docs/reliability.md): `OutOfSpace`, the
+one message a failed write stops a run with; `written_atomically` for export folders; `fsync_path`."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from .user_errors import UserError
 
 logger = logging.getLogger("vae_trainer")
 
-# What a write meets on a full or unwritable disk: no space, quota exceeded, read-only file system, I/O error.
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 
 
@@ -56,8 +51,8 @@ def gib(size: int) -> str:
 
 def failed_write(error: BaseException, what: str, folder: str, partial: str, needed: int,
                  last_good: Optional[str]) -> OutOfSpace:
-    """Remove `partial` (what the failed write of `what` left) and describe the failure: the folder, what the
-    write needs and what is free, the last good checkpoint, the command that continues."""
+    """Remove `partial` (what the failed write of `what` left) and describe the failure: what the write needs, what
+    is free, the last good checkpoint, the command that continues."""
     shutil.rmtree(partial, ignore_errors=True)
     kept = f"{last_good} (the last complete checkpoint) is intact" if last_good else "no earlier checkpoint exists"
     reason = str(error)
@@ -72,8 +67,8 @@ def failed_write(error: BaseException, what: str, folder: str, partial: str, nee
 
 @contextlib.contextmanager
 def written_atomically(path: str) -> Iterator[str]:
-    """Yield `path`.tmp to write; when the block succeeds it replaces `path` (fsynced; renames via `.old`). On a
-    full disk the partial folder is removed and `OutOfSpace` raised; `path` is untouched."""
+    """Yield `path`.tmp to write; when the block succeeds it replaces `path` (fsynced). On a full disk the partial
+    folder is removed and `OutOfSpace` raised; `path` is untouched."""
     partial, old = path + ".tmp", path + ".old"
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -109,8 +104,7 @@ def fsync_path(path: str) -> None:
 
 
 def warn_if_short(output_dir: str, checkpoint_bytes: int, kept: Optional[int]) -> None:
-    """Warn when OUTPUT_DIR's disk cannot hold the checkpoints the run keeps (`kept`, --save_total_limit) plus
-    the one being written; without a limit, two."""
+    """Warn when OUTPUT_DIR cannot hold the `kept` (--save_total_limit) checkpoints plus the one being written."""
     count = (kept + 1) if kept and kept > 0 else 2
     needed, free = count * checkpoint_bytes, free_bytes(output_dir)
     if free < needed:

@@ -1,7 +1,5 @@
-"""Ranks: the process group, the gradient all-reduce both drivers use (no `paddle.DataParallel`, see
-docs/launching.md "How data parallelism is done"), how ranks agree (`all_ranks_agree`, `from_rank_0`: one rank's
-failure ends every rank with its reason), the weights' cross-rank check, and how a process ends (`run_and_exit`).
-"""
+"""Ranks: the process group, the gradient all-reduce (no `paddle.DataParallel`, docs/launching.md), how ranks
+agree (one rank's failure ends every rank with its reason), the weights' cross-rank check, `run_and_exit`."""
 
 from __future__ import annotations
 
@@ -42,12 +40,9 @@ def init_distributed() -> None:
 
 @contextlib.contextmanager
 def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception]] = None) -> Iterator[None]:
-    """Run a block on every rank; it succeeds on all ranks or raises on all (one all-reduce, also a barrier).
-
-    If any rank raised, every rank logs and raises "`what` failed on rank R: reason" (each failing rank), of the
-    lowest failing rank's class if a user error (UserError, USER_ERROR_TYPES), else RuntimeError. `explain` turns
-    this rank's exception into the one reported, once all ranks left the block. One process: no collective.
-    """
+    """Run a block on every rank; it succeeds on all or raises on all (one all-reduce, also a barrier): "`what`
+    failed on rank R: reason" for each failing rank, of the lowest failing rank's class if a user error, else
+    RuntimeError. `explain` turns this rank's exception into the one reported, once all ranks left the block."""
     error: Optional[Exception] = None
     try:
         yield
@@ -83,13 +78,13 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
     kind = next(item[0] for item in gathered if item is not None)
     try:
         raised = kind(message)
-    except TypeError:  # an error class that takes more than a message (json.JSONDecodeError)
-        raised = UserError(message) if issubclass(kind, (UserError,) + USER_ERROR_TYPES) else RuntimeError(message)
+    except TypeError:  # a user error class that takes more than a message (json.JSONDecodeError)
+        raised = UserError(message)
     raise raised from error
 
 
 def from_rank_0(value: Any) -> Any:
-    """Rank 0's `value` on every rank (a decision taken once; unchanged on one process)."""
+    """Rank 0's `value` on every rank (a decision taken once)."""
     if world_size() > 1:
         shared = [value]
         dist.broadcast_object_list(shared, src=0)
@@ -98,21 +93,18 @@ def from_rank_0(value: Any) -> Any:
 
 
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
-    """Run an entry point's `main`, then end the process in one order on every path (docs/reliability.md).
-
-    `stop_signals` (training): SIGTERM / SIGINT / SIGUSR1 are stop requests (preemption.py). With several
-    processes: a final all-reduce of "was signalled" (the barrier, success only), the group destroyed, Python's
-    exit functions, then `os._exit`, skipping C++ destructors that race Paddle 3.3.1's TCP store thread
-    (docs/benchmarks.md section 8). Exit status: 0; SystemExit's code; PREEMPTED_EXIT_CODE after a stop
-    signal (also one during the final save or export); 130 for Ctrl-C; 1 after any other exception.
-    """
+    """Run an entry point's `main` and end the process in one order on every path (docs/reliability.md); with
+    `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes: a final agreement on "was
+    signalled" (the barrier), then `os._exit`, skipping C++ destructors that race Paddle's TCP store thread."""
     status = 0
     if stop_signals:
         preemption.install(single_process=world_size() == 1)
     try:
         main()
-    except SystemExit as stop:
-        status = _status_of(stop)
+    except SystemExit as stop:  # the status Python would give it
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)  # a message: printed, status 1
+        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     except Preempted as stopped:  # saved where it stopped: a message, not a traceback
         print(f"stopped: {stopped}", file=sys.stderr)
         status = PREEMPTED_EXIT_CODE
@@ -139,7 +131,6 @@ def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoRetu
 
 
 def _stopped_at_the_end(status: int, signalled: bool) -> int:
-    """A finished run's exit status: PREEMPTED_EXIT_CODE if some rank was signalled meanwhile."""
     if status != 0 or not signalled:
         return status
     print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save or "
@@ -148,24 +139,14 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
     return PREEMPTED_EXIT_CODE
 
 
-def _status_of(stop: SystemExit) -> int:
-    """The exit status Python gives a `SystemExit` (printing a message code, as Python does)."""
-    if stop.code is None:
-        return 0
-    if isinstance(stop.code, int):
-        return stop.code
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
 def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
-    """Average the gradients of `parameters` over all ranks (no-op on one process)."""
+    """Average the gradients of `parameters` over all ranks."""
     if world_size() > 1:
         fused_allreduce_gradients([p for p in parameters if not p.stop_gradient], None)
 
 
 def sum_over_ranks(value: paddle.Tensor) -> paddle.Tensor:
-    """`value` summed over all ranks, staying on the device (no host read; unchanged on one process)."""
+    """`value` summed over all ranks, staying on the device (no host read)."""
     if world_size() > 1:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
@@ -183,8 +164,8 @@ FINGERPRINT_SIZE = 3  # numbers per parameter
 
 
 def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
-    """Three float64 numbers per trainable parameter: sum, absolute sum and a sum weighted by frac(i * golden
-    ratio) (permuted values change it too). Per-rank BatchNorm statistics are left out."""
+    """Per trainable parameter (not BatchNorm statistics): sum, absolute sum, and a sum weighted by frac(i * golden
+    ratio) that permuted values change too."""
     values = []
     with paddle.no_grad():
         for _, p in _trainable(layer):

@@ -1,7 +1,5 @@
-"""A new run's safety in --output_dir: refuse (or, with --overwrite_output_dir, clear) one that holds an earlier
-run, never deleting what the run reads or what is not ours; refuse one that the ranks do not share.
-The rules are in docs/training.md, "A new run never eats an earlier one".
-"""
+"""--output_dir: refuse (or with --overwrite_output_dir clear) one that holds an earlier run, never deleting what
+the run reads or what is not ours; refuse one the ranks do not share (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -21,12 +19,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# What a run writes into OUTPUT_DIR besides checkpoints: the final exports (final_save.py), the evaluations.
-EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)
-# What an export killed mid-way leaves (disk.written_atomically writes FOLDER.tmp, keeps FOLDER.old briefly).
+EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)  # what a run writes besides checkpoints
+# What an export killed mid-way leaves (disk.written_atomically).
 EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
-# The VisualDL record files our runs in OUTPUT_DIR wrote, one path per line, relative to OUTPUT_DIR.
-LOG_FILES_NAME = "visualdl_records.txt"
+LOG_FILES_NAME = "visualdl_records.txt"  # the VisualDL record files our runs wrote, relative to OUTPUT_DIR
 _RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
 
 
@@ -37,9 +33,8 @@ def earlier_run(output_dir: str) -> List[str]:
 
 
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
-    """Check that all ranks share --output_dir; then refuse, or clear with --overwrite_output_dir, one that
-    holds an earlier run (unless resuming). Clearing refuses first if a path of `reads` (`run_inputs`) lies in
-    what it would delete. Rank 0 decides and deletes; all ranks agree."""
+    """Check that all ranks share --output_dir; unless resuming, refuse or clear (--overwrite_output_dir) an
+    earlier run, refusing to clear what the run reads (`reads`). Rank 0 decides and deletes; all ranks agree."""
     check_shared(args.output_dir)
     if resume_requested(args.resume_from_checkpoint):
         return
@@ -66,8 +61,8 @@ def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Opt
 
 
 def check_shared(output_dir: str) -> None:
-    """Refuse a --output_dir that is not one folder for all ranks (node-local disks): rank 0 writes a file of a
-    random name there, and every rank must read it back."""
+    """Refuse a --output_dir that is not one folder for all ranks: rank 0 writes a file of a random name, every
+    rank must read it back."""
     if world_size() < 2:
         return
     token = from_rank_0(secrets.token_hex(8))
@@ -90,8 +85,7 @@ def check_shared(output_dir: str) -> None:
 
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str, Optional[str]]:
-    """Flag -> local path of everything a run reads that an --output_dir could hold (None: not given).
-    Not --resume_from_checkpoint: a resumed run never clears its folder (`prepare_output_dir`)."""
+    """Flag -> path of everything a run reads that an --output_dir could hold (a resumed run clears nothing)."""
     pretrained = model_args.pretrained_model_name_or_path
     if pretrained and model_args.subfolder:
         pretrained = os.path.join(pretrained, model_args.subfolder)
@@ -102,23 +96,22 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str
         "--discriminator_path": model_args.discriminator_path,
         "--lpips_weights": model_args.lpips_weights,
         "--file_list": data_args.file_list,
-        "--eval_file_list": getattr(data_args, "eval_file_list", None),
-        "--inception_weights": getattr(data_args, "inception_weights", None),
+        "--eval_file_list": data_args.eval_file_list,
+        "--inception_weights": data_args.inception_weights,
     }
 
 
 def doomed_paths(output_dir: str) -> List[str]:
-    """What `clear_run` would delete (the same list, in the same terms), for the checks before it."""
+    """What `clear_run` would delete."""
     paths = [path for _, path in list_checkpoints(output_dir, complete=False)] + unfinished_checkpoints(output_dir)
-    paths += [os.path.join(output_dir, name) for name in EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR,)]
-    paths += _noted_log_files(output_dir)
+    names = EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR, LOG_FILES_NAME)
+    paths += [os.path.join(output_dir, name) for name in names] + _noted_log_files(output_dir)
     return [path for path in paths if os.path.lexists(path)]
 
 
 def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Optional[Tuple[str, str, str, str]]:
     """(flag, given path, the path it reads, the doomed path holding it) of the first input that clearing
-    `output_dir` would delete, or None. A file list counts with the lists and parts it names (a set lookup
-    per folder of each: a list of 100k parts costs about one stat per part)."""
+    `output_dir` would delete, or None. A file list counts with the lists and parts it names."""
     doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
     if not doomed:
         return None
@@ -137,7 +130,7 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
 
 
 def _realpath(path: str, real_folders: Dict[str, str]) -> str:
-    """os.path.realpath(path), resolving each folder once (the parts of a file list share a few folders)."""
+    """os.path.realpath(path), resolving each folder once (a file list's 100k parts share a few folders)."""
     folder, name = os.path.split(os.path.abspath(path))
     if folder not in real_folders:
         real_folders[folder] = os.path.realpath(folder)
@@ -156,9 +149,8 @@ def _file_list_members(file_list: str) -> List[str]:
 
 
 def clear_run(output_dir: str) -> None:
-    """Delete an earlier run's checkpoints (complete or not), exports, rolled-back branches and noted VisualDL
-    record files (`doomed_paths`), then its log folders left empty inside OUTPUT_DIR; nothing else."""
-    log_files = _noted_log_files(output_dir)
+    """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
+    log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
     checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
@@ -169,9 +161,6 @@ def clear_run(output_dir: str) -> None:
             shutil.rmtree(path)
         else:
             os.remove(path)
-    listing = os.path.join(output_dir, LOG_FILES_NAME)
-    if os.path.exists(listing):
-        os.remove(listing)
     top = os.path.abspath(output_dir)
     for folder in {os.path.abspath(os.path.dirname(path)) for path in log_files}:
         inside = folder != top and os.path.commonpath([folder, top]) == top
@@ -187,8 +176,7 @@ def note_log_file(output_dir: str, record_file: str) -> None:
 
 
 def _noted_log_files(output_dir: str) -> List[str]:
-    """The record files noted in `output_dir`; only VisualDL record names count (an edited list deletes nothing
-    else)."""
+    """The record files noted in `output_dir` (only VisualDL record names: an edited list deletes nothing else)."""
     listing = os.path.join(output_dir, LOG_FILES_NAME)
     if not os.path.isfile(listing):
         return []

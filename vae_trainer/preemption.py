@@ -1,83 +1,68 @@
 """Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption").
-
-Owns the process's stop request (`install`, `stop_signal`): SIGTERM, SIGINT and SIGUSR1 only note that a stop
-was asked for; the step agrees on it across ranks (step.py), and `stop_after_step` then saves that step's
-checkpoint and raises `Preempted` (exit PREEMPTED_EXIT_CODE, `distributed.run_and_exit`). Further signals change
-nothing, except a second Ctrl-C in a single process (KeyboardInterrupt).
-"""
+SIGTERM, SIGINT and SIGUSR1 only note a stop request (`install`, `stop_signal`); the step agrees on it across ranks
+and `stop_after_step` saves and raises `Preempted`. Only a second Ctrl-C in a single process quits at once."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 logger = logging.getLogger("vae_trainer")
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "try again later" (resume with --resume_from_checkpoint latest)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-_installed: Optional["StopRequest"] = None  # this process's, while its handlers are installed
+_received: Optional[str] = None  # the first stop signal since `install`
+_previous: Dict[int, object] = {}  # the handlers `install` replaced
 
 
 class Preempted(Exception):
-    """A driver stopped on a signal after saving `checkpoint`."""
-
-    def __init__(self, signal_name: str, step: int, checkpoint: str):
-        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-        super().__init__(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command with "
-                         "--resume_from_checkpoint latest continues exactly from there "
-                         f"(exit code {PREEMPTED_EXIT_CODE})")
+    """A driver stopped on a signal after saving a checkpoint (exit PREEMPTED_EXIT_CODE)."""
 
 
-class StopRequest:
-    """The signal handlers of a training run: `signal_name` is the first stop signal this process received."""
+def install(single_process: bool) -> None:
+    """Handle SIGNALS from now on (main thread only, Python's rule; elsewhere nothing is installed)."""
+    global _received
+    _received = None
 
-    def __init__(self, single_process: bool = True) -> None:
-        self.signal_name: Optional[str] = None
-        self.single_process = single_process
-        self._previous: Dict[int, object] = {}
-
-    def install(self) -> "StopRequest":
-        """Handle SIGNALS from now on (main thread only, Python's rule; elsewhere nothing is installed)."""
-        if threading.current_thread() is threading.main_thread():
-            for signum in SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def uninstall(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
-
-    def _handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.signal_name is None:
-            self.signal_name = name
+    def handle(signum: int, frame) -> None:
+        global _received
+        if _received is None:
+            _received = signal.Signals(signum).name
             logger.warning("%s received: finishing the step in flight, then saving a checkpoint and stopping "
-                           "(a second Ctrl-C in a single process quits at once)", name)
-        elif signum == signal.SIGINT and self.single_process:
+                           "(a second Ctrl-C in a single process quits at once)", _received)
+        elif signum == signal.SIGINT and single_process:
             raise KeyboardInterrupt
 
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            _previous[signum] = signal.signal(signum, handle)
 
-def install(single_process: bool) -> StopRequest:
-    """Handle SIGNALS in this process from now on (`stop_signal` tells what arrived)."""
-    global _installed
-    _installed = StopRequest(single_process).install()
-    return _installed
+
+def uninstall() -> None:
+    """Restore the handlers `install` replaced and forget the stop request."""
+    global _received
+    for signum, handler in _previous.items():
+        signal.signal(signum, handler)
+    _previous.clear()
+    _received = None
 
 
 def stop_signal() -> Optional[str]:
     """The name of the stop signal this process received, None if none (or no handlers are installed)."""
-    return _installed.signal_name if _installed is not None else None
+    return _received
 
 
-def stop_after_step(stop: bool, step: int, save) -> None:
+def stop_after_step(stop: bool, step: int, save: Callable[[], str]) -> None:
     """At the end of optimizer step `step`: when some rank was signalled (`stop`, agreed by the step), `save()`
-    this step's checkpoint (returning its path) and raise `Preempted`."""
+    this step's checkpoint and raise `Preempted`."""
     if not stop:
         return
     checkpoint = save()
-    stopped = Preempted(stop_signal() or "a signal to another rank", step, checkpoint)
+    signal_name = stop_signal() or "a signal to another rank"
+    stopped = Preempted(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command "
+                        "with --resume_from_checkpoint latest continues exactly from there "
+                        f"(exit code {PREEMPTED_EXIT_CODE})")
     logger.warning("%s", stopped)
     raise stopped

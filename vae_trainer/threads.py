@@ -1,8 +1,6 @@
-"""CPU compute threads: set `OMP_NUM_THREADS` before Paddle is imported (its import sets 1 when unset, and its
-CPU kernels read the variable once), unless the user did: max(1, usable CPUs // processes on this node -
-reserve). The entry points call `set_default_threads` first thing; this module must not import Paddle.
-The rule and the launcher's trap: docs/launching.md, "CPU threads".
-"""
+"""CPU compute threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1 when unset)
+unless the user did: max(1, usable CPUs // processes on this node - reserve). Must not import Paddle. The rule
+and the launcher's trap: docs/launching.md, "CPU threads"."""
 
 from __future__ import annotations
 
@@ -10,31 +8,19 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 VARIABLE = "OMP_NUM_THREADS"
-# With workers and at least this many cores, one core per process is left to decode (docs/launching.md).
-_CORES_BEFORE_RESERVING = 4
+_CORES_BEFORE_RESERVING = 4  # with workers and this many cores per process, one is left to decode
 _LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
 # The flag and its reference-trainer alias (vae_trainer.arguments.ALIASES; a test keeps them in step).
 WORKER_FLAGS = ("dataloader_num_workers", "num_workers")
 
 
-@dataclass(frozen=True)
-class ThreadChoice:
+class ThreadChoice(NamedTuple):
     threads: int
     by_user: bool
-    usable_cpus: int = 0
-    local_processes: int = 1
-    dataloader_workers: int = 0
-
-    def describe(self) -> str:
-        if self.by_user:
-            return f"CPU threads: {VARIABLE}={self.threads}, as set by the user"
-        return (f"CPU threads: {VARIABLE}={self.threads} ({self.usable_cpus} usable CPUs, "
-                f"{self.local_processes} process(es) on this node, {self.dataloader_workers} dataloader "
-                f"worker(s) per process); set {VARIABLE} to choose")
+    description: str  # the line logged at start
 
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
@@ -72,12 +58,9 @@ def local_processes(environ: Mapping[str, str]) -> int:
     """Processes the launcher started on this node (1 without a launcher)."""
     if environ.get("PADDLE_LOCAL_SIZE", "").isdigit():
         return max(1, int(environ["PADDLE_LOCAL_SIZE"]))
+    host = environ.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0]  # an older launcher's endpoints
     endpoints = [e for e in environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
-    current = environ.get("PADDLE_CURRENT_ENDPOINT", "")
-    if endpoints and current:
-        host = current.rsplit(":", 1)[0]
-        return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints))
-    return 1
+    return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints)) if host else 1
 
 
 def dataloader_workers(argv: Sequence[str]) -> int:
@@ -99,37 +82,21 @@ def dataloader_workers(argv: Sequence[str]) -> int:
     return workers
 
 
-def parent_environment() -> Optional[dict]:
-    """The environment the parent process started with (Linux), or None if it cannot be read."""
-    try:
-        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
-            entries = handle.read().split(b"\0")
-    except OSError:
-        return None
-    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
-
-
-def set_by_user(environ: Mapping[str, str], parent_environ: Optional[Mapping[str, str]]) -> bool:
-    """Did the user choose OMP_NUM_THREADS? Under a launcher, whose Paddle import sets "1" before the workers
-    start, a "1" is the user's only if the launcher's own environment had it."""
-    if VARIABLE not in environ:
-        return False
-    under_launcher = any(name in environ for name in _LAUNCHER_VARIABLES)
-    if under_launcher and environ[VARIABLE] == "1":
-        return parent_environ is not None and VARIABLE in parent_environ
-    return True
-
-
 def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
                    parent_environ: Optional[Mapping[str, str]] = None) -> ThreadChoice:
-    """The thread count for this process (pure: no side effects)."""
-    if set_by_user(environ, parent_environ):
-        value = environ[VARIABLE]
-        return ThreadChoice(int(value) if value.isdigit() else 1, by_user=True)  # Paddle reads junk as 1
+    """The thread count for this process (pure). Under a launcher, whose Paddle import sets "1" before the
+    workers start, a "1" is the user's only if the launcher's own environment (`parent_environ`) had it."""
+    value = environ.get(VARIABLE)
+    launcher_one = value == "1" and any(name in environ for name in _LAUNCHER_VARIABLES)
+    if value is not None and (not launcher_one or VARIABLE in (parent_environ or {})):
+        threads = int(value) if value.isdigit() else 1  # Paddle reads junk as 1
+        return ThreadChoice(threads, True, f"CPU threads: {VARIABLE}={threads}, as set by the user")
     processes = local_processes(environ)
     per_process = max(1, cpus // processes)
-    reserve = 1 if workers > 0 and per_process >= _CORES_BEFORE_RESERVING else 0
-    return ThreadChoice(max(1, per_process - reserve), False, cpus, processes, workers)
+    threads = max(1, per_process - (1 if workers > 0 and per_process >= _CORES_BEFORE_RESERVING else 0))
+    return ThreadChoice(threads, False, f"CPU threads: {VARIABLE}={threads} ({cpus} usable CPUs, {processes} "
+                        f"process(es) on this node, {workers} dataloader worker(s) per process); set {VARIABLE} "
+                        "to choose")
 
 
 def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
@@ -138,8 +105,14 @@ def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[Thread
     if "paddle" in sys.modules:
         return None
     argv = sys.argv[1:] if argv is None else argv
-    choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent_environment())
+    try:  # the environment the parent process (a launcher) started with
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            entries = handle.read().decode(errors="replace").split("\0")
+        parent = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+    except OSError:
+        parent = None
+    choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent)
     if not choice.by_user:
         os.environ[VARIABLE] = str(choice.threads)
-    print(choice.describe(), file=sys.stderr, flush=True)
+    print(choice.description, file=sys.stderr, flush=True)
     return choice

@@ -1,10 +1,6 @@
-"""The process's stall watchdog (--stall_timeout, docs/reliability.md "A stall is reported, not waited out").
-
-`start`, `beat` (something finished: a step, an evaluation batch, a save), `doing` (what the process is busy
-with), `stop`. A daemon thread ends the process with STALL_EXIT_CODE, after logging what it was doing and all
-threads' stacks and killing its child processes, when nothing finished for the timeout. `beat` and `doing` set
-attributes only (no device read); module state, so any code can beat without being handed an object.
-"""
+"""The stall watchdog (--stall_timeout, docs/reliability.md): when nothing finished (`beat`) for the timeout, a
+daemon thread logs what the process was `doing` and all threads' stacks, kills its child processes and exits with
+STALL_EXIT_CODE. `beat` and `doing` only set attributes (no device read)."""
 
 from __future__ import annotations
 
@@ -15,34 +11,29 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
 
 logger = logging.getLogger("vae_trainer")
 
 STALL_EXIT_CODE = 124  # as coreutils' `timeout`: the run was ended because it stopped making progress
-DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; above any save or eval batch of
-# the SD VAE at 1024 px, far below a day of 8 GPUs
+DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; above any save or SD eval batch
 
 
-class _Watchdog:
-    def __init__(self, timeout: float, rank: int) -> None:
-        self.timeout, self.rank = timeout, rank
-        self.activity = "starting: waiting for the first batch"
+class _Watchdog(threading.Thread):
+    def __init__(self, timeout: float, rank: int, activity: str) -> None:
+        super().__init__(name="stall-watchdog", daemon=True)
+        self.timeout, self.rank, self.activity = timeout, rank, activity
         self.last_step: Optional[int] = None
-        self.last_done = "the start"
-        self.last_time = time.monotonic()
-        self.last_wall = time.time()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
+        self.stopped = threading.Event()
+        self.beat("the start")
 
     def beat(self, done: str, step: Optional[int] = None) -> None:
         self.last_time, self.last_wall, self.last_done = time.monotonic(), time.time(), done
         if step is not None:
             self.last_step = step
 
-    def _watch(self) -> None:
-        interval = min(max(self.timeout / 4.0, 0.05), 10.0)
-        while not self._stopped.wait(interval):
+    def run(self) -> None:
+        while not self.stopped.wait(min(max(self.timeout / 4.0, 0.05), 10.0)):
             if time.monotonic() - self.last_time > self.timeout:
                 self._fire()
 
@@ -59,39 +50,32 @@ class _Watchdog:
         print(message, file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-        _kill_descendants()
+        own_group = os.getpgrp()
+        for pid in _descendants(os.getpid()):  # a hung `pipe:` command (its own session: its group), loader workers
+            try:
+                if os.getpgid(pid) != own_group:
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         os._exit(STALL_EXIT_CODE)
 
 
-def _descendants(pid: int) -> list:
+def _descendants(pid: int) -> List[int]:
     """Child processes of `pid`, recursively (Linux /proc)."""
-    found = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
+    except OSError:  # it ended meanwhile
+        return []
+    found = []
     for task in tasks:
         try:
-            children = open(f"/proc/{pid}/task/{task}/children").read().split()
-        except OSError:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except OSError:  # the thread or process ended meanwhile
             continue
-        for child in map(int, children):
-            found += [child] + _descendants(child)
-    return found
-
-
-def _kill_descendants() -> None:
-    """Kill what this process started: a hung `pipe:` command (its own session: its whole group), loader workers."""
-    own_group = os.getpgrp()
-    for pid in _descendants(os.getpid()):
-        try:
-            group = os.getpgid(pid)
-            if group != own_group:
-                os.killpg(group, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    return [pid for child in found for pid in [child] + _descendants(child)]
 
 
 _current: Optional[_Watchdog] = None
@@ -103,9 +87,8 @@ def start(timeout: Optional[float], rank: int = 0, activity: Optional[str] = Non
     stop()
     if not timeout or timeout <= 0:
         return
-    _current = _Watchdog(float(timeout), rank)
-    _current.activity = activity or _current.activity
-    _current._thread.start()
+    _current = _Watchdog(float(timeout), rank, activity or "starting: waiting for the first batch")
+    _current.start()
     if not activity:
         logger.info("stall watchdog: a rank that finishes no step, evaluation batch or save for %g s ends the run "
                     "(--stall_timeout; 0 turns it off)", timeout)
@@ -114,7 +97,7 @@ def start(timeout: Optional[float], rank: int = 0, activity: Optional[str] = Non
 def stop() -> None:
     global _current
     if _current is not None:
-        _current._stopped.set()
+        _current.stopped.set()
         _current = None
 
 
@@ -128,4 +111,3 @@ def doing(activity: str) -> None:
     """What this process is busy with from now on, said if it stalls."""
     if _current is not None:
         _current.activity = activity
-
