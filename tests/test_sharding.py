@@ -1,4 +1,4 @@
-"""Tests of vae_trainer.data.sharding: even record ranges, skipping without reading, blocks, Missing padding."""
+"""Tests of vae_trainer.data.sharding: even record ranges, skipping without reading, blocks, MISSING padding."""
 
 import gzip
 from collections import Counter
@@ -7,7 +7,7 @@ import pytest
 
 from vae_trainer.data import records
 from vae_trainer.data.filelists import LINES, Part, Source
-from vae_trainer.data.records import Missing
+from vae_trainer.data.records import MISSING
 from vae_trainer.data.sharding import SKIPPED, ShardSource, Segment, SourcePass, assign
 
 
@@ -83,4 +83,4 @@ def test_part_shorter_than_its_count_is_padded_with_missing_records(tmp_path):
     promised = Part(part.path, LINES, 5)
     source = ShardSource(0, 1.0, [Segment(promised, 1, 5)])  # records 1..4 of a part that has 0..2
     got = _read_all(SourcePass(source, 0, (0, 0, 0, 0), shuffle=False, block_size=10))
-    assert [(r.number, r.payload) for r in got] == [(1, b"0:1"), (2, b"0:2"), (3, Missing()), (4, Missing())]
+    assert [(r.number, r.payload) for r in got] == [(1, b"0:1"), (2, b"0:2"), (3, MISSING), (4, MISSING)]

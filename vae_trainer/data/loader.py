@@ -1,6 +1,5 @@
-"""Paddle's DataLoader around our streams, made safe: a stream's error reaches the main thread as itself from any
-number of workers (0 included), the workers end with their iteration (and die with the main process, Linux), and
-they ignore the stop signals a scheduler sends to every process (docs/reliability.md, docs/data.md).
+"""Paddle's DataLoader made safe: a stream's error reaches the main thread with any number of workers (0 too), the
+workers end with their iteration or the main process, and ignore a scheduler's stop signals (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ _STOP_SECONDS = 5.0  # how long a worker may take to finish its batch when asked
 
 
 class RaisesInMainThread(paddle.io.IterableDataset):
-    """An iterable dataset (subclasses implement `_items`) whose error reaches the main thread: a worker sends it
-    as a last item ``{"data_error": bytes}`` (so workers need ``batch_size=None``: items are whole batches); Paddle's
-    reader thread (0 workers) would die silently, so there it is stored for :class:`NoHangLoader` to raise."""
+    """An iterable dataset (subclasses implement `_items`) whose error reaches the main thread: a worker sends it as
+    a last item (so workers need ``batch_size=None``); Paddle's reader thread (0 workers) stores it instead."""
 
     failure: BaseException | None = None
 
@@ -47,25 +45,22 @@ class RaisesInMainThread(paddle.io.IterableDataset):
             yield from items
         except Exception as error:
             if worker is not None:
+                trace = "".join(traceback.format_exception(error))
+                error.add_note(f"(raised in DataLoader worker {worker.id}:\n{trace})")
+                try:
+                    pickled = pickle.dumps(error)
+                except Exception:  # an exception that does not pickle still gets its message across
+                    pickled = pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
                 # (Paddle drops an item without any array, so one tiny array goes along.)
-                yield {_FAILURE: _pickled(error, f"in DataLoader worker {worker.id}"), "carrier": np.zeros(1)}
+                yield {_FAILURE: pickled, "carrier": np.zeros(1)}
             elif threading.current_thread() is threading.main_thread():
                 raise
             else:
                 self.failure = error  # NoHangLoader raises it in the main thread
 
 
-def _pickled(error: Exception, where: str) -> bytes:
-    error.add_note(f"(raised {where}:\n{''.join(traceback.format_exception(error))})")
-    try:
-        return pickle.dumps(error)
-    except Exception:  # an exception that does not pickle still gets its message across
-        return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
-
-
 def _start_worker(parent_pid: int, worker_id: int) -> None:
-    """Worker start (worker_init_fn): ignore the stop signals (blocked by the parent across the fork), and be
-    killed by the kernel when the main process dies (Paddle's own check runs only between batches)."""
+    """worker_init_fn: ignore the stop signals (blocked across the fork), die with the main process (Linux)."""
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
@@ -79,7 +74,7 @@ def _start_worker(parent_pid: int, worker_id: int) -> None:
 
 class NoHangLoader(paddle.io.DataLoader):
     """paddle.io.DataLoader that raises its dataset's errors in the main thread and shuts its workers down as
-    soon as an iteration ends (a data error, the loop closing it), not when the garbage collector gets to it."""
+    soon as an iteration ends, not when the garbage collector gets to it."""
 
     def __len__(self) -> int:
         raise TypeError("a streaming DataLoader has no length")  # (Paddle's ValueError breaks list(loader))
@@ -102,10 +97,8 @@ class NoHangLoader(paddle.io.DataLoader):
 
 @contextlib.contextmanager
 def _forking_workers(num_workers: int):
-    """Fork the workers with the stop signals blocked, so none reaches a worker before it ignores them (one sent to
-    the parent meanwhile is handled after), and with no garbage to inherit and the parent's objects frozen: a worker
-    collecting an inherited Paddle object (a blocking queue in an old traceback) would destroy a condition variable
-    the parent's threads waited on, and hang in `pthread_cond_destroy`."""
+    """Fork the workers with the stop signals blocked (none reaches a worker before it ignores them) and the
+    parent's objects frozen: a worker collecting an inherited Paddle object would hang (docs/data.md)."""
     if num_workers <= 0:
         yield
         return
@@ -122,8 +115,8 @@ def _forking_workers(num_workers: int):
 
 
 def _shut_down(batches) -> None:
-    """Stop Paddle's iterator now, as it does when garbage-collected (its internals, as of 3.3.1); a worker still
-    blocked in a read after `_STOP_SECONDS` (a stalled ``pipe:``) is killed, so ending an iteration never hangs."""
+    """Stop Paddle's iterator now (its internals, as of 3.3.1); a worker still blocked in a read after
+    `_STOP_SECONDS` (a stalled ``pipe:``) is killed."""
     workers = list(getattr(batches, "_workers", []))
     if workers:
         batches._try_shutdown_all(_STOP_SECONDS)

@@ -1,6 +1,5 @@
-"""Streaming the records of one part (LAION part file, WebDataset tar shard or ``pipe:``, image file) with memory
-bounded by one record, numbered so a resumed run can pass over records unread. Damage ends a part after its
-readable records with one :class:`Damaged` marker (docs/data.md, "How the stream works")."""
+"""The records of one part (LAION part file, WebDataset tar or ``pipe:``, image file), streamed one at a time and
+numbered so a resumed run passes over records unread; damage ends a part with one :class:`Damaged` marker."""
 
 from __future__ import annotations
 
@@ -39,18 +38,12 @@ class ImageFile:
 
 @dataclass(frozen=True)
 class Damaged:
-    """The rest of a part is unreadable; `reason` is corrupt_gzip, corrupt_tar or missing_file."""
-
     reason: str
     detail: str
 
 
-@dataclass(frozen=True)
-class Missing:
-    """A record a counts file promised that the part does not have."""
-
-
-Payload = Union[bytes, TarSample, ImageFile, Damaged, Missing]
+MISSING = Damaged("missing", "the part holds fewer records than its .counts file says")
+Payload = Union[bytes, TarSample, ImageFile, Damaged]
 
 
 def open_part(path: str) -> BinaryIO:
@@ -63,7 +56,7 @@ def _gone(path: str) -> Damaged:
 
 
 def _line_records(path: str, start: int) -> Iterator[Payload | None]:
-    """The lines of a gzip (multi-member too) or plain part without line endings; None before `start`."""
+    """The lines of a gzip (multi-member too) or plain part; None before `start`."""
     try:
         with open_part(path) as raw:
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
@@ -79,8 +72,8 @@ def _line_records(path: str, start: int) -> Iterator[Payload | None]:
 
 @contextmanager
 def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
-    """A local tar, or a ``pipe:`` command's output (the list receives its non-zero exit status once read to
-    the end); a command still running when the reader stops is killed with its process group."""
+    """A local tar, or a ``pipe:`` command's output (the list receives its failed exit status); a command still
+    running when the reader stops is killed with its process group."""
     if not path.startswith(PIPE_PREFIX):
         with open_part(path) as handle:
             yield handle, []
@@ -114,7 +107,7 @@ def _split_key(name: str) -> tuple[str, str] | None:
 
 
 def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
-    """Samples (consecutive members sharing a key) of an open tar stream; those before `start` are not read."""
+    """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read."""
     number, key, image, rank = -1, None, None, len(TAR_IMAGE_EXTENSIONS)
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
@@ -146,8 +139,7 @@ def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
 
 
 def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
-    """Every record of `part` in order: None for the records before `start` (not read into memory),
-    then the payloads; a :class:`Damaged` marker last if the part is damaged."""
+    """Every record of `part` in order: None for those before `start` (not read), then the payloads."""
     if part.kind == LINES:
         return _line_records(part.path, start)
     if part.kind == TAR:
@@ -189,7 +181,7 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
 
 
 def describe(part: Part, number: int, payload: Payload) -> str:
-    """Where a record is, for messages: file:line, shard:key or the image path."""
+    """file:line, shard:key or the image path."""
     if isinstance(payload, TarSample):
         return f"{part.path}:{payload.key}"
     return part.path if part.kind == IMAGE else f"{part.path}:{number + 1}"
