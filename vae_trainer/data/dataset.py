@@ -1,6 +1,5 @@
-"""The training stream (infinite, sharded over ranks x loader workers, weighted, bucketed, exactly resumable) and
-the evaluation loader, whose ranks each decode their share; the rules are in docs/data.md ("How the stream works").
-"""
+"""The training stream (infinite, sharded, weighted, bucketed, exactly resumable) and the evaluation loader, whose
+ranks each decode their share; the rules are in docs/data.md ("How the stream works")."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from .sharding import INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, Sour
 logger = logging.getLogger("vae_trainer.data")
 
 LOGGED_PER_FILE = 3
-DEFAULT_SHUFFLE_BUFFER = 1000
 
 
 @dataclass
@@ -43,13 +41,12 @@ class _EpochEnd:
 
 
 class ImageStream(RaisesInMainThread):
-    """Decoded, cropped images; iterated directly, single samples ``{"pixel_values": float32 [3,H,W] in [-1, 1],
-    "position": [shard, epoch, consumed]}``."""
+    """Decoded, cropped images; iterated directly, single samples (float32 [3,H,W] in [-1, 1] and their position)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
-                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
                  resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
@@ -94,8 +91,7 @@ class ImageStream(RaisesInMainThread):
                            "summary), not logged", record.part.path)
 
     def worker_shard(self) -> tuple[int, int, ShardStart]:
-        """(shard, num_shards, start) of the calling DataLoader worker; resumed, worker w plays role (w + batches
-        consumed) % workers (Paddle serves the workers' batches in strict rotation)."""
+        """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
         role, start = worker_id, ShardStart()
@@ -107,13 +103,13 @@ class ImageStream(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         shard, num_shards, start = self.worker_shard()
-        for item in self.samples(shard, num_shards, start, start.counts()):
+        for item in self.samples(shard, num_shards, start):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
                 yield {"pixel_values": to_float(item.pixels), "position": position}
 
-    def samples(self, shard: int, num_shards: int, start: ShardStart, counts: Counter) -> Iterator[_Sample | _EpochEnd]:
-        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `counts`."""
+    def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
+        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         skip = min(restore, default=resume_at)
@@ -124,7 +120,7 @@ class ImageStream(RaisesInMainThread):
                 replaying = index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
-                decoded = self._decode(record, (shard, epoch, index), None if replaying else counts)
+                decoded = self._decode(record, (shard, epoch, index), None if replaying else start.counts)
                 if decoded is not None:
                     usable += 1
                     yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
@@ -143,8 +139,7 @@ class ImageStream(RaisesInMainThread):
         return interleave(sources, make_pass, rng(self.seed, INTERLEAVE, shard, epoch) if self.infinite else None, skip)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], counts: Counter | None):
-        """(bucket, uint8 crop) of one record, or None if it is unusable (counted if `counts` is given); crop and
-        flip draw from `keys` = (shard, epoch, record index)."""
+        """(bucket, uint8 crop) of one record, or None if unusable (counted in `counts` if given)."""
         payload = record.payload
         try:
             if isinstance(payload, Damaged):
@@ -160,11 +155,7 @@ class ImageStream(RaisesInMainThread):
                 counts[bad.reason] += 1
                 counts[self._part_index[record.part.path]] += 1  # per file, for the end-of-run summary
             return None
-        sample_rng = rng(self.seed, PER_SAMPLE, *keys)
-        pixels = crop(image, size, sample_rng if self.random_crop else None, self.random_flip)
-        if not self.random_crop and self.random_flip and sample_rng.random() < 0.5:  # (crop flips only at random)
-            pixels = np.ascontiguousarray(pixels[:, ::-1])
-        return bucket, pixels
+        return bucket, crop(image, size, rng(self.seed, PER_SAMPLE, *keys), self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
@@ -182,8 +173,7 @@ class ImageStream(RaisesInMainThread):
 
 
 class TrainBatches(RaisesInMainThread):
-    """Batches of one bucket shape each, with their positions; with buckets, the partly filled ones are flushed
-    at the end of each shard epoch."""
+    """Batches of one bucket shape each; with buckets, the partly filled ones are flushed at each shard epoch's end."""
 
     def __init__(self, stream: ImageStream, batch_size: int) -> None:
         super().__init__()
@@ -193,9 +183,8 @@ class TrainBatches(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict]:
         shard, num_shards, start = self.stream.worker_shard()
-        counts = start.counts()
         waiting: list[list[_Sample]] = [[] for _ in self.stream.buckets]  # per bucket
-        for item in self.stream.samples(shard, num_shards, start, counts):
+        for item in self.stream.samples(shard, num_shards, start):
             if isinstance(item, _EpochEnd):
                 ready, consumed = range(len(waiting)) if self.stream.flush_each_epoch else [], item.records
             else:
@@ -207,21 +196,19 @@ class TrainBatches(RaisesInMainThread):
                     batch, waiting[bucket] = waiting[bucket], []
                     pending = sorted(sample.index for samples in waiting for sample in samples)
                     yield {"pixel_values": to_float(np.stack([sample.pixels for sample in batch])),
-                           "position": encode_position(shard, item.epoch, consumed, counts, pending)}
+                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending)}
 
 
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
                            world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
-    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position"); `stream_kwargs` go
-    to :class:`ImageStream`."""
+    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position")."""
     stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
                          **stream_kwargs)
     return NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
 
 
 class _EvalShare(RaisesInMainThread):
-    """This rank's records of one evaluation round, decoded: each of `records` ((index, Record) pairs) goes to the
-    rank with the fewest `images` (held or given so far), lowest rank first."""
+    """This rank's records of one evaluation round, decoded: each record goes to the rank with the fewest images."""
 
     def __init__(self, stream: ImageStream, records: Iterator, images: list[int], rank: int) -> None:
         super().__init__()

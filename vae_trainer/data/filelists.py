@@ -131,10 +131,9 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> So
             sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
             if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
                 parts.append(Part(path, TAR))
-            elif Path(path).suffix.lower() in image_suffixes():
-                parts.append(Part(path, IMAGE, 1))
             else:
-                parts.append(Part(path, LINES))
+                is_image = Path(path).suffix.lower() in image_suffixes()
+                parts.append(Part(path, IMAGE, 1) if is_image else Part(path, LINES))
     return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
 

@@ -53,8 +53,7 @@ def decode_base64(field: str | bytes) -> bytes:
 
 
 def open_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
-    """Open lazily (header only); more than `max_pixels` pixels is "too_large", a shorter side below `min_size`
-    "too_small"."""
+    """Open lazily (header only), refusing images above `max_pixels` or with a side below `min_size`."""
     try:
         with warnings.catch_warnings():
             # Our limit below replaces PIL's warning; its hard error (at twice its default) is reported the same.
@@ -136,8 +135,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
-    """Decode an opened image to EXIF-upright 8-bit sRGB; with `cover` = (width, height), a JPEG may be decoded
-    at a reduced scale (draft mode) that still covers it."""
+    """Decode to EXIF-upright 8-bit sRGB; a JPEG may be drafted at a reduced scale still covering `cover`."""
     if cover is not None:  # libjpeg may decode at 1/2..1/8 scale
         width, height = upright_size(image)
         scale = max(cover[0] / width, cover[1] / height)
@@ -158,15 +156,15 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
-    """Scale `image` to cover `size` = (width, height) and crop it: uint8 [H, W, 3]; with `rng` the crop is random
-    and, if `random_flip`, mirrored with p=0.5, without, centred and unflipped."""
+def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
+         random_crop: bool = True) -> np.ndarray:
+    """Cover `size` = (width, height) and crop: uint8 [H, W, 3]; without `rng` centred and unflipped."""
     if image.mode != "RGB":
         image = image.convert("RGB")
     width, height = image.size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
-    if rng is None:
+    if rng is None or not random_crop:
         left, top = (scaled[0] - size[0]) // 2, (scaled[1] - size[1]) // 2
     else:
         left = int(rng.integers(0, scaled[0] - size[0] + 1))

@@ -1,10 +1,8 @@
-"""Paddle's DataLoader made safe: a stream's error reaches the main thread with any number of workers (0 too), the
-workers end with their iteration or the main process, and ignore a scheduler's stop signals (docs/reliability.md).
-"""
+"""Paddle's DataLoader made safe: errors reach the main thread with any number of workers, workers end with their
+iteration or the main process and ignore a scheduler's stop signals (docs/reliability.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import gc
@@ -36,14 +34,12 @@ class RaisesInMainThread(paddle.io.IterableDataset):
         raise NotImplementedError
 
     def __iter__(self) -> Iterator:
-        return self._guarded(self._items(), paddle.io.get_worker_info())
-
-    def _guarded(self, items: Iterator, worker) -> Iterator:
-        # Paddle calls iter() in the main thread but iterates in its reader thread: decide when it fails.
+        # (Paddle calls iter() in the main thread but iterates in its reader thread or a worker process.)
         self.failure = None
         try:
-            yield from items
+            yield from self._items()
         except Exception as error:
+            worker = paddle.io.get_worker_info()
             if worker is not None:
                 trace = "".join(traceback.format_exception(error))
                 error.add_note(f"(raised in DataLoader worker {worker.id}:\n{trace})")
@@ -73,8 +69,7 @@ def _start_worker(parent_pid: int, worker_id: int) -> None:
 
 
 class NoHangLoader(paddle.io.DataLoader):
-    """paddle.io.DataLoader that raises its dataset's errors in the main thread and shuts its workers down as
-    soon as an iteration ends, not when the garbage collector gets to it."""
+    """A DataLoader that raises its dataset's errors in the main thread and ends its workers with the iteration."""
 
     def __len__(self) -> int:
         raise TypeError("a streaming DataLoader has no length")  # (Paddle's ValueError breaks list(loader))
@@ -82,8 +77,7 @@ class NoHangLoader(paddle.io.DataLoader):
     def __iter__(self):
         self.dataset.failure = None
         self.worker_init_fn = functools.partial(_start_worker, os.getpid())  # the process that iterates
-        with _forking_workers(self.num_workers):
-            batches = super().__iter__()  # (forks the workers)
+        batches = self._fork_workers()
         try:
             for batch in batches:
                 if isinstance(batch, dict) and _FAILURE in batch:
@@ -94,29 +88,25 @@ class NoHangLoader(paddle.io.DataLoader):
         finally:
             _shut_down(batches)
 
-
-@contextlib.contextmanager
-def _forking_workers(num_workers: int):
-    """Fork the workers with the stop signals blocked (none reaches a worker before it ignores them) and the
-    parent's objects frozen: a worker collecting an inherited Paddle object would hang (docs/data.md)."""
-    if num_workers <= 0:
-        yield
-        return
-    frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
-    gc.collect()
-    gc.freeze()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if not frozen_before:
-            gc.unfreeze()
+    def _fork_workers(self):
+        """Paddle's iterator, its workers forked with the stop signals blocked (none reaches a worker before it
+        ignores them) and the parent's objects frozen: a worker collecting an inherited Paddle object would hang."""
+        if self.num_workers <= 0:
+            return super().__iter__()
+        frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
+        gc.collect()
+        gc.freeze()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            if not frozen_before:
+                gc.unfreeze()
 
 
 def _shut_down(batches) -> None:
-    """Stop Paddle's iterator now (its internals, as of 3.3.1); a worker still blocked in a read after
-    `_STOP_SECONDS` (a stalled ``pipe:``) is killed."""
+    """Stop Paddle's iterator now (internals of 3.3.1); a worker still blocked after `_STOP_SECONDS` is killed."""
     workers = list(getattr(batches, "_workers", []))
     if workers:
         batches._try_shutdown_all(_STOP_SECONDS)

@@ -27,23 +27,17 @@ def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pen
 
 @dataclass
 class ShardStart:
-    """Where one shard starts: the beginning, or a position saved by :class:`StreamPosition`."""
+    """Where one shard starts (the beginning, or a saved position) and the skip counts it goes on from."""
 
     epoch: int = 0
     consumed: int = 0
     pending: tuple[int, ...] = ()
-    skipped: dict[str, int] = field(default_factory=dict)
-    skipped_files: dict[int, int] = field(default_factory=dict)  # part index -> skips
-
-    def counts(self) -> Counter:
-        """The skip counts to go on from: per reason (str keys) and per part file (int keys)."""
-        return Counter({**self.skipped, **self.skipped_files})
+    counts: Counter = field(default_factory=Counter)  # per reason (str keys) and per part index (int keys)
 
 
 class StreamPosition:
-    """A rank's resume state, in its saved layout ({str(shard): ...}, files by path): :meth:`update` it with the
-    ``"position"`` of every batch taken. Workers, world size, seed and shuffle buffer are kept to refuse a resume
-    that would read the records in another order."""
+    """A rank's resume state in its saved layout ({str(shard): ...}, files by path), :meth:`update`d with every batch
+    taken; workers, world size, seed and shuffle buffer refuse a resume that would read in another order."""
 
     def __init__(self, num_workers: int | None = None, world_size: int | None = None, seed: int | None = None,
                  shuffle_buffer_size: int | None = None) -> None:
@@ -84,7 +78,8 @@ class StreamPosition:
         indices = {path: index for index, path in enumerate(self.files or [])}
         files = {indices[name] if name in indices else int(name): n
                  for name, n in self.skipped_files.get(key, {}).items() if name in indices or name.isdigit()}
-        return ShardStart(epoch, consumed, tuple(self.pending.get(key, ())), dict(self.skipped.get(key, {})), files)
+        counts = Counter({**self.skipped.get(key, {}), **files})
+        return ShardStart(epoch, consumed, tuple(self.pending.get(key, ())), counts)
 
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
@@ -103,9 +98,8 @@ class StreamPosition:
 
     def check_resume(self, world_size: int, seed: int, shuffle_buffer_size: int) -> None:
         """Raise ValueError if this state was saved by a run that read its records in another order."""
-        if self.world_size not in (None, world_size):
-            raise ValueError(f"resume_state was saved with world_size {self.world_size}, not {world_size}")
-        saved = {"--seed": (self.seed, seed), "--shuffle_buffer_size": (self.shuffle_buffer_size, shuffle_buffer_size)}
+        saved = {"world_size": (self.world_size, world_size), "--seed": (self.seed, seed),
+                 "--shuffle_buffer_size": (self.shuffle_buffer_size, shuffle_buffer_size)}
         changed = [f"{flag} {then} (this run: {now})" for flag, (then, now) in saved.items()
                    if then is not None and then != now]
         if changed:

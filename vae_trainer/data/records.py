@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import BinaryIO, Union
 
@@ -51,10 +51,6 @@ def open_part(path: str) -> BinaryIO:
     return open(path, "rb", buffering=_READ_SIZE)
 
 
-def _gone(path: str) -> Damaged:
-    return Damaged(MISSING_FILE, f"part file not found: {path}")
-
-
 def _line_records(path: str, start: int) -> Iterator[Payload | None]:
     """The lines of a gzip (multi-member too) or plain part; None before `start`."""
     try:
@@ -63,38 +59,11 @@ def _line_records(path: str, start: int) -> Iterator[Payload | None]:
             for number, line in enumerate(stream):
                 yield line.rstrip(b"\r\n") if number >= start else None
     except FileNotFoundError:
-        yield _gone(path)
+        yield Damaged(MISSING_FILE, f"part file not found: {path}")
     except EOFError:
         yield Damaged("corrupt_gzip", "truncated gzip stream")
     except (zlib.error, gzip.BadGzipFile, OSError) as error:
         yield Damaged("corrupt_gzip", f"corrupt gzip data ({error})")
-
-
-@contextmanager
-def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
-    """A local tar, or a ``pipe:`` command's output (the list receives its failed exit status); a command still
-    running when the reader stops is killed with its process group."""
-    if not path.startswith(PIPE_PREFIX):
-        with open_part(path) as handle:
-            yield handle, []
-        return
-    command = path[len(PIPE_PREFIX):]
-    process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=_READ_SIZE,
-                               start_new_session=True)
-    errors: list[str] = []
-    try:
-        yield process.stdout, errors
-        while process.stdout.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
-            pass
-        status = process.wait()
-        if status != 0:
-            errors.append(f"command {command!r} exited with status {status}")
-    finally:
-        if process.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        process.stdout.close()
 
 
 def _split_key(name: str) -> tuple[str, str] | None:
@@ -125,17 +94,33 @@ def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]
 
 
 def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
+    """The samples of a local tar or a ``pipe:`` command's output (a failed exit status damages the part); a command
+    still running when the reader stops is killed with its process group."""
+    command = path[len(PIPE_PREFIX):] if path.startswith(PIPE_PREFIX) else None
+    process = None
     try:
-        with _tar_stream(path) as (stream, errors), tarfile.open(fileobj=stream, mode="r|*") as tar:
-            yield from _tar_members(tar, start)
+        if command is not None:
+            process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=_READ_SIZE,
+                                       start_new_session=True)
+        with process.stdout if process else open_part(path) as stream:
+            with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                yield from _tar_members(tar, start)
+            while process and stream.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
+                pass
+        status = process.wait() if process else 0
     except FileNotFoundError:
-        yield _gone(path)
+        yield Damaged(MISSING_FILE, f"part file not found: {path}")
         return
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         yield Damaged("corrupt_tar", f"unreadable tar ({error})")
         return
-    if errors:
-        yield Damaged("corrupt_tar", errors[0])
+    finally:
+        if process is not None and process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    if status != 0:
+        yield Damaged("corrupt_tar", f"command {command!r} exited with status {status}")
 
 
 def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
@@ -147,17 +132,6 @@ def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
     if part.kind == IMAGE:
         return iter([ImageFile(part.path) if start == 0 else None])
     raise ValueError(f"{part.path}: unknown part kind {part.kind!r}")
-
-
-def count_records(part: Part) -> tuple[int, Damaged | None]:
-    """(number of readable records, the damage if any), reading the whole part once."""
-    count, damage = 0, None
-    for payload in iterate_records(part, start=1 << 62):
-        if isinstance(payload, Damaged):
-            damage = payload
-        else:
-            count += 1
-    return count, damage
 
 
 def image_bytes(payload: Payload, image_column: int) -> bytes:

@@ -79,8 +79,7 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
 
 
 def _segment_records(segment: Segment, skip: int = 0) -> Iterator[Record]:
-    """The records of a segment from its `skip`-th on; a counted segment is padded to its length with the part's
-    damage, or :data:`MISSING`."""
+    """The records of a segment from its `skip`-th on; a counted one padded to its length (damage or MISSING)."""
     part, first = segment.part, segment.start + skip * segment.stride
     expected = None if segment.length is None else segment.length - skip
     produced, damage = 0, None
@@ -146,11 +145,8 @@ class SourcePass:
             offset = 0
 
 
-MakePass = Callable[[ShardSource, int], SourcePass]
-
-
-def interleave(sources: list[ShardSource], make_pass: MakePass, chooser: np.random.Generator | None,
-               skip: int) -> Iterator[Record | object]:
+def interleave(sources: list[ShardSource], make_pass: Callable[[ShardSource, int], SourcePass],
+               chooser: np.random.Generator | None, skip: int) -> Iterator[Record | object]:
     """One shard epoch (the first `skip` records :data:`SKIPPED`): weighted record-by-record interleaving, or without
     `chooser` one pass over each source in list order."""
     by_index = {source.index: source for source in sources}
