@@ -23,16 +23,12 @@ def rng(*keys: int) -> np.random.Generator:
 
 @dataclass(frozen=True)
 class Segment:
-    """Records ``start, start + stride, ...`` (below `stop`, or to the end if None) of one part."""
+    """`length` records (None: to the end) ``start, start + stride, ...`` of one part (counted: stride 1)."""
 
     part: Part
     start: int = 0
-    stop: int | None = None
+    length: int | None = None
     stride: int = 1
-
-    @property
-    def length(self) -> int | None:
-        return None if self.stop is None else len(range(self.start, self.stop, self.stride))
 
 
 @dataclass
@@ -67,7 +63,7 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
             for part in parts:
                 start, stop = max(first - offset, 0), min(last - offset, part.records)
                 if start < stop:
-                    segments.append(Segment(part, start, stop))
+                    segments.append(Segment(part, start, stop - start))
                 offset += part.records
         elif len(parts) >= num_shards:
             segments = [Segment(part) for part in parts[shard::num_shards]]
