@@ -49,8 +49,6 @@ class ImageStream(RaisesInMainThread):
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
                  resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True) -> None:
         super().__init__()
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts)
         if not any(source.parts for source in self.sources):

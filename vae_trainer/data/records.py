@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Union
 
 from .filelists import IMAGE, LINES, PIPE_PREFIX, TAR, Part
@@ -146,8 +147,7 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
             raise BadImage("no_image", f"sample {payload.key} has no {'/'.join(TAR_IMAGE_EXTENSIONS)} member")
         return payload.image
     try:
-        with open(payload.path, "rb") as handle:
-            return handle.read()
+        return Path(payload.path).read_bytes()
     except FileNotFoundError:
         raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
     except OSError as error:
