@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from vae_trainer.data.filelists import IMAGE, PIPE_PREFIX, Part, counts_path, is_tar_spec, read_filelist  # noqa: E402
-from vae_trainer.data.records import count_records  # noqa: E402
+from vae_trainer.data.records import Damaged, iterate_records  # noqa: E402
 
 
 def _reference(target: str, output: str, absolute: bool) -> str:
@@ -63,8 +63,14 @@ def write_part_filelist(parts: list[str], output: str, absolute: bool = False) -
 
 
 def _count(part: Part) -> tuple[int, str | None]:
-    records, damage = count_records(part)
-    return records, None if damage is None else damage.detail
+    """(readable records, the damage's detail if any), reading the whole part once."""
+    records, damage = 0, None
+    for payload in iterate_records(part, start=1 << 62):  # (None for each record: nothing kept)
+        if isinstance(payload, Damaged):
+            damage = payload.detail
+        else:
+            records += 1
+    return records, damage
 
 
 def write_counts(filelist: str, jobs: int = 1) -> tuple[str, int, list[str]]:

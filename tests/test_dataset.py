@@ -372,7 +372,7 @@ def test_weighted_interleaving_follows_weights(tmp_path):
 
 def _frequencies(stream, num_shards, samples_per_shard):
     """Ids seen when `num_shards` shards of `stream` are consumed at the same rate (as the DataLoader does)."""
-    shards = [stream.samples(shard, num_shards, ShardStart(), Counter()) for shard in range(num_shards)]
+    shards = [stream.samples(shard, num_shards, ShardStart()) for shard in range(num_shards)]
     seen = Counter()
     for _ in range(samples_per_shard):
         for samples in shards:
@@ -615,7 +615,7 @@ def test_position_state_round_trip_and_layout_check(tmp_path):
     assert state["positions"] == {"0": [2, 9], "1": [0, 6]} and state["batches_consumed"] == 2
     assert state["pending"] == {"1": [1, 4]} and state["skipped"] == {"0": {SKIP_REASONS[0]: 3}}
     tracker = StreamPosition.from_state(state)
-    assert tracker.start_of(1) == ShardStart(0, 6, (1, 4), {})
+    assert tracker.start_of(1) == ShardStart(0, 6, (1, 4))
     assert tracker.start_of(0) == ShardStart(2, 9, (), {SKIP_REASONS[0]: 3})
     assert tracker.skipped_totals()[SKIP_REASONS[0]] == 3
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 4))

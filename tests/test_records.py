@@ -16,7 +16,6 @@ from vae_trainer.data.records import (
     Damaged,
     ImageFile,
     TarSample,
-    count_records,
     describe,
     image_bytes,
     iterate_records,
@@ -54,7 +53,7 @@ def test_multi_member_gzip_crlf_and_plain_text(tmp_path):
     plain = tmp_path / "plain.txt"
     plain.write_bytes(b"x\ny\nz\n")
     assert list(iterate_records(Part(str(plain), LINES), start=1)) == [None, b"y", b"z"]
-    assert count_records(Part(str(gz), LINES)) == (5, None)
+    assert list(iterate_records(Part(str(gz), LINES), start=5)) == [None] * 5  # counted without keeping any
 
 
 def test_corrupt_gzip_ends_with_a_damage_marker(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests of vae_trainer.data.sharding: even record ranges, skipping without reading, blocks, Missing padding."""
+"""Tests of vae_trainer.data.sharding: even record ranges, skipping without reading, blocks, MISSING padding."""
 
 import gzip
 from collections import Counter
@@ -7,7 +7,7 @@ import pytest
 
 from vae_trainer.data import records
 from vae_trainer.data.filelists import LINES, Part, Source
-from vae_trainer.data.records import Missing
+from vae_trainer.data.records import MISSING
 from vae_trainer.data.sharding import SKIPPED, ShardSource, Segment, SourcePass, assign
 
 
@@ -35,7 +35,7 @@ def test_counted_sources_give_every_shard_an_equal_share_once(tmp_path, num_shar
         for source in assign([Source("s", 1.0, parts)], 0, shard, num_shards):
             lengths.append(source.length)
             for segment in source.segments:
-                seen.update((segment.part.path, i) for i in range(segment.start, segment.stop))
+                seen.update((segment.part.path, i) for i in range(segment.start, segment.start + segment.length))
     assert sum(lengths) == 22 and max(lengths) - min(lengths + [0] * (num_shards - len(lengths))) <= 1
     assert len(seen) == 22 and set(seen.values()) == {1}
 
@@ -43,7 +43,7 @@ def test_counted_sources_give_every_shard_an_equal_share_once(tmp_path, num_shar
 def test_uncounted_sources_keep_whole_parts_or_split_lines(tmp_path):
     parts = _parts(tmp_path, [3, 3, 3], counted=False)
     whole = [assign([Source("s", 1.0, parts)], 0, shard, 2)[0].segments for shard in range(2)]
-    assert sorted(len(s) for s in whole) == [1, 2] and all(seg.stride == 1 and seg.stop is None for s in whole for seg in s)
+    assert sorted(len(s) for s in whole) == [1, 2] and all(seg.stride == 1 and seg.length is None for s in whole for seg in s)
     strided = assign([Source("s", 1.0, parts)], 0, 3, 4)[0].segments
     assert [(seg.start, seg.stride) for seg in strided] == [(3, 4)] * 3
 
@@ -81,6 +81,6 @@ def test_blocks_shuffle_consecutive_records_only(tmp_path):
 def test_part_shorter_than_its_count_is_padded_with_missing_records(tmp_path):
     (part,) = _parts(tmp_path, [3])
     promised = Part(part.path, LINES, 5)
-    source = ShardSource(0, 1.0, [Segment(promised, 1, 5)])  # records 1..4 of a part that has 0..2
+    source = ShardSource(0, 1.0, [Segment(promised, 1, 4)])  # records 1..4 of a part that has 0..2
     got = _read_all(SourcePass(source, 0, (0, 0, 0, 0), shuffle=False, block_size=10))
-    assert [(r.number, r.payload) for r in got] == [(1, b"0:1"), (2, b"0:2"), (3, Missing()), (4, Missing())]
+    assert [(r.number, r.payload) for r in got] == [(1, b"0:1"), (2, b"0:2"), (3, MISSING), (4, MISSING)]

@@ -101,4 +101,4 @@ def test_the_skip_summary_is_complete_at_the_end_and_names_the_worst_files(tmp_p
     assert state["skipped_files"]["0"]["/data/part-00024.gz"] == 72
     restored = StreamPosition.from_state(state)
     restored.files = list(reversed(position.files))  # another order of the same parts
-    assert restored.start_of(0).skipped_files[5] == 72 and restored.skipped_by_file() == position.skipped_by_file()
+    assert restored.start_of(0).counts[5] == 72 and restored.skipped_by_file() == position.skipped_by_file()

@@ -1,7 +1,5 @@
-"""The training stream (infinite, sharded over ranks x loader workers, weighted, bucketed, exactly resumable) and
-the evaluation loader, whose ranks each decode their share. Put together from filelists (sources), records
-(reading a part), sharding (who reads what, in which order), images (decoding) and buckets; the rules, the batch
-position and the resume are in docs/data.md ("How the stream works")."""
+"""The training stream (infinite, sharded, weighted, bucketed, exactly resumable) and the evaluation loader, whose
+ranks each decode their share; the rules are in docs/data.md ("How the stream works")."""
 
 from __future__ import annotations
 
@@ -14,41 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from .buckets import Batcher, bucket_shapes, nearest_bucket
+from .buckets import bucket_shapes, nearest_bucket
 from .filelists import read_sources
 from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position
-from .records import MISSING_FILE, Damaged, Missing, describe, image_bytes
-from .sharding import (INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave,
-                       one_after_another, rng)
+from .records import MISSING, MISSING_FILE, Damaged, describe, image_bytes
+from .sharding import INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave, rng
 
 logger = logging.getLogger("vae_trainer.data")
 
 LOGGED_PER_FILE = 3
-DEFAULT_SHUFFLE_BUFFER = 1000
-
-
-class _SkipLog:
-    """Counts skips per reason in this process; logs each file's first few problems once per process."""
-
-    def __init__(self) -> None:
-        self.totals: Counter[str] = Counter()
-        self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
-
-    def skip(self, record: Record, bad: BadImage) -> None:
-        self.totals[bad.reason] += 1
-        whole_part = isinstance(record.payload, (Damaged, Missing))  # one line for all its lost records
-        key, shown = -1 if whole_part else record.number, self._logged.setdefault(record.part.path, set())
-        if key in shown or len(shown) > LOGGED_PER_FILE:
-            return  # shown in an earlier pass, or the file's quota is used up
-        shown.add(key)
-        if len(shown) <= LOGGED_PER_FILE:
-            where = record.part.path if whole_part else describe(record.part, record.number, record.payload)
-            logger.warning("%s: skipped (%s: %s)", where, bad.reason, bad.detail)
-        else:
-            logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
-                           "summary), not logged", record.part.path)
 
 
 @dataclass
@@ -67,17 +41,14 @@ class _EpochEnd:
 
 
 class ImageStream(RaisesInMainThread):
-    """Decoded, cropped images from sources. Iterated directly it yields single samples ``{"pixel_values": float32
-    [3,H,W] in [-1, 1], "position": [shard, epoch, consumed]}``; :class:`TrainBatches` makes batches."""
+    """Decoded, cropped images; iterated directly, single samples (float32 [3,H,W] in [-1, 1] and their position)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
-                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
                  resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True) -> None:
         super().__init__()
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts)
         if not any(source.parts for source in self.sources):
@@ -96,15 +67,29 @@ class ImageStream(RaisesInMainThread):
         if self.resume:
             self.resume.check_resume(world_size, seed, shuffle_buffer_size)
             self.resume.files = self.part_paths
-        self._log = _SkipLog()
+        self._skips: Counter[str] = Counter()  # per reason, in this process
+        self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
 
     def skip_stats(self) -> dict[str, int]:
-        """Skipped records per reason, counted in the calling process."""
-        return dict(self._log.totals)
+        return dict(self._skips)
+
+    def _log_skip(self, record: Record, bad: BadImage) -> None:
+        """Count a skip; log each file's first few problems once per process."""
+        self._skips[bad.reason] += 1
+        whole_part = isinstance(record.payload, Damaged)  # one line for all its lost records
+        key, shown = -1 if whole_part else record.number, self._logged.setdefault(record.part.path, set())
+        if key in shown or len(shown) > LOGGED_PER_FILE:
+            return  # shown in an earlier pass, or the file's quota is used up
+        shown.add(key)
+        if len(shown) <= LOGGED_PER_FILE:
+            where = record.part.path if whole_part else describe(record.part, record.number, record.payload)
+            logger.warning("%s: skipped (%s: %s)", where, bad.reason, bad.detail)
+        else:
+            logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
+                           "summary), not logged", record.part.path)
 
     def worker_shard(self) -> tuple[int, int, ShardStart]:
-        """(shard, num_shards, start) of the calling DataLoader worker; resumed, worker w plays role (w + batches
-        consumed) % workers, as Paddle serves the workers' batches in strict rotation."""
+        """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
         role, start = worker_id, ShardStart()
@@ -116,13 +101,13 @@ class ImageStream(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         shard, num_shards, start = self.worker_shard()
-        for item in self.samples(shard, num_shards, start, start.counts()):
+        for item in self.samples(shard, num_shards, start):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
                 yield {"pixel_values": to_float(item.pixels), "position": position}
 
-    def samples(self, shard: int, num_shards: int, start: ShardStart, counts: Counter) -> Iterator[_Sample | _EpochEnd]:
-        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `counts`."""
+    def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
+        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         skip = min(restore, default=resume_at)
@@ -133,7 +118,7 @@ class ImageStream(RaisesInMainThread):
                 replaying = index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
-                decoded = self._decode(record, (shard, epoch, index), None if replaying else counts)
+                decoded = self._decode(record, (shard, epoch, index), None if replaying else start.counts)
                 if decoded is not None:
                     usable += 1
                     yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
@@ -149,35 +134,26 @@ class ImageStream(RaisesInMainThread):
             keys = (shard, epoch, source.index, cycle)
             return SourcePass(source, self.seed, keys, self.shuffle, self.shuffle_buffer_size)
 
-        if not self.infinite:
-            return one_after_another(sources, make_pass, skip)
-        return interleave(sources, make_pass, rng(self.seed, INTERLEAVE, shard, epoch), skip)
+        return interleave(sources, make_pass, rng(self.seed, INTERLEAVE, shard, epoch) if self.infinite else None, skip)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], counts: Counter | None):
-        """(bucket, uint8 crop) of one record, or None if it is unusable (counted if `counts` is given). Crop and
-        flip draw from (seed, shard, epoch, record index), so a replay needs no RNG state."""
+        """(bucket, uint8 crop) of one record, or None if unusable (counted in `counts` if given)."""
         payload = record.payload
         try:
             if isinstance(payload, Damaged):
-                before = "" if payload.reason == MISSING_FILE else "; the records before the damage are used"
-                raise BadImage(payload.reason, payload.detail + before)
-            if isinstance(payload, Missing):
-                raise BadImage("missing", "the part holds fewer records than its .counts file says")
+                corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
+                raise BadImage(payload.reason, payload.detail + ("; the records before it are used" if corrupt else ""))
             image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
             bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
             image = load_rgb(image, cover=size if self.draft_decode else None)
         except BadImage as bad:
             if counts is not None:
-                self._log.skip(record, bad)
+                self._log_skip(record, bad)
                 counts[bad.reason] += 1
                 counts[self._part_index[record.part.path]] += 1  # per file, for the end-of-run summary
             return None
-        sample_rng = rng(self.seed, PER_SAMPLE, *keys)
-        pixels = crop(image, size, sample_rng if self.random_crop else None, self.random_flip)
-        if not self.random_crop and self.random_flip and sample_rng.random() < 0.5:  # (crop flips only at random)
-            pixels = np.ascontiguousarray(pixels[:, ::-1])
-        return bucket, pixels
+        return bucket, crop(image, size, rng(self.seed, PER_SAMPLE, *keys), self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
@@ -195,8 +171,7 @@ class ImageStream(RaisesInMainThread):
 
 
 class TrainBatches(RaisesInMainThread):
-    """Batches of one bucket shape each, with their positions; with buckets, the partly filled ones are flushed
-    at the end of each shard epoch."""
+    """Batches of one bucket shape each; with buckets, the partly filled ones are flushed at each shard epoch's end."""
 
     def __init__(self, stream: ImageStream, batch_size: int) -> None:
         super().__init__()
@@ -206,59 +181,48 @@ class TrainBatches(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict]:
         shard, num_shards, start = self.stream.worker_shard()
-        counts = start.counts()
-        batcher = Batcher(len(self.stream.buckets), self.batch_size)
-        for item in self.stream.samples(shard, num_shards, start, counts):
+        waiting: list[list[_Sample]] = [[] for _ in self.stream.buckets]  # per bucket
+        for item in self.stream.samples(shard, num_shards, start):
             if isinstance(item, _EpochEnd):
-                if self.stream.flush_each_epoch:
-                    for pixels in batcher.flush():
-                        yield self._batch(pixels, shard, item.epoch, item.records, counts, batcher)
-                continue
-            pixels = batcher.add(item.bucket, item.index, item.pixels)
-            if pixels is not None:
-                yield self._batch(pixels, shard, item.epoch, item.index + 1, counts, batcher)
-
-    @staticmethod
-    def _batch(pixels: np.ndarray, shard: int, epoch: int, consumed: int, counts: Counter, batcher: Batcher) -> dict:
-        position = encode_position(shard, epoch, consumed, counts, batcher.pending())
-        return {"pixel_values": to_float(pixels), "position": position}
+                ready, consumed = range(len(waiting)) if self.stream.flush_each_epoch else [], item.records
+            else:
+                waiting[item.bucket].append(item)
+                full = len(waiting[item.bucket]) == self.batch_size
+                ready, consumed = [item.bucket] if full else [], item.index + 1
+            for bucket in ready:
+                if waiting[bucket]:
+                    batch, waiting[bucket] = waiting[bucket], []
+                    pending = sorted(sample.index for samples in waiting for sample in samples)
+                    yield {"pixel_values": to_float(np.stack([sample.pixels for sample in batch])),
+                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending)}
 
 
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
                            world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
-    """The infinite training DataLoader of one rank; batches hold "pixel_values" and "position". `stream_kwargs`
-    go to :class:`ImageStream` (image_column, random_crop, min_image_size, aspect_ratio_buckets, ...)."""
+    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position")."""
     stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
                          **stream_kwargs)
     return NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
 
 
 class _EvalShare(RaisesInMainThread):
-    """This rank's records of one evaluation round, decoded: of `records`, (index, Record) pairs, those whose
-    owner (from `owners`) is `rank`; counts what it reads and keeps."""
+    """This rank's records of one evaluation round, decoded: each record goes to the rank with the fewest images."""
 
-    def __init__(self, stream: ImageStream, records: Iterator, owners: Iterator[int], rank: int) -> None:
+    def __init__(self, stream: ImageStream, records: Iterator, images: list[int], rank: int) -> None:
         super().__init__()
-        self.stream, self.records, self.owners, self.rank = stream, records, owners, rank
+        self.stream, self.records, self.images, self.rank = stream, records, list(images), rank
         self.read = self.usable = 0
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         counts = Counter()
-        for (index, record), owner in zip(self.records, self.owners):
+        for index, record in self.records:
+            owner = self.images.index(min(self.images))
+            self.images[owner] += 1
             self.read += 1
             decoded = self.stream._decode(record, (0, 0, index), counts) if owner == self.rank else None
             if decoded is not None:
                 self.usable += 1
                 yield {"pixel_values": to_float(decoded[1])}
-
-
-def _owners(images: list[int]) -> Iterator[int]:
-    """Ranks for a round's records, each record to the rank with the fewest images (held or given), lowest first."""
-    images = list(images)
-    while True:
-        rank = images.index(min(images))
-        images[rank] += 1
-        yield rank
 
 
 def _gather(values: list[int], world_size: int) -> list[list[int]]:
@@ -272,15 +236,14 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
 
 def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: int,
                   num_images: int | None) -> Iterator[dict]:
-    """In rounds (only decoding shows a truncated image): the next `num_images` - usable records are dealt to the
-    ranks, each decodes its own, and the ranks gather their usable counts. A rank that fails (or whose consumer
-    fails and closes this generator) still joins its round's gather, so the others stop too instead of waiting."""
+    """In rounds: the next `num_images` - usable records are dealt to the ranks, each decodes its own, and the
+    ranks gather their usable counts and failure flags (a failing rank still joins, so the others stop too)."""
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
     records = enumerate(stream._epoch_records(sources, 0, 0, 0))
     images, read = [0] * world_size, 0  # usable images per rank so far
     while True:
         wanted = None if num_images is None else num_images - sum(images)
-        share = _EvalShare(stream, itertools.islice(records, wanted), _owners(images), rank)
+        share = _EvalShare(stream, itertools.islice(records, wanted), images, rank)
         done = False
         try:
             yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
@@ -300,10 +263,8 @@ def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: i
 
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
                           num_images: int | None) -> Iterator[dict]:
-    """Evaluation batches of this rank: the source read once in list order, decoded at full size (draft mode
-    changes pixels), centre-cropped, unflipped. The ranks together evaluate the first `num_images` usable images
-    (all if None), each decoding its share; every rank must iterate to the end (it is collective)."""
-    # No record counts: they only even out training frequencies, so their warnings do not concern evaluation.
+    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
+    decode size, centre-cropped, unflipped; collective, so every rank must iterate to the end."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False)
     return _eval_batches(stream, batch_size, rank, world_size, num_images)

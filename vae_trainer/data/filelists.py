@@ -1,6 +1,5 @@
-"""What ``--file_list`` names, resolved into weighted sources of parts with their record counts if known; never
-reads image data. The accepted forms (folders, tar specs, ``.filelist``, ``.filelist.list``, ``.counts``) are
-described in docs/data.md ("What --file_list takes", "Record counts")."""
+"""What ``--file_list`` names, resolved into weighted sources of parts with their record counts if known; the
+accepted forms are in docs/data.md ("What --file_list takes", "Record counts")."""
 
 from __future__ import annotations
 
@@ -25,8 +24,6 @@ LINES, TAR, IMAGE = "lines", "tar", "image"  # a LAION part file, a WebDataset s
 
 @dataclass(frozen=True)
 class Part:
-    """One part: a file path (or ``pipe:`` command), its kind, and its record count if known."""
-
     path: str
     kind: str
     records: int | None = None
@@ -34,20 +31,17 @@ class Part:
 
 @dataclass
 class Source:
-    """One weighted source: its resolved name (filelist, folder or tar spec) and its parts."""
-
     name: str
     weight: float
     parts: list[Part] = field(default_factory=list)
 
     @property
     def counted(self) -> bool:
-        """True if every part's record count is known."""
         return all(part.records is not None for part in self.parts)
 
 
 def _entries(list_file: str) -> list[tuple[int, str]]:
-    """(1-based line number, stripped text) of each non-blank, non-comment line of `list_file`."""
+    """(line number, text) of each non-blank, non-comment line of `list_file`."""
     if not os.path.isfile(list_file):
         raise FileNotFoundError(f"{list_file}: file list not found")
     with open(list_file, encoding="utf-8") as handle:
@@ -78,7 +72,6 @@ def is_tar_spec(name: str) -> bool:
 
 
 def image_suffixes() -> set[str]:
-    """File suffixes PIL can open (lower case, with the dot)."""
     Image.init()
     return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
 
@@ -115,7 +108,7 @@ def counts_path(filelist: str) -> str:
 
 
 def _read_counts(filelist: str) -> dict[str, tuple[int, int | None]]:
-    """{resolved part path: (records, bytes or None)} from ``<filelist>.counts`` ({} if absent)."""
+    """{part path: (records, bytes or None)} from ``<filelist>.counts`` ({} if absent)."""
     path = counts_path(filelist)
     if not os.path.isfile(path):
         return {}
@@ -138,15 +131,14 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> So
             sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
             if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
                 parts.append(Part(path, TAR))
-            elif Path(path).suffix.lower() in image_suffixes():
-                parts.append(Part(path, IMAGE, 1))
             else:
-                parts.append(Part(path, LINES))
+                is_image = Path(path).suffix.lower() in image_suffixes()
+                parts.append(Part(path, IMAGE, 1) if is_image else Part(path, LINES))
     return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
 
 def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> list[Part]:
-    """`parts` with their record counts from the counts file, if it covers all of them unchanged."""
+    """`parts` with their record counts, if the counts file covers all of them unchanged."""
     counts = _read_counts(filelist)
     if not counts and sum(part.kind != IMAGE for part in parts) > 1:
         logger.warning("%s: no %s file, so shards get whole parts and images in shards with fewer records are "
@@ -168,7 +160,6 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
 
 
 def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool) -> Source:
-    """One source from a name that is a folder, a tar spec or a ``.filelist``."""
     path = _resolve(name, list_file)
     if is_tar_spec(name):
         shards = _expand(path)
@@ -186,8 +177,7 @@ def _source(name: str, weight: float, named_at: str, list_file: str | None, coun
 
 
 def read_sources(file_list: str, counts: bool = True) -> list[Source]:
-    """All sources named by `file_list`, resolved; `counts`: apply ``.counts`` files. Raises FileNotFoundError
-    or ValueError naming the path and the list file:line that named it."""
+    """All sources named by `file_list`; errors name the path and the list file:line that named it."""
     if os.path.isdir(file_list) or is_tar_spec(file_list) or not is_filelist_list(file_list):
         return [_source(file_list, 1.0, "--file_list", None, counts)]
     sources = []

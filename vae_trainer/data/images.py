@@ -1,7 +1,5 @@
-"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB (ICC profiles converted
-with LittleCMS; JPEGs decoded in draft mode when that still covers the crop) -> uint8 crop. An unusable input
-raises :class:`BadImage` with a short ``reason`` (one of :data:`REASONS`), so the stream counts skips per reason.
-"""
+"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB -> uint8 crop; an unusable
+input raises :class:`BadImage` with a short ``reason`` (one of :data:`REASONS`)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 # Why an image was unusable (the record-level reasons are in records.REASONS).
 REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "unsupported")
 
-# The filter that resizes every image (training and evaluation; evaluation.EvalProtocol states it).
-# PIL's bicubic widens its kernel when shrinking, i.e. it antialiases.
+# The filter that resizes every image (PIL's bicubic widens its kernel when shrinking: it antialiases).
 RESAMPLING = Image.Resampling.BICUBIC
 
 _WHITESPACE = re.compile(rb"\s+")
@@ -32,8 +29,6 @@ _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
 class BadImage(ValueError):
-    """An unusable sample; `reason` is one of :data:`REASONS` (or records.REASONS)."""
-
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
@@ -41,8 +36,7 @@ class BadImage(ValueError):
 
 
 def decode_base64(field: str | bytes) -> bytes:
-    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding (strict C decoding
-    first, the tolerant path only when it fails)."""
+    """Decode standard or urlsafe base64, ignoring whitespace and tolerating missing padding."""
     data = field.encode("ascii", "replace") if isinstance(field, str) else bytes(field)
     try:
         decoded = binascii.a2b_base64(data, strict_mode=True)  # the common case, no regex pass
@@ -59,8 +53,7 @@ def decode_base64(field: str | bytes) -> bytes:
 
 
 def open_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
-    """Open lazily (header only): more than `max_pixels` pixels is "too_large" (a decompression bomb), a shorter
-    side below `min_size` "too_small"."""
+    """Open lazily (header only), refusing images above `max_pixels` or with a side below `min_size`."""
     try:
         with warnings.catch_warnings():
             # Our limit below replaces PIL's warning; its hard error (at twice its default) is reported the same.
@@ -93,7 +86,6 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=32)
 def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | None:
-    """The transform of an embedded profile to sRGB; None for sRGB itself or an unusable profile."""
     try:
         source = ImageCms.ImageCmsProfile(io.BytesIO(profile))
         if "srgb" in (source.profile.profile_description or "").lower():
@@ -107,8 +99,7 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
 
 
 def to_srgb(image: Image.Image) -> Image.Image:
-    """Convert a decoded image with an embedded non-sRGB ICC profile to sRGB (perceptual intent); a profile that
-    cannot be parsed or does not match the image mode is ignored, no profile is taken as sRGB."""
+    """Convert an embedded non-sRGB ICC profile to sRGB (perceptual); no profile or an unusable one: as is."""
     profile = image.info.get("icc_profile")
     if not profile or image.mode not in _ICC_MODES:
         return image
@@ -122,18 +113,13 @@ def to_srgb(image: Image.Image) -> Image.Image:
     return converted
 
 
-def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
-    """Scale 16-bit grey to 8 bits (PIL's own convert clips instead of scaling)."""
-    values = np.asarray(image).astype(np.float64)
-    if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
-        values /= 257.0
-    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
-
-
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any supported mode -> 8-bit RGB; transparent pixels are composited on white."""
-    if image.mode in _SIXTEEN_BIT_MODES:
-        image = _sixteen_bit_to_l(image)
+    if image.mode in _SIXTEEN_BIT_MODES:  # scaled to 8 bits (PIL's own convert clips)
+        values = np.asarray(image).astype(np.float64)
+        if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
+            values /= 257.0
+        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
     if image.mode == "F":
         image = image.convert("L")
     if image.mode == "RGB" and "transparency" not in image.info:
@@ -149,8 +135,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
-    """Decode an opened image to EXIF-upright 8-bit sRGB, or raise :class:`BadImage`; with `cover` = (width,
-    height), a JPEG may be decoded at a reduced scale that still covers it."""
+    """Decode to EXIF-upright 8-bit sRGB; a JPEG may be drafted at a reduced scale still covering `cover`."""
     if cover is not None:  # libjpeg may decode at 1/2..1/8 scale
         width, height = upright_size(image)
         scale = max(cover[0] / width, cover[1] / height)
@@ -171,15 +156,15 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
-    """Scale `image` to cover `size` = (width, height) and crop it: uint8 [H, W, 3]. With `rng` the crop is random
-    and, if `random_flip`, mirrored with p=0.5; without, centred and unflipped. Only the crop is resampled."""
+def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
+         random_crop: bool = True) -> np.ndarray:
+    """Cover `size` = (width, height) and crop: uint8 [H, W, 3]; without `rng` centred and unflipped."""
     if image.mode != "RGB":
         image = image.convert("RGB")
     width, height = image.size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
-    if rng is None:
+    if rng is None or not random_crop:
         left, top = (scaled[0] - size[0]) // 2, (scaled[1] - size[1]) // 2
     else:
         left = int(rng.integers(0, scaled[0] - size[0] + 1))
@@ -204,5 +189,4 @@ def to_float(pixels: np.ndarray) -> np.ndarray:
 
 
 def preprocess(image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
-    """Resize the shorter side to `resolution`, crop a square, maybe flip; float32 [3,H,W] in [-1,1]."""
     return to_float(crop(image, (resolution, resolution), rng, random_flip))

@@ -1,11 +1,8 @@
-"""Paddle's DataLoader around our streams, made safe: a stream's error reaches the main thread as itself from any
-number of workers (0 included), the workers end with their iteration (and die with the main process, Linux), and
-they ignore the stop signals a scheduler sends to every process (docs/reliability.md, docs/data.md).
-"""
+"""Paddle's DataLoader made safe: errors reach the main thread with any number of workers, workers end with their
+iteration or the main process and ignore a scheduler's stop signals (docs/reliability.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import gc
@@ -28,9 +25,8 @@ _STOP_SECONDS = 5.0  # how long a worker may take to finish its batch when asked
 
 
 class RaisesInMainThread(paddle.io.IterableDataset):
-    """An iterable dataset (subclasses implement `_items`) whose error reaches the main thread: a worker sends it
-    as a last item ``{"data_error": bytes}`` (so workers need ``batch_size=None``: items are whole batches); Paddle's
-    reader thread (0 workers) would die silently, so there it is stored for :class:`NoHangLoader` to raise."""
+    """An iterable dataset (subclasses implement `_items`) whose error reaches the main thread: a worker sends it as
+    a last item (so workers need ``batch_size=None``); Paddle's reader thread (0 workers) stores it instead."""
 
     failure: BaseException | None = None
 
@@ -38,34 +34,29 @@ class RaisesInMainThread(paddle.io.IterableDataset):
         raise NotImplementedError
 
     def __iter__(self) -> Iterator:
-        return self._guarded(self._items(), paddle.io.get_worker_info())
-
-    def _guarded(self, items: Iterator, worker) -> Iterator:
-        # Paddle calls iter() in the main thread but iterates in its reader thread: decide when it fails.
+        # (Paddle calls iter() in the main thread but iterates in its reader thread or a worker process.)
         self.failure = None
         try:
-            yield from items
+            yield from self._items()
         except Exception as error:
+            worker = paddle.io.get_worker_info()
             if worker is not None:
+                trace = "".join(traceback.format_exception(error))
+                error.add_note(f"(raised in DataLoader worker {worker.id}:\n{trace})")
+                try:
+                    pickled = pickle.dumps(error)
+                except Exception:  # an exception that does not pickle still gets its message across
+                    pickled = pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
                 # (Paddle drops an item without any array, so one tiny array goes along.)
-                yield {_FAILURE: _pickled(error, f"in DataLoader worker {worker.id}"), "carrier": np.zeros(1)}
+                yield {_FAILURE: pickled, "carrier": np.zeros(1)}
             elif threading.current_thread() is threading.main_thread():
                 raise
             else:
                 self.failure = error  # NoHangLoader raises it in the main thread
 
 
-def _pickled(error: Exception, where: str) -> bytes:
-    error.add_note(f"(raised {where}:\n{''.join(traceback.format_exception(error))})")
-    try:
-        return pickle.dumps(error)
-    except Exception:  # an exception that does not pickle still gets its message across
-        return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
-
-
 def _start_worker(parent_pid: int, worker_id: int) -> None:
-    """Worker start (worker_init_fn): ignore the stop signals (blocked by the parent across the fork), and be
-    killed by the kernel when the main process dies (Paddle's own check runs only between batches)."""
+    """worker_init_fn: ignore the stop signals (blocked across the fork), die with the main process (Linux)."""
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
@@ -78,8 +69,7 @@ def _start_worker(parent_pid: int, worker_id: int) -> None:
 
 
 class NoHangLoader(paddle.io.DataLoader):
-    """paddle.io.DataLoader that raises its dataset's errors in the main thread and shuts its workers down as
-    soon as an iteration ends (a data error, the loop closing it), not when the garbage collector gets to it."""
+    """A DataLoader that raises its dataset's errors in the main thread and ends its workers with the iteration."""
 
     def __len__(self) -> int:
         raise TypeError("a streaming DataLoader has no length")  # (Paddle's ValueError breaks list(loader))
@@ -87,8 +77,7 @@ class NoHangLoader(paddle.io.DataLoader):
     def __iter__(self):
         self.dataset.failure = None
         self.worker_init_fn = functools.partial(_start_worker, os.getpid())  # the process that iterates
-        with _forking_workers(self.num_workers):
-            batches = super().__iter__()  # (forks the workers)
+        batches = self._fork_workers()
         try:
             for batch in batches:
                 if isinstance(batch, dict) and _FAILURE in batch:
@@ -99,31 +88,25 @@ class NoHangLoader(paddle.io.DataLoader):
         finally:
             _shut_down(batches)
 
-
-@contextlib.contextmanager
-def _forking_workers(num_workers: int):
-    """Fork the workers with the stop signals blocked, so none reaches a worker before it ignores them (one sent to
-    the parent meanwhile is handled after), and with no garbage to inherit and the parent's objects frozen: a worker
-    collecting an inherited Paddle object (a blocking queue in an old traceback) would destroy a condition variable
-    the parent's threads waited on, and hang in `pthread_cond_destroy`."""
-    if num_workers <= 0:
-        yield
-        return
-    frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
-    gc.collect()
-    gc.freeze()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if not frozen_before:
-            gc.unfreeze()
+    def _fork_workers(self):
+        """Paddle's iterator, its workers forked with the stop signals blocked (none reaches a worker before it
+        ignores them) and the parent's objects frozen: a worker collecting an inherited Paddle object would hang."""
+        if self.num_workers <= 0:
+            return super().__iter__()
+        frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
+        gc.collect()
+        gc.freeze()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            if not frozen_before:
+                gc.unfreeze()
 
 
 def _shut_down(batches) -> None:
-    """Stop Paddle's iterator now, as it does when garbage-collected (its internals, as of 3.3.1); a worker still
-    blocked in a read after `_STOP_SECONDS` (a stalled ``pipe:``) is killed, so ending an iteration never hangs."""
+    """Stop Paddle's iterator now (internals of 3.3.1); a worker still blocked after `_STOP_SECONDS` is killed."""
     workers = list(getattr(batches, "_workers", []))
     if workers:
         batches._try_shutdown_all(_STOP_SECONDS)

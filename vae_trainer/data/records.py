@@ -1,6 +1,5 @@
-"""Streaming the records of one part (LAION part file, WebDataset tar shard or ``pipe:``, image file) with memory
-bounded by one record, numbered so a resumed run can pass over records unread. Damage ends a part after its
-readable records with one :class:`Damaged` marker (docs/data.md, "How the stream works")."""
+"""The records of one part (LAION part file, WebDataset tar or ``pipe:``, image file), streamed one at a time and
+numbered so a resumed run passes over records unread; damage ends a part with one :class:`Damaged` marker."""
 
 from __future__ import annotations
 
@@ -11,8 +10,9 @@ import subprocess
 import tarfile
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Union
 
 from .filelists import IMAGE, LINES, PIPE_PREFIX, TAR, Part
@@ -39,18 +39,12 @@ class ImageFile:
 
 @dataclass(frozen=True)
 class Damaged:
-    """The rest of a part is unreadable; `reason` is corrupt_gzip, corrupt_tar or missing_file."""
-
     reason: str
     detail: str
 
 
-@dataclass(frozen=True)
-class Missing:
-    """A record a counts file promised that the part does not have."""
-
-
-Payload = Union[bytes, TarSample, ImageFile, Damaged, Missing]
+MISSING = Damaged("missing", "the part holds fewer records than its .counts file says")
+Payload = Union[bytes, TarSample, ImageFile, Damaged]
 
 
 def open_part(path: str) -> BinaryIO:
@@ -58,50 +52,19 @@ def open_part(path: str) -> BinaryIO:
     return open(path, "rb", buffering=_READ_SIZE)
 
 
-def _gone(path: str) -> Damaged:
-    return Damaged(MISSING_FILE, f"part file not found: {path}")
-
-
 def _line_records(path: str, start: int) -> Iterator[Payload | None]:
-    """The lines of a gzip (multi-member too) or plain part without line endings; None before `start`."""
+    """The lines of a gzip (multi-member too) or plain part; None before `start`."""
     try:
         with open_part(path) as raw:
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
             for number, line in enumerate(stream):
                 yield line.rstrip(b"\r\n") if number >= start else None
     except FileNotFoundError:
-        yield _gone(path)
+        yield Damaged(MISSING_FILE, f"part file not found: {path}")
     except EOFError:
         yield Damaged("corrupt_gzip", "truncated gzip stream")
     except (zlib.error, gzip.BadGzipFile, OSError) as error:
         yield Damaged("corrupt_gzip", f"corrupt gzip data ({error})")
-
-
-@contextmanager
-def _tar_stream(path: str) -> Iterator[tuple[BinaryIO, list[str]]]:
-    """A local tar, or a ``pipe:`` command's output (the list receives its non-zero exit status once read to
-    the end); a command still running when the reader stops is killed with its process group."""
-    if not path.startswith(PIPE_PREFIX):
-        with open_part(path) as handle:
-            yield handle, []
-        return
-    command = path[len(PIPE_PREFIX):]
-    process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=_READ_SIZE,
-                               start_new_session=True)
-    errors: list[str] = []
-    try:
-        yield process.stdout, errors
-        while process.stdout.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
-            pass
-        status = process.wait()
-        if status != 0:
-            errors.append(f"command {command!r} exited with status {status}")
-    finally:
-        if process.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        process.stdout.close()
 
 
 def _split_key(name: str) -> tuple[str, str] | None:
@@ -114,7 +77,7 @@ def _split_key(name: str) -> tuple[str, str] | None:
 
 
 def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
-    """Samples (consecutive members sharing a key) of an open tar stream; those before `start` are not read."""
+    """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read."""
     number, key, image, rank = -1, None, None, len(TAR_IMAGE_EXTENSIONS)
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
@@ -132,22 +95,37 @@ def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]
 
 
 def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
+    """The samples of a local tar or a ``pipe:`` command's output (a failed exit status damages the part); a command
+    still running when the reader stops is killed with its process group."""
+    command = path[len(PIPE_PREFIX):] if path.startswith(PIPE_PREFIX) else None
+    process = None
     try:
-        with _tar_stream(path) as (stream, errors), tarfile.open(fileobj=stream, mode="r|*") as tar:
-            yield from _tar_members(tar, start)
+        if command is not None:
+            process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=_READ_SIZE,
+                                       start_new_session=True)
+        with process.stdout if process else open_part(path) as stream:
+            with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                yield from _tar_members(tar, start)
+            while process and stream.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
+                pass
+        status = process.wait() if process else 0
     except FileNotFoundError:
-        yield _gone(path)
+        yield Damaged(MISSING_FILE, f"part file not found: {path}")
         return
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         yield Damaged("corrupt_tar", f"unreadable tar ({error})")
         return
-    if errors:
-        yield Damaged("corrupt_tar", errors[0])
+    finally:
+        if process is not None and process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    if status != 0:
+        yield Damaged("corrupt_tar", f"command {command!r} exited with status {status}")
 
 
 def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
-    """Every record of `part` in order: None for the records before `start` (not read into memory),
-    then the payloads; a :class:`Damaged` marker last if the part is damaged."""
+    """Every record of `part` in order: None for those before `start` (not read), then the payloads."""
     if part.kind == LINES:
         return _line_records(part.path, start)
     if part.kind == TAR:
@@ -155,17 +133,6 @@ def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
     if part.kind == IMAGE:
         return iter([ImageFile(part.path) if start == 0 else None])
     raise ValueError(f"{part.path}: unknown part kind {part.kind!r}")
-
-
-def count_records(part: Part) -> tuple[int, Damaged | None]:
-    """(number of readable records, the damage if any), reading the whole part once."""
-    count, damage = 0, None
-    for payload in iterate_records(part, start=1 << 62):
-        if isinstance(payload, Damaged):
-            damage = payload
-        else:
-            count += 1
-    return count, damage
 
 
 def image_bytes(payload: Payload, image_column: int) -> bytes:
@@ -180,8 +147,7 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
             raise BadImage("no_image", f"sample {payload.key} has no {'/'.join(TAR_IMAGE_EXTENSIONS)} member")
         return payload.image
     try:
-        with open(payload.path, "rb") as handle:
-            return handle.read()
+        return Path(payload.path).read_bytes()
     except FileNotFoundError:
         raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
     except OSError as error:
@@ -189,7 +155,7 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
 
 
 def describe(part: Part, number: int, payload: Payload) -> str:
-    """Where a record is, for messages: file:line, shard:key or the image path."""
+    """file:line, shard:key or the image path."""
     if isinstance(payload, TarSample):
         return f"{part.path}:{payload.key}"
     return part.path if part.kind == IMAGE else f"{part.path}:{number + 1}"

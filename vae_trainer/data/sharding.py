@@ -1,5 +1,5 @@
-"""Which records each shard reads (:func:`assign`) and in which order a pass reads them (:class:`SourcePass`,
-:func:`interleave`); the rules are in docs/data.md ("How the stream works")."""
+"""Which records each shard reads (:func:`assign`) and in which order (:class:`SourcePass`, :func:`interleave`);
+the rules are in docs/data.md ("How the stream works")."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .filelists import Part, Source
-from .records import Damaged, Missing, Payload, iterate_records
+from .records import MISSING, Damaged, Payload, iterate_records
 
-# Separate RNG streams for separate purposes, so that no two draws share a seed.
+# One RNG stream per purpose, so that no two draws share a seed.
 ASSIGN_PARTS, SHUFFLE_SEGMENTS, INTERLEAVE, PER_SAMPLE, SHUFFLE_BLOCK = range(5)
 SKIPPED = object()  # what a pass yields for a record passed over unread
 
@@ -23,22 +23,16 @@ def rng(*keys: int) -> np.random.Generator:
 
 @dataclass(frozen=True)
 class Segment:
-    """Records ``start, start + stride, ...`` (below `stop`, or to the end if None) of one part."""
+    """`length` records (None: to the end) ``start, start + stride, ...`` of one part (counted: stride 1)."""
 
     part: Part
     start: int = 0
-    stop: int | None = None
+    length: int | None = None
     stride: int = 1
-
-    @property
-    def length(self) -> int | None:
-        return None if self.stop is None else len(range(self.start, self.stop, self.stride))
 
 
 @dataclass
 class ShardSource:
-    """What one shard reads of one source."""
-
     index: int
     weight: float
     segments: list[Segment]
@@ -57,9 +51,7 @@ class Record:
 
 
 def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffle: bool = True) -> list[ShardSource]:
-    """What shard `shard` of `num_shards` reads of each source: counted, records [k*L//N, (k+1)*L//N) of the
-    permuted parts; else whole parts ``[k::N]``, or with fewer parts than shards every N-th record of each.
-    Without `shuffle` (evaluation) the parts keep their list order."""
+    """What shard `shard` of `num_shards` reads of each source (without `shuffle`, parts in list order)."""
     result = []
     for index, source in enumerate(sources):
         parts = source.parts
@@ -71,7 +63,7 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
             for part in parts:
                 start, stop = max(first - offset, 0), min(last - offset, part.records)
                 if start < stop:
-                    segments.append(Segment(part, start, stop))
+                    segments.append(Segment(part, start, stop - start))
                 offset += part.records
         elif len(parts) >= num_shards:
             segments = [Segment(part) for part in parts[shard::num_shards]]
@@ -83,8 +75,7 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
 
 
 def _segment_records(segment: Segment, skip: int = 0) -> Iterator[Record]:
-    """The records of a segment from its `skip`-th on; a counted segment is padded to its length (with the
-    part's damage, if it is damaged, else with :class:`Missing`)."""
+    """The records of a segment from its `skip`-th on; a counted one padded to its length (damage or MISSING)."""
     part, first = segment.part, segment.start + skip * segment.stride
     expected = None if segment.length is None else segment.length - skip
     produced, damage = 0, None
@@ -100,12 +91,11 @@ def _segment_records(segment: Segment, skip: int = 0) -> Iterator[Record]:
         yield Record(part, number, payload)
         produced += 1
     for missing in range(produced, expected or 0):
-        yield Record(part, first + missing * segment.stride, damage or Missing())
+        yield Record(part, first + missing * segment.stride, damage or MISSING)
 
 
 class SourcePass:
-    """One pass over a shard's records of one source: segments in shuffled order, read in blocks of
-    `block_size` consecutive records, each block shuffled; `keys` = (shard, epoch, source, cycle)."""
+    """One pass over a shard's records of one source, in shuffled blocks; `keys` = (shard, epoch, source, cycle)."""
 
     def __init__(self, source: ShardSource, seed: int, keys: tuple[int, ...], shuffle: bool, block_size: int) -> None:
         self.seed, self.keys, self.shuffle, self.block_size = seed, keys, shuffle, max(1, block_size)
@@ -151,25 +141,21 @@ class SourcePass:
             offset = 0
 
 
-MakePass = Callable[[ShardSource, int], SourcePass]
-
-
-def interleave(sources: list[ShardSource], make_pass: MakePass, chooser: np.random.Generator,
-               skip: int) -> Iterator[Record | object]:
-    """One shard epoch of weighted record-by-record interleaving: before each record a source is drawn (weight
-    over the weights still in play); one that runs out restarts with cycle + 1; the epoch ends when every source
-    has finished its first pass. The first `skip` records are :data:`SKIPPED`."""
+def interleave(sources: list[ShardSource], make_pass: Callable[[ShardSource, int], SourcePass],
+               chooser: np.random.Generator | None, skip: int) -> Iterator[Record | object]:
+    """One shard epoch (the first `skip` records :data:`SKIPPED`): weighted record-by-record interleaving, or without
+    `chooser` one pass over each source in list order."""
     by_index = {source.index: source for source in sources}
     passes = {index: make_pass(source, 0) for index, source in by_index.items()}
     cycles = dict.fromkeys(by_index, 0)
     pending = set(by_index)  # sources that have not finished their first pass
     position = 0
     while pending:
-        index = _choose(chooser, sorted(passes), by_index)
+        index = min(pending) if chooser is None else _choose(chooser, sorted(passes), by_index)
         record = passes[index].take(position < skip)
         if record is None:
             pending.discard(index)
-            if passes[index].offset > 0:  # (a source with no records for this shard is dropped)
+            if chooser is not None and passes[index].offset > 0:  # (one with no records for this shard is dropped)
                 if not pending:
                     return
                 cycles[index] += 1
@@ -180,16 +166,6 @@ def interleave(sources: list[ShardSource], make_pass: MakePass, chooser: np.rand
                 continue
         position += 1
         yield record
-
-
-def one_after_another(sources: list[ShardSource], make_pass: MakePass, skip: int) -> Iterator[Record | object]:
-    """A single pass over every source in list order (the first `skip` records :data:`SKIPPED`)."""
-    position = 0
-    for source in sources:
-        current = make_pass(source, 0)
-        while (record := current.take(position < skip)) is not None:
-            position += 1
-            yield record
 
 
 def _choose(chooser: np.random.Generator, indices: list[int], by_index: dict[int, ShardSource]) -> int:
