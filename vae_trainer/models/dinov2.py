@@ -1,11 +1,6 @@
-"""DINOv2 (ViT, patch 14) in Paddle: `load_dinov2(path)` and the frozen model's `patch_tokens`.
-
-Reads a transformers folder (Dinov2Model / Dinov2WithRegistersModel: config.json + model.safetensors or
-pytorch_model.bin) or a timm / torch-hub state dict (.safetensors, .pth, .bin; without torch), any size; every
-layout is renamed to timm's key names. Position embeddings are resized to other grids as the file's own library
-does (docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it.
-On GPU it runs under float16/bfloat16 autocast (softmax and position resizing in float32); tokens come back float32.
-"""
+"""DINOv2 (ViT) in Paddle: `load_dinov2(path)` of a transformers folder or a timm / torch-hub state dict (renamed to
+timm's keys), and the frozen model's `patch_tokens`. Position embeddings are resized as the file's own library does
+(docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it."""
 
 from __future__ import annotations
 
@@ -41,8 +36,8 @@ _RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
 
 @functools.lru_cache(maxsize=64)
 def resize_matrix(size_in: int, size_out: int, mode: str) -> np.ndarray:
-    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False). mode: "bicubic" (size
-    given), "offset" (scale_factor (size_out + 0.1) / size_in, the hub's), "antialias" (PIL's kernel, a = -0.5)."""
+    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False). mode: "bicubic", "offset"
+    (the hub's scale_factor (size_out + 0.1) / size_in), "antialias" (PIL's kernel, a = -0.5)."""
     matrix = np.zeros((size_out, size_in))
     scale = size_in / (size_out + (0.1 if mode == "offset" else 0.0))
     for i in range(size_out):
@@ -112,8 +107,7 @@ class _Block(nn.Layer):
 
 
 class Dinov2(FrozenLayer):
-    """DINOv2 ViT with timm's parameter names, built by `load_dinov2`. `feature_dim`: token width; `registers`;
-    `half_dtype`: the autocast dtype of `patch_tokens` (bfloat16 or float16 on GPU, None = float32)."""
+    """DINOv2 ViT with timm's parameter names. `half_dtype`: `patch_tokens`' autocast dtype on GPU (None: float32)."""
 
     def __init__(self, width, depth, heads, patch, registers=0, hidden=None, swiglu=False, positions=257,
                  eps=1e-6, resize_mode="bicubic"):
@@ -161,9 +155,8 @@ class Dinov2(FrozenLayer):
         return self.norm(x)
 
     def patch_tokens(self, images: paddle.Tensor, size: int | None = DEFAULT_SIZE):
-        """(tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1]: resized to size x size (bilinear;
-        None keeps the input size), ImageNet-normalised; cls and register tokens dropped. Frozen weights:
-        gradients reach `images` only if they require them (wrap targets in paddle.no_grad())."""
+        """(patch tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1] resized (bilinear) to size x size (None:
+        as they are). Gradients reach `images` only if they require them."""
         x = (images.astype("float32") + 1.0) / 2.0
         if size is not None and tuple(x.shape[2:]) != (size, size):
             x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
@@ -176,9 +169,8 @@ class Dinov2(FrozenLayer):
         return tokens[:, 1 + self.registers:].astype("float32"), grid
 
 
-def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
-    """The frozen DINOv2 in `path`; FileNotFoundError / ValueError name the path and what was expected.
-    `num_heads` overrides the head count (config.json, else width / 64)."""
+def load_dinov2(path: str) -> Dinov2:
+    """The frozen DINOv2 in `path` (errors name it and what was expected); heads from config.json, else width / 64."""
     state, config = _read(path)
     origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
               "hub" if "mask_token" in state or "register_tokens" in state else "timm")
@@ -190,9 +182,9 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
         positions = state["pos_embed"].shape[1]
     except KeyError as error:
         raise ValueError(f"{path} is not a DINOv2 checkpoint (no {error}); expected {EXPECTED}") from None
-    heads = num_heads or config.get("num_attention_heads") or (width // 64 if width % 64 == 0 else None)
+    heads = config.get("num_attention_heads") or (width // 64 if width % 64 == 0 else None)
     if not heads or width % heads:
-        raise ValueError(f"{path}: cannot tell the attention heads of width {width}; give num_heads")
+        raise ValueError(f"{path}: cannot tell the attention heads of width {width}")
     registers = state["reg_token"].shape[1] if "reg_token" in state else 0
     # How the file's own library resizes position embeddings.
     mode = "antialias" if registers or config.get("model_type") == "dinov2_with_registers" else {
@@ -200,8 +192,8 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
     swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
-    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
-                   mode)
+    eps = config.get("layer_norm_eps", 1e-6)
+    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, eps, mode)
     model.load_frozen(state, path)
     return model
 
