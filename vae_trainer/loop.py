@@ -58,16 +58,16 @@ class Run:
         logger.info("resuming from %s at step %d", checkpoint, state.global_step)
         return state, rank_state
 
-    def begin(self, resume: Optional[str]) -> Tuple[TrainerState, Any]:
-        """A new run's state, or `resume`'s with this rank's random state; and the training batches. The stall
+    def begin(self, resume: Optional[str]) -> TrainerState:
+        """A new run's state, or `resume`'s with this rank's random state; the training batches built. The stall
         watchdog runs from here on (watchdog.py)."""
         seed_training(self.args.seed)
         state, rank_state = self.load(resume) if resume else (TrainerState(max_steps=self.args.max_steps), None)
-        batches = self.build_data(rank_state)
+        self.build_data(rank_state)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
         watchdog.start(self.args.stall_timeout, rank())
-        return state, batches
+        return state
 
     def build_data(self, rank_state: Optional[dict]):
         """This rank's training batches (resumed at `rank_state`'s data position if given), their waits timed."""
@@ -113,14 +113,14 @@ class Run:
 
     @contextmanager
     def training(self, state: Callable[[], TrainerState]) -> Iterator[None]:
-        """Around training: a checkpoint at the end, also at a non-finite stop (the last good step's weights, to go
-        back to); then, on every exit path, `close`."""
+        """Around training: a checkpoint at the end, also at a non-finite stop (then an exit naming it: the last good
+        step's weights); then, on every exit path, `close`."""
         try:
             yield
+        except NonFiniteError as error:
+            sys.exit(f"error: {error} Last good weights: {self.save(state())}")
+        else:
             self.save(state())
-        except NonFiniteError:
-            self.save(state())
-            raise
         finally:
             self.close()
 
@@ -165,10 +165,7 @@ def main(train: Callable[..., Dict[str, str]], argv=None) -> None:
     """An entry point: parse the flags, `train`, print where the VAE and the logs are."""
     with start_up():  # bad flags: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
-    try:
-        outputs = train(model_args, data_args, loss_args, training_args)
-    except NonFiniteError as error:
-        sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
+    outputs = train(model_args, data_args, loss_args, training_args)
     if rank() == 0:
         print(f"VAE saved to {outputs['vae']}\nVisualDL logs: {outputs['logs']}")
 
@@ -176,8 +173,8 @@ def main(train: Callable[..., Dict[str, str]], argv=None) -> None:
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     run, resume = start(model_args, data_args, loss_args, args)
-    state, batches = run.begin(resume)
-    iteration = iter(batches)
+    state = run.begin(resume)
+    iteration = iter(run.batches)
     step = run.optimization.step
     with run.training(lambda: state), tqdm(total=args.max_steps, initial=state.global_step, desc="train",
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:

@@ -41,9 +41,8 @@ class TrainMonitor:
         self.args = args
         self.global_batch_size = global_batch_size
         self.is_main = is_main_process
-        report_to = args.report_to or []
         self.writer = None
-        if is_main_process and ("visualdl" in report_to or "all" in report_to):
+        if is_main_process and {"visualdl", "all"} & set(args.report_to or []):
             self.writer = LogWriter(logdir=args.logging_dir)
             note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
         self._sums: Dict[str, paddle.Tensor] = {}
@@ -52,8 +51,7 @@ class TrainMonitor:
         self._window_steps = 0
         self._data_seconds = 0.0
         self._data_position = None
-        self._skipped: Optional[Tuple[Dict[str, int], int]] = None  # all ranks: (totals, as of that step)
-        self._skipped_files: Optional[Dict[str, int]] = None  # all ranks, gathered at --max_steps
+        self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)
 
     def watch_data(self, position) -> None:
         """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
@@ -98,7 +96,9 @@ class TrainMonitor:
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
-        scalars.update(self._skip_scalars(step))
+        if self._data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
+            self._skipped = (*self._skip_counts(), step)
+            scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
         self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
@@ -116,22 +116,15 @@ class TrainMonitor:
             "perf/peak_memory_gb": peak_memory_gb(),
         }
 
-    def _skip_scalars(self, step: int) -> Dict[str, float]:
-        """data/skipped_<reason>, summed over ranks by a small all-reduce (and at --max_steps the per-file counts
-        gathered, for the summary)."""
-        if self._data_position is None:
-            return {}
-        totals = self._data_position.skipped_totals()
+    def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
+        """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
+        mine = (self._data_position.skipped_totals(), self._data_position.skipped_by_file())
+        gathered = [mine]
         if world_size() > 1:
-            summed = paddle.to_tensor(list(totals.values()), dtype="int64")
-            dist.all_reduce(summed)
-            totals = dict(zip(totals, summed.tolist()))
-            self._skipped = totals, step
-            if step >= self.args.max_steps:
-                gathered: list = []
-                dist.all_gather_object(gathered, self._data_position.skipped_by_file())
-                self._skipped_files = dict(sum(map(Counter, gathered), Counter()))
-        return {f"data/skipped_{reason}": float(count) for reason, count in totals.items()}
+            gathered = []
+            dist.all_gather_object(gathered, mine)
+        totals = {reason: sum(rank_totals[reason] for rank_totals, _ in gathered) for reason in mine[0]}
+        return totals, dict(sum((Counter(files) for _, files in gathered), Counter()))
 
     def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
         """Numbers to VisualDL at `step` (training scalars, evaluation metrics, latent statistics)."""
@@ -154,14 +147,14 @@ class TrainMonitor:
             self.writer.close()
 
     def _log_skip_summary(self) -> None:
-        """Skips per reason and the files with the most skips. Several ranks: as of the last logging step (ranks may
-        end at different moments: no collective here), rank 0's files unless that step was --max_steps."""
-        if self._data_position is None or (world_size() > 1 and self._skipped is None):
+        """Skips per reason and the files with the most skips: at the end on one rank, else as of the last logging
+        step (ranks may end at different moments: no collective here)."""
+        if self._data_position is not None and world_size() == 1:
+            self._skipped = (*self._skip_counts(), None)
+        if self._skipped is None:
             return
-        totals, files, when = self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
-        if world_size() > 1:
-            (totals, step), files = self._skipped, self._skipped_files or files
-            when = f" (as of step {step}" + ("" if self._skipped_files is not None else "; files: rank 0's only") + ")"
+        totals, files, step = self._skipped
+        when = "" if step is None else f" (as of step {step})"
         skipped = {reason: count for reason, count in totals.items() if count}
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
@@ -177,5 +170,4 @@ def format_scalars(scalars: Dict[str, float]) -> str:
     """A compact console line: the losses first, then throughput."""
     keys = ["loss/total", "loss/pixel", "loss/perceptual", "loss/kl", "loss/generator", "loss/discriminator",
             "train/learning_rate", "perf/images_per_second"]
-    parts = [f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys if k in scalars]
-    return " ".join(parts)
+    return " ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys if k in scalars)

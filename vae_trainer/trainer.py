@@ -15,15 +15,9 @@ from .loop import Run, start
 from .user_errors import start_up
 
 
-class _AfterOptimizerStep(TrainerCallback):
-    def __init__(self, trainer: "VAETrainer"):
-        self.trainer = trainer
+class VAETrainer(Trainer, TrainerCallback):
+    """The Trainer around `run`, and its own callback: `on_step_end` runs `Run.after_step`."""
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.run.after_step(state, self.trainer.step_report, self.trainer.micro)
-
-
-class VAETrainer(Trainer):
     def __init__(self, run: Run):
         # The Trainer's copy of the flags: VisualDL is written by TrainMonitor, mixed precision set up by precision.py.
         args = copy.copy(run.args)
@@ -34,11 +28,14 @@ class VAETrainer(Trainer):
         self.micro_steps = 0
         self.micro = None  # the last micro-batch's MicroBatch
         self.step_report = None  # the last optimizer step's StepReport
-        self.add_callback(_AfterOptimizerStep(self))
+        self.add_callback(self)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.run.after_step(state, self.step_report, self.micro)
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs) -> None:
         """`Run.begin`, then the Trainer's training (none from a checkpoint at --max_steps: it would train one more)."""
-        self.state = self.run.begin(resume_from_checkpoint)[0]
+        self.state = self.run.begin(resume_from_checkpoint)
         if self.state.global_step < self.args.max_steps:
             super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 

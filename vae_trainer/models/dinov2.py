@@ -5,7 +5,6 @@ timm's keys), and the frozen model's `patch_tokens`. Position embeddings are res
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -15,6 +14,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from ..checkpoint import read_json
 from .frozen import FrozenLayer
 from .torch_files import read_state_dict
 
@@ -60,50 +60,32 @@ def _cubic(x, a: float):
     return np.where(x <= 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
 
 
-class _Attention(nn.Layer):
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4])
-        q, k, v = qkv.unbind(0)
-        scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
-        attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
-        return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
-
-
-class _Mlp(nn.Layer):
-    """fc1 -> GELU -> fc2, or SwiGLU (fc1 packs gate and up: silu(first half) * second half)."""
-
-    def __init__(self, width: int, hidden: int, swiglu: bool):
-        super().__init__()
-        self.swiglu = swiglu
-        self.fc1 = nn.Linear(width, 2 * hidden if swiglu else hidden)
-        self.fc2 = nn.Linear(hidden, width)
-
-    def forward(self, x):
-        x = self.fc1(x)
-        if self.swiglu:
-            gate, up = x.chunk(2, axis=-1)
-            return self.fc2(F.silu(gate) * up)
-        return self.fc2(F.gelu(x))
-
-
 class _Block(nn.Layer):
+    """A transformer block with timm's parameter names; the MLP is fc1 -> GELU -> fc2, or SwiGLU (fc1 packs gate and
+    up: silu(first half) * second half)."""
+
     def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads)
-        self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu)
+        self.heads, self.swiglu = heads, swiglu
+        self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), nn.Layer()
+        self.attn.qkv, self.attn.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), nn.Layer()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(width, 2 * hidden if swiglu else hidden), nn.Linear(hidden, width)
         one = nn.initializer.Constant(1.0)  # (overwritten by the file; a constant draws no random numbers)
         self.ls1, self.ls2 = (self.create_parameter([width], default_initializer=one) for _ in range(2))  # layer scales
 
     def forward(self, x):
-        x = x + self.ls1 * self.attn(self.norm1(x))
-        return x + self.ls2 * self.mlp(self.norm2(x))
+        b, n, c = x.shape
+        qkv = self.attn.qkv(self.norm1(x)).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv.unbind(0)
+        scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
+        attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
+        x = x + self.ls1 * self.attn.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
+        hidden = self.mlp.fc1(self.norm2(x))
+        if self.swiglu:
+            gate, up = hidden.chunk(2, axis=-1)
+            return x + self.ls2 * self.mlp.fc2(F.silu(gate) * up)
+        return x + self.ls2 * self.mlp.fc2(F.gelu(hidden))
 
 
 class Dinov2(FrozenLayer):
@@ -208,9 +190,7 @@ def _read(path: str) -> tuple[dict, dict]:
         found = [os.path.join(path, name) for name in names if os.path.isfile(os.path.join(path, name))]
         if not found or not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} holds no config.json + {' / '.join(names)}; expected {EXPECTED}")
-        with open(os.path.join(path, "config.json")) as handle:
-            config = json.load(handle)
-        file = found[0]
+        config, file = read_json(os.path.join(path, "config.json")), found[0]
     try:
         state = read_state_dict(file)
     except Exception as error:
