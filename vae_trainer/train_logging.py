@@ -140,18 +140,13 @@ class TrainMonitor:
             self.writer.flush()
 
     def close(self) -> None:
-        """Print the skipped-records summary and close the writer."""
-        if self.is_main:
-            self._log_skip_summary()
+        """Close the writer; rank 0 prints the skips per reason and the files with the most skips: at the end on one
+        rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
         if self.writer is not None:
             self.writer.close()
-
-    def _log_skip_summary(self) -> None:
-        """Skips per reason and the files with the most skips: at the end on one rank, else as of the last logging
-        step (ranks may end at different moments: no collective here)."""
         if self._data_position is not None and world_size() == 1:
             self._skipped = (*self._skip_counts(), None)
-        if self._skipped is None:
+        if not self.is_main or self._skipped is None:
             return
         totals, files, step = self._skipped
         when = "" if step is None else f" (as of step {step})"
