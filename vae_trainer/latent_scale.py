@@ -1,10 +1,6 @@
-"""The latent scale: the one home of the rule that gives a VAE its `scaling_factor` / `shift_factor` (FLUX.2's VAE:
-its bn statistics), at loading and at export, and of `vae/latent_stats.json`.
-
-The rule: the scale belongs to the latent space. A VAE whose encoder weights are loaded carries the scale their
-source states (`settle`, called by `build_vae`) and the export keeps it; a fresh encoder (from scratch, or
---ignore_keys re-initialising it) has it measured at export (`default_mode`); `--scaling_factor keep|measure|<number>`
-wins (`decide`). docs/fine-tuning.md "The latent scale" says why and what latent_stats.json holds.
+"""The latent scale (`scaling_factor` / `shift_factor`; FLUX.2's VAE: its bn statistics) at loading and at export,
+and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a fresh encoder has it
+measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); docs/fine-tuning.md "The latent scale".
 """
 
 from __future__ import annotations
@@ -35,9 +31,8 @@ Source = Tuple[str, Dict[str, Any], str]  # (name, the latent-scale entries it s
 
 def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
-    """Give the built `vae` the latent scale of its sources, the source of its encoder's weights first: each entry
-    from the first source stating it, a later one stating another value warned about. Returns where its
-    scaling_factor came from, which `origin_of` remembers."""
+    """Give `vae` the latent scale of its sources, its encoder weights' first (a later one stating another value is
+    warned about); returns where its scaling_factor came from, which `origin_of` remembers."""
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
@@ -72,7 +67,6 @@ def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Op
 
 def _sources(config_file: Optional[str], pretrained: Optional[str], single_file: bool,
              init_from_ckpt: Optional[str]) -> List[Source]:
-    """Who states the latent scale, in `settle`'s order."""
     sources = [_of_weights(init_from_ckpt)] if init_from_ckpt else []
     if pretrained:  # a single file holds tensors only
         name = f"the single file {pretrained}" if single_file else f"the pretrained VAE {pretrained}"
@@ -87,8 +81,8 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
 
 
 def _of_weights(path: str) -> Source:
-    """--init_from_ckpt: a checkpoint of ours states its run's factor (its vae_config.json's or the number it was
-    given, not one measured at that run's export); a weight file in a VAE folder, the config.json beside it."""
+    """--init_from_ckpt: a checkpoint states its run's factor (not one measured at its export); a weight file in a VAE
+    folder, the config.json beside it."""
     name = f"the --init_from_ckpt weights {path}"
     exported, config_file = checkpoint_export_config(path), checkpoint_vae_config(path)
     if exported is not None:
@@ -113,7 +107,6 @@ def _stated(path: str) -> Dict[str, Any]:
 
 
 def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], reinitialised: bool) -> None:
-    """One line naming both values, the one kept and why, and the flag that chooses the exported factor."""
     measured = key == "scaling_factor" or (key == "shift_factor" and kept[1] is not None)  # what "measure" writes
     if reinitialised and measured:
         why = f"but the encoder is re-initialised (--ignore_keys), so the exported {key} is measured at export"
@@ -129,12 +122,10 @@ def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], rein
 
 
 def origin_of(vae: AutoencoderKL) -> str:
-    """Where `vae`'s latent scale came from (`settle`), for log lines and latent_stats.json."""
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
 
 
 def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
-    """The bn statistics FLUX.2's VAE holds (what "keep" exports); None for other VAEs."""
     return bn_statistics(vae) if is_flux2(vae) else None
 
 
@@ -161,9 +152,12 @@ def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
     return number
 
 
-def default_mode(model_args) -> Mode:
-    """Keep when the encoder's weights are loaded and not re-initialised, else measure (also for an --init_from_ckpt
-    checkpoint whose run measured its factor: the checkpoint does not hold it)."""
+def scaling_factor_mode(model_args) -> Mode:
+    """--scaling_factor; not given: keep when the encoder's weights are loaded and not re-initialised, else measure
+    (also for an --init_from_ckpt checkpoint whose run measured its factor: the checkpoint does not hold it)."""
+    mode = parse_scaling_factor(model_args.scaling_factor)
+    if mode is not None:
+        return mode
     if reinitialises_encoder(model_args.ignore_keys):
         return "measure"
     if getattr(model_args, "init_from_ckpt", None):
@@ -172,15 +166,8 @@ def default_mode(model_args) -> Mode:
     return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
-def scaling_factor_mode(model_args) -> Mode:
-    """--scaling_factor as "keep", "measure" or a float, `default_mode` when not given."""
-    mode = parse_scaling_factor(model_args.scaling_factor)
-    return default_mode(model_args) if mode is None else mode
-
-
 def mode_for(vae: AutoencoderKL, model_args) -> Mode:
-    """`scaling_factor_mode`, checked against the VAE built: FLUX.2's has no scaling factor, and keeps its source's
-    bn statistics (the normalisation its DiT was trained with) when only its decoder trains."""
+    """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor)."""
     mode = scaling_factor_mode(model_args)
     if is_flux2(vae) and mode not in ("keep", "measure"):
         raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} (FLUX.2, ERNIE-Image) has no scaling_factor; "
@@ -205,8 +192,7 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`, with
-    their measured statistics `stats` (an `evaluation.LatentStats` from `measured_on`) if any; "measure" needs
-    them. `origin`: where a kept scale came from (default `origin_of(vae)`); `unmeasured`: how to measure."""
+    their `evaluation.LatentStats` `stats` measured on `measured_on` if any ("measure" needs them)."""
     flux2, config = is_flux2(vae), vae.config
     if mode == "measure":
         if stats is None or (flux2 and stats.patchified_mode_mean is None):
@@ -268,9 +254,8 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
 
 def latent_scales_at_export(mode: Mode, vae: AutoencoderKL, ema, evaluator, step: int,
                             encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """{"vae": `decide`'s pair} for the exported weights (the EMA's when there is one) and, with an EMA, "vae_raw"
-    for the raw ones, a latent space of their own unless --freeze_encoder. Statistics come from the last evaluation
-    of the same weights, else, only for "measure", an encoder-only pass. Call on every rank (passes are collective)."""
+    """{"vae": `decide`'s pair} for the exported weights (the EMA's if any), and "vae_raw" with an EMA. Statistics
+    come from the last evaluation of the same weights, else, for "measure", an encoder-only pass: call on every rank."""
     how = "scripts/eval_vae.py --vae on this folder measures its statistics"
     stats = source = None
     if mode == "measure" or evaluator.evaluated_at(step, ema):
