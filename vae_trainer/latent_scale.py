@@ -27,12 +27,9 @@ EXPORT_ORIGIN_KEY = "latent_scale_origin"
 Source = Tuple[str, Dict[str, Any], str]  # (name, the latent-scale entries it states, origin when its factor is kept)
 
 
-# ---- loading: the scale the encoder's weights come with
-
 def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
-    """Give `vae` the latent scale of its sources, its encoder weights' first (a later one stating another value is
-    warned about); returns where its scaling_factor came from, which `origin_of` remembers."""
+    """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
@@ -81,8 +78,7 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
 
 
 def _of_weights(path: str) -> Source:
-    """--init_from_ckpt: a checkpoint states its run's factor (not one measured at its export); a weight file in a VAE
-    folder, the config.json beside it."""
+    """--init_from_ckpt's scale: its run's factor (not one measured at export), or that of the config.json beside."""
     name = f"the --init_from_ckpt weights {path}"
     exported, config_file = checkpoint_export_config(path), checkpoint_vae_config(path)
     if exported is not None:
@@ -128,8 +124,6 @@ def origin_of(vae: AutoencoderKL) -> str:
 def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
     return bn_statistics(vae) if is_flux2(vae) else None
 
-
-# ---- the mode: --scaling_factor, or keep for loaded encoder weights, else measure
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
     """Do --ignore_keys leave some encoder or quant_conv weight (or FLUX.2's bn statistics) freshly initialised?"""
@@ -186,13 +180,10 @@ def mode_of_checkpoint(given: Optional[str], export_config: Dict[str, Any]) -> M
     return (parse_scaling_factor(given) or parse_scaling_factor(export_config.get("scaling_factor"))) or "keep"
 
 
-# ---- export: what the exported config.json and latent_stats.json hold
-
 def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`, with
-    their `evaluation.LatentStats` `stats` measured on `measured_on` if any ("measure" needs them)."""
+    """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
     flux2, config = is_flux2(vae), vae.config
     if mode == "measure":
         if stats is None or (flux2 and stats.patchified_mode_mean is None):
@@ -212,8 +203,7 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
     if flux2:
-        normalisation = updates.get("bn_statistics") or bn_statistics(vae)
-        eps = config.get("batch_norm_eps")
+        normalisation, eps = updates.get("bn_statistics") or bn_statistics(vae), config.get("batch_norm_eps")
         scale = {"class": FLUX2_CLASS_NAME, "latent_normalisation": normalisation.record(eps)}
     else:
         scale = {key: updates.get(key, config.get(key)) for key in ("scaling_factor", "shift_factor")}

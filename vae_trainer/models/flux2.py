@@ -60,8 +60,7 @@ class AutoencoderKLFlux2(AutoencoderKL):
 
 
 def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """A fresh AutoencoderKLFlux2 (Paddle's global RNG) whose config also holds the entries its constructor does not
-    take (the published config's `force_upcast`), so that the export writes them."""
+    """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take (`force_upcast`)."""
     accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
     vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
     extra = {key: value for key, value in config.items() if not key.startswith("_") and key not in vae.config}

@@ -33,8 +33,7 @@ _ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
 
 
 def read_state_dict(path: str) -> dict:
-    """The arrays of a .safetensors or torch.save (zip) file as numpy (a torch.save file's nested dicts kept);
-    bfloat16 becomes float32."""
+    """The arrays of a .safetensors or torch.save (zip) file as numpy (nested dicts kept; bfloat16 as float32)."""
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 

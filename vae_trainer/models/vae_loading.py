@@ -45,8 +45,7 @@ COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffuser
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
               init_from_ckpt: Optional[str] = None) -> AutoencoderKL:
-    """The VAE to train (fresh ones from Paddle's global RNG: seed first), with the architecture of `vae_config_file`
-    if given, weights under `ignore_keys` left fresh, and the latent scale of its sources (latent_scale.settle)."""
+    """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale."""
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
         raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
@@ -85,8 +84,7 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
 
 
 def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, bool]:
-    """(the VAE's folder or file, whether it is a single file), recognised by its files; one clear error when
-    nothing loadable is there."""
+    """(the VAE's folder or file, whether it is a single file), or one clear error when nothing loadable is there."""
     location = os.path.join(path, subfolder) if subfolder else path
     if os.path.isfile(location):
         if location.endswith(SINGLE_FILE_SUFFIXES):
@@ -167,8 +165,7 @@ def vae_from_config_file(config_file: str) -> AutoencoderKL:
 
 
 def vae_from_config(config: dict) -> AutoencoderKL:
-    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it: FLUX.2's class for its configs, and the
-    encoder's widths stated (ppdiffusers writes a super-resolving decoder's over `block_out_channels`)."""
+    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it (FLUX.2's class; the encoder's widths)."""
     if is_flux2_config(config):
         return flux2_from_config(config)
     config = dict(config)
@@ -179,8 +176,7 @@ def vae_from_config(config: dict) -> AutoencoderKL:
 
 
 def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:
-    """Load a Paddle-layout state dict into `vae`: every weight not ignored must be there with its shape, and every
-    weight there must have a place (none is dropped silently)."""
+    """Load a Paddle-layout state dict into `vae`: every weight not ignored there with its shape, none left over."""
     expected = vae.state_dict()
     state = {k: v for k, v in state.items() if not k.startswith(tuple(ignore_keys))}
     mismatched = [f"{k}: {list(v.shape)} in the file, {list(expected[k].shape)} here"
@@ -212,8 +208,6 @@ def _as_dtype(value, dtype):
     return tensor.astype(dtype) if tensor.dtype != dtype else tensor
 
 
-# ---- original LDM / SD / SDXL / FLUX single files
-
 def _read_single_file(path: str) -> Dict[str, np.ndarray]:
     try:
         state = read_state_dict(path)
@@ -233,8 +227,7 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
 
 
 def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
-    """The architecture from an LDM VAE's tensor shapes, with SD's 32 GroupNorm groups and no latent scale
-    (latent_scale.py assumes SD's). 16-channel VAEs (FLUX, SD3) and non-SD widths need --vae_config_file."""
+    """The architecture from an LDM VAE's tensor shapes, with SD's 32 GroupNorm groups and no latent scale."""
     levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.down.")})
     widths = [int(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0]) for i in levels]
     layers = len({k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")})
@@ -269,11 +262,8 @@ def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -
     return convert_diffusers_vae_unet_to_ppdiffusers(vae, converted)
 
 
-# ---- --init_from_ckpt
-
 def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
-    """Weights only into `vae`: from a checkpoint-N of ours (or its model_state.pdparams: the `vae.` weights), or a
-    VAE weight file (ppdiffusers' or PyTorch diffusers'). Every weight not under `ignore_keys` must be there."""
+    """Weights only into `vae`, from a checkpoint-N of ours (its `vae.` weights) or a VAE weight file."""
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight "
@@ -286,8 +276,7 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
 
 
 def _read_weight_file(vae: AutoencoderKL, file: str) -> Dict[str, object]:
-    """A weight file's state in Paddle's layout: a .pdparams (an O2 checkpoint's float32 master weights,
-    `read_model_state`), a ppdiffusers file, or a PyTorch one converted, keeping the BatchNorm counters it holds."""
+    """A weight file's state in Paddle's layout (a PyTorch one converted, keeping its BatchNorm counters)."""
     if file.endswith(".pdparams"):
         return read_model_state(file)
     state = read_state_dict(file)

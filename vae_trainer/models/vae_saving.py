@@ -27,9 +27,8 @@ PPDIFFUSERS_ONLY_ENTRIES = ("down_block_out_channels", "up_block_out_channels")
 
 def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0,
              bn_statistics: Optional[BatchNormStatistics] = None, **config_updates) -> bool:
-    """Write `out_dir` for both libraries after updating config entries such as scaling_factor. With
-    `posterior_std` > 0 the saved encoder's log-variance outputs give that std; `bn_statistics`: FLUX.2's latent
-    normalisation to save (its own when None). Returns whether the PyTorch file was written."""
+    """Write `out_dir` for both libraries after updating config entries such as scaling_factor (`_exported_values`
+    for the other arguments); returns whether the PyTorch file was written."""
     if config_updates:
         vae.register_to_config(**config_updates)
     for_diffusers = diffusers_can_load(vae)
