@@ -41,14 +41,13 @@ def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
 
 def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
                       config_updates: Optional[Dict[str, Any]] = None,
-                      latent_record: Optional[Dict[str, Any]] = None) -> str:
+                      latent_record: Optional[Dict[str, Any]] = None) -> None:
     """One dual-format VAE folder from `vae` (with the EMA's weights when `ema` is given) and its latent_stats.json."""
     with ema_weights(ema, vae):
         save_vae(vae, out_dir, posterior_std=posterior_std, **(config_updates or {}))
     if latent_record is not None:
         with open(os.path.join(out_dir, LATENT_STATS_NAME), "w") as handle:
             json.dump(latent_record, handle, indent=2)
-    return out_dir
 
 
 def save_final_models(output_dir: str, networks, ema, evaluator, step: int) -> Tuple[str, str]:

@@ -64,7 +64,19 @@ def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Op
 
 def _sources(config_file: Optional[str], pretrained: Optional[str], single_file: bool,
              init_from_ckpt: Optional[str]) -> List[Source]:
-    sources = [_of_weights(init_from_ckpt)] if init_from_ckpt else []
+    sources = []
+    if init_from_ckpt:  # a checkpoint's run's factor (not one measured at export), or the config.json beside a file
+        name, entries, origin = f"the --init_from_ckpt weights {init_from_ckpt}", {}, ""
+        exported, run_config = checkpoint_export_config(init_from_ckpt), checkpoint_vae_config(init_from_ckpt)
+        folder = init_from_ckpt if os.path.isdir(init_from_ckpt) else os.path.dirname(init_from_ckpt)
+        if exported is not None and exported.get("scaling_factor") != "measure" and run_config is not None:
+            entries, origin = _stated(run_config), f"kept from the checkpoint {init_from_ckpt} (its run's factor)"
+            if exported.get("scaling_factor") != "keep":
+                entries["scaling_factor"] = float(exported.get("scaling_factor"))
+        elif exported is None and os.path.isfile(os.path.join(folder, "config.json")):
+            beside = os.path.join(folder, "config.json")
+            entries, origin = _stated(beside), f"kept from {beside}, beside {init_from_ckpt}"
+        sources.append((name, entries, origin))
     if pretrained:  # a single file holds tensors only
         name = f"the single file {pretrained}" if single_file else f"the pretrained VAE {pretrained}"
         sources.append((name, {}, "") if single_file else (name, _stated(pretrained), f"kept from {name}"))
@@ -75,24 +87,6 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
         name = f"the vae_config.json of {init_from_ckpt}"
         sources.append((name, _stated(checkpoint_vae_config(init_from_ckpt)), f"from {name}"))
     return sources
-
-
-def _of_weights(path: str) -> Source:
-    """--init_from_ckpt's scale: its run's factor (not one measured at export), or that of the config.json beside."""
-    name = f"the --init_from_ckpt weights {path}"
-    exported, config_file = checkpoint_export_config(path), checkpoint_vae_config(path)
-    if exported is not None:
-        mode = exported.get("scaling_factor")
-        if mode == "measure" or config_file is None:
-            return name, {}, ""
-        entries = _stated(config_file)
-        if mode != "keep":
-            entries["scaling_factor"] = float(mode)
-        return name, entries, f"kept from the checkpoint {path} (its run's factor)"
-    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
-    if os.path.isfile(beside):
-        return name, _stated(beside), f"kept from {beside}, beside {path}"
-    return name, {}, ""
 
 
 def _stated(path: str) -> Dict[str, Any]:
@@ -230,15 +224,10 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
         logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
                     "%.5g, shift_factor %.5g", stats.num_images, measured_on, [round(v, 4) for v in stats.latent_mean],
                     [round(v, 4) for v in stats.latent_std], stats.scaling_factor, stats.shift_factor)
-    said = f"{source}; {weights}" if weights else source
-    if flux2:
-        means, variances = normalisation.running_mean, normalisation.running_var
-        logger.info("exported latent normalisation (bn running_mean / running_var of %d patchified channels, mean of "
-                    "the means %.5g, mean of the variances %.5g, eps %s): %s", len(means), sum(means) / len(means),
-                    sum(variances) / len(variances), eps, said)
-    else:
-        logger.info("exported scaling_factor %s, shift_factor %s (%s)", record["scaling_factor"],
-                    record["shift_factor"], said)
+    exported = (f"latent normalisation (bn statistics of {len(normalisation.running_mean)} patchified channels, "
+                f"eps {eps})" if flux2 else
+                f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}")
+    logger.info("exported %s (%s)", exported, f"{source}; {weights}" if weights else source)
     return updates, record
 
 

@@ -54,14 +54,18 @@ class VAEWithDiscriminator(paddle.nn.Layer):
     def discriminator_parameters(self) -> List[paddle.Tensor]:
         return list(self.discriminator.parameters())
 
+    def encode(self, x: paddle.Tensor):
+        """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""
+        with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():
+            return self.vae.encode(encoder_input(x, self.input_size)).latent_dist
+
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
                 return_latent: bool = False) -> Tuple[paddle.Tensor, ...]:
         """Reconstruction, posterior mean and log-variance (with `posterior_std` > 0: z = mean + std * noise and the
         constant log(std^2)), and with `return_latent` z itself. `latent_transform` (EQ-VAE) changes z before
         decoding, not the posterior or the z returned."""
-        with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():  # no graph when frozen
-            posterior = self.vae.encode(encoder_input(x, self.input_size)).latent_dist
+        posterior = self.encode(x)
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean

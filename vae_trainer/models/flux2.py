@@ -63,9 +63,7 @@ def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
     """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take (`force_upcast`)."""
     accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
     vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
-    extra = {key: value for key, value in config.items() if not key.startswith("_") and key not in vae.config}
-    if extra:
-        vae.register_to_config(**extra)
+    vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
     return vae
 
 

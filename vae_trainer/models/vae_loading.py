@@ -50,9 +50,10 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
-    source, single_file = None, False
+    source = weights = None
     if pretrained_model_name_or_path is not None:
-        source, single_file = find_pretrained(pretrained_model_name_or_path, subfolder)
+        source, weights = find_pretrained(pretrained_model_name_or_path, subfolder)
+    single_file = source is not None and weights is None
     if single_file:
         state = _read_single_file(source)
         vae = vae_from_config_file(vae_config_file) if vae_config_file else vae_from_config(
@@ -60,12 +61,9 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         assign_weights(vae, _convert_single_file(vae, state), ignore_keys, source)
     elif source:  # in its own architecture or that of vae_config_file
         vae = vae_from_config_file(vae_config_file or source)
-        present = set(os.listdir(source))
-        file = next(name for name in with_variants(PADDLE_WEIGHT_FILES) + with_variants(TORCH_WEIGHT_FILES)
-                    if name in present)
-        shards = [file]
-        if file.endswith(".json"):
-            with open(os.path.join(source, file)) as handle:
+        shards = [weights]
+        if weights.endswith(".json"):
+            with open(os.path.join(source, weights)) as handle:
                 shards = sorted(set(json.load(handle)["weight_map"].values()))
         state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
         assign_weights(vae, state, ignore_keys, source)
@@ -83,12 +81,12 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
     return vae
 
 
-def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, bool]:
-    """(the VAE's folder or file, whether it is a single file), or one clear error when nothing loadable is there."""
+def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """(the VAE's folder or single file, the folder's weight file), or one clear error when nothing loadable is there."""
     location = os.path.join(path, subfolder) if subfolder else path
     if os.path.isfile(location):
         if location.endswith(SINGLE_FILE_SUFFIXES):
-            return location, True
+            return location, None
         raise ValueError(f"{location}: a single-file VAE checkpoint must end with one of {SINGLE_FILE_SUFFIXES}")
     if not os.path.isdir(location):
         raise FileNotFoundError(
@@ -106,7 +104,7 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, bo
     if found and CONFIG_NAME not in present:
         raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
     if found:
-        return location, False
+        return location, found[0]
     hint = ""
     if not subfolder and os.path.isdir(os.path.join(location, "vae")):
         hint = " It has a 'vae' folder: add --subfolder vae."
@@ -241,10 +239,9 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
     logger.info("%s: architecture inferred from the tensor shapes (block widths %s, %d latent channels; SD's %d "
                 "GroupNorm groups)", path, widths, latent_channels, SD_NORM_GROUPS)
     return dict(in_channels=int(state["encoder.conv_in.weight"].shape[1]),
-                out_channels=int(state["decoder.conv_out.weight"].shape[0]),
-                down_block_types=["DownEncoderBlock2D"] * len(widths),
-                up_block_types=["UpDecoderBlock2D"] * len(widths), block_out_channels=widths,
-                layers_per_block=layers, latent_channels=latent_channels,
+                out_channels=int(state["decoder.conv_out.weight"].shape[0]), block_out_channels=widths,
+                down_block_types=["DownEncoderBlock2D"] * len(widths), layers_per_block=layers,
+                up_block_types=["UpDecoderBlock2D"] * len(widths), latent_channels=latent_channels,
                 norm_num_groups=SD_NORM_GROUPS, sample_size=512, use_quant_conv="quant_conv.weight" in state,
                 use_post_quant_conv="post_quant_conv.weight" in state)
 

@@ -82,9 +82,7 @@ def _exported_values(vae: AutoencoderKL, posterior_std: float, bn_statistics: Op
         weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
         weight[vae.config.latent_channels:], bias[vae.config.latent_channels:] = 0.0, 2.0 * math.log(posterior_std)
         values.update({prefix + "weight": weight, prefix + "bias": bias})
-    if bn_statistics is not None:
-        if not is_flux2(vae):
-            raise ValueError("bn statistics are FLUX.2's VAE's latent normalisation; this VAE has none")
+    if bn_statistics is not None:  # FLUX.2's
         values.update({"bn._mean": np.asarray(bn_statistics.running_mean, np.float32),
                        "bn._variance": np.asarray(bn_statistics.running_var, np.float32),
                        "bn.num_batches_tracked": np.asarray([bn_statistics.num_batches_tracked], np.int64)})
