@@ -212,6 +212,29 @@ def test_pytorch_diffusers_folders_with_other_weight_files_load(tmp_path, weight
     np.testing.assert_allclose(paddle_reconstruct(vae, images), torch_reconstruct(source, images), atol=1e-4)
 
 
+def test_pytorch_files_load_without_torch(tmp_path):
+    """USE_TORCH=0, as users without torch run (ppdiffusers' own torch-free reader fails under numpy 2 on np.cfloat):
+    a .bin folder and a whole-SD .ckpt load to the weights the in-process loader reads, and torch is never imported."""
+    import subprocess
+    import sys
+
+    source = make_torch_vae(MICRO, seed=5)
+    source.save_pretrained(str(tmp_path / "bin"), safe_serialization=False)
+    ckpt = _write_single_file(source, tmp_path / "sd.ckpt", as_ckpt=True)
+    (tmp_path / "micro.json").write_text(json.dumps(MICRO))
+    script = (f"import sys, numpy as np; from vae_trainer.models.vae_loading import build_vae\n"
+              f"vaes = [build_vae(pretrained_model_name_or_path={str(tmp_path / 'bin')!r}), "
+              f"build_vae({str(tmp_path / 'micro.json')!r}, pretrained_model_name_or_path={ckpt!r})]\n"
+              f"np.savez({str(tmp_path / 'read.npz')!r}, **{{f'{{i}}/{{k}}': v.numpy() for i, vae in enumerate(vaes) "
+              f"for k, v in vae.state_dict().items()}})\nassert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=os.path.dirname(CONFIG_DIR),
+                   env={**os.environ, "USE_TORCH": "0", "PYTHONPATH": os.path.dirname(CONFIG_DIR)})
+    read = np.load(tmp_path / "read.npz")
+    for key, value in build_vae(pretrained_model_name_or_path=str(tmp_path / "bin")).state_dict().items():
+        np.testing.assert_array_equal(read[f"0/{key}"], value.numpy())
+        np.testing.assert_array_equal(read[f"1/{key}"], value.numpy())
+
+
 def _write_single_file(torch_vae, path, as_ckpt=False):
     import torch
     from safetensors.torch import save_file

@@ -1,10 +1,6 @@
-"""What a run hands to its users, written at its end (`save_final_models`) in one pass:
-    OUTPUT_DIR/vae/            the VAE (the EMA weights with --use_ema), for ppdiffusers and PyTorch diffusers,
-                               with latent_stats.json (the latent scale, latent_scale.py)
-    OUTPUT_DIR/vae_raw/        with --use_ema: the raw weights, the same way, with their own latent_stats.json
-    OUTPUT_DIR/discriminator/  config.json + model_state.pdparams, for --discriminator_path
-Each folder is written beside its place and moved in (disk.py): never half an export. Also what every checkpoint
-holds so that scripts/export_vae.py writes the same folder from it (`checkpoint_configs`).
+"""What a run hands to its users at its end (`save_final_models`): OUTPUT_DIR/vae (the EMA weights with --use_ema)
+and with --use_ema vae_raw (the raw ones), each for both libraries with its latent_stats.json, and discriminator/;
+and what every checkpoint holds so that scripts/export_vae.py writes the same folder from it (`checkpoint_configs`).
 """
 
 from __future__ import annotations
@@ -26,15 +22,16 @@ LATENT_STATS_NAME = "latent_stats.json"
 
 
 def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
-    """The JSON files of every checkpoint: the VAE's and the discriminator's configs, and what the export needs
-    (the latent-scale mode and origin, --posterior_std, --input_size, --resolution, the images to measure on)."""
+    """The JSON files of every checkpoint: the VAE's and the discriminator's configs, and what the export needs."""
     model = networks.model
     export = {"posterior_std": model.posterior_std, "scaling_factor": networks.scaling_factor_mode,
               EXPORT_ORIGIN_KEY: origin_of(model.vae), "input_size": model.input_size,
               "resolution": networks.resolution}
     if evaluator is not None:
         data, num_images = evaluator.latent_stats_data
-        export.update(latent_stats_data=stored_data_path(data), latent_stats_num_images=num_images)
+        # Absolute (the checkpoint may be exported from elsewhere); a `pipe:COMMAND` as given.
+        stored = data if not data or data.startswith(PIPE_PREFIX) else os.path.abspath(data)
+        export.update(latent_stats_data=stored or None, latent_stats_num_images=num_images)
     return {
         VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
         DISCRIMINATOR_CONFIG_NAME: networks.discriminator_config,
@@ -42,23 +39,15 @@ def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
     }
 
 
-def stored_data_path(data: Optional[str]) -> Optional[str]:
-    """A data source made absolute (the checkpoint may be exported from elsewhere); a `pipe:COMMAND` kept as given."""
-    if not data or data.startswith(PIPE_PREFIX):
-        return data or None
-    return os.path.abspath(data)
-
-
 def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,
                       config_updates: Optional[Dict[str, Any]] = None,
-                      latent_record: Optional[Dict[str, Any]] = None) -> str:
+                      latent_record: Optional[Dict[str, Any]] = None) -> None:
     """One dual-format VAE folder from `vae` (with the EMA's weights when `ema` is given) and its latent_stats.json."""
     with ema_weights(ema, vae):
         save_vae(vae, out_dir, posterior_std=posterior_std, **(config_updates or {}))
     if latent_record is not None:
         with open(os.path.join(out_dir, LATENT_STATS_NAME), "w") as handle:
             json.dump(latent_record, handle, indent=2)
-    return out_dir
 
 
 def save_final_models(output_dir: str, networks, ema, evaluator, step: int) -> Tuple[str, str]:

@@ -1,10 +1,6 @@
-"""The latent scale: the one home of the rule that gives a VAE its `scaling_factor` / `shift_factor` (FLUX.2's VAE:
-its bn statistics), at loading and at export, and of `vae/latent_stats.json`.
-
-The rule: the scale belongs to the latent space. A VAE whose encoder weights are loaded carries the scale their
-source states (`settle`, called by `build_vae`) and the export keeps it; a fresh encoder (from scratch, or
---ignore_keys re-initialising it) has it measured at export (`default_mode`); `--scaling_factor keep|measure|<number>`
-wins (`decide`). docs/fine-tuning.md "The latent scale" says why and what latent_stats.json holds.
+"""The latent scale (`scaling_factor` / `shift_factor`; FLUX.2's VAE: its bn statistics) at loading and at export,
+and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a fresh encoder has it
+measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); docs/fine-tuning.md "The latent scale".
 """
 
 from __future__ import annotations
@@ -31,13 +27,9 @@ EXPORT_ORIGIN_KEY = "latent_scale_origin"
 Source = Tuple[str, Dict[str, Any], str]  # (name, the latent-scale entries it states, origin when its factor is kept)
 
 
-# ---- loading: the scale the encoder's weights come with
-
 def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
-    """Give the built `vae` the latent scale of its sources, the source of its encoder's weights first: each entry
-    from the first source stating it, a later one stating another value warned about. Returns where its
-    scaling_factor came from, which `origin_of` remembers."""
+    """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
@@ -72,8 +64,19 @@ def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Op
 
 def _sources(config_file: Optional[str], pretrained: Optional[str], single_file: bool,
              init_from_ckpt: Optional[str]) -> List[Source]:
-    """Who states the latent scale, in `settle`'s order."""
-    sources = [_of_weights(init_from_ckpt)] if init_from_ckpt else []
+    sources = []
+    if init_from_ckpt:  # a checkpoint's run's factor (not one measured at export), or the config.json beside a file
+        name, entries, origin = f"the --init_from_ckpt weights {init_from_ckpt}", {}, ""
+        exported, run_config = checkpoint_export_config(init_from_ckpt), checkpoint_vae_config(init_from_ckpt)
+        folder = init_from_ckpt if os.path.isdir(init_from_ckpt) else os.path.dirname(init_from_ckpt)
+        if exported is not None and exported.get("scaling_factor") != "measure" and run_config is not None:
+            entries, origin = _stated(run_config), f"kept from the checkpoint {init_from_ckpt} (its run's factor)"
+            if exported.get("scaling_factor") != "keep":
+                entries["scaling_factor"] = float(exported.get("scaling_factor"))
+        elif exported is None and os.path.isfile(os.path.join(folder, "config.json")):
+            beside = os.path.join(folder, "config.json")
+            entries, origin = _stated(beside), f"kept from {beside}, beside {init_from_ckpt}"
+        sources.append((name, entries, origin))
     if pretrained:  # a single file holds tensors only
         name = f"the single file {pretrained}" if single_file else f"the pretrained VAE {pretrained}"
         sources.append((name, {}, "") if single_file else (name, _stated(pretrained), f"kept from {name}"))
@@ -86,25 +89,6 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
     return sources
 
 
-def _of_weights(path: str) -> Source:
-    """--init_from_ckpt: a checkpoint of ours states its run's factor (its vae_config.json's or the number it was
-    given, not one measured at that run's export); a weight file in a VAE folder, the config.json beside it."""
-    name = f"the --init_from_ckpt weights {path}"
-    exported, config_file = checkpoint_export_config(path), checkpoint_vae_config(path)
-    if exported is not None:
-        mode = exported.get("scaling_factor")
-        if mode == "measure" or config_file is None:
-            return name, {}, ""
-        entries = _stated(config_file)
-        if mode != "keep":
-            entries["scaling_factor"] = float(mode)
-        return name, entries, f"kept from the checkpoint {path} (its run's factor)"
-    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
-    if os.path.isfile(beside):
-        return name, _stated(beside), f"kept from {beside}, beside {path}"
-    return name, {}, ""
-
-
 def _stated(path: str) -> Dict[str, Any]:
     """The latent-scale entries a config JSON (or a folder's config.json) states; a null one states "no shift"."""
     with open(os.path.join(path, "config.json") if os.path.isdir(path) else path) as handle:
@@ -113,7 +97,6 @@ def _stated(path: str) -> Dict[str, Any]:
 
 
 def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], reinitialised: bool) -> None:
-    """One line naming both values, the one kept and why, and the flag that chooses the exported factor."""
     measured = key == "scaling_factor" or (key == "shift_factor" and kept[1] is not None)  # what "measure" writes
     if reinitialised and measured:
         why = f"but the encoder is re-initialised (--ignore_keys), so the exported {key} is measured at export"
@@ -129,16 +112,12 @@ def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], rein
 
 
 def origin_of(vae: AutoencoderKL) -> str:
-    """Where `vae`'s latent scale came from (`settle`), for log lines and latent_stats.json."""
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
 
 
 def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
-    """The bn statistics FLUX.2's VAE holds (what "keep" exports); None for other VAEs."""
     return bn_statistics(vae) if is_flux2(vae) else None
 
-
-# ---- the mode: --scaling_factor, or keep for loaded encoder weights, else measure
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
     """Do --ignore_keys leave some encoder or quant_conv weight (or FLUX.2's bn statistics) freshly initialised?"""
@@ -161,9 +140,12 @@ def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
     return number
 
 
-def default_mode(model_args) -> Mode:
-    """Keep when the encoder's weights are loaded and not re-initialised, else measure (also for an --init_from_ckpt
-    checkpoint whose run measured its factor: the checkpoint does not hold it)."""
+def scaling_factor_mode(model_args) -> Mode:
+    """--scaling_factor; not given: keep when the encoder's weights are loaded and not re-initialised, else measure
+    (also for an --init_from_ckpt checkpoint whose run measured its factor: the checkpoint does not hold it)."""
+    mode = parse_scaling_factor(model_args.scaling_factor)
+    if mode is not None:
+        return mode
     if reinitialises_encoder(model_args.ignore_keys):
         return "measure"
     if getattr(model_args, "init_from_ckpt", None):
@@ -172,15 +154,8 @@ def default_mode(model_args) -> Mode:
     return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
-def scaling_factor_mode(model_args) -> Mode:
-    """--scaling_factor as "keep", "measure" or a float, `default_mode` when not given."""
-    mode = parse_scaling_factor(model_args.scaling_factor)
-    return default_mode(model_args) if mode is None else mode
-
-
 def mode_for(vae: AutoencoderKL, model_args) -> Mode:
-    """`scaling_factor_mode`, checked against the VAE built: FLUX.2's has no scaling factor, and keeps its source's
-    bn statistics (the normalisation its DiT was trained with) when only its decoder trains."""
+    """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor)."""
     mode = scaling_factor_mode(model_args)
     if is_flux2(vae) and mode not in ("keep", "measure"):
         raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} (FLUX.2, ERNIE-Image) has no scaling_factor; "
@@ -199,14 +174,10 @@ def mode_of_checkpoint(given: Optional[str], export_config: Dict[str, Any]) -> M
     return (parse_scaling_factor(given) or parse_scaling_factor(export_config.get("scaling_factor"))) or "keep"
 
 
-# ---- export: what the exported config.json and latent_stats.json hold
-
 def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`, with
-    their measured statistics `stats` (an `evaluation.LatentStats` from `measured_on`) if any; "measure" needs
-    them. `origin`: where a kept scale came from (default `origin_of(vae)`); `unmeasured`: how to measure."""
+    """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
     flux2, config = is_flux2(vae), vae.config
     if mode == "measure":
         if stats is None or (flux2 and stats.patchified_mode_mean is None):
@@ -226,8 +197,7 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
     if flux2:
-        normalisation = updates.get("bn_statistics") or bn_statistics(vae)
-        eps = config.get("batch_norm_eps")
+        normalisation, eps = updates.get("bn_statistics") or bn_statistics(vae), config.get("batch_norm_eps")
         scale = {"class": FLUX2_CLASS_NAME, "latent_normalisation": normalisation.record(eps)}
     else:
         scale = {key: updates.get(key, config.get(key)) for key in ("scaling_factor", "shift_factor")}
@@ -254,23 +224,17 @@ def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str
         logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
                     "%.5g, shift_factor %.5g", stats.num_images, measured_on, [round(v, 4) for v in stats.latent_mean],
                     [round(v, 4) for v in stats.latent_std], stats.scaling_factor, stats.shift_factor)
-    said = f"{source}; {weights}" if weights else source
-    if flux2:
-        means, variances = normalisation.running_mean, normalisation.running_var
-        logger.info("exported latent normalisation (bn running_mean / running_var of %d patchified channels, mean of "
-                    "the means %.5g, mean of the variances %.5g, eps %s): %s", len(means), sum(means) / len(means),
-                    sum(variances) / len(variances), eps, said)
-    else:
-        logger.info("exported scaling_factor %s, shift_factor %s (%s)", record["scaling_factor"],
-                    record["shift_factor"], said)
+    exported = (f"latent normalisation (bn statistics of {len(normalisation.running_mean)} patchified channels, "
+                f"eps {eps})" if flux2 else
+                f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}")
+    logger.info("exported %s (%s)", exported, f"{source}; {weights}" if weights else source)
     return updates, record
 
 
 def latent_scales_at_export(mode: Mode, vae: AutoencoderKL, ema, evaluator, step: int,
                             encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """{"vae": `decide`'s pair} for the exported weights (the EMA's when there is one) and, with an EMA, "vae_raw"
-    for the raw ones, a latent space of their own unless --freeze_encoder. Statistics come from the last evaluation
-    of the same weights, else, only for "measure", an encoder-only pass. Call on every rank (passes are collective)."""
+    """{"vae": `decide`'s pair} for the exported weights (the EMA's if any), and "vae_raw" with an EMA. Statistics
+    come from the last evaluation of the same weights, else, for "measure", an encoder-only pass: call on every rank."""
     how = "scripts/eval_vae.py --vae on this folder measures its statistics"
     stats = source = None
     if mode == "measure" or evaluator.evaluated_at(step, ema):

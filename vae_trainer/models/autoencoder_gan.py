@@ -1,10 +1,6 @@
-"""The trainable state of a run in one Layer (`VAEWithDiscriminator`): the VAE, its discriminator, the output
-log-variance and LeCAM's EMA buffer, so that a checkpoint's model_state.pdparams holds every trained weight (LPIPS,
-frozen, stays outside) and the PaddleNLP Trainer has one `model`. It samples the latent (the posterior, or a
-constant std with --posterior_std), resizes what the encoder sees (--input_size) and freezes the encoder and
-quant_conv (--freeze_encoder: out of the optimizer, run without a graph, so the latent space stays bit-identical). With a VF
-loss (alignment.py) it holds the trainable 1x1 projection of the latent to the foundation model's width: trained
-with the VAE, checkpointed, never exported (the export saves `vae` alone).
+"""The trainable state of a run in one Layer (`VAEWithDiscriminator`: the VAE, its discriminator, the output
+log-variance, LeCAM's EMA buffer, a VF loss's latent projection), so that a checkpoint holds every trained weight and
+the PaddleNLP Trainer has one `model`; the export saves `vae` alone.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                               if vf_feature_dim else None)
 
     def vae_parameters(self) -> List[paddle.Tensor]:
-        """What the VAE optimizer updates: the autoencoder, the VF projection, the log-variance when learnable."""
         params = list(self.vae.parameters())
         if self.vf_projection is not None:
             params += list(self.vf_projection.parameters())
@@ -51,7 +46,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         return params
 
     def frozen_layers(self) -> List[paddle.nn.Layer]:
-        """Layers no optimizer updates, kept float32 under O2: the encoder and quant_conv with freeze_encoder."""
+        """Layers no optimizer updates (--freeze_encoder), kept float32 under O2."""
         if not self.freeze_encoder:
             return []
         return [layer for layer in (self.vae.encoder, self.vae.quant_conv) if layer is not None]
@@ -60,7 +55,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         return list(self.discriminator.parameters())
 
     def encode(self, x: paddle.Tensor):
-        """The posterior of `x` as the encoder sees it (resized to `input_size` if set); no graph when frozen."""
+        """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""
         with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():
             return self.vae.encode(encoder_input(x, self.input_size)).latent_dist
 

@@ -1,10 +1,6 @@
-"""FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's) as a ppdiffusers AutoencoderKL.
-
-ppdiffusers' AutoencoderKL (so recompute, EMA, --freeze_encoder, --ignore_keys, evaluation and the losses see the
-same layers) with diffusers' constructor and config keys (`decoder_block_out_channels`, no `scaling_factor`), plus
-`bn`: a BatchNorm over the 2x2-patchified latent channels that the forward never calls. Its running mean and
-variance are this VAE's latent scale (`BatchNormStatistics`), which latent_scale.py decides; the pipelines give
-their DiT `(patchify(z) - mean) / sqrt(var + eps)`, z the posterior mode. docs/fine-tuning.md has the details.
+"""FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's): ppdiffusers' AutoencoderKL with diffusers'
+constructor and config keys, plus `bn`, a BatchNorm over the 2x2-patchified latents that the forward never calls: its
+statistics are the latent scale (`BatchNormStatistics`, latent_scale.py); docs/fine-tuning.md has the details.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_m
 
 
 def is_flux2_config(config: Mapping[str, Any]) -> bool:
-    """Is `config` (a config.json or AutoencoderKL kwargs) FLUX.2's VAE class?"""
     return config.get("_class_name") == CLASS_NAME or any(key in config for key in FLUX2_ONLY_KEYS)
 
 
@@ -33,29 +28,17 @@ def is_flux2(vae: paddle.nn.Layer) -> bool:
 
 
 class AutoencoderKLFlux2(AutoencoderKL):
-    """diffusers' AutoencoderKLFlux2 (0.42.1) on ppdiffusers' AutoencoderKL: same parameters, same config keys."""
+    """diffusers' AutoencoderKLFlux2 (0.42.1): same parameters, same config keys."""
 
     @register_to_config
-    def __init__(
-        self,
-        in_channels: int = 3,
-        out_channels: int = 3,
-        down_block_types: Sequence[str] = ("DownEncoderBlock2D",) * 4,
-        up_block_types: Sequence[str] = ("UpDecoderBlock2D",) * 4,
-        block_out_channels: Sequence[int] = (128, 256, 512, 512),
-        decoder_block_out_channels: Sequence[int] | None = None,
-        layers_per_block: int = 2,
-        act_fn: str = "silu",
-        latent_channels: int = 32,
-        norm_num_groups: int = 32,
-        sample_size: int = 1024,
-        use_quant_conv: bool = True,
-        use_post_quant_conv: bool = True,
-        mid_block_add_attention: bool = True,
-        batch_norm_eps: float = 1e-4,
-        batch_norm_momentum: float = 0.1,
-        patch_size: Sequence[int] = (2, 2),
-    ):
+    def __init__(self, in_channels: int = 3, out_channels: int = 3,
+                 down_block_types: Sequence[str] = ("DownEncoderBlock2D",) * 4,
+                 up_block_types: Sequence[str] = ("UpDecoderBlock2D",) * 4,
+                 block_out_channels: Sequence[int] = (128, 256, 512, 512),
+                 decoder_block_out_channels: Sequence[int] | None = None, layers_per_block: int = 2,
+                 act_fn: str = "silu", latent_channels: int = 32, norm_num_groups: int = 32, sample_size: int = 1024,
+                 use_quant_conv: bool = True, use_post_quant_conv: bool = True, mid_block_add_attention: bool = True,
+                 batch_norm_eps: float = 1e-4, batch_norm_momentum: float = 0.1, patch_size: Sequence[int] = (2, 2)):
         if not mid_block_add_attention:
             raise ValueError("mid_block_add_attention false: ppdiffusers 0.29's AutoencoderKL always has the mid-block "
                              "attention, so this VAE cannot be built here")
@@ -77,24 +60,15 @@ class AutoencoderKLFlux2(AutoencoderKL):
 
 
 def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """A fresh AutoencoderKLFlux2 (Paddle's global RNG) keeping every entry of `config` (`with_source_entries`)."""
+    """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take (`force_upcast`)."""
     accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
     vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
-    return with_source_entries(vae, config)
-
-
-def with_source_entries(vae: AutoencoderKLFlux2, config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """`vae` whose config also holds the entries of `config` its constructor does not take (the published config's
-    `force_upcast`), so that the export writes them."""
-    extra = {key: value for key, value in config.items() if not key.startswith("_") and key not in vae.config}
-    if extra:
-        vae.register_to_config(**extra)
+    vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
     return vae
 
 
 def patchify(latents: paddle.Tensor, patch_size: Sequence[int] = (2, 2)) -> paddle.Tensor:
-    """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw), channel c*ph*pw + i*pw + j holding pixel (i, j) of each patch:
-    the order of diffusers' Flux2Pipeline._patchify_latents, so that `bn`'s channels line up."""
+    """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw) in the channel order of diffusers' Flux2Pipeline._patchify_latents."""
     ph, pw = patch_size
     batch, channels, height, width = latents.shape
     patches = latents.reshape([batch, channels, height // ph, ph, width // pw, pw]).transpose([0, 1, 3, 5, 2, 4])
@@ -103,14 +77,13 @@ def patchify(latents: paddle.Tensor, patch_size: Sequence[int] = (2, 2)) -> padd
 
 @dataclass
 class BatchNormStatistics:
-    """What `bn` holds: per patchified channel the running mean and (population) variance, and PyTorch's counter."""
+    """What `bn` holds: per patchified channel the running mean and (population) variance, and the counter."""
 
     running_mean: List[float]
     running_var: List[float]
     num_batches_tracked: int
 
     def record(self, eps: float) -> dict:
-        """For latent_stats.json: the statistics and the normalisation they give."""
         return {"running_mean": self.running_mean, "running_var": self.running_var,
                 "num_batches_tracked": self.num_batches_tracked, "batch_norm_eps": eps,
                 "normalisation": "(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior "

@@ -1,7 +1,5 @@
-"""PyTorch weight files read without torch: `read_state_dict` of a .safetensors or a torch.save (zip) file.
-
-A torch.save pickle unpickles tensors, dicts and plain values only (no code runs); anything else is refused.
-(ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.)
+"""PyTorch weight files read without torch (`read_state_dict`): a torch.save pickle unpickles tensors, dicts and plain
+values only (no code runs). ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
 """
 
 from __future__ import annotations
@@ -35,16 +33,11 @@ _ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
 
 
 def read_state_dict(path: str) -> dict:
-    """The arrays of `path` as numpy (nested dicts of a torch.save file kept); bfloat16 becomes float32."""
+    """The arrays of a .safetensors or torch.save (zip) file as numpy (nested dicts kept; bfloat16 as float32)."""
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
         return {name: _from_bfloat16(value) for name, value in load_file(path).items()}
-    return read_torch_zip(path)
-
-
-def read_torch_zip(path: str) -> dict:
-    """A torch.save file (zip format) as numpy arrays, tensors and plain containers only."""
     with zipfile.ZipFile(path) as archive:
         pickle_name = next(name for name in archive.namelist() if name.endswith("data.pkl"))
         storage_folder = pickle_name[: -len("data.pkl")] + "data/"

@@ -1,8 +1,5 @@
-"""The parts of the ppdiffusers AutoencoderKL that training touches: `decoder_last_layer` (adaptive GAN weight),
-`encoder_parameters` (--freeze_encoder), `encoder_input` / `check_reconstruction_size` (--input_size, --resolution)
-and `enable_recompute` (--recompute: each resnet, attention and sampler recomputed on its own, the convs in and out
-not, so the adaptive weight's gradient never enters a segment; docs/training.md "Memory"). The parameter tree is
-untouched: each wrapped layer's `forward` is replaced on the instance.
+"""The parts of the ppdiffusers AutoencoderKL that training touches: the adaptive GAN weight's layer, the encoder's
+parameters (--freeze_encoder), its input (--input_size) and --recompute (docs/training.md "Memory").
 """
 
 from __future__ import annotations
@@ -15,12 +12,11 @@ from ppdiffusers import AutoencoderKL
 
 
 def decoder_last_layer(vae: AutoencoderKL) -> paddle.Tensor:
-    """Weight of decoder.conv_out: the layer the adaptive GAN weight compares gradient norms at."""
     return vae.decoder.conv_out.weight
 
 
 def encoder_parameters(vae: AutoencoderKL) -> List[paddle.Tensor]:
-    """What --freeze_encoder freezes: the encoder and quant_conv, i.e. everything that defines the latents."""
+    """What --freeze_encoder freezes: everything that defines the latents."""
     params = list(vae.encoder.parameters())
     if vae.quant_conv is not None:
         params += list(vae.quant_conv.parameters())
@@ -28,7 +24,7 @@ def encoder_parameters(vae: AutoencoderKL) -> List[paddle.Tensor]:
 
 
 def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
-    """What the encoder sees: the images, or with --input_size H W the images bilinearly resized to HxW."""
+    """The images, or with --input_size H W the images bilinearly resized to HxW."""
     if input_size is None:
         return images
     return paddle.nn.functional.interpolate(images, size=list(input_size), mode="bilinear", align_corners=False)
@@ -41,8 +37,7 @@ def check_reconstruction_size(vae: AutoencoderKL, input_size: Optional[Sequence[
 
 def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[int]], resolution: int,
                                where: str = "the VAE's config") -> None:
-    """`check_reconstruction_size` from a config, before the VAE is built (flag_checks.py): the encoder input is a
-    multiple of 2 ** (down blocks - 1), and the decoder returns `resolution` from it."""
+    """`check_reconstruction_size` from a config, before the VAE is built (flag_checks.py)."""
     encoder_factor = 2 ** (len(config["down_block_types"]) - 1)
     decoder_factor = 2 ** (len(config["up_block_types"]) - 1)
     height, width = input_size or (resolution, resolution)
@@ -74,7 +69,8 @@ class RecomputedForward:
 
 
 def recompute_segments(vae: AutoencoderKL) -> List[tuple]:
-    """(name, layer) of every resnet, attention, down- and upsampler of the encoder's and decoder's blocks."""
+    """(name, layer) of every resnet, attention, down- and upsampler of the encoder's and decoder's blocks (not the
+    convs in and out, so that the adaptive GAN weight's gradient never enters a segment)."""
     out = []
     for coder_name, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks")):
         coder = getattr(vae, coder_name)
@@ -88,8 +84,8 @@ def recompute_segments(vae: AutoencoderKL) -> List[tuple]:
 
 
 def enable_recompute(vae: AutoencoderKL) -> List[str]:
-    """--recompute: each of `recompute_segments` recomputed in the backward; returns their names. Idempotent;
-    ppdiffusers' block-level checkpointing stays off (nested, the segments would be recomputed twice)."""
+    """--recompute: each of `recompute_segments` recomputed in the backward (its forward replaced on the instance);
+    returns their names. ppdiffusers' block-level checkpointing stays off (nested, segments would run twice)."""
     names = []
     for name, layer in recompute_segments(vae):
         if not isinstance(layer.__dict__.get("forward"), RecomputedForward):
@@ -97,8 +93,3 @@ def enable_recompute(vae: AutoencoderKL) -> List[str]:
         names.append(name)
     return names
 
-
-def recompute_calls(vae: AutoencoderKL) -> int:
-    """How many segment forwards ran under recompute so far (0 without --recompute)."""
-    return sum(layer.forward.calls for _, layer in recompute_segments(vae)
-               if isinstance(layer.__dict__.get("forward"), RecomputedForward))

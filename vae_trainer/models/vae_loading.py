@@ -1,34 +1,31 @@
-"""Where the VAE to train comes from: `build_vae`, the one constructor of both drivers and the scripts.
-
-A fresh VAE from a JSON of AutoencoderKL kwargs (`configs/*.json`, a checkpoint's vae_config.json), or a LOCAL
-pretrained one recognised by its files (`find_pretrained`): a ppdiffusers folder, a PyTorch diffusers folder
-(converted by ppdiffusers), or an original LDM / SD / SDXL / FLUX single file (ppdiffusers' LDM conversion, the
-architecture inferred from the tensors or given). Nothing is downloaded. --ignore_keys leaves weights at their fresh
-initialisation; --init_from_ckpt then loads weights only (`load_vae_weights`). The latent scale is latent_scale.py's.
+"""`build_vae`, the VAE constructor of both drivers and the scripts: fresh from a JSON of AutoencoderKL kwargs, or a
+LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
+--init_from_ckpt's weights. Nothing is downloaded; PyTorch files are read without torch (torch_files.py).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
-from ppdiffusers.models.modeling_utils import load_state_dict
 from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_diffusers_vae_unet_to_ppdiffusers,
                                                                      convert_ldm_vae_checkpoint)
 from ppdiffusers.utils import constants as names
-from ppdiffusers.utils import smart_load
+from safetensors import safe_open
 
 from .. import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
 from .flux2 import CLASS_NAME as FLUX2_CLASS_NAME
-from .flux2 import AutoencoderKLFlux2, flux2_from_config, is_flux2, is_flux2_config, with_source_entries
+from .flux2 import flux2_from_config, is_flux2_config
+from .torch_files import read_state_dict
 
 logger = logging.getLogger("vae_trainer")
 
@@ -36,8 +33,7 @@ PADDLE_WEIGHT_FILES = (names.PADDLE_SAFETENSORS_WEIGHTS_NAME, names.PADDLE_SAFET
                        names.PADDLE_WEIGHTS_NAME, names.PADDLE_WEIGHTS_NAME_INDEX_NAME)
 TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENSORS_WEIGHTS_NAME_INDEX_NAME,
                       names.TORCH_WEIGHTS_NAME, names.TORCH_WEIGHTS_NAME_INDEX_NAME)
-# ppdiffusers falls back to these variants of each name (`diffusion_pytorch_model.fp16.safetensors`, all an fp16
-# pipeline download holds); the weights are cast to the model's float32.
+# Also read: `diffusion_pytorch_model.fp16.safetensors` (all an fp16 pipeline download holds), cast to float32.
 WEIGHT_VARIANTS = ("fp16", "fp32")
 TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}  # a checkpoint-N's, not a VAE folder's
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
@@ -46,46 +42,53 @@ SD_NORM_GROUPS = 32  # a single file's GroupNorm groups: not in its tensors
 COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
 
 
-class PretrainedSource(NamedTuple):
-    layout: str  # "ppdiffusers", "diffusers" or "single_file"
-    path: str  # the folder, or the single file
-
-
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
               init_from_ckpt: Optional[str] = None) -> AutoencoderKL:
-    """The VAE to train: fresh from `vae_config_file` (Paddle's global RNG: seed first), or the pretrained one (with
-    the architecture of `vae_config_file` when both are given; a single file without it gets one inferred), weights
-    under `ignore_keys` left fresh; then `init_from_ckpt`'s weights (alone: with its checkpoint's architecture).
-    It carries the latent scale of its encoder weights' source (latent_scale.settle)."""
+    """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale."""
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
         raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
-    source = None
-    if pretrained_model_name_or_path is None:
-        vae = vae_from_config_file(vae_config_file or _checkpoint_architecture(init_from_ckpt))
+    source = weights = None
+    if pretrained_model_name_or_path is not None:
+        source, weights = find_pretrained(pretrained_model_name_or_path, subfolder)
+    single_file = source is not None and weights is None
+    if single_file:
+        state = _read_single_file(source)
+        vae = vae_from_config_file(vae_config_file) if vae_config_file else vae_from_config(
+            infer_single_file_config(state, source))
+        assign_weights(vae, _convert_single_file(vae, state), ignore_keys, source)
+    elif source:  # in its own architecture or that of vae_config_file
+        vae = vae_from_config_file(vae_config_file or source)
+        shards = [weights]
+        if weights.endswith(".json"):
+            with open(os.path.join(source, weights)) as handle:
+                shards = sorted(set(json.load(handle)["weight_map"].values()))
+        state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
+        assign_weights(vae, state, ignore_keys, source)
+    elif vae_config_file or checkpoint_vae_config(init_from_ckpt):
+        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt))
     else:
-        source = find_pretrained(pretrained_model_name_or_path, subfolder)
-        vae = _load_pretrained(source, vae_config_file, ignore_keys)
+        hint = _not_a_checkpoint_hint(init_from_ckpt)
+        raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else
+                                f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
+                                "this version): give the architecture with --vae_config_file")
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
-    latent_scale.settle(vae, vae_config_file, source.path if source else None,
-                        source is not None and source.layout == "single_file", init_from_ckpt, ignore_keys)
+    latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
     check_ignore_keys(vae, ignore_keys)
     return vae
 
 
-def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSource:
-    """Recognise a local pretrained VAE by its files (the first layout found decides: our export, holding both, is
-    read in Paddle's); one clear error when nothing loadable is there."""
+def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """(the VAE's folder or single file, the folder's weight file), or one clear error when nothing loadable is there."""
     location = os.path.join(path, subfolder) if subfolder else path
     if os.path.isfile(location):
         if location.endswith(SINGLE_FILE_SUFFIXES):
-            return PretrainedSource("single_file", location)
+            return location, None
         raise ValueError(f"{location}: a single-file VAE checkpoint must end with one of {SINGLE_FILE_SUFFIXES}")
     if not os.path.isdir(location):
-        # Checked here: ppdiffusers would take a missing folder for a hub id and try to download it.
         raise FileNotFoundError(
             f"No pretrained VAE at {location}: --pretrained_model_name_or_path must be a local folder or a "
             "single-file checkpoint (with --subfolder, e.g. 'vae', when the VAE sits inside a pipeline "
@@ -96,12 +99,12 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> PretrainedSou
             f"{location} is a checkpoint of a training run ({', '.join(sorted(present & TRAINING_RUN_FILES))}), not a "
             f"VAE folder: start from its weights with --init_from_ckpt {location} (continue that run with "
             "--resume_from_checkpoint), or fine-tune the VAE that run exported, OUTPUT_DIR/vae.")
-    for layout, files in (("ppdiffusers", PADDLE_WEIGHT_FILES), ("diffusers", TORCH_WEIGHT_FILES)):
-        found = sorted(present & set(with_variants(files)))
-        if found:
-            if CONFIG_NAME not in present:
-                raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
-            return PretrainedSource(layout, location)
+    found = [name for name in with_variants(PADDLE_WEIGHT_FILES) + with_variants(TORCH_WEIGHT_FILES)
+             if name in present]  # our export holds both: Paddle's is read
+    if found and CONFIG_NAME not in present:
+        raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
+    if found:
+        return location, found[0]
     hint = ""
     if not subfolder and os.path.isdir(os.path.join(location, "vae")):
         hint = " It has a 'vae' folder: add --subfolder vae."
@@ -119,24 +122,13 @@ def with_variants(files: Sequence[str]) -> Tuple[str, ...]:
 
 
 def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
-    """An --ignore_keys prefix that names no weight (a typo such as `decoders.`) would leave the run loading
-    everything, with no sign of it: refuse it."""
+    """Refuse an --ignore_keys prefix that names no weight (a typo such as `decoders.` would load everything)."""
     names = list(vae.state_dict())
     unmatched = [prefix for prefix in ignore_keys if not any(name.startswith(prefix) for name in names)]
     if unmatched:
         tops = sorted({name.split(".")[0] + "." for name in names})
         raise ValueError(f"--ignore_keys {' '.join(unmatched)}: no weight of this VAE starts with that; its weight "
                          f"names start with {', '.join(tops)} (e.g. --ignore_keys decoder.)")
-
-
-def _checkpoint_architecture(init_from_ckpt: str) -> str:
-    config = checkpoint_vae_config(init_from_ckpt)
-    if config is None:
-        hint = _not_a_checkpoint_hint(init_from_ckpt)
-        raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else
-                                f"--init_from_ckpt {init_from_ckpt} holds no vae_config.json (not a checkpoint of "
-                                "this version): give the architecture with --vae_config_file")
-    return config
 
 
 def _not_a_checkpoint_hint(path: str) -> str:
@@ -155,116 +147,56 @@ def _not_a_checkpoint_hint(path: str) -> str:
 
 
 def vae_from_config_file(config_file: str) -> AutoencoderKL:
-    if not os.path.isfile(config_file):
+    """A fresh VAE from a JSON of AutoencoderKL kwargs, or from a VAE folder's config.json."""
+    if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
-    return vae_from_config(AutoencoderKL.load_config(config_file))
+    config = AutoencoderKL.load_config(config_file)
+    widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
+    lost_widths = config.get("down_block_out_channels") is None and len(widths) != len(down_blocks)
+    if lost_widths and not is_flux2_config(config):
+        raise ValueError(  # e.g. the reference trainer's config.json
+            f"{config_file}: {len(down_blocks)} down blocks but block_out_channels {widths} (the decoder's widths, "
+            "written over the encoder's by ppdiffusers when saving a VAE with up_block_out_channels). Add "
+            "\"down_block_out_channels\": [the encoder's widths, e.g. those of the --vae_config_file it was trained "
+            "from] to that config.json.")
+    return vae_from_config(config)
 
 
 def vae_from_config(config: dict) -> AutoencoderKL:
-    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it: FLUX.2's class for its configs."""
+    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it (FLUX.2's class; the encoder's widths)."""
     if is_flux2_config(config):
         return flux2_from_config(config)
-    return AutoencoderKL.from_config(with_encoder_widths(config))
-
-
-def with_encoder_widths(config: dict) -> dict:
-    """`config` stating the encoder's widths (`down_block_out_channels`) when the decoder has its own: ppdiffusers
-    writes the decoder's over `block_out_channels`, so a saved super-resolving VAE would not rebuild otherwise."""
     config = dict(config)
     if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
         default = inspect.signature(AutoencoderKL.__init__).parameters["block_out_channels"].default
         config["down_block_out_channels"] = list(config.get("block_out_channels", default))
-    return config
+    return AutoencoderKL.from_config(config)
 
 
-def _load_pretrained(source: PretrainedSource, config_file: Optional[str],
-                     ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
-    if source.layout == "single_file":
-        ldm_state = _read_single_file(source.path)
-        vae = (vae_from_config_file(config_file) if config_file
-               else vae_from_config(infer_single_file_config(ldm_state, source.path)))
-        assign_weights(vae, _convert_single_file(vae, ldm_state), ignore_keys, source.path)
-        return vae
-    if config_file is not None:  # another architecture: build it, then take what fits from the pretrained one
-        vae = vae_from_config_file(config_file)
-        assign_weights(vae, _from_pretrained(source, ()).state_dict(), ignore_keys, source.path)
-        return vae
-    return _from_pretrained(source, ignore_keys)
-
-
-def _from_pretrained(source: PretrainedSource, ignore_keys: Tuple[str, ...]) -> AutoencoderKL:
-    """ppdiffusers' own loader (PyTorch folders converted); ignored weights keep their fresh initialisation. A PyTorch
-    FLUX.2 folder's weight file is read as --init_from_ckpt reads one, keeping the counter the conversion drops."""
-    config = AutoencoderKL.load_config(source.path)
-    present = set(os.listdir(source.path))
-    torch_file = next((name for name in with_variants(TORCH_WEIGHT_FILES)
-                       if name in present and not name.endswith(".json")), None)
-    if is_flux2_config(config) and source.layout == "diffusers" and torch_file:
-        vae = vae_from_config(config)
-        assign_weights(vae, _read_weight_file(vae, os.path.join(source.path, torch_file)), ignore_keys, source.path)
-        return vae
-    if not is_flux2_config(config):
-        _check_encoder_widths(source.path)
-    vae, info = (AutoencoderKLFlux2 if is_flux2_config(config) else AutoencoderKL).from_pretrained(
-        source.path, from_diffusers=source.layout == "diffusers", ignore_keys=list(ignore_keys),
-        low_cpu_mem_usage=False, output_loading_info=True, local_files_only=True)
-    if is_flux2(vae):
-        with_source_entries(vae, config)
-    _check_missing(source.path, info["missing_keys"], ignore_keys)
-    _check_unexpected(source.path, info["unexpected_keys"])
-    vae.train()  # from_pretrained returns eval mode; the trainer sets modes itself, as for a fresh model
-    return vae
-
-
-def _check_unexpected(source: str, unexpected: List[str]) -> None:
-    """A weight of the source that this VAE has no place for is not dropped silently."""
-    if not unexpected:
-        return
+def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:
+    """Load a Paddle-layout state dict into `vae`: every weight not ignored there with its shape, none left over."""
+    expected = vae.state_dict()
+    state = {k: v for k, v in state.items() if not k.startswith(tuple(ignore_keys))}
+    mismatched = [f"{k}: {list(v.shape)} in the file, {list(expected[k].shape)} here"
+                  for k, v in state.items() if k in expected and list(v.shape) != list(expected[k].shape)]
+    if mismatched:
+        raise ValueError(f"{source}: {len(mismatched)} weights have other shapes than this VAE's, e.g. "
+                         f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
+    missing = [k for k in expected if k not in state and not k.startswith(tuple(ignore_keys))]
+    if missing:
+        raise ValueError(f"{source} lacks {len(missing)} weights of this VAE, e.g. {missing[:5]}: a different "
+                         "architecture? Give the matching --vae_config_file, or --ignore_keys PREFIX to leave "
+                         "those weights freshly initialised.")
+    unexpected = sorted(set(state) - set(expected))
     if any(key.startswith("bn.") for key in unexpected):
         raise ValueError(
             f"{source} holds {', '.join(k for k in unexpected if k.startswith('bn.'))}: the latent normalisation "
             f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2_CLASS_NAME}), which this VAE (AutoencoderKL) has no place "
             f"for. Give a config of class {FLUX2_CLASS_NAME} (\"_class_name\": \"{FLUX2_CLASS_NAME}\", e.g. "
             "configs/flux2_vae.json), or none: the source's own config is used.")
-    raise ValueError(f"{source} holds {len(unexpected)} weights this VAE has no place for, e.g. {unexpected[:5]}: a "
-                     "different architecture? Give the matching --vae_config_file.")
-
-
-def _check_encoder_widths(folder: str) -> None:
-    """Refuse a config.json that lost its encoder's widths (`with_encoder_widths`), e.g. the reference trainer's."""
-    config = AutoencoderKL.load_config(folder)
-    widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
-    if config.get("down_block_out_channels") is None and len(widths) != len(down_blocks):
-        raise ValueError(
-            f"{os.path.join(folder, CONFIG_NAME)}: {len(down_blocks)} down blocks but block_out_channels {widths} "
-            "(the decoder's widths, written over the encoder's by ppdiffusers when saving a VAE with "
-            "up_block_out_channels). Add \"down_block_out_channels\": [the encoder's widths, e.g. those of the "
-            "--vae_config_file it was trained from] to that config.json.")
-
-
-def _ignored(key: str, ignore_keys: Iterable[str]) -> bool:
-    return any(key.startswith(prefix) for prefix in ignore_keys)
-
-
-def _check_missing(source: str, missing: List[str], ignore_keys: Iterable[str]) -> None:
-    missing = [k for k in missing if not _ignored(k, ignore_keys)]
-    if missing:
-        raise ValueError(f"{source} lacks {len(missing)} weights of this VAE, e.g. {missing[:5]}: a different "
-                         "architecture? Give the matching --vae_config_file, or --ignore_keys PREFIX to leave "
-                         "those weights freshly initialised.")
-
-
-def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Iterable[str], source: str) -> None:
-    """Load a Paddle-layout state dict into `vae`: every weight not ignored must be there with its shape."""
-    expected = vae.state_dict()
-    state = {k: v for k, v in state.items() if not _ignored(k, ignore_keys)}
-    mismatched = [f"{k}: {list(v.shape)} in the file, {list(expected[k].shape)} here"
-                  for k, v in state.items() if k in expected and list(v.shape) != list(expected[k].shape)]
-    if mismatched:
-        raise ValueError(f"{source}: {len(mismatched)} weights have other shapes than this VAE's, e.g. "
-                         f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
-    _check_missing(source, [k for k in expected if k not in state], ignore_keys)
-    _check_unexpected(source, sorted(set(state) - set(expected)))
+    if unexpected:
+        raise ValueError(f"{source} holds {len(unexpected)} weights this VAE has no place for, e.g. {unexpected[:5]}: "
+                         "a different architecture? Give the matching --vae_config_file.")
     # Ignored weights get their own fresh values: a partial dict would make Paddle warn once per weight.
     vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) if k in state else expected[k] for k in expected})
 
@@ -274,12 +206,10 @@ def _as_dtype(value, dtype):
     return tensor.astype(dtype) if tensor.dtype != dtype else tensor
 
 
-# ---- original LDM / SD / SDXL / FLUX single files
-
 def _read_single_file(path: str) -> Dict[str, np.ndarray]:
     try:
-        state = smart_load(path, return_numpy=True)
-    except Exception as error:  # e.g. a .ckpt pickling training objects that torch's weights_only load refuses
+        state = read_state_dict(path)
+    except Exception as error:  # e.g. a .ckpt pickling training objects, which the tensors-only reader refuses
         raise ValueError(f"cannot read {path} ({error}); a .safetensors export of the VAE always loads") from error
     state = state.get("state_dict", state)
     if any(k.startswith("first_stage_model.") for k in state):  # a whole SD checkpoint: its VAE part
@@ -295,8 +225,7 @@ def _read_single_file(path: str) -> Dict[str, np.ndarray]:
 
 
 def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
-    """The architecture from an LDM VAE's tensor shapes, with SD's 32 GroupNorm groups and no latent scale
-    (latent_scale.py assumes SD's). 16-channel VAEs (FLUX, SD3) and non-SD widths need --vae_config_file."""
+    """The architecture from an LDM VAE's tensor shapes, with SD's 32 GroupNorm groups and no latent scale."""
     levels = sorted({int(k.split(".")[2]) for k in state if k.startswith("encoder.down.")})
     widths = [int(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0]) for i in levels]
     layers = len({k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")})
@@ -310,10 +239,9 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
     logger.info("%s: architecture inferred from the tensor shapes (block widths %s, %d latent channels; SD's %d "
                 "GroupNorm groups)", path, widths, latent_channels, SD_NORM_GROUPS)
     return dict(in_channels=int(state["encoder.conv_in.weight"].shape[1]),
-                out_channels=int(state["decoder.conv_out.weight"].shape[0]),
-                down_block_types=["DownEncoderBlock2D"] * len(widths),
-                up_block_types=["UpDecoderBlock2D"] * len(widths), block_out_channels=widths,
-                layers_per_block=layers, latent_channels=latent_channels,
+                out_channels=int(state["decoder.conv_out.weight"].shape[0]), block_out_channels=widths,
+                down_block_types=["DownEncoderBlock2D"] * len(widths), layers_per_block=layers,
+                up_block_types=["UpDecoderBlock2D"] * len(widths), latent_channels=latent_channels,
                 norm_num_groups=SD_NORM_GROUPS, sample_size=512, use_quant_conv="quant_conv.weight" in state,
                 use_post_quant_conv="post_quant_conv.weight" in state)
 
@@ -331,11 +259,8 @@ def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -
     return convert_diffusers_vae_unet_to_ppdiffusers(vae, converted)
 
 
-# ---- --init_from_ckpt
-
 def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
-    """Weights only into `vae`: from a checkpoint-N of ours (or its model_state.pdparams: the `vae.` weights), or a
-    VAE weight file (ppdiffusers' or PyTorch diffusers'). Every weight not under `ignore_keys` must be there."""
+    """Weights only into `vae`, from a checkpoint-N of ours (its `vae.` weights) or a VAE weight file."""
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--init_from_ckpt {path}: no such file (expected a checkpoint-N folder or a weight "
@@ -348,15 +273,13 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
 
 
 def _read_weight_file(vae: AutoencoderKL, file: str) -> Dict[str, object]:
-    """A weight file's state in Paddle's layout: a .pdparams (an O2 checkpoint's float32 master weights,
-    `read_model_state`), a ppdiffusers file, or a PyTorch one converted, with the BatchNorm counters it holds."""
+    """A weight file's state in Paddle's layout (a PyTorch one converted, keeping its BatchNorm counters)."""
     if file.endswith(".pdparams"):
         return read_model_state(file)
-    state: Dict[str, object] = {}
-    if load_state_dict(file, state) == "pt":
-        counters = {key: np.asarray(value.numpy() if isinstance(value, paddle.Tensor) else value,
-                                    dtype=np.int64).reshape([1])
-                    for key, value in state.items() if key.endswith(COUNTER_SUFFIX)}
-        convert_pytorch_state_dict_to_paddle(vae, state)
-        state.update(counters)
-    return state
+    state = read_state_dict(file)
+    if file.endswith(".safetensors"):
+        with safe_open(file, framework="np") as handle:
+            if (handle.metadata() or {}).get("format", "pt") != "pt":  # ppdiffusers writes "pd"
+                return state
+    counters = {k: np.asarray(v, np.int64).reshape([1]) for k, v in state.items() if k.endswith(COUNTER_SUFFIX)}
+    return {**convert_pytorch_state_dict_to_paddle(vae, state), **counters}

@@ -1,8 +1,6 @@
-"""Saving the VAE so that ppdiffusers and PyTorch diffusers both load it as it is (`save_vae`).
-
-One folder: ppdiffusers' `diffusion_paddle_model.safetensors`, PyTorch diffusers' `diffusion_pytorch_model.safetensors`
-(converted by ppdiffusers' `to_diffusers=True`: the attention projections are transposed, so a Paddle file must
-never just be renamed) and one `config.json` both read; ppdiffusers' alone for a VAE diffusers cannot describe.
+"""Saving the VAE so that ppdiffusers and PyTorch diffusers both load it as it is (`save_vae`): one folder with
+ppdiffusers' weights, PyTorch diffusers' (converted by ppdiffusers' `to_diffusers=True`, which transposes the attention
+projections) and one config.json; ppdiffusers' alone for a VAE diffusers cannot describe.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import json
 import logging
 import math
 import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -29,27 +27,34 @@ PPDIFFUSERS_ONLY_ENTRIES = ("down_block_out_channels", "up_block_out_channels")
 
 def save_vae(vae: AutoencoderKL, out_dir: str, posterior_std: float = 0.0,
              bn_statistics: Optional[BatchNormStatistics] = None, **config_updates) -> bool:
-    """Write `out_dir` for both libraries after updating config entries such as scaling_factor. With
-    `posterior_std` > 0 the saved encoder's log-variance outputs give that std; `bn_statistics`: FLUX.2's latent
-    normalisation to save (its own when None). Returns whether the PyTorch file was written."""
+    """Write `out_dir` for both libraries after updating config entries such as scaling_factor (`_exported_values`
+    for the other arguments); returns whether the PyTorch file was written."""
     if config_updates:
         vae.register_to_config(**config_updates)
     for_diffusers = diffusers_can_load(vae)
-    with _temporarily(vae, _exported_values(vae, posterior_std, bn_statistics)):
+    with _exported_values(vae, posterior_std, bn_statistics):
         vae.save_pretrained(out_dir, safe_serialization=True)
         if for_diffusers:  # second: its config.json (diffusers' spelling of the version key) is the one both read
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
-            _drop_ppdiffusers_only_entries(out_dir)
-    if not for_diffusers:
-        for name in with_variants(TORCH_WEIGHT_FILES):  # an earlier export's: diffusers would load it, silently
-            if os.path.isfile(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
-                logger.warning("%s: removed %s of an earlier export (it is not this VAE)", out_dir, name)
-        encoder, decoder = _widths(vae)
-        logger.warning("%s: written for ppdiffusers only. PyTorch diffusers' AutoencoderKL builds the encoder and the "
-                       "decoder from one list of widths, so this VAE (encoder %s, decoder %s) would load there "
-                       "with freshly initialised layers and no error.", out_dir, encoder, decoder)
-    return for_diffusers
+    if for_diffusers:
+        path = os.path.join(out_dir, AutoencoderKL.config_name)
+        with open(path) as handle:
+            config = json.load(handle)
+        for key in PPDIFFUSERS_ONLY_ENTRIES:
+            if config.get(key) in (None, config.get("block_out_channels")):
+                config.pop(key, None)
+        with open(path, "w") as handle:
+            json.dump(config, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        return True
+    for name in with_variants(TORCH_WEIGHT_FILES):  # an earlier export's: diffusers would load it, silently
+        if os.path.isfile(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+            logger.warning("%s: removed %s of an earlier export (it is not this VAE)", out_dir, name)
+    logger.warning("%s: written for ppdiffusers only. PyTorch diffusers' AutoencoderKL builds the encoder and the "
+                   "decoder from one list of widths, so this VAE (encoder %s, decoder %s) would load there "
+                   "with freshly initialised layers and no error.", out_dir, *_widths(vae))
+    return False
 
 
 def diffusers_can_load(vae: AutoencoderKL) -> bool:
@@ -67,49 +72,25 @@ def _widths(vae: AutoencoderKL) -> Tuple[List[int], List[int]]:
                  or config.block_out_channels))
 
 
-def _exported_values(vae: AutoencoderKL, posterior_std: float,
-                     bn_statistics: Optional[BatchNormStatistics]) -> Dict[str, np.ndarray]:
-    """The weights the export writes in place of the VAE's own. --posterior_std: the posterior's log-variance outputs
-    (which training ignores) get zero weights and bias log(std^2); FLUX.2: the bn statistics latent_scale.py decided."""
-    values = {}
+@contextlib.contextmanager
+def _exported_values(vae: AutoencoderKL, posterior_std: float, bn_statistics: Optional[BatchNormStatistics]):
+    """`vae` holding, while saving, the weights the export writes in place of its own: with --posterior_std, zero
+    weights and bias log(std^2) for the log-variance outputs (training ignores them); FLUX.2: the bn statistics."""
+    state, values = vae.state_dict(), {}
     if posterior_std and posterior_std > 0:
         prefix = "quant_conv." if vae.quant_conv is not None else "encoder.conv_out."  # FLUX has no quant_conv
-        state, channels = vae.state_dict(), vae.config.latent_channels
         weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
-        weight[channels:], bias[channels:] = 0.0, 2.0 * math.log(posterior_std)
+        weight[vae.config.latent_channels:], bias[vae.config.latent_channels:] = 0.0, 2.0 * math.log(posterior_std)
         values.update({prefix + "weight": weight, prefix + "bias": bias})
-    if bn_statistics is not None:
-        if not is_flux2(vae):
-            raise ValueError("bn statistics are FLUX.2's VAE's latent normalisation; this VAE has none")
+    if bn_statistics is not None:  # FLUX.2's
         values.update({"bn._mean": np.asarray(bn_statistics.running_mean, np.float32),
                        "bn._variance": np.asarray(bn_statistics.running_var, np.float32),
                        "bn.num_batches_tracked": np.asarray([bn_statistics.num_batches_tracked], np.int64)})
-    return values
-
-
-@contextlib.contextmanager
-def _temporarily(vae: AutoencoderKL, values: Dict[str, np.ndarray]) -> Iterator[None]:
-    """`vae`'s state entries hold `values` (cast to their dtypes), then their own again."""
-    state = vae.state_dict()
     own = {name: state[name].numpy().copy() for name in values}
     for name, value in values.items():
-        if list(value.shape) != list(state[name].shape):
-            raise ValueError(f"{name}: {list(value.shape)} values for a {list(state[name].shape)} entry")
         state[name].set_value(paddle.to_tensor(value).astype(state[name].dtype))
     try:
         yield
     finally:
         for name, value in own.items():
             state[name].set_value(value)
-
-
-def _drop_ppdiffusers_only_entries(out_dir: str) -> None:
-    path = os.path.join(out_dir, AutoencoderKL.config_name)
-    with open(path) as handle:
-        config = json.load(handle)
-    for key in PPDIFFUSERS_ONLY_ENTRIES:
-        if config.get(key) in (None, config.get("block_out_channels")):
-            config.pop(key, None)
-    with open(path, "w") as handle:
-        json.dump(config, handle, indent=2, sort_keys=True)
-        handle.write("\n")
