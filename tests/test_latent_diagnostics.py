@@ -1,4 +1,4 @@
-"""The latent diagnostics (vae_trainer/latent_diagnostics.py): right on constructed cases, and reported by
+"""The latent diagnostics (vae_trainer/metrics.py): right on constructed cases, and reported by
 every evaluation with its protocol."""
 
 import math
@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, result_record
-from vae_trainer.latent_diagnostics import DIAGNOSTICS, equivariance_pairs, high_frequency_share
+from vae_trainer.metrics import DIAGNOSTICS, equivariance_pairs, high_frequency_share
 from vae_trainer.metrics import psnr, to_unit_range
 
 
