@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -28,7 +28,8 @@ from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
 from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
                                  FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
-                                 equivariance_pairs, frechet_distance, psnr, spectrum_energies, ssim, to_unit_range)
+                                 equivariance_pairs, frechet_distance, high_frequency_share, psnr, spectrum_energies,
+                                 ssim, to_unit_range)
 from vae_trainer.models.flux2 import is_flux2, patchify
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
@@ -38,13 +39,11 @@ logger = logging.getLogger(__name__)
 # How each metric is made, in the order the protocol states them.
 METRIC_DEFINITIONS = {
     "psnr": "10 log10(1 / MSE) per image over all pixels and channels, averaged over images",
-    "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, "
-            f"K2 {SSIM_K2}, population covariances, valid region only, averaged over channels and images "
-            "(scikit-image structural_similarity with gaussian_weights=True, use_sample_covariance=False, "
-            "data_range=1)",
+    "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, K2 {SSIM_K2}, "
+            "population covariances, valid region only, averaged over channels and images (scikit-image "
+            "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
-    "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
-            "reconstructions",
+    "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
     "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
                                "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
     "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
@@ -171,9 +170,9 @@ class EvalProtocol:
 
 
 @dataclass
-class LatentStats:
-    """Per-channel statistics of posterior samples, the suggested factors, and for FLUX.2's VAE those of its
-    patchified posterior modes."""
+class EvalResult:
+    """What a pass measured: per-channel statistics of posterior samples, the suggested factors, for FLUX.2's VAE
+    those of its patchified posterior modes; when reconstructing, the metrics and a uint8 HxWx3 grid."""
 
     latent_mean: list[float]
     latent_std: list[float]
@@ -182,12 +181,6 @@ class LatentStats:
     num_images: int
     patchified_mode_mean: list[float] | None = None
     patchified_mode_var: list[float] | None = None
-
-
-@dataclass
-class EvalResult(LatentStats):
-    """What `evaluate_vae` measured; `grid` is uint8 HxWx3, inputs above reconstructions."""
-
     metrics: dict[str, float] = field(default_factory=dict)
     grid: np.ndarray | None = None
 
@@ -299,7 +292,7 @@ class _Pass:
         if missing > 0:
             self.grid.append((pixels[:missing].numpy(), recons[:missing].numpy()))
 
-    def latent_stats(self) -> LatentStats:
+    def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
         mean, std = self.samples.compute()
         patch_mean = patch_var = None
@@ -307,18 +300,17 @@ class _Pass:
             patch_mean, patch_std = self.patches.compute()
             patch_mean, patch_var = patch_mean.tolist(), (patch_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        return LatentStats(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var)
+        return EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var)
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
-        high, total = all_reduce_sum(self.spectrum)
-        metrics["latent_high_frequency_share"] = float(high / total) if total > 0 else 0.0
+        metrics["latent_high_frequency_share"] = high_frequency_share(all_reduce_sum(self.spectrum))
         if self.cka is not None:
             metrics["vf_alignment_cka"] = self.cka.result()
         if self.features is not None:
             metrics["rfid"] = frechet_distance(*self.features[0].compute(), *self.features[1].compute())
         grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
-        return EvalResult(**vars(self.latent_stats()), metrics=metrics, grid=grid)
+        return replace(self.latent_stats(), metrics=metrics, grid=grid)
 
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
@@ -341,7 +333,7 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None,
                     input_size: list[int] | None = None, posterior_std: float = 0.0,
-                    tiling: Tiling | None = None) -> LatentStats:
+                    tiling: Tiling | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
     measurement = _Pass(vae, input_size, posterior_std)
     measurement.run(batches, measurement.encode, num_images, tiling, "measuring latent statistics")
@@ -350,7 +342,7 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
                        input_size: list[int] | None = None, posterior_std: float = 0.0,
-                       tiling: Tiling | None = None) -> tuple[LatentStats, str]:
+                       tiling: Tiling | None = None) -> tuple[EvalResult, str]:
     """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data`, and
     the sentence saying where they come from (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
@@ -376,15 +368,12 @@ class TrainingEvaluator:
         self.data_args, self.args = data_args, args
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
         self.input_size, self.posterior_std = input_size, posterior_std
-        self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
         self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
-        check_tiling(None, self.tiling, input_size)  # against the VAE's factor: at each evaluation
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
-        if self.metric is not None and self.metric not in HIGHER_IS_BETTER:
-            raise ValueError(f"--metric_for_best_model must be one of {sorted(HIGHER_IS_BETTER)}, got {self.metric!r}")
         ranks = world_size()  # at start-up, not after training: every rank evaluates and measures its share
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
@@ -423,7 +412,7 @@ class TrainingEvaluator:
         return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
                 and (wanted is None or wanted == self.data_args.eval_num_images))
 
-    def latent_stats(self, vae, ema, step: int) -> tuple[LatentStats, str]:
+    def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:
         """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
         if self.evaluated_at(step, ema):
             return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"

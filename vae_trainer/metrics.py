@@ -112,10 +112,10 @@ def spectrum_energies(latents: paddle.Tensor) -> tuple[float, float]:
     return float((power * mask).sum()), float(power.sum())
 
 
-def high_frequency_share(latents: paddle.Tensor) -> float:
-    """`latent_high_frequency_share` of one batch of latents (0 for constant latents)."""
-    high, total = spectrum_energies(latents)
-    return high / total if total > 0 else 0.0
+def high_frequency_share(energies: tuple[float, float] | np.ndarray) -> float:
+    """`latent_high_frequency_share` of `spectrum_energies` (summed over batches): 0 for constant latents."""
+    high, total = energies
+    return float(high / total) if total > 0 else 0.0
 
 
 def all_reduce_sum(array: np.ndarray) -> np.ndarray:

@@ -11,9 +11,6 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-FID_INPUT_SIZE = 299
-BATCH_NORM_EPSILON = 0.001  # torchvision's / TensorFlow's (Paddle's default is 1e-5)
-
 
 class BasicConv2d(nn.Layer):
     """Conv (no bias) -> BatchNorm -> ReLU, torchvision's Inception unit."""
@@ -21,7 +18,7 @@ class BasicConv2d(nn.Layer):
     def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
         super().__init__()
         self.conv = nn.Conv2D(in_channels, out_channels, bias_attr=False, **conv_kwargs)
-        self.bn = nn.BatchNorm2D(out_channels, epsilon=BATCH_NORM_EPSILON)
+        self.bn = nn.BatchNorm2D(out_channels, epsilon=0.001)  # torchvision's / TensorFlow's, not Paddle's 1e-5
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return F.relu(self.bn(self.conv(x)))
@@ -148,8 +145,7 @@ class FIDInceptionV3(nn.Layer):
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
         # pytorch-fid's resize to 299 px (bilinear, no antialiasing); its [0, 1] -> [-1, 1] step commutes with it
-        x = F.interpolate(images.astype("float32"), size=[FID_INPUT_SIZE, FID_INPUT_SIZE], mode="bilinear",
-                          align_corners=False)
+        x = F.interpolate(images.astype("float32"), size=[299, 299], mode="bilinear", align_corners=False)
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = F.max_pool2d(x, kernel_size=3, stride=2)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
