@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -66,48 +66,27 @@ def eval_batch_size(resolution: int, given: int | None = None, train_batch_size:
     return max(1, min(8, 8 * 256 * 256 // (resolution * resolution)))
 
 
-@dataclass(frozen=True)
-class Tiling:
-    """--eval_tiled: ppdiffusers' tiled encode/decode on `tile_size`-pixel tiles, for evaluations only."""
-
-    tile_size: int = DEFAULT_TILE_SIZE
-    overlap: float = 0.25  # ppdiffusers' tile_overlap_factor
-
-    def describe(self, resolution: int) -> str:
-        if resolution <= self.tile_size:  # ppdiffusers tiles only images larger than one tile
-            return (f"requested (--eval_tiled) but not used: a {resolution} px image fits in one {self.tile_size} px "
-                    "tile, so encoder and decoder saw whole images")
-        return (f"tiled (--eval_tiled): encoder and decoder run on {self.tile_size}x{self.tile_size}-pixel tiles (the "
-                f"matching latent tiles for the decoder) overlapping by {self.overlap:.0%}, overlaps blended linearly "
-                "(ppdiffusers tiled_encode / tiled_decode); differs from untiled reconstructions near tile seams")
+TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
 
-def tiles_note(tiling: Tiling | None, resolution: int) -> str:
+def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> int | None:
+    """The tile size in pixels of --eval_tiled / --eval_tile_size (None: untiled), the `tiling` argument below."""
+    return (eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
+
+
+def tiles_note(tiling: int | None, resolution: int) -> str:
     """The words added to the sentence saying where latent statistics come from."""
-    return f", tiled ({tiling.tile_size} px tiles)" if tiling and resolution > tiling.tile_size else ""
-
-
-def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> Tiling | None:
-    """The Tiling of --eval_tiled / --eval_tile_size (None: untiled)."""
-    return Tiling(eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
-
-
-def check_tiling(config: Mapping | None, tiling: Tiling | None, input_size: list[int] | None = None,
-                 where: str = "the VAE's config") -> None:
-    """Refuse tiling settings ppdiffusers' tiled encode/decode would get wrong (`flag_checks.check_tile_size`)."""
-    if tiling is not None:
-        check_tile_size(tiling.tile_size, config, input_size, where)
+    return f", tiled ({tiling} px tiles)" if tiling is not None and resolution > tiling else ""
 
 
 @contextmanager
-def tiled(vae: paddle.nn.Layer, tiling: Tiling | None) -> Iterator[None]:
+def tiled(vae: paddle.nn.Layer, tiling: int | None) -> Iterator[None]:
     """Within: `vae` encodes and decodes images larger than a tile tile by tile (restored on leaving)."""
     if tiling is None:
         yield
         return
-    settings = {"use_tiling": True, "tile_sample_min_size": tiling.tile_size,
-                "tile_latent_min_size": tiling.tile_size // downsampling_factor(vae.config),
-                "tile_overlap_factor": tiling.overlap}
+    settings = {"use_tiling": True, "tile_sample_min_size": tiling,
+                "tile_latent_min_size": tiling // downsampling_factor(vae.config), "tile_overlap_factor": TILE_OVERLAP}
     saved = {name: getattr(vae, name) for name in settings}
     stand_ins = {name: owner for name, owner in (("quant_conv", vae.encoder), ("post_quant_conv", vae.decoder))
                  if getattr(vae, name, None) is None}  # FLUX has none; the tiled passes call them
@@ -136,7 +115,7 @@ class EvalProtocol:
     seed: int = 0
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
     metrics: tuple[str, ...] = tuple(METRIC_DEFINITIONS)
-    tiling: Tiling | None = None  # --eval_tiled: stated (used or not) only when requested
+    tiling: int | None = None  # --eval_tiled's tile size: stated (used or not) only when requested
     patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
 
     def describe(self) -> dict[str, str]:
@@ -148,8 +127,14 @@ class EvalProtocol:
                                       "(--input_size); metrics compare the decoder's output with the full image")
         items["latents"] = (f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
                             else "the posterior mode (mean)")
-        if self.tiling is not None:
-            items["tiling"] = self.tiling.describe(size)
+        if self.tiling is not None and size <= self.tiling:  # ppdiffusers tiles only images larger than one tile
+            items["tiling"] = (f"requested (--eval_tiled) but not used: a {size} px image fits in one {self.tiling} px "
+                               "tile, so encoder and decoder saw whole images")
+        elif self.tiling is not None:
+            items["tiling"] = (f"tiled (--eval_tiled): encoder and decoder run on {self.tiling}x{self.tiling}-pixel "
+                               f"tiles (the matching latent tiles for the decoder) overlapping by {TILE_OVERLAP:.0%}, "
+                               "overlaps blended linearly (ppdiffusers tiled_encode / tiled_decode); differs from "
+                               "untiled reconstructions near tile seams")
         items["latent statistics"] = ("per channel, of posterior samples (exact expectation from the posterior "
                                       "means and variances), before any scaling factor")
         if self.patchified:
@@ -216,10 +201,11 @@ class _Pass:
         self.count = 0
 
     def run(self, batches: Iterable[Any], add: Callable[[paddle.Tensor], None], num_images: int | None,
-            tiling: Tiling | None, what: str) -> None:
+            tiling: int | None, what: str) -> None:
         """`add` on each batch (tensors or dicts holding "pixel_values"), at most `num_images` images, in eval mode
         without gradients. A rank that fails or gets no image raises on every rank, naming it."""
-        check_tiling(getattr(self.vae, "config", None), tiling, self.input_size)
+        if tiling is not None:  # tiles ppdiffusers' tiled passes would get wrong are refused
+            check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
         was_training = self.vae.training
         self.vae.eval()
@@ -316,7 +302,7 @@ class _Pass:
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
                  inception: paddle.nn.Layer | None = None, num_images: int | None = None,
                  sample_posterior: bool = False, seed: int = 0, grid_images: int = 8,
-                 input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: Tiling | None = None,
+                 input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
                  vf_model: paddle.nn.Layer | None = None) -> EvalResult:
     """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
     states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator)."""
@@ -333,7 +319,7 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None,
                     input_size: list[int] | None = None, posterior_std: float = 0.0,
-                    tiling: Tiling | None = None) -> EvalResult:
+                    tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
     measurement = _Pass(vae, input_size, posterior_std)
     measurement.run(batches, measurement.encode, num_images, tiling, "measuring latent statistics")
@@ -342,7 +328,7 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
                        input_size: list[int] | None = None, posterior_std: float = 0.0,
-                       tiling: Tiling | None = None) -> tuple[EvalResult, str]:
+                       tiling: int | None = None) -> tuple[EvalResult, str]:
     """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data`, and
     the sentence saying where they come from (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
