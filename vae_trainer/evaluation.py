@@ -1,6 +1,5 @@
 """Evaluate an AutoencoderKL on held-out NCHW [-1, 1] images (docs/measuring.md): the protocol stated with each
-result, the one pass over the images (`evaluate_vae`, `measure_latents`; every rank runs it on its share, with the
-same optional models), eval tiling, and the evaluation during training (`TrainingEvaluator`)."""
+result, the one pass over the images (every rank runs it on its share), eval tiling, and in-training evaluation."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ import numpy as np
 import paddle
 
 from vae_trainer import watchdog
-from vae_trainer.alignment import DEFINITION as CKA_DEFINITION
-from vae_trainer.alignment import CKAAccumulator, to_token_grid
+from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, to_token_grid
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING
@@ -56,8 +54,7 @@ METRIC_DEFINITIONS = {
 
 def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
                     flag: str = "--per_device_eval_batch_size") -> int:
-    """The per-device evaluation batch: `given` (the user's `flag`), else the training batch (it fits), else as many
-    images as hold the pixels of 8 at 256 px (1 to 8)."""
+    """The per-device evaluation batch: `given` (`flag`), else the training batch, else 8 images' pixels at 256 px."""
     if given is not None:
         check_eval_batch_size(given, flag)
         return int(given)
@@ -88,13 +85,12 @@ def tiled(vae: paddle.nn.Layer, tiling: int | None) -> Iterator[None]:
     settings = {"use_tiling": True, "tile_sample_min_size": tiling,
                 "tile_latent_min_size": tiling // downsampling_factor(vae.config), "tile_overlap_factor": TILE_OVERLAP}
     saved = {name: getattr(vae, name) for name in settings}
-    stand_ins = {name: owner for name, owner in (("quant_conv", vae.encoder), ("post_quant_conv", vae.decoder))
-                 if getattr(vae, name, None) is None}  # FLUX has none; the tiled passes call them
+    stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]  # FLUX's
     try:
-        for name, owner in stand_ins.items():
-            stand_in = paddle.nn.Identity()
-            stand_in.weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)  # read by the tiled passes
-            setattr(vae, name, stand_in)
+        for name in stand_ins:  # the tiled passes call them and read `.weight.dtype` (not a parameter here)
+            owner = vae.encoder if name == "quant_conv" else vae.decoder
+            setattr(vae, name, paddle.nn.Identity())
+            getattr(vae, name).weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)
         for name, value in settings.items():
             setattr(vae, name, value)
         yield
@@ -172,8 +168,7 @@ class EvalResult:
 
 def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray,
               max_images: int = 8) -> np.ndarray:
-    """uint8 HxWx3 grid of NCHW [-1, 1] images: the first `max_images` (at least one) inputs over their
-    reconstructions."""
+    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions."""
     rows = []
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
         if isinstance(images, paddle.Tensor):
@@ -263,8 +258,7 @@ class _Pass:
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
-            decoded = decoded.astype("float32").clip(-1.0, 1.0)
-            self.metrics.update(name, psnr(to_unit_range(target.astype("float32")), to_unit_range(decoded)))
+            self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += spectrum_energies(mode)
         if self.cka is not None:
             features, grid = self.vf_model.patch_tokens(pixels)
@@ -378,8 +372,7 @@ class TrainingEvaluator:
 
     @property
     def latent_stats_data(self) -> tuple[str, int]:
-        """(images, how many) the export's latent statistics are measured on: --latent_stats_num_images
-        (default --eval_num_images) of --eval_file_list, else of the training --file_list."""
+        """(images, how many) for the export's latent statistics: of --eval_file_list, else of --file_list."""
         path = self.data_args.eval_file_list or self.data_args.file_list
         return path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images
 

@@ -36,8 +36,7 @@ def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
 
 
 def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """PSNR per image in dB of [0, 1] images, shape [B]: 10 log10(1 / MSE), as scikit-image's
-    peak_signal_noise_ratio. Callers clamp reconstructions first; identical images give +inf."""
+    """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
     squared_error = (x.astype("float32") - y.astype("float32")) ** 2
     mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / mse)
@@ -53,9 +52,8 @@ def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tenso
 
 
 def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """SSIM per image of [0, 1] NCHW images, shape [B], averaged over channels: scikit-image's
-    structural_similarity(gaussian_weights=True, use_sample_covariance=False, data_range=1), whose cropped border
-    is a 'valid' convolution."""
+    """SSIM per [0, 1] NCHW image, shape [B], averaged over channels: scikit-image's structural_similarity(
+    gaussian_weights=True, use_sample_covariance=False, data_range=1), whose cropped border is a 'valid' convolution."""
     x, y = x.astype("float32"), y.astype("float32")
     if min(x.shape[-2:]) < SSIM_WINDOW_SIZE:
         raise ValueError(f"SSIM needs images of at least {SSIM_WINDOW_SIZE} px, got {x.shape}")
@@ -124,9 +122,7 @@ def all_reduce_sum(array: np.ndarray) -> np.ndarray:
 
 
 def _to_numpy64(values: paddle.Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(values, paddle.Tensor):
-        values = values.detach().astype("float64").numpy()
-    return np.asarray(values, dtype=np.float64)
+    return np.asarray(values.astype("float64").numpy() if isinstance(values, paddle.Tensor) else values, np.float64)
 
 
 class MetricAccumulator:
@@ -151,13 +147,11 @@ class FeatureStatistics:
     """Running mean and covariance of feature vectors (e.g. 2048-d Inception pool features), as float64 sums."""
 
     def __init__(self) -> None:
-        self._count, self._sum, self._outer_sum = 0, None, None
+        self._count, self._sum, self._outer_sum = 0, 0.0, 0.0  # arrays from the first batch on
 
     def update(self, features: paddle.Tensor | np.ndarray) -> None:
         """Add a batch of features, shape [B, D]."""
         batch = _to_numpy64(features).reshape(features.shape[0], -1)
-        if self._sum is None:
-            self._sum, self._outer_sum = np.zeros(batch.shape[1]), np.zeros((batch.shape[1], batch.shape[1]))
         self._count += batch.shape[0]
         self._sum += batch.sum(axis=0)
         self._outer_sum += batch.T @ batch
@@ -178,14 +172,11 @@ class LatentStatistics:
 
     def __init__(self) -> None:
         self._count = 0  # elements per channel
-        self._sum: np.ndarray | None = None
-        self._squared_sum: np.ndarray | None = None
+        self._sum = self._squared_sum = 0.0  # per channel from the first batch on
 
     def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
         """Add a batch of latents [B, C, h, w] (posterior means when `variances` are given)."""
         per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
-        if self._sum is None:
-            self._sum, self._squared_sum = np.zeros(per_channel.shape[0]), np.zeros(per_channel.shape[0])
         self._count += per_channel.shape[1]
         self._sum += per_channel.sum(axis=1)
         self._squared_sum += (per_channel**2).sum(axis=1)

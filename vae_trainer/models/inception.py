@@ -1,7 +1,6 @@
-"""The FID InceptionV3: a Paddle port of pytorch-fid's `InceptionV3([3])` (FID weights variant), [-1, 1] NCHW
-images -> [B, 2048] pool features. pytorch-fid's patches of torchvision's Inception3: average pools that do not
-count padded zeros (`exclusive=True`), a last InceptionE that max-pools. Parameter names are torchvision's, so
-weights convert by renaming (scripts/convert_inception_weights.py)."""
+"""pytorch-fid's FID InceptionV3 (`InceptionV3([3])`) in Paddle, [-1, 1] NCHW images -> [B, 2048] pool features:
+torchvision's Inception3 with average pools that do not count padded zeros and a last InceptionE that max-pools.
+Parameter names are torchvision's, so weights convert by renaming (scripts/convert_inception_weights.py)."""
 
 from __future__ import annotations
 
