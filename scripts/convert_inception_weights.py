@@ -5,8 +5,7 @@
 
 The source file is the one pytorch-fid downloads (FID_WEIGHTS_URL in pytorch_fid/inception.py);
 nothing is downloaded here. torch is needed only to read it and is imported only when this runs.
-The renaming itself lives in ``vae_trainer.models.inception.convert_torch_state_dict``; the result is
-checked by building ``FIDInceptionV3`` from it.
+The result is checked by building ``FIDInceptionV3`` from it.
 """
 
 from __future__ import annotations
@@ -17,9 +16,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from vae_trainer.models.inception import convert_torch_state_dict, load_fid_inception  # noqa: E402
+from vae_trainer.models.inception import load_fid_inception  # noqa: E402
+
+_BATCH_NORM_RENAMES = {"running_mean": "_mean", "running_var": "_variance"}  # torch -> Paddle BatchNorm buffers
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,6 +29,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--source", required=True, help="pt_inception-2015-12-05-*.pth (torch)")
     parser.add_argument("--output", default="weights/fid_inception_v3.pdparams")
     return parser.parse_args(argv)
+
+
+def convert_torch_state_dict(torch_state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """pytorch-fid's Inception3 state dict (numpy arrays) in `FIDInceptionV3` names: convolutions (OIHW in both)
+    and BatchNorms (buffers renamed); the classifier, unused by FID, dropped."""
+    converted = {}
+    for name, value in torch_state.items():
+        if not name.startswith(("fc.", "AuxLogits.")) and not name.endswith("num_batches_tracked"):
+            prefix, _, leaf = name.rpartition(".")
+            converted[f"{prefix}.{_BATCH_NORM_RENAMES.get(leaf, leaf)}"] = np.asarray(value)
+    return converted
 
 
 def read_torch_state_dict(path: str) -> dict:

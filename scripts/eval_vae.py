@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
-from vae_trainer.evaluation import (EvalProtocol, EvalResult, check_tiling, eval_batch_size, evaluate_vae,  # noqa: E402
+from vae_trainer.evaluation import (EvalProtocol, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     result_record, tiling_of)
 from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
 from vae_trainer.latent_scale import kept_normalisation  # noqa: E402
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
         check_reconstruction_size(vae, args.input_size, args.resolution)
-        check_tiling(vae.config, tiling, args.input_size, "the VAE's config")
+        check_tiling_flags(args, args, vae.config, "the VAE's config")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
                                            args.num_images)
         vf_model = load_dinov2(args.vf_model_path) if args.vf_model_path else None

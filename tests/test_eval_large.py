@@ -21,7 +21,7 @@ from skimage.transform import resize
 import vae_trainer.data.dataset as dataset
 import vae_trainer.evaluation as evaluation
 from vae_trainer.argument_parser import parse_arguments
-from vae_trainer.evaluation import (EvalProtocol, Tiling, TrainingEvaluator, eval_batch_size, evaluate_vae,
+from vae_trainer.evaluation import (EvalProtocol, TrainingEvaluator, eval_batch_size, evaluate_vae,
                                     measure_latents, measure_latents_of, tiled)
 
 paddle.set_device("cpu")
@@ -192,7 +192,7 @@ def test_tiled_evaluation_runs_on_tiles_and_switches_tiling_off_again(vae, image
     untiled = evaluate_vae(vae, [images])
     seen, hooks = _encoder_inputs(vae)
     try:
-        result = evaluate_vae(vae, [images[:3], images[3:]], tiling=Tiling(32))
+        result = evaluate_vae(vae, [images[:3], images[3:]], tiling=32)
     finally:
         for hook in hooks:
             hook.remove()
@@ -233,7 +233,7 @@ def test_a_tiled_reconstruction_is_whole_tile_reconstructions_blended(vae, image
     with paddle.no_grad():
         untiled_latent = vae.encode(images).latent_dist.mode()
         untiled = vae.decode(untiled_latent).sample.numpy()
-        with tiled(vae, Tiling(32)):
+        with tiled(vae, 32):
             latent = vae.encode(images).latent_dist.mode()
             recon = vae.decode(latent).sample.numpy()
         # Whole tiles through the plain (untiled) encoder and decoder, 75% of a tile apart.
@@ -255,8 +255,8 @@ def test_tiling_a_vae_without_quant_convs_leaves_it_as_it_was(images):
     them during the evaluation and are gone afterwards (same sublayers, same state dict)."""
     flux_like = _vae(use_quant_conv=False, use_post_quant_conv=False)
     keys = list(flux_like.state_dict())
-    stats = measure_latents(flux_like, [images], tiling=Tiling(32))
-    result = evaluate_vae(flux_like, [images], tiling=Tiling(32))
+    stats = measure_latents(flux_like, [images], tiling=32)
+    result = evaluate_vae(flux_like, [images], tiling=32)
     assert stats.num_images == result.num_images == 4
     np.testing.assert_allclose(stats.latent_std, result.latent_std, rtol=1e-5)
     assert flux_like.quant_conv is None and flux_like.post_quant_conv is None
@@ -267,7 +267,7 @@ def test_tiling_a_vae_without_quant_convs_leaves_it_as_it_was(images):
 def test_tiling_is_switched_off_after_an_error(vae, images):
     before = _tiling_state(vae)
     with pytest.raises(RuntimeError, match="boom"):
-        with tiled(vae, Tiling(32)):
+        with tiled(vae, 32):
             assert vae.use_tiling and vae.tile_sample_min_size == 32 and vae.tile_latent_min_size == 8
             raise RuntimeError("boom")
     assert _tiling_state(vae) == before
@@ -276,9 +276,9 @@ def test_tiling_is_switched_off_after_an_error(vae, images):
 def test_the_protocol_says_when_tiling_was_used():
     plain = EvalProtocol(resolution=1024).describe()
     assert "tiling" not in plain
-    used = EvalProtocol(resolution=1024, tiling=Tiling(512)).describe()["tiling"]
+    used = EvalProtocol(resolution=1024, tiling=512).describe()["tiling"]
     assert used.startswith("tiled (--eval_tiled)") and "512x512-pixel tiles" in used and "25%" in used
-    unused = EvalProtocol(resolution=256, tiling=Tiling(512)).describe()["tiling"]
+    unused = EvalProtocol(resolution=256, tiling=512).describe()["tiling"]
     assert "not used" in unused and "512 px tile" in unused
 
 

@@ -11,21 +11,18 @@ and the ``InceptionA/C/E`` base classes whose ``__init__`` builds the layers tha
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import paddle
 import pytest
-from conftest import import_test_extra
+from conftest import import_test_extra, load_script
 from skimage import data as skimage_data
 from skimage.transform import resize
 
-from vae_trainer.models.inception import FIDInceptionV3, convert_torch_state_dict, load_fid_inception
+from vae_trainer.models.inception import FIDInceptionV3, load_fid_inception
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 torch = import_test_extra(
     "torch", reason="torch is needed for the reference model: pip install -r requirements-test.txt"
 )
@@ -232,11 +229,7 @@ def converted_weights(tmp_path, pytorch_fid_inception, monkeypatch):
     source = tmp_path / "pt_inception-random.pth"
     torch.save(built[-1].state_dict(), source)
     output = tmp_path / "weights" / "fid_inception_v3.pdparams"
-    subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "convert_inception_weights.py"),
-         "--source", str(source), "--output", str(output)],
-        check=True, cwd=tmp_path,
-    )
+    load_script("convert_inception_weights").main(["--source", str(source), "--output", str(output)])
     return reference, output
 
 
@@ -267,7 +260,7 @@ def test_conversion_renames_batch_norm_buffers_and_drops_the_classifier():
         "fc.weight": np.zeros((1008, 2048)),
         "fc.bias": np.zeros(1008),
     }
-    converted = convert_torch_state_dict(state)
+    converted = load_script("convert_inception_weights").convert_torch_state_dict(state)
     assert sorted(converted) == [
         "Conv2d_1a_3x3.bn._mean", "Conv2d_1a_3x3.bn._variance", "Conv2d_1a_3x3.conv.weight"
     ]

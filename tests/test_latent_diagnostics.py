@@ -1,4 +1,4 @@
-"""The latent diagnostics (vae_trainer/latent_diagnostics.py): right on constructed cases, and reported by
+"""The latent diagnostics (vae_trainer/metrics.py): right on constructed cases, and reported by
 every evaluation with its protocol."""
 
 import math
@@ -8,8 +8,8 @@ import paddle
 import pytest
 
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, result_record
-from vae_trainer.latent_diagnostics import DIAGNOSTICS, equivariance_pairs, high_frequency_share
-from vae_trainer.metrics import psnr, to_unit_range
+from vae_trainer.metrics import (DIAGNOSTICS, equivariance_pairs, high_frequency_share, psnr, spectrum_energies,
+                                 to_unit_range)
 
 
 def _filtered_noise(keep_high: bool, shape=(4, 4, 32, 32), seed=0) -> paddle.Tensor:
@@ -21,14 +21,18 @@ def _filtered_noise(keep_high: bool, shape=(4, 4, 32, 32), seed=0) -> paddle.Ten
     return paddle.to_tensor(np.fft.ifft2(spectrum).real.astype("float32"))
 
 
+def _share(latents: paddle.Tensor) -> float:
+    return high_frequency_share(spectrum_energies(latents))
+
+
 def test_the_spectrum_share_of_constructed_latents():
-    assert high_frequency_share(_filtered_noise(keep_high=True)) > 0.999  # pure high-frequency noise
-    assert high_frequency_share(_filtered_noise(keep_high=False)) < 0.001
+    assert _share(_filtered_noise(keep_high=True)) > 0.999  # pure high-frequency noise
+    assert _share(_filtered_noise(keep_high=False)) < 0.001
     white = paddle.to_tensor(np.random.default_rng(1).standard_normal((8, 4, 64, 64)).astype("float32"))
-    assert high_frequency_share(white) == pytest.approx(1 - math.pi / 16, abs=0.01)
+    assert _share(white) == pytest.approx(1 - math.pi / 16, abs=0.01)
     checkerboard = paddle.to_tensor(((-1.0) ** np.add.outer(np.arange(16), np.arange(16)))[None, None].astype("float32"))
-    assert high_frequency_share(checkerboard + 5.0) == pytest.approx(1.0)  # the mean is removed first
-    assert high_frequency_share(paddle.full([1, 4, 8, 8], 3.0)) == 0.0
+    assert _share(checkerboard + 5.0) == pytest.approx(1.0)  # the mean is removed first
+    assert _share(paddle.full([1, 4, 8, 8], 3.0)) == 0.0
 
 
 def _scores(decode, images, latents):
@@ -77,7 +81,7 @@ def test_every_evaluation_reports_the_diagnostics_and_states_them():
     # The same numbers by hand, over both batches: the share sums energies before dividing.
     with paddle.no_grad():
         modes = vae.encode(images).latent_dist.mode()
-    assert result.metrics["latent_high_frequency_share"] == pytest.approx(high_frequency_share(modes), rel=1e-5)
+    assert result.metrics["latent_high_frequency_share"] == pytest.approx(_share(modes), rel=1e-5)
     with paddle.no_grad():
         by_hand = _scores(lambda z: vae.decode(z).sample, images, modes)
     for name, value in by_hand.items():

@@ -1,12 +1,5 @@
-"""Evaluate an AutoencoderKL on held-out images: PSNR, SSIM, LPIPS, rFID, the latent diagnostics,
-vf_alignment_cka, latent statistics and a reconstruction grid (docs/measuring.md).
-
-Owns the evaluation protocol (`EvalProtocol`, recorded with every result), the one pass over the images
-(`evaluate_vae`; `measure_latents` for the encoder alone), eval tiling (`Tiling`, `tiled`) and the evaluation
-during training (`TrainingEvaluator`). Batches are NCHW float32 in [-1, 1] (tensors, or dicts holding
-"pixel_values"). Data parallel: each rank evaluates its share and every rank must run the pass (its reductions
-are collectives) with the same optional models; the grid is the calling rank's first images.
-"""
+"""Evaluate an AutoencoderKL on held-out NCHW [-1, 1] images (docs/measuring.md): the protocol stated with each
+result, the one pass over the images (every rank runs it on its share), eval tiling, and in-training evaluation."""
 
 from __future__ import annotations
 
@@ -14,9 +7,9 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -24,19 +17,17 @@ import numpy as np
 import paddle
 
 from vae_trainer import watchdog
-from vae_trainer.alignment import DEFINITION as CKA_DEFINITION
-from vae_trainer.alignment import CKAAccumulator, to_token_grid
+from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, to_token_grid
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
-from vae_trainer.latent_diagnostics import DEFINITIONS as DIAGNOSTIC_DEFINITIONS
-from vae_trainer.latent_diagnostics import equivariance_pairs, spectrum_energies
-from vae_trainer.metrics import (HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE, FeatureStatistics,
-                                 LatentStatistics, MetricAccumulator, all_reduce_sum, frechet_distance, psnr, ssim,
-                                 to_unit_range)
+from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
+                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
+                                 equivariance_pairs, frechet_distance, high_frequency_share, psnr, spectrum_energies,
+                                 ssim, to_unit_range)
 from vae_trainer.models.flux2 import is_flux2, patchify
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
@@ -46,102 +37,62 @@ logger = logging.getLogger(__name__)
 # How each metric is made, in the order the protocol states them.
 METRIC_DEFINITIONS = {
     "psnr": "10 log10(1 / MSE) per image over all pixels and channels, averaged over images",
-    "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, "
-            f"K2 {SSIM_K2}, population covariances, valid region only, averaged over channels and images "
-            "(scikit-image structural_similarity with gaussian_weights=True, use_sample_covariance=False, "
-            "data_range=1)",
+    "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, K2 {SSIM_K2}, "
+            "population covariances, valid region only, averaged over channels and images (scikit-image "
+            "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
-    "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the "
-            "reconstructions",
-    **DIAGNOSTIC_DEFINITIONS,
+    "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
+    "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
+                               "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
+    "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
+    "latent_high_frequency_share": "share of the posterior modes' spatial energy (|FFT2|^2 per image and channel, "
+                                   f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
+                                   "Nyquist), summed over images and channels before dividing",
     "vf_alignment_cka": CKA_DEFINITION,
 }
-METRICS = tuple(METRIC_DEFINITIONS)
-
-STANDALONE_EVAL_PIXELS = 8 * 256 * 256  # eval_vae.py / export_vae.py without --batch_size: 8 images of 256 px
-MAX_STANDALONE_EVAL_BATCH = 8
 
 
 def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
                     flag: str = "--per_device_eval_batch_size") -> int:
-    """The per-device evaluation batch: `given` (the user's `flag`) if set, else the training batch (no backward
-    pass: it fits where training fits), else as many images as hold the pixels of 8 at 256 px (1 to 8)."""
+    """The per-device evaluation batch: `given` (`flag`), else the training batch, else 8 images' pixels at 256 px."""
     if given is not None:
         check_eval_batch_size(given, flag)
         return int(given)
     if train_batch_size is not None:
         return int(train_batch_size)
-    return max(1, min(MAX_STANDALONE_EVAL_BATCH, STANDALONE_EVAL_PIXELS // (resolution * resolution)))
+    return max(1, min(8, 8 * 256 * 256 // (resolution * resolution)))
 
 
-# ---------------------------------------------------------------------------------------------- tiling
-@dataclass(frozen=True)
-class Tiling:
-    """--eval_tiled: ppdiffusers' tiled encode/decode on `tile_size`-pixel tiles, for evaluations only."""
-
-    tile_size: int = DEFAULT_TILE_SIZE
-    overlap: float = 0.25  # ppdiffusers' tile_overlap_factor
-
-    def used_at(self, resolution: int) -> bool:
-        return resolution > self.tile_size  # ppdiffusers tiles only images larger than one tile
-
-    def describe(self, resolution: int) -> str:
-        if not self.used_at(resolution):
-            return (f"requested (--eval_tiled) but not used: a {resolution} px image fits in one {self.tile_size} px "
-                    "tile, so encoder and decoder saw whole images")
-        return (f"tiled (--eval_tiled): encoder and decoder run on {self.tile_size}x{self.tile_size}-pixel tiles (the "
-                f"matching latent tiles for the decoder) overlapping by {self.overlap:.0%}, overlaps blended linearly "
-                "(ppdiffusers tiled_encode / tiled_decode); differs from untiled reconstructions near tile seams")
-
-    def source(self, resolution: int) -> str:
-        """A few words for the sentence saying where latent statistics come from."""
-        return f", tiled ({self.tile_size} px tiles)" if self.used_at(resolution) else ""
+TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
 
-def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> Tiling | None:
-    """The Tiling of --eval_tiled / --eval_tile_size (None: untiled)."""
-    return Tiling(eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
+def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> int | None:
+    """The tile size in pixels of --eval_tiled / --eval_tile_size (None: untiled), the `tiling` argument below."""
+    return (eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
 
 
-def check_tiling(config: Mapping | None, tiling: Tiling | None, input_size: list[int] | None = None,
-                 where: str = "the VAE's config") -> None:
-    """Refuse tiling settings ppdiffusers' tiled encode/decode would get wrong (`flag_checks.check_tile_size`)."""
-    if tiling is not None:
-        check_tile_size(tiling.tile_size, config, input_size, where)
-
-
-class _PassThrough(paddle.nn.Layer):
-    """A missing quant_conv / post_quant_conv (FLUX) while tiling: ppdiffusers' tiled passes call them and read
-    `.weight.dtype`."""
-
-    def __init__(self, dtype) -> None:
-        super().__init__()
-        self.weight = SimpleNamespace(dtype=dtype)  # not a parameter: nothing is added to the state dict
-
-    def forward(self, x):
-        return x
-
-
-_TILING_ATTRIBUTES = ("use_tiling", "tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor")
+def tiles_note(tiling: int | None, resolution: int) -> str:
+    """The words added to the sentence saying where latent statistics come from."""
+    return f", tiled ({tiling} px tiles)" if tiling is not None and resolution > tiling else ""
 
 
 @contextmanager
-def tiled(vae: paddle.nn.Layer, tiling: Tiling | None) -> Iterator[None]:
-    """Within: `vae` encodes and decodes images larger than a tile tile by tile; every setting (and the missing
-    quant convs) is put back on leaving, even on an error. No-op for None."""
+def tiled(vae: paddle.nn.Layer, tiling: int | None) -> Iterator[None]:
+    """Within: `vae` encodes and decodes images larger than a tile tile by tile (restored on leaving)."""
     if tiling is None:
         yield
         return
-    saved = {name: getattr(vae, name) for name in _TILING_ATTRIBUTES}
-    stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]
+    settings = {"use_tiling": True, "tile_sample_min_size": tiling,
+                "tile_latent_min_size": tiling // downsampling_factor(vae.config), "tile_overlap_factor": TILE_OVERLAP}
+    saved = {name: getattr(vae, name) for name in settings}
+    stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]  # FLUX's
     try:
-        for name, owner in zip(("quant_conv", "post_quant_conv"), ("encoder", "decoder")):
-            if name in stand_ins:
-                setattr(vae, name, _PassThrough(getattr(vae, owner).conv_in.weight.dtype))
-        vae.enable_tiling()
-        vae.tile_sample_min_size = tiling.tile_size
-        vae.tile_latent_min_size = tiling.tile_size // downsampling_factor(vae.config)
-        vae.tile_overlap_factor = tiling.overlap
+        for name in stand_ins:  # the tiled passes call them and read `.weight.dtype` (not a parameter here)
+            owner = vae.encoder if name == "quant_conv" else vae.decoder
+            setattr(vae, name, paddle.nn.Identity())
+            getattr(vae, name).weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)
+        for name, value in settings.items():
+            setattr(vae, name, value)
         yield
     finally:
         for name, value in saved.items():
@@ -151,7 +102,6 @@ def tiled(vae: paddle.nn.Layer, tiling: Tiling | None) -> Iterator[None]:
             setattr(vae, name, None)
 
 
-# -------------------------------------------------------------------------------------------- protocol
 @dataclass(frozen=True)
 class EvalProtocol:
     """How the numbers of an evaluation are made, stating only the `metrics` it measured."""
@@ -160,8 +110,8 @@ class EvalProtocol:
     sample_posterior: bool = False
     seed: int = 0
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
-    metrics: tuple[str, ...] = METRICS
-    tiling: Tiling | None = None  # --eval_tiled: stated (used or not) only when requested
+    metrics: tuple[str, ...] = tuple(METRIC_DEFINITIONS)
+    tiling: int | None = None  # --eval_tiled's tile size: stated (used or not) only when requested
     patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
 
     def describe(self) -> dict[str, str]:
@@ -173,15 +123,21 @@ class EvalProtocol:
                                       "(--input_size); metrics compare the decoder's output with the full image")
         items["latents"] = (f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
                             else "the posterior mode (mean)")
-        if self.tiling is not None:
-            items["tiling"] = self.tiling.describe(size)
+        if self.tiling is not None and size <= self.tiling:  # ppdiffusers tiles only images larger than one tile
+            items["tiling"] = (f"requested (--eval_tiled) but not used: a {size} px image fits in one {self.tiling} px "
+                               "tile, so encoder and decoder saw whole images")
+        elif self.tiling is not None:
+            items["tiling"] = (f"tiled (--eval_tiled): encoder and decoder run on {self.tiling}x{self.tiling}-pixel "
+                               f"tiles (the matching latent tiles for the decoder) overlapping by {TILE_OVERLAP:.0%}, "
+                               "overlaps blended linearly (ppdiffusers tiled_encode / tiled_decode); differs from "
+                               "untiled reconstructions near tile seams")
         items["latent statistics"] = ("per channel, of posterior samples (exact expectation from the posterior "
                                       "means and variances), before any scaling factor")
         if self.patchified:
             items["patchified latent statistics"] = (
                 "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode (Flux2Pipeline's channel order), "
                 "population mean and variance over all images and positions, what its bn statistics hold")
-        measured = [name for name in METRICS if name in self.metrics]
+        measured = [name for name in METRIC_DEFINITIONS if name in self.metrics]
         items["value range"] = ("reconstructions clamped to [-1, 1]; PSNR and SSIM on images mapped to [0, 1] "
                                 "((x + 1) / 2, data range 1)")
         signed = [{"lpips": "LPIPS", "rfid": "rFID"}[name] for name in measured if name in ("lpips", "rfid")]
@@ -194,11 +150,10 @@ class EvalProtocol:
         return "\n".join(f"{name}: {value}" for name, value in self.describe().items())
 
 
-# ---------------------------------------------------------------------------------------------- results
 @dataclass
-class LatentStats:
-    """Per-channel statistics of posterior samples and the suggested factors; for FLUX.2's VAE also the population
-    mean and variance of its 2x2-patchified posterior modes (what its bn statistics hold)."""
+class EvalResult:
+    """What a pass measured: per-channel statistics of posterior samples, the suggested factors, for FLUX.2's VAE
+    those of its patchified posterior modes; when reconstructing, the metrics and a uint8 HxWx3 grid."""
 
     latent_mean: list[float]
     latent_std: list[float]
@@ -207,20 +162,13 @@ class LatentStats:
     num_images: int
     patchified_mode_mean: list[float] | None = None
     patchified_mode_var: list[float] | None = None
-
-
-@dataclass
-class EvalResult(LatentStats):
-    """What `evaluate_vae` measured; `grid` is uint8 HxWx3, inputs above reconstructions."""
-
     metrics: dict[str, float] = field(default_factory=dict)
     grid: np.ndarray | None = None
 
 
 def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray,
               max_images: int = 8) -> np.ndarray:
-    """Two-row uint8 image grid (HxWx3) of NCHW [-1, 1] images (clipped): the first `max_images` (at least one)
-    inputs over their reconstructions."""
+    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions."""
     rows = []
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
         if isinstance(images, paddle.Tensor):
@@ -228,20 +176,6 @@ def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.nda
         images = np.round((np.clip(images, -1.0, 1.0) + 1.0) * 127.5).astype(np.uint8).transpose(0, 2, 3, 1)
         rows.append(np.concatenate(list(images), axis=1))
     return np.concatenate(rows, axis=0)
-
-
-# ------------------------------------------------------------------------------------------ the one pass
-def _capped_batches(batches: Iterable[Any], num_images: int | None) -> Iterator[paddle.Tensor]:
-    """Float32 pixel tensors from `batches`, the last one trimmed so at most `num_images` come out."""
-    remaining = num_images
-    for batch in batches:
-        if remaining is not None and remaining <= 0:
-            return
-        pixels = (batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32")
-        if remaining is not None:
-            pixels = pixels[:remaining]
-            remaining -= pixels.shape[0]
-        yield pixels
 
 
 class _Pass:
@@ -253,8 +187,7 @@ class _Pass:
         self.vae, self.input_size, self.posterior_std, self.rng = vae, input_size, posterior_std, rng
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples = LatentStatistics()
-        self.patch_size = vae.config.patch_size if is_flux2(vae) else None
-        self.patches = LatentStatistics() if self.patch_size else None
+        self.patches = LatentStatistics() if is_flux2(vae) else None
         self.metrics = MetricAccumulator()
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
@@ -263,22 +196,28 @@ class _Pass:
         self.count = 0
 
     def run(self, batches: Iterable[Any], add: Callable[[paddle.Tensor], None], num_images: int | None,
-            tiling: Tiling | None, what: str) -> None:
-        """`add` (`encode` or `reconstruct`) on each batch, at most `num_images` images, the VAE in eval mode
-        without gradients, tiled by `tiling`; its mode and tiling settings are restored. Raises on every rank
-        when one rank failed or got no image, naming it (instead of leaving the others waiting in the reductions
-        that follow: distributed.all_ranks_agree)."""
-        check_tiling(getattr(self.vae, "config", None), tiling, self.input_size)
+            tiling: int | None, what: str) -> None:
+        """`add` on each batch (tensors or dicts holding "pixel_values"), at most `num_images` images, in eval mode
+        without gradients. A rank that fails or gets no image raises on every rank, naming it."""
+        if tiling is not None:  # tiles ppdiffusers' tiled passes would get wrong are refused
+            check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
         was_training = self.vae.training
         self.vae.eval()
+        remaining = math.inf if num_images is None else num_images
         try:
             with all_ranks_agree(what), paddle.no_grad(), tiled(self.vae, tiling):
                 try:
-                    for pixels in _capped_batches(batches, num_images):
+                    for batch in batches:
+                        if remaining <= 0:
+                            break
+                        pixels = (batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32")
+                        if remaining < pixels.shape[0]:
+                            pixels = pixels[:remaining]
+                        remaining -= pixels.shape[0]
                         add(pixels)
                         watchdog.beat(f"a batch ({what})")
-                finally:  # a rank that fails here still joins the loader's gather (data.dataset._eval_batches)
+                finally:  # a failing rank still joins the loader's gather (data.dataset._eval_batches)
                     getattr(batches, "close", lambda: None)()
                 if self.count == 0:
                     raise ValueError("got no images; use at least as many images as there are ranks")
@@ -287,42 +226,39 @@ class _Pass:
                 self.vae.train()
 
     def posterior(self, pixels: paddle.Tensor):
-        """The posterior of `pixels` (the encoder sees them resized to --input_size); with --posterior_std its
-        std is that constant, as in training and in the exported VAE."""
+        """The posterior of `pixels` (resized to --input_size); with --posterior_std its std is that constant."""
         posterior = self.vae.encode(encoder_input(pixels, self.input_size)).latent_dist
         if self.posterior_std > 0:
             posterior.std = paddle.full_like(posterior.mean, self.posterior_std)
             posterior.var = paddle.full_like(posterior.mean, self.posterior_std**2)
-            posterior.logvar = paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
         return posterior
 
-    def add_latents(self, posterior, images: int) -> None:
-        self.count += images
+    def add_latents(self, posterior) -> None:
+        self.count += posterior.mean.shape[0]
         self.samples.update(posterior.mean.astype("float32"), posterior.var.astype("float32"))
         if self.patches is not None:
-            self.patches.update(patchify(posterior.mode().astype("float32"), self.patch_size))
+            self.patches.update(patchify(posterior.mode().astype("float32"), self.vae.config.patch_size))
 
     def encode(self, pixels: paddle.Tensor) -> None:
-        self.add_latents(self.posterior(pixels), pixels.shape[0])
+        self.add_latents(self.posterior(pixels))
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
-        """Encode and decode [-1, 1] `pixels` and add every metric of the reconstructions, clamped to [-1, 1]."""
+        """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]."""
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.posterior(pixels)
-            latent = posterior.mode()
+            latent = mode = posterior.mode()
             if self.rng is not None:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
                 latent = posterior.mean + posterior.std * noise.astype(posterior.mean.dtype)
             recons = self.vae.decode(latent).sample
-            equivariance = equivariance_pairs(lambda z: self.vae.decode(z).sample, pixels, posterior.mode())
-        self.add_latents(posterior, pixels.shape[0])
-        recons, mode = recons.astype("float32").clip(-1.0, 1.0), posterior.mode()
+            equivariance = equivariance_pairs(lambda z: self.vae.decode(z).sample, pixels, mode)
+        self.add_latents(posterior)
+        recons = recons.astype("float32").clip(-1.0, 1.0)
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
-            decoded = decoded.astype("float32").clip(-1.0, 1.0)
-            self.metrics.update(name, psnr(to_unit_range(target.astype("float32")), to_unit_range(decoded)))
+            self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += spectrum_energies(mode)
         if self.cka is not None:
             features, grid = self.vf_model.patch_tokens(pixels)
@@ -336,7 +272,7 @@ class _Pass:
         if missing > 0:
             self.grid.append((pixels[:missing].numpy(), recons[:missing].numpy()))
 
-    def latent_stats(self) -> LatentStats:
+    def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
         mean, std = self.samples.compute()
         patch_mean = patch_var = None
@@ -344,30 +280,26 @@ class _Pass:
             patch_mean, patch_std = self.patches.compute()
             patch_mean, patch_var = patch_mean.tolist(), (patch_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        return LatentStats(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var)
+        return EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var)
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
-        high, total = all_reduce_sum(self.spectrum)
-        metrics["latent_high_frequency_share"] = float(high / total) if total > 0 else 0.0
+        metrics["latent_high_frequency_share"] = high_frequency_share(all_reduce_sum(self.spectrum))
         if self.cka is not None:
             metrics["vf_alignment_cka"] = self.cka.result()
         if self.features is not None:
             metrics["rfid"] = frechet_distance(*self.features[0].compute(), *self.features[1].compute())
-        inputs, recons = (np.concatenate(images) for images in zip(*self.grid))
-        grid = make_grid(inputs, recons, self.grid_images)
-        return EvalResult(**vars(self.latent_stats()), metrics=metrics, grid=grid)
+        grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
+        return replace(self.latent_stats(), metrics=metrics, grid=grid)
 
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
                  inception: paddle.nn.Layer | None = None, num_images: int | None = None,
                  sample_posterior: bool = False, seed: int = 0, grid_images: int = 8,
-                 input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: Tiling | None = None,
+                 input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
                  vf_model: paddle.nn.Layer | None = None) -> EvalResult:
-    """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as
-    `EvalProtocol` states: PSNR, SSIM and the latent diagnostics always, LPIPS with `lpips`, rFID with
-    `inception` (any layer mapping [-1, 1] images to [B, D] features), vf_alignment_cka with `vf_model`.
-    `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not Paddle's global generator)."""
+    """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
+    states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator)."""
     if inception is None:
         logger.info("rFID skipped: no Inception model given (needs converted FID weights)")
     for metric_network in (lpips, inception):
@@ -381,7 +313,7 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None,
                     input_size: list[int] | None = None, posterior_std: float = 0.0,
-                    tiling: Tiling | None = None) -> LatentStats:
+                    tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
     measurement = _Pass(vae, input_size, posterior_std)
     measurement.run(batches, measurement.encode, num_images, tiling, "measuring latent statistics")
@@ -390,16 +322,14 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
                        input_size: list[int] | None = None, posterior_std: float = 0.0,
-                       tiling: Tiling | None = None) -> tuple[LatentStats, str]:
-    """Latent statistics of `vae` (the EMA's weights when `ema` is given) over the first `num_images` images of
-    `data`, and the sentence saying where they come from (latent_stats.json). `batch_size` None: the standalone
-    rule of `eval_batch_size`. Collective."""
+                       tiling: int | None = None) -> tuple[EvalResult, str]:
+    """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data`, and
+    the sentence saying where they come from (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
                                    num_images)
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
-    tiles = tiling.source(resolution) if tiling is not None else ""
-    return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles}"
+    return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles_note(tiling, resolution)}"
 
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
@@ -409,27 +339,21 @@ def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
 
 
-# --------------------------------------------------------------------------------- during training
 class TrainingEvaluator:
-    """Evaluation during training, the same in both drivers: every --eval_steps (and at the end) it evaluates
-    --eval_num_images images of --eval_file_list (the EMA weights with --use_ema), logs `eval/*` scalars and a
-    grid, appends a line to OUTPUT_DIR/eval_metrics.jsonl, tracks --metric_for_best_model, and keeps its last
-    result for the export's latent statistics. No global random state is used."""
+    """Evaluation during training, the same in both drivers: logs, appends to eval_metrics.jsonl, tracks
+    --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
                  vf_model=None):
         self.data_args, self.args = data_args, args
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
         self.input_size, self.posterior_std = input_size, posterior_std
-        self.metric = (args.metric_for_best_model or "").replace("eval_", "") or None
+        self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
         self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
-        check_tiling(None, self.tiling, input_size)  # against the VAE's factor: at each evaluation
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
-        self.logged_protocol: str | None = None  # the protocol is logged once per run (and when it changes)
-        if self.metric is not None and self.metric not in HIGHER_IS_BETTER:
-            raise ValueError(f"--metric_for_best_model must be one of {sorted(HIGHER_IS_BETTER)}, got {self.metric!r}")
+        self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
         ranks = world_size()  # at start-up, not after training: every rank evaluates and measures its share
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
@@ -448,8 +372,7 @@ class TrainingEvaluator:
 
     @property
     def latent_stats_data(self) -> tuple[str, int]:
-        """(images, how many) the export's latent statistics are measured on: --latent_stats_num_images
-        (default --eval_num_images) of --eval_file_list, else of the training --file_list."""
+        """(images, how many) for the export's latent statistics: of --eval_file_list, else of --file_list."""
         path = self.data_args.eval_file_list or self.data_args.file_list
         return path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images
 
@@ -462,24 +385,16 @@ class TrainingEvaluator:
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
                                 posterior_std=self.posterior_std, tiling=self.tiling, vf_model=self.vf_model)
 
-    def protocol_of(self, result: EvalResult) -> EvalProtocol:
-        return EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
-                            metrics=tuple(result.metrics), tiling=self.tiling,
-                            patchified=result.patchified_mode_mean is not None)
-
     def evaluated_at(self, step: int, ema=None) -> bool:
-        """Did an evaluation at `step` measure these weights (the EMA's when `ema` is given) on the images the
-        export's statistics use?"""
+        """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
         wanted = self.data_args.latent_stats_num_images
         return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
                 and (wanted is None or wanted == self.data_args.eval_num_images))
 
-    def latent_stats(self, vae, ema, step: int) -> tuple[LatentStats, str]:
-        """Latent statistics of the weights of `step` and where they come from: that step's evaluation when
-        there was one, else an encoder-only pass over `latent_stats_data`."""
+    def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:
+        """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
         if self.evaluated_at(step, ema):
-            tiles = self.tiling.source(self.data_args.resolution) if self.tiling is not None else ""
-            return self.last[1], f"the evaluation at step {step}{tiles}"
+            return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
         path, num_images = self.latent_stats_data
         return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size,
                                   num_images, self.input_size, self.posterior_std, self.tiling)
@@ -495,7 +410,9 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
-        protocol = self.protocol_of(result)
+        protocol = EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
+                                metrics=tuple(result.metrics), tiling=self.tiling,
+                                patchified=result.patchified_mode_mean is not None)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text
@@ -516,8 +433,8 @@ class TrainingEvaluator:
         return better
 
     def _append_record(self, record: dict) -> None:
-        """Rank 0 adds a line to OUTPUT_DIR/eval_metrics.jsonl, dropping the lines of steps >= this one (an earlier
-        attempt's, before a resume) and unreadable ones (a killed run's half line); written whole, then renamed."""
+        """Rank 0 adds a line to eval_metrics.jsonl, dropping those of steps >= this one (before a resume) and
+        unreadable ones (a killed run's half line)."""
         if rank() != 0:
             return
         os.makedirs(self.args.output_dir, exist_ok=True)  # the loop writes nothing there before its first save
@@ -525,8 +442,8 @@ class TrainingEvaluator:
         kept = []
         if os.path.isfile(path):
             with open(path) as handle:
-                steps = [(line, eval_line_step(line)) for line in handle]
-            kept = [line.rstrip("\n") + "\n" for line, step in steps if step is not None and step < record["step"]]
+                kept = [line.rstrip("\n") + "\n" for line in handle
+                        if eval_line_step(line) is not None and eval_line_step(line) < record["step"]]
         with open(path + ".tmp", "w") as handle:
             handle.writelines(kept + [json.dumps(record) + "\n"])
         os.replace(path + ".tmp", path)

@@ -1,15 +1,11 @@
-"""Reconstruction metric math: PSNR, SSIM, the Frechet distance, and streaming accumulators.
-
-Numbers only (paddle tensors in, tensors or floats out); evaluation.py runs the VAE and states the protocol.
-PSNR and SSIM are on [0, 1] images with data range 1, the field's convention (`to_unit_range` maps the model's
-[-1, 1] first; docs/measuring.md says why it matters for SSIM). The accumulators keep sums, never means, so
-uneven batches and shards combine exactly; their `compute()` sums over ranks, so every rank must call it
-having fed the same metric names.
-"""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), the Frechet distance, the latent diagnostics
+(docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never means, and their
+`compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import numpy as np
 import paddle
@@ -17,13 +13,16 @@ import paddle.nn.functional as F
 from scipy import linalg
 
 from .distributed import sum_over_ranks
+from .equivariance import Transform, halved_pair
 
 logger = logging.getLogger(__name__)
 
 # The metrics an evaluation reports, and which way is better (--metric_for_best_model).
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
-                    "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,  # latent_diagnostics.py
+                    "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
                     "latent_high_frequency_share": False, "vf_alignment_cka": True}  # alignment.py
+DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
+HALF_NYQUIST = 0.25  # cycles per sample
 
 SSIM_WINDOW_SIZE = 11
 SSIM_SIGMA = 1.5
@@ -36,12 +35,11 @@ def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
     return (images.astype("float32") + 1.0) / 2.0
 
 
-def psnr(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 1.0) -> paddle.Tensor:
-    """PSNR per image in dB, shape [B]: 10 log10(data_range^2 / MSE), as scikit-image's peak_signal_noise_ratio.
-    Callers clamp reconstructions first; identical images give +inf."""
+def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
+    """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
     squared_error = (x.astype("float32") - y.astype("float32")) ** 2
     mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
-    return 10.0 * paddle.log10(data_range**2 / mse)
+    return 10.0 * paddle.log10(1.0 / mse)
 
 
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
@@ -53,10 +51,9 @@ def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tenso
     return F.conv2d(F.conv2d(images, horizontal, groups=channels), vertical, groups=channels)
 
 
-def ssim(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 1.0) -> paddle.Tensor:
-    """SSIM per image, shape [B], averaged over channels, of NCHW images of at least 11 px. Equals scikit-image's
-    structural_similarity(gaussian_weights=True, sigma=1.5, use_sample_covariance=False, data_range): its
-    cropped border leaves exactly the pixels whose window lies inside the image, a 'valid' convolution."""
+def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
+    """SSIM per [0, 1] NCHW image, shape [B], averaged over channels: scikit-image's structural_similarity(
+    gaussian_weights=True, use_sample_covariance=False, data_range=1), whose cropped border is a 'valid' convolution."""
     x, y = x.astype("float32"), y.astype("float32")
     if min(x.shape[-2:]) < SSIM_WINDOW_SIZE:
         raise ValueError(f"SSIM needs images of at least {SSIM_WINDOW_SIZE} px, got {x.shape}")
@@ -67,7 +64,7 @@ def ssim(x: paddle.Tensor, y: paddle.Tensor, data_range: float = 1.0) -> paddle.
     var_x = _gaussian_blur(x * x, window) - mean_x**2
     var_y = _gaussian_blur(y * y, window) - mean_y**2
     cov_xy = _gaussian_blur(x * y, window) - mean_x * mean_y
-    c1, c2 = (SSIM_K1 * data_range) ** 2, (SSIM_K2 * data_range) ** 2
+    c1, c2 = SSIM_K1**2, SSIM_K2**2
     ssim_map = ((2 * mean_x * mean_y + c1) * (2 * cov_xy + c2)) / ((mean_x**2 + mean_y**2 + c1) * (var_x + var_y + c2))
     return ssim_map.reshape([ssim_map.shape[0], -1]).mean(axis=1)
 
@@ -78,8 +75,6 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     diagonals when the product is singular, a negligible imaginary part dropped, a large one an error."""
     mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
     sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
-    if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape:
-        raise ValueError("mean vectors and covariances of the two sets must have the same shapes")
     diff = mu1 - mu2
     covmean = linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
@@ -93,34 +88,58 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean))
 
 
+def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images: paddle.Tensor,
+                       latents: paddle.Tensor) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
+    """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs; one decode each."""
+    rotation = Transform("rotate", quarter_turns=1)
+    half_latents, half_images = halved_pair(latents, images)
+    return {
+        "scale_equivariance_psnr": (decode(half_latents), half_images),
+        "rotation_equivariance_psnr": (decode(rotation.latent(latents, images.shape[2:])),
+                                       rotation.images(images, latents.shape[2:])),
+    }
+
+
+def spectrum_energies(latents: paddle.Tensor) -> tuple[float, float]:
+    """(energy above half Nyquist, all energy) of [B, C, h, w] latents, each channel's mean removed."""
+    z = latents.astype("float32")
+    z = z - z.mean(axis=[2, 3], keepdim=True)
+    power = paddle.abs(paddle.fft.fft2(z)) ** 2
+    fy, fx = np.fft.fftfreq(z.shape[2])[:, None], np.fft.fftfreq(z.shape[3])[None, :]
+    mask = paddle.to_tensor((np.sqrt(fx**2 + fy**2) > HALF_NYQUIST).astype(np.float32))
+    return float((power * mask).sum()), float(power.sum())
+
+
+def high_frequency_share(energies: tuple[float, float] | np.ndarray) -> float:
+    """`latent_high_frequency_share` of `spectrum_energies` (summed over batches): 0 for constant latents."""
+    high, total = energies
+    return float(high / total) if total > 0 else 0.0
+
+
 def all_reduce_sum(array: np.ndarray) -> np.ndarray:
     """A float64 array summed over ranks (a collective); unchanged in a single process."""
     return sum_over_ranks(paddle.to_tensor(np.asarray(array, dtype=np.float64))).numpy()
 
 
 def _to_numpy64(values: paddle.Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(values, paddle.Tensor):
-        values = values.detach().astype("float64").numpy()
-    return np.asarray(values, dtype=np.float64)
+    return np.asarray(values.astype("float64").numpy() if isinstance(values, paddle.Tensor) else values, np.float64)
 
 
 class MetricAccumulator:
     """Streaming means of per-sample metrics (sum and count per name)."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
+        self._totals: dict[str, np.ndarray] = {}  # name: [sum, count]
 
     def update(self, name: str, per_sample_values: paddle.Tensor | np.ndarray) -> None:
         """Add one batch of per-sample values (every element is one sample)."""
         values = _to_numpy64(per_sample_values).reshape(-1)
-        self._sums[name] = self._sums.get(name, 0.0) + float(values.sum())
-        self._counts[name] = self._counts.get(name, 0) + values.size
+        self._totals[name] = self._totals.get(name, 0.0) + np.array([values.sum(), values.size])
 
     def compute(self) -> dict[str, float]:
         """Mean of each metric over everything seen, on all ranks together."""
-        names = sorted(self._sums)  # the same order on every rank, so one all-reduce lines up
-        packed = all_reduce_sum(np.array([[self._sums[n], self._counts[n]] for n in names]).reshape(-1, 2))
+        names = sorted(self._totals)  # the same order on every rank, so one all-reduce lines up
+        packed = all_reduce_sum(np.array([self._totals[name] for name in names]).reshape(-1, 2))
         return {name: float(total / count) for name, (total, count) in zip(names, packed)}
 
 
@@ -128,24 +147,17 @@ class FeatureStatistics:
     """Running mean and covariance of feature vectors (e.g. 2048-d Inception pool features), as float64 sums."""
 
     def __init__(self) -> None:
-        self._count, self._sum, self._outer_sum = 0, None, None
+        self._count, self._sum, self._outer_sum = 0, 0.0, 0.0  # arrays from the first batch on
 
     def update(self, features: paddle.Tensor | np.ndarray) -> None:
         """Add a batch of features, shape [B, D]."""
-        batch = _to_numpy64(features)
-        batch = batch.reshape(batch.shape[0], -1)
-        if self._sum is None:
-            self._sum, self._outer_sum = np.zeros(batch.shape[1]), np.zeros((batch.shape[1], batch.shape[1]))
-        if batch.shape[1] != self._sum.shape[0]:
-            raise ValueError(f"expected {self._sum.shape[0]} features, got {batch.shape[1]}")
+        batch = _to_numpy64(features).reshape(features.shape[0], -1)
         self._count += batch.shape[0]
         self._sum += batch.sum(axis=0)
         self._outer_sum += batch.T @ batch
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) over all ranks; sigma is the unbiased covariance, as `np.cov` gives."""
-        if self._sum is None:
-            raise ValueError("FeatureStatistics has seen no features")
         count = all_reduce_sum(np.array([self._count]))[0]
         total, outer_total = all_reduce_sum(self._sum), all_reduce_sum(self._outer_sum)
         if count < 2:
@@ -155,23 +167,16 @@ class FeatureStatistics:
 
 
 class LatentStatistics:
-    """Per-channel mean and std of latents [B, C, h, w] over a whole set. Given the posterior variances with the
-    means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + variance).
-
-    `suggested_factors()` = (scaling_factor, shift_factor) = (1 / std, mean) over all channels and positions,
-    for z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale alone, shift 0).
-    """
+    """Per-channel mean and std of latents [B, C, h, w] over a whole set; given the posterior variances with the
+    means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + variance)."""
 
     def __init__(self) -> None:
         self._count = 0  # elements per channel
-        self._sum: np.ndarray | None = None
-        self._squared_sum: np.ndarray | None = None
+        self._sum = self._squared_sum = 0.0  # per channel from the first batch on
 
     def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
         """Add a batch of latents [B, C, h, w] (posterior means when `variances` are given)."""
         per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
-        if self._sum is None:
-            self._sum, self._squared_sum = np.zeros(per_channel.shape[0]), np.zeros(per_channel.shape[0])
         self._count += per_channel.shape[1]
         self._sum += per_channel.sum(axis=1)
         self._squared_sum += (per_channel**2).sum(axis=1)
@@ -179,8 +184,6 @@ class LatentStatistics:
             self._squared_sum += _to_numpy64(variances).sum(axis=(0, 2, 3))
 
     def _reduced(self) -> tuple[float, np.ndarray, np.ndarray]:
-        if self._sum is None:
-            raise ValueError("LatentStatistics has seen no latents")
         count = all_reduce_sum(np.array([self._count]))[0]
         return count, all_reduce_sum(self._sum), all_reduce_sum(self._squared_sum)
 
@@ -191,7 +194,8 @@ class LatentStatistics:
         return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0))
 
     def suggested_factors(self) -> tuple[float, float]:
-        """(scaling_factor, shift_factor) = (1 / std, mean) over all channels together."""
+        """(scaling_factor, shift_factor) = (1 / std, mean) over all channels together, for
+        z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale alone)."""
         count, total, squared_total = self._reduced()
         elements = count * total.shape[0]
         mean = total.sum() / elements

@@ -1,24 +1,14 @@
-"""The FID InceptionV3 feature extractor: a Paddle port of pytorch-fid's `InceptionV3([3])` (FID weights variant).
-
-pytorch-fid patches torchvision's Inception3 to match TensorFlow's FID graph: the average pools in InceptionA/C/E
-do not count padded zeros (Paddle's `exclusive=True`) and the last InceptionE max-pools. Parameter names are
-torchvision's (Paddle's BatchNorm buffer names), so weights convert by renaming (`convert_torch_state_dict`,
-scripts/convert_inception_weights.py). Input: NCHW images in [-1, 1], any size, resized to 299x299 bilinearly
-without antialiasing as pytorch-fid does (its own [0, 1] -> 2x - 1 step is linear, so it commutes). Output:
-[B, 2048] pool features.
-"""
+"""pytorch-fid's FID InceptionV3 (`InceptionV3([3])`) in Paddle, [-1, 1] NCHW images -> [B, 2048] pool features:
+torchvision's Inception3 with average pools that do not count padded zeros and a last InceptionE that max-pools.
+Parameter names are torchvision's, so weights convert by renaming (scripts/convert_inception_weights.py)."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
-
-FID_INPUT_SIZE = 299
-BATCH_NORM_EPSILON = 0.001  # torchvision's / TensorFlow's (Paddle's default is 1e-5)
 
 
 class BasicConv2d(nn.Layer):
@@ -27,7 +17,7 @@ class BasicConv2d(nn.Layer):
     def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
         super().__init__()
         self.conv = nn.Conv2D(in_channels, out_channels, bias_attr=False, **conv_kwargs)
-        self.bn = nn.BatchNorm2D(out_channels, epsilon=BATCH_NORM_EPSILON)
+        self.bn = nn.BatchNorm2D(out_channels, epsilon=0.001)  # torchvision's / TensorFlow's, not Paddle's 1e-5
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return F.relu(self.bn(self.conv(x)))
@@ -55,9 +45,7 @@ class FIDInceptionA(nn.Layer):
         return paddle.concat([self.branch1x1(x), branch5x5, branch3x3dbl, branch_pool], axis=1)
 
 
-class InceptionB(nn.Layer):
-    """Grid reduction 35 -> 17 (unchanged by the FID patches)."""
-
+class InceptionB(nn.Layer):  # grid reduction 35 -> 17
     def __init__(self, in_channels: int) -> None:
         super().__init__()
         self.branch3x3 = BasicConv2d(in_channels, 384, kernel_size=3, stride=2)
@@ -88,17 +76,13 @@ class FIDInceptionC(nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch7x7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
-        branch7x7dbl = x
-        for layer in (self.branch7x7dbl_1, self.branch7x7dbl_2, self.branch7x7dbl_3, self.branch7x7dbl_4,
-                      self.branch7x7dbl_5):
-            branch7x7dbl = layer(branch7x7dbl)
+        branch7x7dbl = self.branch7x7dbl_3(self.branch7x7dbl_2(self.branch7x7dbl_1(x)))
+        branch7x7dbl = self.branch7x7dbl_5(self.branch7x7dbl_4(branch7x7dbl))
         branch_pool = self.branch_pool(_avg_pool_without_padding(x))
         return paddle.concat([self.branch1x1(x), branch7x7, branch7x7dbl, branch_pool], axis=1)
 
 
-class InceptionD(nn.Layer):
-    """Grid reduction 17 -> 8 (unchanged by the FID patches)."""
-
+class InceptionD(nn.Layer):  # grid reduction 17 -> 8
     def __init__(self, in_channels: int) -> None:
         super().__init__()
         self.branch3x3_1 = BasicConv2d(in_channels, 192, kernel_size=1)
@@ -110,16 +94,12 @@ class InceptionD(nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch3x3 = self.branch3x3_2(self.branch3x3_1(x))
-        branch7x7x3 = x
-        for layer in (self.branch7x7x3_1, self.branch7x7x3_2, self.branch7x7x3_3, self.branch7x7x3_4):
-            branch7x7x3 = layer(branch7x7x3)
+        branch7x7x3 = self.branch7x7x3_4(self.branch7x7x3_3(self.branch7x7x3_2(self.branch7x7x3_1(x))))
         branch_pool = F.max_pool2d(x, kernel_size=3, stride=2)
         return paddle.concat([branch3x3, branch7x7x3, branch_pool], axis=1)
 
 
-class FIDInceptionE(nn.Layer):
-    """InceptionE; ``max_pool=True`` is the FID graph's last block (Mixed_7c), which max-pools."""
-
+class FIDInceptionE(nn.Layer):  # max_pool: the FID graph's last block (Mixed_7c)
     def __init__(self, in_channels: int, max_pool: bool) -> None:
         super().__init__()
         self.max_pool = max_pool
@@ -139,13 +119,10 @@ class FIDInceptionE(nn.Layer):
         branch3x3dbl = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
         branch3x3dbl = paddle.concat([self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl)], axis=1)
         pooled = F.max_pool2d(x, kernel_size=3, stride=1, padding=1) if self.max_pool else _avg_pool_without_padding(x)
-        branch_pool = self.branch_pool(pooled)
-        return paddle.concat([self.branch1x1(x), branch3x3, branch3x3dbl, branch_pool], axis=1)
+        return paddle.concat([self.branch1x1(x), branch3x3, branch3x3dbl, self.branch_pool(pooled)], axis=1)
 
 
 class FIDInceptionV3(nn.Layer):
-    """pytorch-fid's ``InceptionV3([3])`` (FID weights variant): [-1, 1] images -> [B, 2048]."""
-
     def __init__(self) -> None:
         super().__init__()
         self.Conv2d_1a_3x3 = BasicConv2d(3, 32, kernel_size=3, stride=2)
@@ -166,8 +143,8 @@ class FIDInceptionV3(nn.Layer):
         self.Mixed_7c = FIDInceptionE(2048, max_pool=True)
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
-        x = F.interpolate(images.astype("float32"), size=[FID_INPUT_SIZE, FID_INPUT_SIZE], mode="bilinear",
-                          align_corners=False)
+        # pytorch-fid's resize to 299 px (bilinear, no antialiasing); its [0, 1] -> [-1, 1] step commutes with it
+        x = F.interpolate(images.astype("float32"), size=[299, 299], mode="bilinear", align_corners=False)
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = F.max_pool2d(x, kernel_size=3, stride=2)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
@@ -178,37 +155,13 @@ class FIDInceptionV3(nn.Layer):
         return F.adaptive_avg_pool2d(x, output_size=1).flatten(start_axis=1)
 
 
-_BATCH_NORM_RENAMES = {"running_mean": "_mean", "running_var": "_variance"}  # torch -> Paddle BatchNorm buffers
-_UNUSED_TORCH_KEYS = ("fc.", "AuxLogits.")  # the classifier: FID reads the pool features before it
-_UNUSED_TORCH_SUFFIXES = ("num_batches_tracked",)
-
-
-def convert_torch_state_dict(torch_state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """pytorch-fid's Inception3 state dict (numpy arrays) in `FIDInceptionV3` names: convolutions (OIHW in both)
-    and BatchNorms only, so BN buffers renamed and the classifier dropped; no Linear weight to transpose."""
-    converted = {}
-    for name, value in torch_state.items():
-        if name.startswith(_UNUSED_TORCH_KEYS) or name.endswith(_UNUSED_TORCH_SUFFIXES):
-            continue
-        prefix, _, leaf = name.rpartition(".")
-        converted[f"{prefix}.{_BATCH_NORM_RENAMES.get(leaf, leaf)}"] = np.asarray(value)
-    return converted
-
-
 def load_fid_inception(weights_path: str | os.PathLike) -> FIDInceptionV3:
     """`FIDInceptionV3` in eval mode, frozen, from a converted .pdparams file; a missing, unexpected or misshapen
     tensor is an error (a wrong file must not give meaningless FIDs silently)."""
     model = FIDInceptionV3()
-    state = paddle.load(str(weights_path))
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
+    missing, unexpected = model.set_state_dict(paddle.load(str(weights_path)))
+    if missing or unexpected:  # a misshapen tensor is in both
         raise ValueError(f"{weights_path}: missing keys {missing[:5]}, unexpected {unexpected[:5]}")
-    for name, tensor in expected.items():
-        if list(state[name].shape) != list(tensor.shape):
-            raise ValueError(f"{weights_path}: {name} has shape {state[name].shape}, expected {tensor.shape}")
-    model.set_state_dict(state)
     for parameter in model.parameters():
         parameter.stop_gradient = True
     model.eval()
