@@ -165,17 +165,6 @@ def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, lo
     return generator_loss(logits_fake, kind, logits_real, loss_args.relative_hinge_margin)
 
 
-def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_image: float,
-                  loss_args) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """(kl_weight * kl + latent_penalty_weight * penalty, their logs); the KL per pixel value of the image."""
-    kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    if loss_args.latent_penalty_weight <= 0:
-        return loss_args.kl_weight * kl, {"loss/kl": kl}
-    penalty = latent_penalty(posterior_mean)
-    return (loss_args.kl_weight * kl + loss_args.latent_penalty_weight * penalty,
-            {"loss/kl": kl, "loss/latent_penalty": penalty})
-
-
 @dataclass
 class VAELoss:
     """One micro-batch's VAE objective: `direct`'s backward plus `recon_grad` at the reconstruction."""
@@ -217,7 +206,11 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
+    kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
+    latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+    if loss_args.latent_penalty_weight > 0:
+        latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
+        latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).
