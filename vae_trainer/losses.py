@@ -6,9 +6,8 @@ taken once and enter the VAE's backward at the reconstruction (`VAELoss.backward
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -143,25 +142,12 @@ def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -
     return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
 
 
-@contextlib.contextmanager
-def frozen(layer: paddle.nn.Layer) -> Iterator[None]:
-    """No gradients reach `layer`'s parameters inside (its inputs still get theirs)."""
-    params = [p for p in layer.parameters() if not p.stop_gradient]
-    for p in params:
-        p.stop_gradient = True
-    try:
-        yield
-    finally:
-        for p in params:
-            p.stop_gradient = False
-
-
 def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
-    """The adversarial loss of `recon`, no gradient reaching the discriminator."""
+    """The adversarial loss of `recon`; only its gradient at `recon` is taken (`paddle.grad`: the discriminator's
+    `.grad` stays untouched)."""
     kind = loss_args.gen_loss or loss_args.disc_loss
-    with frozen(discriminator):
-        logits_fake = discriminator(recon)
-        logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
+    logits_fake = discriminator(recon)
+    logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
     return generator_loss(logits_fake, kind, logits_real, loss_args.relative_hinge_margin)
 
 

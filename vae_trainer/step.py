@@ -1,12 +1,6 @@
-"""The training step shared by both drivers (docs/training.md, "The training step").
-
-`forward_backward(pixels, step, micro_batch)`: ONE VAE forward (EQ-VAE: sometimes of a transformed latent), the
-VAE objective's backward (`losses.VAELoss.backward`) and, with the GAN on, the discriminator's; it reads nothing
-back from the device. Its only communication: LeCAM's logit EMA (--lecam_weight), gradnorm's global scope (one
-scalar per head) and a SyncBatchNorm discriminator (--disc_norm sync_batch, in each of its forwards).
-`optimizer_step(step)`: one numbered block for both networks. `NonFiniteGuard` skips non-finite steps (under
-fp16, one network's overflow skips that network only) and stops runs that stay broken (docs/reliability.md).
-"""
+"""The training step shared by both drivers (docs/training.md): `forward_backward` (one VAE forward, the VAE's and
+the discriminator's backward, no read from the device; it communicates only for LeCAM's logit EMA, gradnorm's global
+scope and a SyncBatchNorm discriminator), `optimizer_step` and `NonFiniteGuard` (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +30,8 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Decides which network steps, counts the skips (checkpointed: a resumed run counts on), stops broken runs."""
+    """Decides which network steps (fp16: an overflow skips that network only), counts the skips (checkpointed),
+    stops broken runs."""
 
     _STATE = ("skipped_steps", "consecutive_nonfinite", "overflow_steps", "consecutive_overflow", "skipped_gan_terms")
 
@@ -144,9 +139,8 @@ class TrainStep:
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
-        """Micro-batch `micro_batch` (0-based) of optimizer step `global_step` (0-based). With an EQ-VAE transform
-        tau, every reconstruction term (and the discriminator's real images) compares decode(tau(z)) with tau(x);
-        the KL stays on the clean z."""
+        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
+        the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
         model, args, gan = self.model, self.loss_args, self.gan_active(global_step)
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms)
@@ -187,8 +181,7 @@ class TrainStep:
                       self.model.vae.encoder.conv_out.weight)
 
     def optimizer_step(self, global_step: int) -> StepReport:
-        """The update after the last micro-batch of optimizer step `global_step` (0-based), in the order of the
-        numbered comments; the drivers step nothing themselves."""
+        """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""
         gan, precision = self.gan_active(global_step), self.precision
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
