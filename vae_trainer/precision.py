@@ -50,10 +50,6 @@ class LossScaler(paddle.amp.GradScaler):
             self.scale_value = float(self._init_loss_scaling)
 
 
-def _no_scaling() -> LossScaler:
-    return LossScaler(enable=False)
-
-
 @dataclass
 class Precision:
     """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator (disabled
@@ -61,8 +57,8 @@ class Precision:
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
-    vae_scaler: LossScaler = field(default_factory=_no_scaling)
-    disc_scaler: LossScaler = field(default_factory=_no_scaling)
+    vae_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
+    disc_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
 
     @property
     def scales_losses(self) -> bool:
