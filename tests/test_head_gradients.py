@@ -2,6 +2,7 @@
 of the objective as it was computed before (adaptive weight by `paddle.grad` at the decoder's last layer,
 through VGG16 and the discriminator, then the loss's backward through them again)."""
 
+import contextlib
 import copy
 
 import numpy as np
@@ -9,8 +10,8 @@ import paddle
 import pytest
 from test_step import images, make_step
 
-from vae_trainer.losses import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discriminator_objective, frozen,
-                                generator_loss, kl_loss, pixel_term)
+from vae_trainer.losses import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discriminator_objective, generator_loss,
+                                kl_loss, pixel_term)
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -36,6 +37,19 @@ def make_model(learn_logvar):
     model = VAEWithDiscriminator(build_vae("configs/vae_micro.json"), build_discriminator(), learn_logvar=learn_logvar)
     model.logvar.set_value(paddle.full([], 0.25))
     return model
+
+
+@contextlib.contextmanager
+def frozen(layer):
+    """No gradients reach `layer`'s parameters inside (the reference's backward runs through the discriminator)."""
+    params = [p for p in layer.parameters() if not p.stop_gradient]
+    for p in params:
+        p.stop_gradient = True
+    try:
+        yield
+    finally:
+        for p in params:
+            p.stop_gradient = False
 
 
 def reference_vae_loss(x, recon, post_mean, post_logvar, model, lpips, loss_args, grad_scale):

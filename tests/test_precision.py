@@ -25,7 +25,7 @@ def test_fp16_gets_one_scaler_per_network_and_bf16_none(tmp_path, caplog):
     assert set(fp16.stateful()) == {"vae_scaler.pdparams", "disc_scaler.pdparams"}
     assert "no autocast" in caplog.text  # the CPU warning
     bf16 = setup_precision(args(tmp_path, bf16=True), model)
-    assert bf16.dtype == "bfloat16" and bf16.vae_scaler is None and bf16.stateful() == {}
+    assert bf16.dtype == "bfloat16" and not bf16.scales_losses and bf16.stateful() == {}
     assert setup_precision(args(tmp_path), model).dtype is None
     # O2 is not applied on CPU (no half-precision conv kernels): the weights stay float32.
     setup_precision(args(tmp_path, fp16=True, fp16_opt_level="O2"), model)

@@ -54,12 +54,8 @@ class Transform:
                 return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
             h, w = latent_size
             factors = (images.shape[2] // h, images.shape[3] // w)
-            return resize(images, image_size(images, latent_size, self.latent_size(h, w, factors)))
-
-
-def image_size(images: paddle.Tensor, latent_size: Sequence[int], new_latent_size: Sequence[int]) -> Tuple[int, int]:
-    height, width = images.shape[2], images.shape[3]
-    return (new_latent_size[0] * (height // latent_size[0]), new_latent_size[1] * (width // latent_size[1]))
+            new_h, new_w = self.latent_size(h, w, factors)
+            return resize(images, (new_h * factors[0], new_w * factors[1]))
 
 
 def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
@@ -110,9 +106,9 @@ def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
 
 def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent halved (sides >= 1), the images alike."""
-    size = latent.shape[2], latent.shape[3]
-    half = max(1, size[0] // 2), max(1, size[1] // 2)
+    (h, w), (height, width) = latent.shape[2:], images.shape[2:]
+    half = max(1, h // 2), max(1, w // 2)
     with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
-        target = resize(images, image_size(images, size, half))
+        target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
     return resize(latent, half), target
 

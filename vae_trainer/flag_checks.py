@@ -31,8 +31,7 @@ def check_sizes(model_args, data_args) -> None:
 
     path = model_args.vae_config_file
     if path is None and model_args.pretrained_model_name_or_path:
-        folder = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "")
-        path = os.path.join(folder, "config.json") if os.path.isdir(folder) else None
+        path = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "", "config.json")
     elif path is None and model_args.init_from_ckpt:
         path = checkpoint_vae_config(model_args.init_from_ckpt)
     if path is None or not os.path.isfile(path):
@@ -47,17 +46,18 @@ def check_sizes(model_args, data_args) -> None:
     check_tiling_flags(model_args, data_args, config, path)
     resolution, factor = data_args.resolution, downsampling_factor(config)
     check_reconstruction_shape(config, model_args.input_size, resolution, path)
-    if data_args.aspect_ratio_buckets and not _buckets_fit(resolution, factor):
-        bad = next(shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor)
+    bad = _misfit_bucket(resolution, factor) if data_args.aspect_ratio_buckets else None
+    if bad:
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
-                    if size % factor == 0 and _buckets_fit(size, factor))
+                    if size % factor == 0 and not _misfit_bucket(size, factor))
         raise ValueError(f"--aspect_ratio_buckets at --resolution {resolution} makes buckets such as "
                          f"{bad[0]}x{bad[1]}, whose sides are not multiples of the VAE's downsampling factor {factor} "
                          f"({path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
 
 
-def _buckets_fit(resolution: int, factor: int) -> bool:
-    return all(width % factor == 0 and height % factor == 0 for width, height in bucket_shapes(resolution))
+def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
+    """A bucket shape at `resolution` whose sides are not multiples of `factor`, or None."""
+    return next((shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor), None)
 
 
 def check_eval_batch_size(given: Optional[int], flag: str = "--per_device_eval_batch_size") -> None:

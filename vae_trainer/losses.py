@@ -6,9 +6,8 @@ taken once and enter the VAE's backward at the reconstruction (`VAELoss.backward
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -143,37 +142,13 @@ def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -
     return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
 
 
-@contextlib.contextmanager
-def frozen(layer: paddle.nn.Layer) -> Iterator[None]:
-    """No gradients reach `layer`'s parameters inside (its inputs still get theirs)."""
-    params = [p for p in layer.parameters() if not p.stop_gradient]
-    for p in params:
-        p.stop_gradient = True
-    try:
-        yield
-    finally:
-        for p in params:
-            p.stop_gradient = False
-
-
 def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
-    """The adversarial loss of `recon`, no gradient reaching the discriminator."""
+    """The adversarial loss of `recon`; only its gradient at `recon` is taken (`paddle.grad`: the discriminator's
+    `.grad` stays untouched)."""
     kind = loss_args.gen_loss or loss_args.disc_loss
-    with frozen(discriminator):
-        logits_fake = discriminator(recon)
-        logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
+    logits_fake = discriminator(recon)
+    logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
     return generator_loss(logits_fake, kind, logits_real, loss_args.relative_hinge_margin)
-
-
-def _latent_terms(posterior_mean: Tensor, posterior_logvar: Tensor, pixels_per_image: float,
-                  loss_args) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """(kl_weight * kl + latent_penalty_weight * penalty, their logs); the KL per pixel value of the image."""
-    kl = kl_loss(posterior_mean, posterior_logvar).mean() / pixels_per_image
-    if loss_args.latent_penalty_weight <= 0:
-        return loss_args.kl_weight * kl, {"loss/kl": kl}
-    penalty = latent_penalty(posterior_mean)
-    return (loss_args.kl_weight * kl + loss_args.latent_penalty_weight * penalty,
-            {"loss/kl": kl, "loss/latent_penalty": penalty})
 
 
 @dataclass
@@ -217,7 +192,11 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    latent_loss, latent_logs = _latent_terms(posterior_mean, posterior_logvar, encoded_pixels, loss_args)
+    kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
+    latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+    if loss_args.latent_penalty_weight > 0:
+        latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
+        latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
 
 import paddle
 
@@ -18,10 +18,11 @@ HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 
 class LossScaler(paddle.amp.GradScaler):
     """Paddle's GradScaler, updated from the step's own overflow decision, never below `min_loss_scale`, its scale
-    also on the host (`scale_value`). `_update` replaced: Paddle 3.3.1's `float(self._scale)` fails under numpy 2.4."""
+    also on the host (`scale_value`). `_update` replaced: Paddle 3.3.1's `float(self._scale)` fails under numpy 2.4.
+    Disabled (`enable` False, or on CPU), every call is a no-op and the scale 1."""
 
-    def __init__(self, init_loss_scaling: float, min_loss_scale: float = 1.0):
-        super().__init__(init_loss_scaling=init_loss_scaling)
+    def __init__(self, init_loss_scaling: float = 1.0, min_loss_scale: float = 1.0, enable: bool = True):
+        super().__init__(enable=enable, init_loss_scaling=init_loss_scaling)
         self.min_loss_scale = float(min_loss_scale)
         self.scale_value = float(init_loss_scaling) if self._enable else 1.0
 
@@ -51,51 +52,29 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
-    """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator."""
+    """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator (disabled
+    without --fp16, and on CPU)."""
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
-    vae_scaler: Optional[LossScaler] = None
-    disc_scaler: Optional[LossScaler] = None
+    vae_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
+    disc_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
 
     @property
     def scales_losses(self) -> bool:
         """fp16 with loss scaling: non-finite gradients with finite losses are overflows, not errors."""
-        return self.vae_scaler is not None and self.vae_scaler.is_enable()
+        return self.vae_scaler.is_enable()
 
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
 
-    def scale_vae(self, loss: paddle.Tensor) -> paddle.Tensor:
-        return self.vae_scaler.scale(loss) if self.vae_scaler is not None else loss
-
-    def scale_disc(self, loss: paddle.Tensor) -> paddle.Tensor:
-        return self.disc_scaler.scale(loss) if self.disc_scaler is not None else loss
-
-    def unscale(self, vae_optimizer, disc_optimizer=None) -> None:
-        """Divide the gradients by their network's loss scale (disc_optimizer None: the GAN is off)."""
-        for scaler, optimizer in ((self.vae_scaler, vae_optimizer), (self.disc_scaler, disc_optimizer)):
-            if scaler is not None and optimizer is not None:
-                scaler.unscale_(optimizer)
-
-    def update_scales(self, vae_overflow: bool, disc_overflow: Optional[bool]) -> None:
-        """After the optimizer step; disc_overflow None (GAN off) leaves the discriminator's scale alone."""
-        for scaler, overflow in ((self.vae_scaler, vae_overflow), (self.disc_scaler, disc_overflow)):
-            if scaler is not None and overflow is not None:
-                scaler.update_after(overflow)
-
-    def loss_scales(self) -> Dict[str, float]:
-        """The current loss scale of each network (host numbers; 1.0 without fp16 scaling)."""
-        if not self.scales_losses:
-            return {"vae": 1.0, "discriminator": 1.0}
-        return {"vae": self.vae_scaler.scale_value, "discriminator": self.disc_scaler.scale_value}
-
     def stateful(self) -> dict:
-        """Checkpoint entries for the loss scalers."""
-        scalers = {"vae_scaler.pdparams": self.vae_scaler, "disc_scaler.pdparams": self.disc_scaler}
-        return {name: scaler for name, scaler in scalers.items() if scaler is not None}
+        """Checkpoint entries for the loss scalers (an fp16 run's, even on CPU where they are disabled)."""
+        if self.dtype != "float16" and not self.scales_losses:
+            return {}
+        return {"vae_scaler.pdparams": self.vae_scaler, "disc_scaler.pdparams": self.disc_scaler}
 
 
 def on_gpu() -> bool:
@@ -121,11 +100,10 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
         # step of decay 0.99 vanishes in rounding); sublayers are cast as usual.
         model._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
-    scalers = {}
-    if args.fp16:
-        scalers = {name: LossScaler(init_loss_scaling=args.scale_loss, min_loss_scale=args.min_loss_scale)
-                   for name in ("vae_scaler", "disc_scaler")}
-    return Precision(dtype=dtype, level=args.fp16_opt_level, **scalers)
+    if not args.fp16:
+        return Precision(dtype=dtype, level=args.fp16_opt_level)
+    return Precision(dtype, args.fp16_opt_level, LossScaler(args.scale_loss, args.min_loss_scale),
+                     LossScaler(args.scale_loss, args.min_loss_scale))
 
 
 def uses_master_weights(args) -> bool:

@@ -1,12 +1,6 @@
-"""The training step shared by both drivers (docs/training.md, "The training step").
-
-`forward_backward(pixels, step, micro_batch)`: ONE VAE forward (EQ-VAE: sometimes of a transformed latent), the
-VAE objective's backward (`losses.VAELoss.backward`) and, with the GAN on, the discriminator's; it reads nothing
-back from the device. Its only communication: LeCAM's logit EMA (--lecam_weight), gradnorm's global scope (one
-scalar per head) and a SyncBatchNorm discriminator (--disc_norm sync_batch, in each of its forwards).
-`optimizer_step(step)`: one numbered block for both networks. `NonFiniteGuard` skips non-finite steps (under
-fp16, one network's overflow skips that network only) and stops runs that stay broken (docs/reliability.md).
-"""
+"""The training step shared by both drivers (docs/training.md): `forward_backward` (one VAE forward, the VAE's and
+the discriminator's backward, no read from the device; it communicates only for LeCAM's logit EMA, gradnorm's global
+scope and a SyncBatchNorm discriminator), `optimizer_step` and `NonFiniteGuard` (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +30,8 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Decides which network steps, counts the skips (checkpointed: a resumed run counts on), stops broken runs."""
+    """Decides which network steps (fp16: an overflow skips that network only), counts the skips (checkpointed),
+    stops broken runs."""
 
     _STATE = ("skipped_steps", "consecutive_nonfinite", "overflow_steps", "consecutive_overflow", "skipped_gan_terms")
 
@@ -144,9 +139,8 @@ class TrainStep:
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
-        """Micro-batch `micro_batch` (0-based) of optimizer step `global_step` (0-based). With an EQ-VAE transform
-        tau, every reconstruction term (and the discriminator's real images) compares decode(tau(z)) with tau(x);
-        the KL stays on the clean z."""
+        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
+        the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
         model, args, gan = self.model, self.loss_args, self.gan_active(global_step)
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms)
@@ -160,9 +154,9 @@ class TrainStep:
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=model.discriminator, last_layer=decoder_last_layer(model.vae), gan_active=gan,
-                grad_scale=self.precision.loss_scales()["vae"] / self.accumulation_steps,
+                grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]), vf=self._vf_term(clean, z))
-        vae_loss.backward(recon, lambda loss: self.precision.scale_vae(loss / self.accumulation_steps))
+        vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
@@ -172,7 +166,7 @@ class TrainStep:
                 d_loss, d_logs = discriminator_objective(
                     model.discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay)
-            self.precision.scale_disc(d_loss / self.accumulation_steps).backward()
+            self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
@@ -187,20 +181,22 @@ class TrainStep:
                       self.model.vae.encoder.conv_out.weight)
 
     def optimizer_step(self, global_step: int) -> StepReport:
-        """The update after the last micro-batch of optimizer step `global_step` (0-based), in the order of the
-        numbered comments; the drivers step nothing themselves."""
-        gan = self.gan_active(global_step)
+        """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""
+        gan, precision = self.gan_active(global_step), self.precision
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
         scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
                                       "train/disc_learning_rate": self.disc_optimizer.get_lr()}
 
         sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
-        self.precision.unscale(self.vae_optimizer, self.disc_optimizer if gan else None)  # 2. unscale
+        precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
+        if gan:
+            precision.disc_scaler.unscale_(self.disc_optimizer)
         vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
         losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(vae_norm, disc_norm)  # 3.
+        loss_scales = {"vae": precision.vae_scaler.scale_value, "discriminator": precision.disc_scaler.scale_value}
         take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
-                                 gan_overflows, self.precision.scales_losses, self.precision.loss_scales())
+                                 gan_overflows, precision.scales_losses, loss_scales)
         if take["vae"]:
             clip_grads(vae_params, vae_norm, self.max_grad_norm)                          # 4. clip
             self.vae_optimizer.step()                                                     # 5. VAE update
@@ -210,7 +206,9 @@ class TrainStep:
         self.vae_scheduler.step()                                                         # 7. schedules
         if gan:
             self.disc_scheduler.step()
-        self.precision.update_scales(not take["vae"], (not take["discriminator"]) if gan else None)  # 8.
+        precision.vae_scaler.update_after(not take["vae"])                                # 8. loss scales
+        if gan:
+            precision.disc_scaler.update_after(not take["discriminator"])
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
         # as its weights (335 MB for SD), and between steps nothing needs them.
         self.vae_optimizer.clear_grad(set_to_zero=False)
@@ -222,9 +220,9 @@ class TrainStep:
         if gan:
             scalars["train/disc_grad_norm"] = disc_norm
         scalars.update(self.guard.counters())
-        if self.precision.scales_losses:
-            scales = self.precision.loss_scales()
-            scalars.update({"train/loss_scale": scales["vae"], "train/disc_loss_scale": scales["discriminator"]})
+        if precision.scales_losses:
+            scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
+                            "train/disc_loss_scale": precision.disc_scaler.scale_value})
         return StepReport(scalars, stop)
 
     def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
