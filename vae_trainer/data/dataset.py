@@ -228,10 +228,13 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
     return [tensor.numpy().tolist() for tensor in gathered]
 
 
-def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: int,
-                  num_images: int | None) -> Iterator[dict]:
-    """In rounds: the next `num_images` - usable records are dealt to the ranks, each decodes its own, and the
-    ranks gather their usable counts and failure flags (a failing rank still joins, so the others stop too)."""
+def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
+                          num_images: int | None) -> Iterator[dict]:
+    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
+    decode size, centre-cropped, unflipped. Collective, in rounds: the next `num_images` - usable records are dealt to
+    the ranks, which gather their usable counts and failure flags (a failing rank still joins: the others stop)."""
+    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
+                         draft_decode=False, record_counts=False)
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
     records = enumerate(stream._records(sources, 0, 0, 0))
     images, read = [0] * world_size, 0  # usable images per rank so far
@@ -253,12 +256,3 @@ def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: i
             break
     if sum(images) == 0:
         raise RuntimeError(stream._no_samples_message(0, 1, sources, records=read))
-
-
-def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
-                          num_images: int | None) -> Iterator[dict]:
-    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
-    decode size, centre-cropped, unflipped; collective, so every rank must iterate to the end."""
-    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
-                         draft_decode=False, record_counts=False)
-    return _eval_batches(stream, batch_size, rank, world_size, num_images)

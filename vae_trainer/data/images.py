@@ -108,8 +108,7 @@ def to_srgb(image: Image.Image) -> Image.Image:
         return image
     converted = ImageCms.applyTransform(image, transform)
     converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
-    if hasattr(image, "getexif"):
-        converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
+    converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
     return converted
 
 
