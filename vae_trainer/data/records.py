@@ -20,8 +20,6 @@ from .images import BadImage, decode_base64
 
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")  # by preference
-# Why a record (or a part) was skipped, besides the image-level reasons of images.REASONS.
-REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
 MISSING_FILE = "missing_file"
 _READ_SIZE = 1 << 20
 
