@@ -14,7 +14,6 @@ from vae_trainer.data.filelists import IMAGE, LINES, TAR, Part
 from vae_trainer.data.images import BadImage
 from vae_trainer.data.records import (
     Damaged,
-    ImageFile,
     TarSample,
     describe,
     image_bytes,
@@ -115,15 +114,15 @@ def _cmdline(pid):
 def test_image_parts_and_image_bytes(tmp_path):
     path = tmp_path / "x.png"
     path.write_bytes(b"bytes of x")
-    assert list(iterate_records(Part(str(path), IMAGE, 1))) == [ImageFile(str(path))]
-    assert image_bytes(ImageFile(str(path)), 2) == b"bytes of x"
+    assert list(iterate_records(Part(str(path), IMAGE, 1))) == [str(path)]
+    assert image_bytes(str(path), 2) == b"bytes of x"
     os.remove(path)
     with pytest.raises(BadImage) as bad:
-        image_bytes(ImageFile(str(path)), 2)
+        image_bytes(str(path), 2)
     assert bad.value.reason == "missing_file" and str(path) in bad.value.detail  # gone, not unreadable
     os.mkdir(path)  # there, but not readable as a file
     with pytest.raises(BadImage) as bad:
-        image_bytes(ImageFile(str(path)), 2)
+        image_bytes(str(path), 2)
     assert bad.value.reason == "unreadable"
     assert image_bytes(b"a\tb\t" + base64.b64encode(b"img") + b"\tmore", 2) == b"img"
     with pytest.raises(BadImage) as bad:

@@ -8,18 +8,17 @@ BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs
 MAX_ASPECT_RATIO = 2.0
 
 
-def bucket_shapes(resolution: int, multiple: int = BUCKET_MULTIPLE,
-                  max_aspect: float = MAX_ASPECT_RATIO) -> list[tuple[int, int]]:
-    """The (width, height) buckets for `resolution` (a multiple of `multiple`), widest first; the grid step is
-    resolution / 16 rounded to a multiple of `multiple` (64 px at 1024, as SDXL's buckets)."""
-    if resolution % multiple:
-        raise ValueError(f"aspect-ratio buckets need a resolution that is a multiple of {multiple}, got {resolution}")
-    step = multiple * max(1, round(resolution / (16 * multiple)))
-    area = resolution * resolution
+def bucket_shapes(resolution: int) -> list[tuple[int, int]]:
+    """The (width, height) buckets for `resolution` (a multiple of 8), widest first; the grid step is resolution / 16
+    rounded to a multiple of 8 (64 px at 1024, as SDXL's buckets)."""
+    if resolution % BUCKET_MULTIPLE:
+        raise ValueError(f"aspect-ratio buckets need a resolution that is a multiple of {BUCKET_MULTIPLE}, "
+                         f"got {resolution}")
+    step = BUCKET_MULTIPLE * max(1, round(resolution / (16 * BUCKET_MULTIPLE)))
     shapes = {(resolution, resolution)}
-    for width in range(step, int(resolution * math.sqrt(max_aspect)) + step + 1, step):
-        height = (area // width) // step * step
-        if height >= step and max(width / height, height / width) <= max_aspect:
+    for width in range(step, int(resolution * math.sqrt(MAX_ASPECT_RATIO)) + step + 1, step):
+        height = (resolution * resolution // width) // step * step
+        if height >= step and max(width / height, height / width) <= MAX_ASPECT_RATIO:
             shapes |= {(width, height), (height, width)}
     return sorted(shapes, key=lambda shape: -shape[0] / shape[1])
 

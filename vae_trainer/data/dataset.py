@@ -18,7 +18,7 @@ from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position
 from .records import MISSING, MISSING_FILE, Damaged, describe, image_bytes
-from .sharding import INTERLEAVE, PER_SAMPLE, SKIPPED, Record, ShardSource, SourcePass, assign, interleave, rng
+from .sharding import PER_SAMPLE, SKIPPED, Record, ShardSource, assign, interleave, rng
 
 logger = logging.getLogger("vae_trainer.data")
 
@@ -67,15 +67,14 @@ class ImageStream(RaisesInMainThread):
         if self.resume:
             self.resume.check_resume(world_size, seed, shuffle_buffer_size)
             self.resume.files = self.part_paths
-        self._skips: Counter[str] = Counter()  # per reason, in this process
+        self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
 
     def skip_stats(self) -> dict[str, int]:
-        return dict(self._skips)
+        return {reason: n for reason, n in self.counts.items() if isinstance(reason, str)}
 
     def _log_skip(self, record: Record, bad: BadImage) -> None:
-        """Count a skip; log each file's first few problems once per process."""
-        self._skips[bad.reason] += 1
+        """Log each file's first few problems once per process."""
         whole_part = isinstance(record.payload, Damaged)  # one line for all its lost records
         key, shown = -1 if whole_part else record.number, self._logged.setdefault(record.part.path, set())
         if key in shown or len(shown) > LOGGED_PER_FILE:
@@ -110,15 +109,16 @@ class ImageStream(RaisesInMainThread):
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
+        self.counts = start.counts
         skip = min(restore, default=resume_at)
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
-            for index, record in enumerate(self._epoch_records(sources, shard, epoch, skip)):
+            for index, record in enumerate(self._records(sources, shard, epoch, skip)):
                 end = index + 1
                 replaying = index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
-                decoded = self._decode(record, (shard, epoch, index), None if replaying else start.counts)
+                decoded = self._decode(record, (shard, epoch, index), not replaying)
                 if decoded is not None:
                     usable += 1
                     yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
@@ -129,15 +129,11 @@ class ImageStream(RaisesInMainThread):
                 return
             epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
 
-    def _epoch_records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
-        def make_pass(source: ShardSource, cycle: int) -> SourcePass:
-            keys = (shard, epoch, source.index, cycle)
-            return SourcePass(source, self.seed, keys, self.shuffle, self.shuffle_buffer_size)
+    def _records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
+        return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
-        return interleave(sources, make_pass, rng(self.seed, INTERLEAVE, shard, epoch) if self.infinite else None, skip)
-
-    def _decode(self, record: Record, keys: tuple[int, int, int], counts: Counter | None):
-        """(bucket, uint8 crop) of one record, or None if unusable (counted in `counts` if given)."""
+    def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
+        """(bucket, uint8 crop) of one record, or None if unusable (then counted and logged if `count`)."""
         payload = record.payload
         try:
             if isinstance(payload, Damaged):
@@ -148,10 +144,9 @@ class ImageStream(RaisesInMainThread):
             size = self.buckets[bucket]
             image = load_rgb(image, cover=size if self.draft_decode else None)
         except BadImage as bad:
-            if counts is not None:
+            if count:
                 self._log_skip(record, bad)
-                counts[bad.reason] += 1
-                counts[self._part_index[record.part.path]] += 1  # per file, for the end-of-run summary
+                self.counts.update([bad.reason, self._part_index[record.part.path]])  # per file: end-of-run summary
             return None
         return bucket, crop(image, size, rng(self.seed, PER_SAMPLE, *keys), self.random_flip, self.random_crop)
 
@@ -214,12 +209,11 @@ class _EvalShare(RaisesInMainThread):
         self.read = self.usable = 0
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
-        counts = Counter()
         for index, record in self.records:
             owner = self.images.index(min(self.images))
             self.images[owner] += 1
             self.read += 1
-            decoded = self.stream._decode(record, (0, 0, index), counts) if owner == self.rank else None
+            decoded = self.stream._decode(record, (0, 0, index)) if owner == self.rank else None
             if decoded is not None:
                 self.usable += 1
                 yield {"pixel_values": to_float(decoded[1])}
@@ -234,12 +228,15 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
     return [tensor.numpy().tolist() for tensor in gathered]
 
 
-def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: int,
-                  num_images: int | None) -> Iterator[dict]:
-    """In rounds: the next `num_images` - usable records are dealt to the ranks, each decodes its own, and the
-    ranks gather their usable counts and failure flags (a failing rank still joins, so the others stop too)."""
+def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
+                          num_images: int | None) -> Iterator[dict]:
+    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
+    decode size, centre-cropped, unflipped. Collective, in rounds: the next `num_images` - usable records are dealt to
+    the ranks, which gather their usable counts and failure flags (a failing rank still joins: the others stop)."""
+    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
+                         draft_decode=False, record_counts=False)
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
-    records = enumerate(stream._epoch_records(sources, 0, 0, 0))
+    records = enumerate(stream._records(sources, 0, 0, 0))
     images, read = [0] * world_size, 0  # usable images per rank so far
     while True:
         wanted = None if num_images is None else num_images - sum(images)
@@ -259,12 +256,3 @@ def _eval_batches(stream: ImageStream, batch_size: int, rank: int, world_size: i
             break
     if sum(images) == 0:
         raise RuntimeError(stream._no_samples_message(0, 1, sources, records=read))
-
-
-def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
-                          num_images: int | None) -> Iterator[dict]:
-    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
-    decode size, centre-cropped, unflipped; collective, so every rank must iterate to the end."""
-    stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
-                         draft_decode=False, record_counts=False)
-    return _eval_batches(stream, batch_size, rank, world_size, num_images)

@@ -3,6 +3,7 @@ accepted forms are in docs/data.md ("What --file_list takes", "Record counts")."
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -71,6 +72,7 @@ def is_tar_spec(name: str) -> bool:
     return name.startswith(PIPE_PREFIX) or all(path.lower().endswith(TAR_SUFFIXES) for path in _expand(name))
 
 
+@functools.cache
 def image_suffixes() -> set[str]:
     Image.init()
     return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
@@ -107,20 +109,6 @@ def counts_path(filelist: str) -> str:
     return filelist + COUNTS_SUFFIX
 
 
-def _read_counts(filelist: str) -> dict[str, tuple[int, int | None]]:
-    """{part path: (records, bytes or None)} from ``<filelist>.counts`` ({} if absent)."""
-    path = counts_path(filelist)
-    if not os.path.isfile(path):
-        return {}
-    counts = {}
-    for line_number, text in _entries(path):
-        fields = text.rsplit("\t", 2)
-        if len(fields) != 3 or not fields[1].isdigit():
-            raise ValueError(f"{path}:{line_number}: expected 'NAME<TAB>records<TAB>bytes', got {text!r}")
-        counts[_resolve(fields[0], filelist)] = (int(fields[1]), int(fields[2]) if fields[2].isdigit() else None)
-    return counts
-
-
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> Source:
     """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file."""
     filelist = os.path.normpath(os.path.abspath(filelist))
@@ -138,8 +126,13 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> So
 
 
 def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> list[Part]:
-    """`parts` with their record counts, if the counts file covers all of them unchanged."""
-    counts = _read_counts(filelist)
+    """`parts` with their record counts, if ``<filelist>.counts`` covers all of them unchanged."""
+    path, counts = counts_path(filelist), {}
+    for line_number, text in _entries(path) if os.path.isfile(path) else []:
+        fields = text.rsplit("\t", 2)
+        if len(fields) != 3 or not fields[1].isdigit():
+            raise ValueError(f"{path}:{line_number}: expected 'NAME<TAB>records<TAB>bytes', got {text!r}")
+        counts[_resolve(fields[0], filelist)] = (int(fields[1]), int(fields[2]) if fields[2].isdigit() else None)
     if not counts and sum(part.kind != IMAGE for part in parts) > 1:
         logger.warning("%s: no %s file, so shards get whole parts and images in shards with fewer records are "
                        "shown more often; write it with: python scripts/write_filelist.py --count %s",
@@ -153,7 +146,7 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
         if part.kind != IMAGE and (records is None or stale):
             why = "is not listed" if records is None else f"has {size} bytes, not {counted_size}"
             logger.warning("%s: %s %s; reading the source without counts (re-run scripts/write_filelist.py "
-                           "--count %s)", counts_path(filelist), part.path, why, filelist)
+                           "--count %s)", path, part.path, why, filelist)
             return parts
         counted.append(part if part.kind == IMAGE else Part(part.path, part.kind, records))
     return counted

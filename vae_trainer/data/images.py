@@ -1,5 +1,5 @@
 """Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB -> uint8 crop; an unusable
-input raises :class:`BadImage` with a short ``reason`` (one of :data:`REASONS`)."""
+input raises :class:`BadImage` with a short ``reason`` (one of position.SKIP_REASONS)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import warnings
 
 import numpy as np
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
-
-# Why an image was unusable (the record-level reasons are in records.REASONS).
-REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "unsupported")
 
 # The filter that resizes every image (PIL's bicubic widens its kernel when shrinking: it antialiases).
 RESAMPLING = Image.Resampling.BICUBIC
@@ -108,8 +105,7 @@ def to_srgb(image: Image.Image) -> Image.Image:
         return image
     converted = ImageCms.applyTransform(image, transform)
     converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
-    if hasattr(image, "getexif"):
-        converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
+    converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
     return converted
 
 

@@ -30,9 +30,6 @@ class RaisesInMainThread(paddle.io.IterableDataset):
 
     failure: BaseException | None = None
 
-    def _items(self) -> Iterator:
-        raise NotImplementedError
-
     def __iter__(self) -> Iterator:
         # (Paddle calls iter() in the main thread but iterates in its reader thread or a worker process.)
         self.failure = None

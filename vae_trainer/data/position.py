@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import images, records
-
-# Why a training record was skipped: one data/skipped_<reason> scalar each.
-SKIP_REASONS = images.REASONS + records.REASONS
+# Why a training record was skipped (BadImage.reason, Damaged.reason): one data/skipped_<reason> scalar each.
+SKIP_REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "unsupported",  # the image
+                "columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
 FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every batch carries them)
 _PER_SHARD = ("positions", "pending", "skipped", "skipped_files")  # the state's {shard: ...} entries
 

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Union
 
-from .filelists import IMAGE, LINES, PIPE_PREFIX, TAR, Part
+from .filelists import LINES, PIPE_PREFIX, TAR, Part
 from .images import BadImage, decode_base64
 
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")  # by preference
-# Why a record (or a part) was skipped, besides the image-level reasons of images.REASONS.
-REASONS = ("columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
 MISSING_FILE = "missing_file"
 _READ_SIZE = 1 << 20
 
@@ -33,18 +31,13 @@ class TarSample:
 
 
 @dataclass(frozen=True)
-class ImageFile:
-    path: str
-
-
-@dataclass(frozen=True)
 class Damaged:
     reason: str
     detail: str
 
 
 MISSING = Damaged("missing", "the part holds fewer records than its .counts file says")
-Payload = Union[bytes, TarSample, ImageFile, Damaged]
+Payload = Union[bytes, TarSample, str, Damaged]  # a line, a tar sample, an image file's path, damage
 
 
 def open_part(path: str) -> BinaryIO:
@@ -130,9 +123,7 @@ def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
         return _line_records(part.path, start)
     if part.kind == TAR:
         return _tar_records(part.path, start)
-    if part.kind == IMAGE:
-        return iter([ImageFile(part.path) if start == 0 else None])
-    raise ValueError(f"{part.path}: unknown part kind {part.kind!r}")
+    return iter([part.path if start == 0 else None])
 
 
 def image_bytes(payload: Payload, image_column: int) -> bytes:
@@ -147,9 +138,9 @@ def image_bytes(payload: Payload, image_column: int) -> bytes:
             raise BadImage("no_image", f"sample {payload.key} has no {'/'.join(TAR_IMAGE_EXTENSIONS)} member")
         return payload.image
     try:
-        return Path(payload.path).read_bytes()
+        return Path(payload).read_bytes()
     except FileNotFoundError:
-        raise BadImage(MISSING_FILE, f"image file not found: {payload.path}") from None
+        raise BadImage(MISSING_FILE, f"image file not found: {payload}") from None
     except OSError as error:
         raise BadImage("unreadable", str(error)) from None
 
@@ -158,4 +149,4 @@ def describe(part: Part, number: int, payload: Payload) -> str:
     """file:line, shard:key or the image path."""
     if isinstance(payload, TarSample):
         return f"{part.path}:{payload.key}"
-    return part.path if part.kind == IMAGE else f"{part.path}:{number + 1}"
+    return part.path if isinstance(payload, str) else f"{part.path}:{number + 1}"

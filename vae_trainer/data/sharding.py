@@ -4,7 +4,7 @@ the rules are in docs/data.md ("How the stream works")."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,12 +98,10 @@ class SourcePass:
     """One pass over a shard's records of one source, in shuffled blocks; `keys` = (shard, epoch, source, cycle)."""
 
     def __init__(self, source: ShardSource, seed: int, keys: tuple[int, ...], shuffle: bool, block_size: int) -> None:
-        self.seed, self.keys, self.shuffle, self.block_size = seed, keys, shuffle, max(1, block_size)
-        segments = source.segments
-        if shuffle:
-            segments = [segments[i] for i in rng(seed, SHUFFLE_SEGMENTS, *keys).permutation(len(segments))]
-        self.segments = segments
-        self.length = source.length
+        self.source, self.seed, self.keys = source, seed, keys
+        self.shuffle, self.block_size, self.length = shuffle, max(1, block_size), source.length
+        order = rng(seed, SHUFFLE_SEGMENTS, *keys).permutation(len(source.segments)) if shuffle else None
+        self.segments = source.segments if order is None else [source.segments[i] for i in order]
         self.offset = 0  # records taken (or skipped) so far
         self._reader: Iterator[Record] | None = None
 
@@ -141,25 +139,26 @@ class SourcePass:
             offset = 0
 
 
-def interleave(sources: list[ShardSource], make_pass: Callable[[ShardSource, int], SourcePass],
-               chooser: np.random.Generator | None, skip: int) -> Iterator[Record | object]:
-    """One shard epoch (the first `skip` records :data:`SKIPPED`): weighted record-by-record interleaving, or without
-    `chooser` one pass over each source in list order."""
-    by_index = {source.index: source for source in sources}
-    passes = {index: make_pass(source, 0) for index, source in by_index.items()}
-    cycles = dict.fromkeys(by_index, 0)
-    pending = set(by_index)  # sources that have not finished their first pass
+def interleave(sources: list[ShardSource], seed: int, shard: int, epoch: int, skip: int, shuffle: bool,
+               block_size: int, weighted: bool) -> Iterator[Record | object]:
+    """One shard epoch (the first `skip` records :data:`SKIPPED`): `weighted` record-by-record interleaving, or one
+    pass over each source in list order."""
+    chooser = rng(seed, INTERLEAVE, shard, epoch) if weighted else None
+    passes = {source.index: SourcePass(source, seed, (shard, epoch, source.index, 0), shuffle, block_size)
+              for source in sources}
+    pending = set(passes)  # sources that have not finished their first pass
     position = 0
     while pending:
-        index = min(pending) if chooser is None else _choose(chooser, sorted(passes), by_index)
+        index = min(pending) if chooser is None else _choose(chooser, sorted(passes), passes)
         record = passes[index].take(position < skip)
         if record is None:
             pending.discard(index)
             if chooser is not None and passes[index].offset > 0:  # (one with no records for this shard is dropped)
                 if not pending:
                     return
-                cycles[index] += 1
-                passes[index] = make_pass(by_index[index], cycles[index])
+                cycle = passes[index].keys[-1] + 1
+                keys = (shard, epoch, index, cycle)
+                passes[index] = SourcePass(passes[index].source, seed, keys, shuffle, block_size)
                 record = passes[index].take(position < skip)
             if record is None:
                 del passes[index]
@@ -168,9 +167,9 @@ def interleave(sources: list[ShardSource], make_pass: Callable[[ShardSource, int
         yield record
 
 
-def _choose(chooser: np.random.Generator, indices: list[int], by_index: dict[int, ShardSource]) -> int:
+def _choose(chooser: np.random.Generator, indices: list[int], passes: dict[int, SourcePass]) -> int:
     if len(indices) == 1:
         return indices[0]  # no draw: resuming a one-source stream then costs no RNG work per record
-    cumulative = np.cumsum([by_index[index].weight for index in indices])
+    cumulative = np.cumsum([passes[index].source.weight for index in indices])
     pick = int(np.searchsorted(cumulative, chooser.random() * cumulative[-1], side="right"))
     return indices[min(pick, len(indices) - 1)]
