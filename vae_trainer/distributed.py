@@ -40,9 +40,8 @@ def init_distributed() -> None:
 
 @contextlib.contextmanager
 def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception]] = None) -> Iterator[None]:
-    """Run a block on every rank; it succeeds on all or raises on all (one all-reduce, also a barrier): "`what`
-    failed on rank R: reason" for each failing rank, of the lowest failing rank's class if a user error, else
-    RuntimeError. `explain` turns this rank's exception into the one reported, once all ranks left the block."""
+    """Run a block on every rank; it succeeds on all or raises on all "`what` failed on rank R: reason" (a barrier),
+    of the lowest failing rank's class if a user error, else RuntimeError. `explain` maps this rank's exception."""
     error: Optional[Exception] = None
     try:
         yield
@@ -94,8 +93,7 @@ def from_rank_0(value: Any) -> Any:
 
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
     """Run an entry point's `main` and end the process in one order on every path (docs/reliability.md); with
-    `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes: a final agreement on "was
-    signalled" (the barrier), then `os._exit`, skipping C++ destructors that race Paddle's TCP store thread."""
+    `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes end with `os._exit`."""
     status = 0
     if stop_signals:
         preemption.install(single_process=world_size() == 1)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, resume_requested,
-                         unfinished_checkpoints)
+from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
 from .data.filelists import PIPE_PREFIX, read_sources
+from .disk import delete_folder
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 
 if TYPE_CHECKING:
@@ -61,8 +60,7 @@ def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Opt
 
 
 def check_shared(output_dir: str) -> None:
-    """Refuse a --output_dir that is not one folder for all ranks: rank 0 writes a file of a random name, every
-    rank must read it back."""
+    """Refuse a --output_dir that is not one folder for all ranks: every rank must read back rank 0's random file."""
     if world_size() < 2:
         return
     token = from_rank_0(secrets.token_hex(8))
@@ -86,19 +84,13 @@ def check_shared(output_dir: str) -> None:
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str, Optional[str]]:
     """Flag -> path of everything a run reads that an --output_dir could hold (a resumed run clears nothing)."""
+    names = ("pretrained_model_name_or_path", "vae_config_file", "init_from_ckpt", "discriminator_path",
+             "lpips_weights", "file_list", "eval_file_list", "inception_weights")
+    reads = {f"--{name}": getattr(model_args if hasattr(model_args, name) else data_args, name) for name in names}
     pretrained = model_args.pretrained_model_name_or_path
     if pretrained and model_args.subfolder:
-        pretrained = os.path.join(pretrained, model_args.subfolder)
-    return {
-        "--pretrained_model_name_or_path": pretrained,
-        "--vae_config_file": model_args.vae_config_file,
-        "--init_from_ckpt": model_args.init_from_ckpt,
-        "--discriminator_path": model_args.discriminator_path,
-        "--lpips_weights": model_args.lpips_weights,
-        "--file_list": data_args.file_list,
-        "--eval_file_list": data_args.eval_file_list,
-        "--inception_weights": data_args.inception_weights,
-    }
+        reads["--pretrained_model_name_or_path"] = os.path.join(pretrained, model_args.subfolder)
+    return reads
 
 
 def doomed_paths(output_dir: str) -> List[str]:
@@ -151,14 +143,11 @@ def _file_list_members(file_list: str) -> List[str]:
 def clear_run(output_dir: str) -> None:
     """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
     log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
-    checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
             continue
-        if path in checkpoints:
-            delete_checkpoint(path)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            delete_folder(path)
         else:
             os.remove(path)
     top = os.path.abspath(output_dir)

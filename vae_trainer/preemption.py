@@ -1,6 +1,5 @@
-"""Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption").
-SIGTERM, SIGINT and SIGUSR1 only note a stop request (`install`, `stop_signal`); the step agrees on it across ranks
-and `stop_after_step` saves and raises `Preempted`. Only a second Ctrl-C in a single process quits at once."""
+"""Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption"):
+a signal only notes a stop request; `stop_after_step` saves and raises `Preempted`."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def stop_signal() -> Optional[str]:
 
 
 def stop_after_step(stop: bool, step: int, save: Callable[[], str]) -> None:
-    """At the end of optimizer step `step`: when some rank was signalled (`stop`, agreed by the step), `save()`
-    this step's checkpoint and raise `Preempted`."""
+    """After step `step`, when some rank was signalled (`stop`, agreed by the step): `save()`, raise `Preempted`."""
     if not stop:
         return
     checkpoint = save()

@@ -1,6 +1,5 @@
-"""CPU compute threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1 when unset)
-unless the user did: max(1, usable CPUs // processes on this node - reserve). Must not import Paddle. The rule
-and the launcher's trap: docs/launching.md, "CPU threads"."""
+"""CPU threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1) unless the user did
+(docs/launching.md, "CPU threads"). Must not import Paddle."""
 
 from __future__ import annotations
 
@@ -25,10 +24,7 @@ class ThreadChoice(NamedTuple):
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may run on (affinity), capped by a cgroup CPU quota; at least 1."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        count = os.cpu_count() or 1
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup_root)
     return max(1, min(count, math.floor(quota)) if quota else count)
 
@@ -100,8 +96,7 @@ def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
 
 
 def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
-    """Set OMP_NUM_THREADS for this process unless the user did, and log the choice on stderr; nothing (None)
-    once Paddle is imported, when it could no longer take effect."""
+    """Set OMP_NUM_THREADS unless the user did and log the choice on stderr; None once Paddle is imported."""
     if "paddle" in sys.modules:
         return None
     argv = sys.argv[1:] if argv is None else argv

@@ -1,6 +1,5 @@
 """The stall watchdog (--stall_timeout, docs/reliability.md): when nothing finished (`beat`) for the timeout, a
-daemon thread logs what the process was `doing` and all threads' stacks, kills its child processes and exits with
-STALL_EXIT_CODE. `beat` and `doing` only set attributes (no device read)."""
+thread logs what the process was `doing` and all stacks, kills its children and exits with STALL_EXIT_CODE."""
 
 from __future__ import annotations
 
@@ -11,7 +10,9 @@ import signal
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import Optional
+
+import psutil  # (visualdl's dependency)
 
 logger = logging.getLogger("vae_trainer")
 
@@ -51,31 +52,16 @@ class _Watchdog(threading.Thread):
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         own_group = os.getpgrp()
-        for pid in _descendants(os.getpid()):  # a hung `pipe:` command (its own session: its group), loader workers
+        for child in psutil.Process().children(recursive=True):  # a hung `pipe:` command (own group), loader workers
             try:
-                if os.getpgid(pid) != own_group:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                group = os.getpgid(child.pid)
+                if group != own_group:
+                    os.killpg(group, signal.SIGKILL)
                 else:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(child.pid, signal.SIGKILL)
             except OSError:
                 pass
         os._exit(STALL_EXIT_CODE)
-
-
-def _descendants(pid: int) -> List[int]:
-    """Child processes of `pid`, recursively (Linux /proc)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # it ended meanwhile
-        return []
-    found = []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                found += [int(child) for child in handle.read().split()]
-        except OSError:  # the thread or process ended meanwhile
-            continue
-    return [pid for child in found for pid in [child] + _descendants(child)]
 
 
 _current: Optional[_Watchdog] = None
