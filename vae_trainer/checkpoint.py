@@ -1,8 +1,6 @@
 """Checkpoints `OUTPUT_DIR/checkpoint-N/`: written atomically (fsynced, manifest last), found again (`latest`,
 complete ones only), loaded, rotated and set aside on a rollback (docs/reliability.md)."""
 
-from __future__ import annotations
-
 import json
 import logging
 import os
@@ -92,8 +90,7 @@ def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
-    """--resume_from_checkpoint as a checkpoint folder or None: 'latest' is rank 0's (listings of a shared folder
-    may differ), a path is checked on every rank."""
+    """--resume_from_checkpoint as a checkpoint folder or None ('latest': rank 0's; a path: checked on all ranks)."""
     if not resume_requested(resume_from_checkpoint):
         return None
     if resume_from_checkpoint not in LATEST:
@@ -159,14 +156,14 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
     `configs`: file name -> object with `state_dict()` / JSON dict; rotation never deletes `keep`."""
     final = checkpoint_path(output_dir, step)
     tmp, own_state = final + ".tmp", f"rank_state_{rank()}.pdparams"
+    stateful = {MODEL_NAME: model, **stateful}
 
     def explain(error: Exception) -> Exception:  # a full disk, quota, read-only or I/O error: a message
         if not is_disk_error(error):
             return error
         previous = list_checkpoints(output_dir)
         last_good = previous[-1][1] if previous else None
-        states = [model.state_dict()] + [obj.state_dict() for obj in stateful.values()]
-        needed = folder_bytes(last_good) or tensor_bytes(states)
+        needed = folder_bytes(last_good) or tensor_bytes([obj.state_dict() for obj in stateful.values()])
         return failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good)  # removes tmp
 
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
@@ -177,7 +174,6 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
             os.makedirs(tmp)
     with all_ranks_agree(what, explain):
         if rank() == 0:
-            paddle.save(model.state_dict(), os.path.join(tmp, MODEL_NAME))
             for name, obj in stateful.items():
                 paddle.save(obj.state_dict(), os.path.join(tmp, name))
             trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
@@ -253,7 +249,13 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
         moved = [os.path.join(branch, os.path.basename(path)) for path in later]
         for path, target in zip(later, moved):  # one atomic rename each: a kill mid-way leaves every checkpoint whole
             os.replace(path, target)
-        _move_eval_lines(output_dir, branch, after)
+        metrics = Path(output_dir, EVAL_METRICS_NAME)  # the moved steps' lines move too; unreadable ones stay
+        lines = [line + "\n" for line in metrics.read_text().split("\n") if line.strip()] if metrics.is_file() else []
+        moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
+        if any(moves):
+            Path(branch, EVAL_METRICS_NAME).write_text("".join(line for line, move in zip(lines, moves) if move))
+            Path(f"{metrics}.tmp").write_text("".join(line for line, move in zip(lines, moves) if not move))
+            os.replace(f"{metrics}.tmp", metrics)
         logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
                        "to %s (delete it when no longer needed)", resume, output_dir,
                        ", ".join(os.path.basename(path) for path in later), branch)
@@ -272,22 +274,6 @@ def checkpoint_step(checkpoint: str) -> Optional[int]:
     except (OSError, ValueError, KeyError):
         match = _CHECKPOINT_RE.match(os.path.basename(os.path.normpath(checkpoint)))
         return int(match.group(1)) if match else None
-
-
-def _move_eval_lines(output_dir: str, branch: str, after: Optional[int]) -> None:
-    """Move the eval_metrics.jsonl lines of steps after `after` (all if None) into `branch`; unreadable ones stay."""
-    path = os.path.join(output_dir, EVAL_METRICS_NAME)
-    if not os.path.isfile(path):
-        return
-    with open(path) as handle:
-        lines = [line if line.endswith("\n") else line + "\n" for line in handle if line.strip()]
-    moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
-    if any(moves):
-        with open(os.path.join(branch, EVAL_METRICS_NAME), "w") as handle:
-            handle.writelines(line for line, move in zip(lines, moves) if move)
-        with open(path + ".tmp", "w") as handle:
-            handle.writelines(line for line, move in zip(lines, moves) if not move)
-        os.replace(path + ".tmp", path)
 
 
 def eval_line_step(line: str) -> Optional[int]:
@@ -374,5 +360,4 @@ def checkpoint_export_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def read_json(path: str) -> Dict[str, Any]:
-    with open(path) as handle:
-        return json.load(handle)
+    return json.loads(Path(path).read_text())

@@ -1,8 +1,6 @@
 """Full disks (no space, quota, read-only, I/O error: `OutOfSpace`) and durable, atomic folder writes
 (docs/reliability.md)."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import logging
@@ -33,9 +31,8 @@ def is_disk_error(error: BaseException) -> bool:
 
 
 def folder_bytes(path: Optional[str]) -> int:
-    if not path or not os.path.isdir(path):
-        return 0
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    """Bytes of the files in folder `path` (0 if there is none)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path or "") for name in names)
 
 
 def free_bytes(path: str) -> int:

@@ -1,8 +1,6 @@
 """Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption"):
 a signal only notes a stop request; `stop_after_step` saves and raises `Preempted`."""
 
-from __future__ import annotations
-
 import logging
 import signal
 import threading
@@ -58,9 +56,8 @@ def stop_after_step(stop: bool, step: int, save: Callable[[], str]) -> None:
     if not stop:
         return
     checkpoint = save()
-    signal_name = stop_signal() or "a signal to another rank"
-    stopped = Preempted(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command "
-                        "with --resume_from_checkpoint latest continues exactly from there "
-                        f"(exit code {PREEMPTED_EXIT_CODE})")
+    stopped = Preempted(f"stopped by {stop_signal() or 'a signal to another rank'} after step {step}: saved "
+                        f"{checkpoint}; the same command with --resume_from_checkpoint latest continues exactly from "
+                        f"there (exit code {PREEMPTED_EXIT_CODE})")
     logger.warning("%s", stopped)
     raise stopped
