@@ -1,7 +1,5 @@
 """Checkpoints `OUTPUT_DIR/checkpoint-N/`: written atomically (fsynced, manifest last), found again (`latest`,
-complete ones only), loaded, rotated and set aside on a rollback. The rules: docs/reliability.md."""
-
-from __future__ import annotations
+complete ones only), loaded, rotated and set aside on a rollback (docs/reliability.md)."""
 
 import json
 import logging
@@ -10,12 +8,13 @@ import random
 import re
 import shutil
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
 
-from .disk import failed_write, folder_bytes, fsync_path, is_disk_error
+from .disk import delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder
 from .distributed import all_ranks_agree, assert_parameters_in_sync, from_rank_0, rank, world_size
 from .precision import HALF_DTYPES
 
@@ -44,8 +43,7 @@ def checkpoint_path(output_dir: str, step: int) -> str:
 
 
 def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, str]]:
-    """(step, path) of the complete checkpoints (`complete=False`: every `checkpoint-N` folder), oldest first;
-    an incomplete one is skipped with a warning (once per process)."""
+    """(step, path) of the complete checkpoints (`complete=False`: every `checkpoint-N` folder), oldest first."""
     found = []
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
         match, path = _CHECKPOINT_RE.match(name), os.path.join(output_dir, name)
@@ -62,8 +60,7 @@ def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, 
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
-    """Why `path` is not a complete checkpoint, or None. Without a manifest (an earlier version's) its
-    trainer_state.json counts."""
+    """Why `path` is not a complete checkpoint, or None. Without a manifest (older versions) trainer_state counts."""
     manifest = os.path.join(path, MANIFEST_NAME)
     if not os.path.isfile(manifest):
         has_state = os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))
@@ -80,12 +77,11 @@ def checkpoint_problem(path: str) -> Optional[str]:
 
 
 def write_manifest(folder: str, ranks: int = 1) -> None:
-    """Write `folder`'s manifest.json, fsynced. The `ranks` rank states are named explicitly: a network mount's
-    cached listing may not show them yet."""
+    """Write `folder`'s manifest.json, fsynced, naming the `ranks` rank states (a network mount may lag)."""
     names = set(os.listdir(folder)) - {MANIFEST_NAME} | {f"rank_state_{r}.pdparams" for r in range(ranks)}
     files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(names)
              if not os.path.isdir(os.path.join(folder, name))}
-    _write_json(os.path.join(folder, MANIFEST_NAME), {"files": files})
+    Path(folder, MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=2, sort_keys=True))
     fsync_path(os.path.join(folder, MANIFEST_NAME))
 
 
@@ -94,8 +90,7 @@ def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
-    """--resume_from_checkpoint as a checkpoint folder or None: 'latest' is rank 0's (listings of a shared folder
-    may differ), a path is checked on every rank."""
+    """--resume_from_checkpoint as a checkpoint folder or None ('latest': rank 0's; a path: checked on all ranks)."""
     if not resume_requested(resume_from_checkpoint):
         return None
     if resume_from_checkpoint not in LATEST:
@@ -116,8 +111,7 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Op
 
 
 def _generators() -> Dict[str, Any]:
-    """The CPU's and the current device's generators, keyed by device type, so a state restores on another GPU.
-    (`paddle.Generator` is replaced by ppdiffusers' RNG tracker.)"""
+    """The CPU's and the current device's generators, keyed by device type (a state restores on another GPU)."""
     device, new = paddle.device.get_device(), paddle.framework.random.Generator  # "cpu", "gpu:3", ...
     return {"cpu": new("cpu"), device.split(":")[0]: new(device)}
 
@@ -158,18 +152,18 @@ def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
 def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, stateful: Dict[str, Any], trainer_state,
                     rank_state: Dict[str, Any], save_total_limit: Optional[int] = None, keep: Optional[str] = None,
                     configs: Optional[Dict[str, dict]] = None) -> str:
-    """Write checkpoint-`step` from all ranks into `.tmp`, then rank 0 renames it; return its path. `stateful`
-    and `configs` map file names to objects with `state_dict()` / JSON dicts; rotation never deletes `keep`."""
+    """Write checkpoint-`step` from all ranks into `.tmp`, then rank 0 renames it; return its path. `stateful` /
+    `configs`: file name -> object with `state_dict()` / JSON dict; rotation never deletes `keep`."""
     final = checkpoint_path(output_dir, step)
     tmp, own_state = final + ".tmp", f"rank_state_{rank()}.pdparams"
+    stateful = {MODEL_NAME: model, **stateful}
 
     def explain(error: Exception) -> Exception:  # a full disk, quota, read-only or I/O error: a message
         if not is_disk_error(error):
             return error
         previous = list_checkpoints(output_dir)
         last_good = previous[-1][1] if previous else None
-        states = [model.state_dict()] + [obj.state_dict() for obj in stateful.values()]
-        needed = folder_bytes(last_good) or tensor_bytes(states)
+        needed = folder_bytes(last_good) or tensor_bytes([obj.state_dict() for obj in stateful.values()])
         return failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good)  # removes tmp
 
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
@@ -180,12 +174,11 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
             os.makedirs(tmp)
     with all_ranks_agree(what, explain):
         if rank() == 0:
-            paddle.save(model.state_dict(), os.path.join(tmp, MODEL_NAME))
             for name, obj in stateful.items():
                 paddle.save(obj.state_dict(), os.path.join(tmp, name))
             trainer_state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
             for name, config in (configs or {}).items():
-                _write_json(os.path.join(tmp, name), config)
+                Path(tmp, name).write_text(json.dumps(config, indent=2, sort_keys=True))
         paddle.save(rank_state, os.path.join(tmp, own_state))
         written = [name for name in os.listdir(tmp) if not _RANK_STATE_RE.match(name)] if rank() == 0 else []
         for name in written + [own_state]:
@@ -193,25 +186,16 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
     with all_ranks_agree(what, explain):
         if rank() == 0:
             write_manifest(tmp, world_size())  # all ranks' files exist: the manifest makes the checkpoint complete
-            fsync_path(tmp)
-            if os.path.isdir(final):
-                delete_checkpoint(final)
-            os.replace(tmp, final)
-            fsync_path(output_dir)
+            publish_folder(tmp, final)
             rotate_checkpoints(output_dir, save_total_limit, keep=keep)
     logger.info("saved %s", final)
     return final
 
 
 def tensor_bytes(state: Any) -> int:
-    """Bytes of the tensors in a (nested) state dict: about what saving it writes."""
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(value) for value in state)
-    if isinstance(state, paddle.Tensor):
-        return int(np.prod(state.shape)) * state.element_size()
-    return state.nbytes if isinstance(state, np.ndarray) else 0
+    """Bytes of the tensors and arrays in a (nested) state dict: about what saving it writes."""
+    return sum(int(np.prod(v.shape)) * v.element_size() if isinstance(v, paddle.Tensor) else v.nbytes
+               for v in paddle.utils.flatten(state) if isinstance(v, (paddle.Tensor, np.ndarray)))
 
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
@@ -230,16 +214,8 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
     found = [path for _, path in list_checkpoints(output_dir)]
     for path in found[:-save_total_limit]:
         if os.path.abspath(path) != keep:
-            delete_checkpoint(path)
+            delete_folder(path)
             logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
-
-
-def delete_checkpoint(path: str) -> None:
-    """Rename first (atomic), then delete: a kill leaves a `.old` folder, never a half-deleted checkpoint."""
-    doomed = path + ".old"
-    shutil.rmtree(doomed, ignore_errors=True)
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def unfinished_checkpoints(output_dir: str) -> List[str]:
@@ -249,46 +225,46 @@ def unfinished_checkpoints(output_dir: str) -> List[str]:
 
 
 def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
-    """Rolling back is a branch: move the checkpoints not on `resume`'s branch (those after it; all when it is
-    elsewhere), with their eval_metrics.jsonl lines, into OUTPUT_DIR/abandoned/<when>-.../ (rank 0 moves, all
-    ranks agree). Returns the moved checkpoints' paths."""
-    moved: List[str] = []
-    with all_ranks_agree("setting aside the later checkpoints"):
-        if resume and rank() == 0:
-            moved = _set_aside(output_dir, resume)
-    return moved
+    """Move the checkpoints not on `resume`'s branch (those after it; all if it is elsewhere) and their evaluation
+    lines into OUTPUT_DIR/abandoned/<when>-.../; return their new paths."""
+    with all_ranks_agree("setting aside the later checkpoints"):  # (a `return` in it still agrees)
+        found = list_checkpoints(output_dir) if resume and rank() == 0 else []
+        if not found:
+            return []
+        step = checkpoint_step(resume)
+        if any(os.path.realpath(path) == os.path.realpath(resume) for _, path in found):
+            later = [path for found_step, path in found if step is not None and found_step > step]
+            name, after = f"after-{PREFIX}-{step}", step
+        else:
+            later = [path for _, path in found]
+            name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
+        if not later:
+            return []
+        base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+        branch, count = base, 1
+        while os.path.lexists(branch):  # two rollbacks within a second
+            count += 1
+            branch = f"{base}-{count}"
+        os.makedirs(branch)
+        moved = [os.path.join(branch, os.path.basename(path)) for path in later]
+        for path, target in zip(later, moved):  # one atomic rename each: a kill mid-way leaves every checkpoint whole
+            os.replace(path, target)
+        metrics = Path(output_dir, EVAL_METRICS_NAME)  # the moved steps' lines move too; unreadable ones stay
+        lines = [line + "\n" for line in metrics.read_text().split("\n") if line.strip()] if metrics.is_file() else []
+        moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
+        if any(moves):
+            Path(branch, EVAL_METRICS_NAME).write_text("".join(line for line, move in zip(lines, moves) if move))
+            Path(f"{metrics}.tmp").write_text("".join(line for line, move in zip(lines, moves) if not move))
+            os.replace(f"{metrics}.tmp", metrics)
+        logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
+                       "to %s (delete it when no longer needed)", resume, output_dir,
+                       ", ".join(os.path.basename(path) for path in later), branch)
+        return moved
 
 
 def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
     """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself."""
     return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
-
-
-def _set_aside(output_dir: str, resume: str) -> List[str]:
-    found = list_checkpoints(output_dir)
-    step = checkpoint_step(resume)
-    if any(os.path.realpath(path) == os.path.realpath(resume) for _, path in found):
-        later = [path for found_step, path in found if step is not None and found_step > step]
-        name, after = f"after-{PREFIX}-{step}", step
-    else:
-        later = [path for _, path in found]
-        name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
-    if not later:
-        return []
-    base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
-    branch, count = base, 1
-    while os.path.lexists(branch):  # two rollbacks within a second
-        count += 1
-        branch = f"{base}-{count}"
-    os.makedirs(branch)
-    moved = [os.path.join(branch, os.path.basename(path)) for path in later]
-    for path, target in zip(later, moved):  # one atomic rename each: a kill mid-way leaves every checkpoint whole
-        os.replace(path, target)
-    _move_eval_lines(output_dir, branch, after)
-    logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
-                   "to %s (delete it when no longer needed)", resume, output_dir,
-                   ", ".join(os.path.basename(path) for path in later), branch)
-    return moved
 
 
 def checkpoint_step(checkpoint: str) -> Optional[int]:
@@ -300,22 +276,6 @@ def checkpoint_step(checkpoint: str) -> Optional[int]:
         return int(match.group(1)) if match else None
 
 
-def _move_eval_lines(output_dir: str, branch: str, after: Optional[int]) -> None:
-    """Move the eval_metrics.jsonl lines of steps after `after` (all if None) into `branch`; unreadable ones stay."""
-    path = os.path.join(output_dir, EVAL_METRICS_NAME)
-    if not os.path.isfile(path):
-        return
-    with open(path) as handle:
-        lines = [line if line.endswith("\n") else line + "\n" for line in handle if line.strip()]
-    moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
-    if any(moves):
-        with open(os.path.join(branch, EVAL_METRICS_NAME), "w") as handle:
-            handle.writelines(line for line, move in zip(lines, moves) if move)
-        with open(path + ".tmp", "w") as handle:
-            handle.writelines(line for line, move in zip(lines, moves) if not move)
-        os.replace(path + ".tmp", path)
-
-
 def eval_line_step(line: str) -> Optional[int]:
     """The step of one line of eval_metrics.jsonl, None if the line cannot be read."""
     try:
@@ -325,8 +285,7 @@ def eval_line_step(line: str) -> Optional[int]:
 
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
-    """Load the weights into `model`, cast to its current dtypes (the Trainer loads an O2 checkpoint's float16
-    weights before the model is decorated for O2)."""
+    """Load the weights into `model`, cast to its dtypes (the Trainer loads O2 weights before decorating for O2)."""
     state = paddle.load(os.path.join(path, MODEL_NAME))
     current = model.state_dict()
     state = {k: v.astype(current[k].dtype) if k in current and v.dtype != current[k].dtype else v
@@ -342,17 +301,15 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{file} missing: cannot resume exactly")
-        if hasattr(obj, "set_state_dict"):  # optimizers, schedulers; GradScaler and EMAModel: load_state_dict
-            obj.set_state_dict(paddle.load(file))
-        else:
-            obj.load_state_dict(paddle.load(file))
+        load = getattr(obj, "set_state_dict", None) or obj.load_state_dict  # GradScaler, EMAModel: load_state_dict
+        load(paddle.load(file))
         if isinstance(obj, paddle.optimizer.lr.LRScheduler):
             obj.last_lr = obj.get_lr()  # the saved run's peak rate made it: a new --learning_rate applies at once
 
 
 def load_rank_state(path: str) -> Dict[str, Any]:
-    """This rank's RNG and data position. Saved by another number of ranks: the data position is dropped, a rank
-    without its own file is seeded from rank r % saved's state and its rank, and rank 0 warns."""
+    """This rank's RNG and data position. From another number of ranks: no data position, a rank without its own
+    file seeded from rank r % saved's state and its rank, and a warning."""
     saved = 1 + max((int(m.group(1)) for m in map(_RANK_STATE_RE.match, os.listdir(path)) if m), default=-1)
     own = os.path.join(path, f"rank_state_{rank()}.pdparams")
     if saved == world_size() or saved == 0:
@@ -372,8 +329,7 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 
 
 def read_model_state(file: str) -> Dict[str, Any]:
-    """A checkpoint's model_state.pdparams, an O2 run's half-precision weights replaced by the float32 master
-    copies of optimizer.pdopt / disc_optimizer.pdopt."""
+    """A checkpoint's model_state.pdparams, half-precision (O2) weights replaced by the optimizers' float32 masters."""
     state = paddle.load(file)
     half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
     if not half:
@@ -391,28 +347,17 @@ def read_model_state(file: str) -> Dict[str, Any]:
     return {**state, **restored}
 
 
-def _file_beside(path: Optional[str], name: str) -> Optional[str]:
-    """The file `name` of the checkpoint folder `path` (or of the folder of a file in it), if there is one."""
+def checkpoint_vae_config(path: Optional[str], name: str = VAE_CONFIG_NAME) -> Optional[str]:
+    """The path of the vae_config.json (`name`) of checkpoint `path` (a folder or a file in it), if there is one."""
     file = os.path.join(path if os.path.isdir(path or "") else os.path.dirname(path or ""), name)
     return file if path and os.path.isfile(file) else None
 
 
-def checkpoint_vae_config(path: Optional[str]) -> Optional[str]:
-    """The path of the vae_config.json of checkpoint `path` (a folder or a file in it), if there is one."""
-    return _file_beside(path, VAE_CONFIG_NAME)
-
-
 def checkpoint_export_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
     """The export_config.json of checkpoint `path` (a folder or a file in it), read, if there is one."""
-    config = _file_beside(path, EXPORT_CONFIG_NAME)
+    config = checkpoint_vae_config(path, EXPORT_CONFIG_NAME)
     return read_json(config) if config else None
 
 
-def _write_json(path: str, value: Any) -> None:
-    with open(path, "w") as handle:
-        json.dump(value, handle, indent=2, sort_keys=True)
-
-
 def read_json(path: str) -> Dict[str, Any]:
-    with open(path) as handle:
-        return json.load(handle)
+    return json.loads(Path(path).read_text())

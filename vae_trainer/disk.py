@@ -1,7 +1,5 @@
-"""Full disks (no space, quota, read-only, I/O error) and durable writes (docs/reliability.md): `OutOfSpace`, the
-one message a failed write stops a run with; `written_atomically` for export folders; `fsync_path`."""
-
-from __future__ import annotations
+"""Full disks (no space, quota, read-only, I/O error: `OutOfSpace`) and durable, atomic folder writes
+(docs/reliability.md)."""
 
 import contextlib
 import errno
@@ -33,9 +31,8 @@ def is_disk_error(error: BaseException) -> bool:
 
 
 def folder_bytes(path: Optional[str]) -> int:
-    if not path or not os.path.isdir(path):
-        return 0
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    """Bytes of the files in folder `path` (0 if there is none)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path or "") for name in names)
 
 
 def free_bytes(path: str) -> int:
@@ -67,9 +64,8 @@ def failed_write(error: BaseException, what: str, folder: str, partial: str, nee
 
 @contextlib.contextmanager
 def written_atomically(path: str) -> Iterator[str]:
-    """Yield `path`.tmp to write; when the block succeeds it replaces `path` (fsynced). On a full disk the partial
-    folder is removed and `OutOfSpace` raised; `path` is untouched."""
-    partial, old = path + ".tmp", path + ".old"
+    """Yield `path`.tmp to write, which replaces `path` (fsynced) when the block succeeds; a full disk: `OutOfSpace`."""
+    partial = path + ".tmp"
     shutil.rmtree(partial, ignore_errors=True)
     try:
         yield partial
@@ -79,16 +75,26 @@ def written_atomically(path: str) -> Iterator[str]:
         needed = folder_bytes(path) or folder_bytes(partial)
         raise failed_write(error, os.path.basename(path) + "/", os.path.dirname(path) or ".", partial, needed,
                            None) from None
-    for root, _, names in os.walk(partial, topdown=False):  # on the disk before the rename makes it the export
-        for name in names:
+    for root, folders, names in os.walk(partial, topdown=False):  # on the disk before the rename makes it the export
+        for name in names + folders:
             fsync_path(os.path.join(root, name))
-        fsync_path(root)
+    publish_folder(partial, path)
+
+
+def publish_folder(partial: str, path: str) -> None:
+    """fsync the folder `partial` (its files are) and rename it to `path`; an existing `path` is deleted."""
+    fsync_path(partial)
     if os.path.isdir(path):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
+        delete_folder(path)
     os.replace(partial, path)
     fsync_path(os.path.dirname(path) or ".")
-    shutil.rmtree(old, ignore_errors=True)
+
+
+def delete_folder(path: str) -> None:
+    """Rename first (atomic), then delete: a kill leaves a `.old` folder, never a half-deleted one."""
+    shutil.rmtree(path + ".old", ignore_errors=True)
+    os.replace(path, path + ".old")
+    shutil.rmtree(path + ".old", ignore_errors=True)
 
 
 def fsync_path(path: str) -> None:

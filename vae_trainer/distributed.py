@@ -1,8 +1,6 @@
 """Ranks: the process group, the gradient all-reduce (no `paddle.DataParallel`, docs/launching.md), how ranks
 agree (one rank's failure ends every rank with its reason), the weights' cross-rank check, `run_and_exit`."""
 
-from __future__ import annotations
-
 import atexit
 import contextlib
 import logging
@@ -12,13 +10,11 @@ import traceback
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 
 import numpy as np
-
 import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
 from . import preemption
-from .preemption import PREEMPTED_EXIT_CODE, Preempted
 from .user_errors import USER_ERROR_TYPES, UserError
 
 logger = logging.getLogger("vae_trainer")
@@ -40,27 +36,22 @@ def init_distributed() -> None:
 
 @contextlib.contextmanager
 def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception]] = None) -> Iterator[None]:
-    """Run a block on every rank; it succeeds on all or raises on all (one all-reduce, also a barrier): "`what`
-    failed on rank R: reason" for each failing rank, of the lowest failing rank's class if a user error, else
-    RuntimeError. `explain` turns this rank's exception into the one reported, once all ranks left the block."""
+    """Run a block on every rank; it succeeds on all or raises on all "`what` failed on rank R: reason" (a barrier),
+    of the lowest failing rank's class if a user error, else RuntimeError. `explain` maps this rank's exception."""
     error: Optional[Exception] = None
     try:
         yield
     except Exception as caught:  # noqa: BLE001 (every rank must learn of any failure)
         error = caught
+    failed = error is not None
     if world_size() > 1:
-        failed = paddle.to_tensor([int(error is not None)], dtype="int64")
-        dist.all_reduce(failed)
-        if not failed.item():
-            return
-    elif error is None:
+        failed = bool(sum_over_ranks(paddle.to_tensor([int(failed)], dtype="int64")).item())
+    if not failed:
         return
     cause = error
     if error is not None and explain is not None:
-        try:
+        with contextlib.suppress(Exception):  # (explaining must not keep this rank from the gather below)
             error = explain(error)
-        except Exception:  # noqa: BLE001 (explaining must not keep this rank from the gather below)
-            pass
     if world_size() == 1:
         raise error if error is cause else error from cause
     user = isinstance(error, (UserError,) + USER_ERROR_TYPES)
@@ -85,17 +76,15 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
 
 def from_rank_0(value: Any) -> Any:
     """Rank 0's `value` on every rank (a decision taken once)."""
+    shared = [value]
     if world_size() > 1:
-        shared = [value]
         dist.broadcast_object_list(shared, src=0)
-        value = shared[0]
-    return value
+    return shared[0]
 
 
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
     """Run an entry point's `main` and end the process in one order on every path (docs/reliability.md); with
-    `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes: a final agreement on "was
-    signalled" (the barrier), then `os._exit`, skipping C++ destructors that race Paddle's TCP store thread."""
+    `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes end with `os._exit`."""
     status = 0
     if stop_signals:
         preemption.install(single_process=world_size() == 1)
@@ -105,15 +94,12 @@ def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoRetu
         if stop.code is not None and not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)  # a message: printed, status 1
         status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    except Preempted as stopped:  # saved where it stopped: a message, not a traceback
+    except preemption.Preempted as stopped:  # saved where it stopped: a message, not a traceback
         print(f"stopped: {stopped}", file=sys.stderr)
-        status = PREEMPTED_EXIT_CODE
-    except KeyboardInterrupt:
+        status = preemption.PREEMPTED_EXIT_CODE
+    except BaseException as error:  # noqa: B902 (every exit path ends below)
         traceback.print_exc()
-        status = 130
-    except BaseException:  # noqa: B902 (every exit path ends below)
-        traceback.print_exc()
-        status = 1
+        status = 130 if isinstance(error, KeyboardInterrupt) else 1
     if not dist.is_initialized():
         sys.exit(_stopped_at_the_end(status, preemption.stop_signal() is not None))
     try:
@@ -134,9 +120,9 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
     if status != 0 or not signalled:
         return status
     print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save or "
-          f"export, which finished; exit code {PREEMPTED_EXIT_CODE} (--resume_from_checkpoint latest finds "
+          f"export, which finished; exit code {preemption.PREEMPTED_EXIT_CODE} (--resume_from_checkpoint latest finds "
           "nothing left to train)", file=sys.stderr)
-    return PREEMPTED_EXIT_CODE
+    return preemption.PREEMPTED_EXIT_CODE
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
@@ -159,7 +145,6 @@ def broadcast_parameters(layer: paddle.nn.Layer) -> None:
             dist.broadcast(tensor, src=0)
 
 
-_GOLDEN = 0.6180339887498949
 FINGERPRINT_SIZE = 3  # numbers per parameter
 
 
@@ -168,9 +153,9 @@ def parameter_fingerprint(layer: paddle.nn.Layer) -> np.ndarray:
     ratio) that permuted values change too."""
     values = []
     with paddle.no_grad():
-        for _, p in _trainable(layer):
+        for p in [p for p in layer.parameters() if not p.stop_gradient]:
             flat = p.astype("float64").flatten()
-            position_weights = (paddle.arange(flat.shape[0], dtype="float64") * _GOLDEN) % 1.0
+            position_weights = (paddle.arange(flat.shape[0], dtype="float64") * 0.6180339887498949) % 1.0
             values.append(paddle.stack([flat.sum(), flat.abs().sum(), (flat * position_weights).sum()]))
     if not values:
         raise ValueError("parameter_fingerprint: the layer has no trainable parameters")
@@ -183,14 +168,10 @@ def assert_parameters_in_sync(layer: paddle.nn.Layer) -> np.ndarray:
     if world_size() > 1:
         gathered = []
         dist.all_gather(gathered, paddle.to_tensor(fingerprint))
-        names = [n for n, _ in _trainable(layer)]
+        names = [n for n, p in layer.named_parameters() if not p.stop_gradient]
         for other_rank, other in enumerate(gathered):
             differs = np.nonzero(other.numpy() != fingerprint)[0]
             if differs.size:
                 bad = sorted({names[i // FINGERPRINT_SIZE] for i in differs})[:5]
                 raise RuntimeError(f"parameters differ between rank {rank()} and rank {other_rank}: {bad} ...")
     return fingerprint
-
-
-def _trainable(layer: paddle.nn.Layer):
-    return [(n, p) for n, p in layer.named_parameters() if not p.stop_gradient]

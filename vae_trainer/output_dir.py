@@ -3,15 +3,16 @@ the run reads or what is not ours; refuse one the ranks do not share (docs/train
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
-import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .checkpoint import (ABANDONED_DIR, EVAL_METRICS_NAME, delete_checkpoint, list_checkpoints, resume_requested,
-                         unfinished_checkpoints)
+from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
 from .data.filelists import PIPE_PREFIX, read_sources
+from .disk import delete_folder
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 
 if TYPE_CHECKING:
@@ -26,20 +27,17 @@ LOG_FILES_NAME = "visualdl_records.txt"  # the VisualDL record files our runs wr
 _RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
 
 
-def earlier_run(output_dir: str) -> List[str]:
-    """Names in `output_dir` that belong to an earlier run: checkpoints (complete or not) and final exports."""
-    names = [os.path.basename(path) for _, path in list_checkpoints(output_dir, complete=False)]
-    return names + [name for name in EXPORTS if os.path.exists(os.path.join(output_dir, name))]
-
-
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
-    """Check that all ranks share --output_dir; unless resuming, refuse or clear (--overwrite_output_dir) an
-    earlier run, refusing to clear what the run reads (`reads`). Rank 0 decides and deletes; all ranks agree."""
+    """Check that all ranks share --output_dir; unless resuming, refuse or clear (--overwrite_output_dir) an earlier
+    run, refusing to clear what the run reads (`reads`, flag -> path)."""
     check_shared(args.output_dir)
     if resume_requested(args.resume_from_checkpoint):
         return
     with all_ranks_agree("checking --output_dir"):  # also where the other ranks wait until rank 0 has cleared
-        found = earlier_run(args.output_dir) if rank() == 0 else []
+        found = []  # the earlier run's checkpoints (complete or not) and exports
+        if rank() == 0:
+            found = [os.path.basename(path) for _, path in list_checkpoints(args.output_dir, complete=False)]
+            found += [name for name in EXPORTS if os.path.exists(os.path.join(args.output_dir, name))]
         if found and not args.overwrite_output_dir:
             raise FileExistsError(
                 f"--output_dir {args.output_dir} already holds an earlier run ({', '.join(found)}). Continue it with "
@@ -61,8 +59,7 @@ def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Opt
 
 
 def check_shared(output_dir: str) -> None:
-    """Refuse a --output_dir that is not one folder for all ranks: rank 0 writes a file of a random name, every
-    rank must read it back."""
+    """Refuse a --output_dir that is not one folder for all ranks: every rank must read back rank 0's random file."""
     if world_size() < 2:
         return
     token = from_rank_0(secrets.token_hex(8))
@@ -71,10 +68,9 @@ def check_shared(output_dir: str) -> None:
         with all_ranks_agree("creating --output_dir"):
             if rank() == 0:
                 os.makedirs(output_dir, exist_ok=True)
-                with open(path, "w") as handle:
-                    handle.write(token)
+                Path(path).write_text(token)
         with all_ranks_agree("checking that --output_dir is shared"):
-            if not os.path.isfile(path) or open(path).read() != token:
+            if not os.path.isfile(path) or Path(path).read_text() != token:
                 raise ValueError(
                     f"--output_dir {output_dir} is not shared: rank {rank()} does not see the file rank 0 wrote "
                     "there. All ranks (all nodes) must write into one folder on a shared file system (e.g. an NFS "
@@ -86,19 +82,13 @@ def check_shared(output_dir: str) -> None:
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str, Optional[str]]:
     """Flag -> path of everything a run reads that an --output_dir could hold (a resumed run clears nothing)."""
+    names = ("pretrained_model_name_or_path", "vae_config_file", "init_from_ckpt", "discriminator_path",
+             "lpips_weights", "file_list", "eval_file_list", "inception_weights")
+    reads = {f"--{name}": getattr(model_args if hasattr(model_args, name) else data_args, name) for name in names}
     pretrained = model_args.pretrained_model_name_or_path
     if pretrained and model_args.subfolder:
-        pretrained = os.path.join(pretrained, model_args.subfolder)
-    return {
-        "--pretrained_model_name_or_path": pretrained,
-        "--vae_config_file": model_args.vae_config_file,
-        "--init_from_ckpt": model_args.init_from_ckpt,
-        "--discriminator_path": model_args.discriminator_path,
-        "--lpips_weights": model_args.lpips_weights,
-        "--file_list": data_args.file_list,
-        "--eval_file_list": data_args.eval_file_list,
-        "--inception_weights": data_args.inception_weights,
-    }
+        reads["--pretrained_model_name_or_path"] = os.path.join(pretrained, model_args.subfolder)
+    return reads
 
 
 def doomed_paths(output_dir: str) -> List[str]:
@@ -115,27 +105,20 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
     doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
     if not doomed:
         return None
-    real_folders: Dict[str, str] = {}
+    real_folder = functools.lru_cache(maxsize=None)(os.path.realpath)  # a file list's 100k parts share few folders
     for flag, given in reads.items():
         if not given or given.startswith(PIPE_PREFIX):
             continue
         members = _file_list_members(given) if flag.endswith("file_list") else [given]
         for member in members:
-            real = _realpath(member, real_folders)
+            folder, name = os.path.split(os.path.abspath(member))
+            real = os.path.join(real_folder(folder), name)
+            real = os.path.realpath(real) if os.path.islink(real) else real
             while real not in doomed and os.path.dirname(real) != real:  # is it, or one of its folders, doomed?
                 real = os.path.dirname(real)
             if real in doomed:
                 return flag, given, member, doomed[real]
     return None
-
-
-def _realpath(path: str, real_folders: Dict[str, str]) -> str:
-    """os.path.realpath(path), resolving each folder once (a file list's 100k parts share a few folders)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    if folder not in real_folders:
-        real_folders[folder] = os.path.realpath(folder)
-    real = os.path.join(real_folders[folder], name)
-    return os.path.realpath(real) if os.path.islink(real) else real
 
 
 def _file_list_members(file_list: str) -> List[str]:
@@ -151,14 +134,11 @@ def _file_list_members(file_list: str) -> List[str]:
 def clear_run(output_dir: str) -> None:
     """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
     log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
-    checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
             continue
-        if path in checkpoints:
-            delete_checkpoint(path)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            delete_folder(path)
         else:
             os.remove(path)
     top = os.path.abspath(output_dir)
@@ -177,9 +157,7 @@ def note_log_file(output_dir: str, record_file: str) -> None:
 
 def _noted_log_files(output_dir: str) -> List[str]:
     """The record files noted in `output_dir` (only VisualDL record names: an edited list deletes nothing else)."""
-    listing = os.path.join(output_dir, LOG_FILES_NAME)
-    if not os.path.isfile(listing):
-        return []
-    with open(listing) as handle:
-        paths = [os.path.normpath(os.path.join(output_dir, line.strip())) for line in handle if line.strip()]
+    listing = Path(output_dir, LOG_FILES_NAME)
+    lines = listing.read_text().split("\n") if listing.is_file() else []
+    paths = [os.path.normpath(os.path.join(output_dir, line.strip())) for line in lines if line.strip()]
     return [path for path in paths if os.path.basename(path).startswith(_RECORD_PREFIX)]

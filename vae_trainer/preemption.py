@@ -1,8 +1,5 @@
-"""Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption").
-SIGTERM, SIGINT and SIGUSR1 only note a stop request (`install`, `stop_signal`); the step agrees on it across ranks
-and `stop_after_step` saves and raises `Preempted`. Only a second Ctrl-C in a single process quits at once."""
-
-from __future__ import annotations
+"""Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption"):
+a signal only notes a stop request; `stop_after_step` saves and raises `Preempted`."""
 
 import logging
 import signal
@@ -55,14 +52,12 @@ def stop_signal() -> Optional[str]:
 
 
 def stop_after_step(stop: bool, step: int, save: Callable[[], str]) -> None:
-    """At the end of optimizer step `step`: when some rank was signalled (`stop`, agreed by the step), `save()`
-    this step's checkpoint and raise `Preempted`."""
+    """After step `step`, when some rank was signalled (`stop`, agreed by the step): `save()`, raise `Preempted`."""
     if not stop:
         return
     checkpoint = save()
-    signal_name = stop_signal() or "a signal to another rank"
-    stopped = Preempted(f"stopped by {signal_name} after step {step}: saved {checkpoint}; the same command "
-                        "with --resume_from_checkpoint latest continues exactly from there "
-                        f"(exit code {PREEMPTED_EXIT_CODE})")
+    stopped = Preempted(f"stopped by {stop_signal() or 'a signal to another rank'} after step {step}: saved "
+                        f"{checkpoint}; the same command with --resume_from_checkpoint latest continues exactly from "
+                        f"there (exit code {PREEMPTED_EXIT_CODE})")
     logger.warning("%s", stopped)
     raise stopped

@@ -1,14 +1,14 @@
-"""CPU compute threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1 when unset)
-unless the user did: max(1, usable CPUs // processes on this node - reserve). Must not import Paddle. The rule
-and the launcher's trap: docs/launching.md, "CPU threads"."""
-
-from __future__ import annotations
+"""CPU threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1) unless the user did
+(docs/launching.md, "CPU threads"). Must not import Paddle."""
 
 import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Mapping, NamedTuple, Optional, Sequence
+
+import psutil  # (visualdl's dependency)
 
 VARIABLE = "OMP_NUM_THREADS"
 _CORES_BEFORE_RESERVING = 4  # with workers and this many cores per process, one is left to decode
@@ -25,10 +25,7 @@ class ThreadChoice(NamedTuple):
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may run on (affinity), capped by a cgroup CPU quota; at least 1."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        count = os.cpu_count() or 1
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup_root)
     return max(1, min(count, math.floor(quota)) if quota else count)
 
@@ -48,27 +45,16 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
 
 def _read(path: str) -> Optional[str]:
     try:
-        with open(path) as handle:
-            return handle.read().strip()
+        return Path(path).read_text().strip()
     except OSError:
         return None
-
-
-def local_processes(environ: Mapping[str, str]) -> int:
-    """Processes the launcher started on this node (1 without a launcher)."""
-    if environ.get("PADDLE_LOCAL_SIZE", "").isdigit():
-        return max(1, int(environ["PADDLE_LOCAL_SIZE"]))
-    host = environ.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0]  # an older launcher's endpoints
-    endpoints = [e for e in environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
-    return max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints)) if host else 1
 
 
 def dataloader_workers(argv: Sequence[str]) -> int:
     """`--dataloader_num_workers` (or its alias) from the command line or a single .json of flags; default 0."""
     if len(argv) == 1 and argv[0].endswith(".json"):
         try:
-            with open(argv[0]) as handle:
-                flags = json.load(handle)
+            flags = json.loads(Path(argv[0]).read_text())
             return int(next((flags[name] for name in WORKER_FLAGS if name in flags), 0))
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
@@ -91,7 +77,11 @@ def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
     if value is not None and (not launcher_one or VARIABLE in (parent_environ or {})):
         threads = int(value) if value.isdigit() else 1  # Paddle reads junk as 1
         return ThreadChoice(threads, True, f"CPU threads: {VARIABLE}={threads}, as set by the user")
-    processes = local_processes(environ)
+    host = environ.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0]  # processes on this node: an older launcher
+    endpoints = [e for e in environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]  # names all endpoints
+    processes = max(1, sum(e.rsplit(":", 1)[0] == host for e in endpoints)) if host else 1
+    if environ.get("PADDLE_LOCAL_SIZE", "").isdigit():
+        processes = max(1, int(environ["PADDLE_LOCAL_SIZE"]))
     per_process = max(1, cpus // processes)
     threads = max(1, per_process - (1 if workers > 0 and per_process >= _CORES_BEFORE_RESERVING else 0))
     return ThreadChoice(threads, False, f"CPU threads: {VARIABLE}={threads} ({cpus} usable CPUs, {processes} "
@@ -100,16 +90,13 @@ def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
 
 
 def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
-    """Set OMP_NUM_THREADS for this process unless the user did, and log the choice on stderr; nothing (None)
-    once Paddle is imported, when it could no longer take effect."""
+    """Set OMP_NUM_THREADS unless the user did and log the choice on stderr; None once Paddle is imported."""
     if "paddle" in sys.modules:
         return None
     argv = sys.argv[1:] if argv is None else argv
     try:  # the environment the parent process (a launcher) started with
-        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
-            entries = handle.read().decode(errors="replace").split("\0")
-        parent = dict(entry.split("=", 1) for entry in entries if "=" in entry)
-    except OSError:
+        parent = psutil.Process(os.getppid()).environ()
+    except psutil.Error:
         parent = None
     choice = choose_threads(os.environ, usable_cpus(), dataloader_workers(argv), parent)
     if not choice.by_user:

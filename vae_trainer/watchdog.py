@@ -1,9 +1,7 @@
 """The stall watchdog (--stall_timeout, docs/reliability.md): when nothing finished (`beat`) for the timeout, a
-daemon thread logs what the process was `doing` and all threads' stacks, kills its child processes and exits with
-STALL_EXIT_CODE. `beat` and `doing` only set attributes (no device read)."""
+thread logs what the process was `doing` and all stacks, kills its children and exits with STALL_EXIT_CODE."""
 
-from __future__ import annotations
-
+import contextlib
 import faulthandler
 import logging
 import os
@@ -11,7 +9,9 @@ import signal
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import Optional
+
+import psutil  # (visualdl's dependency)
 
 logger = logging.getLogger("vae_trainer")
 
@@ -23,21 +23,14 @@ class _Watchdog(threading.Thread):
     def __init__(self, timeout: float, rank: int, activity: str) -> None:
         super().__init__(name="stall-watchdog", daemon=True)
         self.timeout, self.rank, self.activity = timeout, rank, activity
+        self.last_time, self.last_wall, self.last_done = time.monotonic(), time.time(), "the start"
         self.last_step: Optional[int] = None
         self.stopped = threading.Event()
-        self.beat("the start")
-
-    def beat(self, done: str, step: Optional[int] = None) -> None:
-        self.last_time, self.last_wall, self.last_done = time.monotonic(), time.time(), done
-        if step is not None:
-            self.last_step = step
 
     def run(self) -> None:
-        while not self.stopped.wait(min(max(self.timeout / 4.0, 0.05), 10.0)):
-            if time.monotonic() - self.last_time > self.timeout:
-                self._fire()
-
-    def _fire(self) -> None:
+        while time.monotonic() - self.last_time <= self.timeout:
+            if self.stopped.wait(min(max(self.timeout / 4.0, 0.05), 10.0)):
+                return
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.last_wall))
         step = f"step {self.last_step}" if self.last_step is not None else "no step yet"
         message = (f"stalled: rank {self.rank} finished nothing for {self.timeout:g} s (--stall_timeout). Last "
@@ -49,33 +42,15 @@ class _Watchdog(threading.Thread):
             handler.flush()
         print(message, file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
         own_group = os.getpgrp()
-        for pid in _descendants(os.getpid()):  # a hung `pipe:` command (its own session: its group), loader workers
-            try:
-                if os.getpgid(pid) != own_group:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+        for child in psutil.Process().children(recursive=True):  # a hung `pipe:` command (own group), loader workers
+            with contextlib.suppress(OSError):
+                group = os.getpgid(child.pid)
+                if group != own_group:
+                    os.killpg(group, signal.SIGKILL)
                 else:
-                    os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+                    os.kill(child.pid, signal.SIGKILL)
         os._exit(STALL_EXIT_CODE)
-
-
-def _descendants(pid: int) -> List[int]:
-    """Child processes of `pid`, recursively (Linux /proc)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # it ended meanwhile
-        return []
-    found = []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                found += [int(child) for child in handle.read().split()]
-        except OSError:  # the thread or process ended meanwhile
-            continue
-    return [pid for child in found for pid in [child] + _descendants(child)]
 
 
 _current: Optional[_Watchdog] = None
@@ -104,7 +79,8 @@ def stop() -> None:
 def beat(done: str, step: Optional[int] = None) -> None:
     """Something finished (`done`, e.g. "step 12", "an evaluation batch", "saving checkpoint-12")."""
     if _current is not None:
-        _current.beat(done, step)
+        _current.last_time, _current.last_wall, _current.last_done = time.monotonic(), time.time(), done
+        _current.last_step = _current.last_step if step is None else step
 
 
 def doing(activity: str) -> None:
