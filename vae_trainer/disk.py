@@ -82,12 +82,15 @@ def written_atomically(path: str) -> Iterator[str]:
 
 
 def publish_folder(partial: str, path: str) -> None:
-    """fsync the folder `partial` (its files are) and rename it to `path`; an existing `path` is deleted."""
+    """fsync the folder `partial` (its files are) and rename it to `path`. An existing `path` is renamed aside
+    first and deleted only once the new one is in place: a kill leaves one of the two complete, never neither."""
     fsync_path(partial)
+    shutil.rmtree(path + ".old", ignore_errors=True)
     if os.path.isdir(path):
-        delete_folder(path)
+        os.replace(path, path + ".old")
     os.replace(partial, path)
     fsync_path(os.path.dirname(path) or ".")
+    shutil.rmtree(path + ".old", ignore_errors=True)
 
 
 def delete_folder(path: str) -> None:
