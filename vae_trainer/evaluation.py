@@ -240,7 +240,9 @@ class _Pass:
             self.patches.update(patchify(posterior.mode().astype("float32"), self.vae.config.patch_size))
 
     def encode(self, pixels: paddle.Tensor) -> None:
-        self.add_latents(self.posterior(pixels))
+        with half_precision_autocast(self.vae):  # as `reconstruct` encodes
+            posterior = self.posterior(pixels)
+        self.add_latents(posterior)
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
         """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]."""
@@ -300,8 +302,6 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
                  vf_model: paddle.nn.Layer | None = None) -> EvalResult:
     """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
     states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator)."""
-    if inception is None:
-        logger.info("rFID skipped: no Inception model given (needs converted FID weights)")
     for metric_network in (lpips, inception):
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
@@ -354,6 +354,8 @@ class TrainingEvaluator:
         self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
+        if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
+            logger.info("rFID skipped: no Inception model given (--inception_weights, converted FID weights)")
         ranks = world_size()  # at start-up, not after training: every rank evaluates and measures its share
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "

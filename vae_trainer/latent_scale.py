@@ -115,10 +115,6 @@ def origin_of(vae: AutoencoderKL) -> str:
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
 
 
-def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
-    return bn_statistics(vae) if is_flux2(vae) else None
-
-
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
     """Do --ignore_keys leave some encoder or quant_conv weight (or FLUX.2's bn statistics) freshly initialised?"""
     return any(prefix.startswith(name) or name.startswith(prefix)
