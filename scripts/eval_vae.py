@@ -29,8 +29,8 @@ from PIL import Image  # noqa: E402
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalProtocol, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
-                                    result_record, tiling_of)
-from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
+                                    result_record)
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
 from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
 from vae_trainer.models.flux2 import BatchNormStatistics, bn_statistics, is_flux2  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
     args = parse_args(argv)
     paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}" if paddle.is_compiled_with_cuda() else "cpu")
     init_distributed()
-    tiling = tiling_of(args.eval_tiled, args.eval_tile_size)
+    tiling = (args.eval_tile_size or DEFAULT_TILE_SIZE) if args.eval_tiled else None
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
         check_reconstruction_shape(vae.config, args.input_size, args.resolution)

@@ -66,11 +66,6 @@ def eval_batch_size(resolution: int, given: int | None = None, train_batch_size:
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
 
-def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> int | None:
-    """The tile size in pixels of --eval_tiled / --eval_tile_size (None: untiled), the `tiling` argument below."""
-    return (eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
-
-
 def tiles_note(tiling: int | None, resolution: int) -> str:
     """The words added to the sentence saying where latent statistics come from."""
     return f", tiled ({tiling} px tiles)" if tiling is not None and resolution > tiling else ""
@@ -351,7 +346,7 @@ class TrainingEvaluator:
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
-        self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
+        self.tiling = (data_args.eval_tile_size or DEFAULT_TILE_SIZE) if data_args.eval_tiled else None  # px
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
         if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
