@@ -29,13 +29,12 @@ from PIL import Image  # noqa: E402
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalProtocol, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
-                                    result_record, tiling_of)
-from vae_trainer.flag_checks import check_tiling_flags  # noqa: E402
-from vae_trainer.latent_scale import kept_normalisation  # noqa: E402
+                                    result_record)
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
 from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
-from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
+from vae_trainer.models.flux2 import BatchNormStatistics, bn_statistics, is_flux2  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
-from vae_trainer.models.vae import check_reconstruction_size  # noqa: E402
+from vae_trainer.models.vae import check_reconstruction_shape  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -138,10 +137,10 @@ def main(argv: list[str] | None = None) -> EvalResult:
     args = parse_args(argv)
     paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}" if paddle.is_compiled_with_cuda() else "cpu")
     init_distributed()
-    tiling = tiling_of(args.eval_tiled, args.eval_tile_size)
+    tiling = (args.eval_tile_size or DEFAULT_TILE_SIZE) if args.eval_tiled else None
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
-        check_reconstruction_size(vae, args.input_size, args.resolution)
+        check_reconstruction_shape(vae.config, args.input_size, args.resolution)
         check_tiling_flags(args, args, vae.config, "the VAE's config")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
                                            args.num_images)
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         protocol = EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
                                 input_size=args.input_size, metrics=tuple(result.metrics), tiling=tiling,
                                 patchified=result.patchified_mode_mean is not None)
-        normalisation = kept_normalisation(vae)
+        normalisation = bn_statistics(vae) if is_flux2(vae) else None
         print(f"protocol:\n{protocol.text()}\n\n{format_table(result, normalisation)}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one

@@ -111,9 +111,9 @@ def test_per_device_eval_batch_size_defaults_to_the_training_batch():
     assert TrainingEvaluator(data_args, training_args).batch_size == 3
 
 
-def _evaluator(folder, train_batch, eval_batch=None, num_images=5, **data) -> TrainingEvaluator:
+def _evaluator(folder, train_batch, eval_batch=None, num_images=5) -> TrainingEvaluator:
     data_args = SimpleNamespace(resolution=SIZE, eval_file_list=folder, eval_num_images=num_images,
-                                latent_stats_num_images=None, file_list=folder, **data)
+                                latent_stats_num_images=None, file_list=folder, eval_tiled=False, eval_tile_size=None)
     args = SimpleNamespace(output_dir="unused", metric_for_best_model=None, eval_steps=1, max_steps=1,
                            per_device_train_batch_size=train_batch, per_device_eval_batch_size=eval_batch,
                            num_logged_images=2)

@@ -127,6 +127,30 @@ def test_num_images_limits_the_count(vae, images):
         psnr(to_unit_range(images[:4]), to_unit_range(recons)).numpy().mean(), rel=1e-5)
 
 
+def test_the_encoder_only_pass_encodes_under_half_precision_autocast_as_evaluation_does(vae, images, monkeypatch):
+    """An O2 (half-precision) VAE takes float32 images only under autocast: measure_latents encodes as evaluate_vae
+    does (a half-precision conv has no CPU kernel, so the autocast is observed, not run)."""
+    from contextlib import contextmanager
+
+    import vae_trainer.evaluation as evaluation
+
+    inside, seen = [], []
+
+    @contextmanager
+    def autocast(layer):
+        inside.append(layer)
+        yield
+        inside.pop()
+
+    encode = vae.encode
+    monkeypatch.setattr(evaluation, "half_precision_autocast", autocast)
+    monkeypatch.setattr(vae, "encode", lambda x: seen.append(bool(inside)) or encode(x))
+    for measure in (evaluation.measure_latents, evaluate_vae):
+        seen.clear()
+        measure(vae, [images[:2], images[2:]])
+        assert seen == [True, True], measure.__name__
+
+
 def test_training_mode_is_restored_and_sampling_is_seeded(vae, images):
     vae.train()
     first = evaluate_vae(vae, [images], sample_posterior=True, seed=3)

@@ -79,7 +79,7 @@ def test_the_protocol_states_only_the_metrics_measured():
 
 def evaluator(output_dir, metric=None) -> TrainingEvaluator:
     data_args = SimpleNamespace(resolution=SIZE, eval_file_list="held_out", eval_num_images=4,
-                                latent_stats_num_images=None, file_list="train")
+                                latent_stats_num_images=None, file_list="train", eval_tiled=False, eval_tile_size=None)
     args = SimpleNamespace(output_dir=str(output_dir), metric_for_best_model=metric, eval_steps=2, max_steps=8,
                            per_device_eval_batch_size=2, num_logged_images=2)
     return TrainingEvaluator(data_args, args)

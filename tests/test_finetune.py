@@ -14,7 +14,7 @@ from vae_trainer.build import build_networks, build_optimization
 from vae_trainer.evaluation import evaluate_vae
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
-from vae_trainer.models.vae import check_reconstruction_size, encoder_parameters
+from vae_trainer.models.vae import check_reconstruction_shape, encoder_parameters
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
@@ -106,7 +106,8 @@ def test_a_super_resolving_vae_exports_a_folder_that_reloads_with_the_same_weigh
                                                                                      resolution):
     vae = _super_resolving_vae(tmp_path, config)
     assert _encoder_widths(vae) == config["block_out_channels"]
-    check_reconstruction_size(vae, input_size, resolution)  # the README's "--input_size 256 256 at --resolution 512"
+    # the README's "--input_size 256 256 at --resolution 512"
+    check_reconstruction_shape(vae.config, input_size, resolution)
     save_vae(build_vae(MICRO), str(tmp_path / "vae"))  # an earlier export into the same folder (export_vae.py)
     assert "diffusion_pytorch_model.safetensors" in os.listdir(tmp_path / "vae")
     save_vae(vae, str(tmp_path / "vae"))
@@ -146,11 +147,11 @@ def test_input_size_must_give_back_the_resolution(tmp_path):
     config = tmp_path / "super.json"
     config.write_text(json.dumps(SUPER_RESOLVING))
     super_resolving, plain = build_vae(str(config)), build_vae(MICRO)
-    check_reconstruction_size(super_resolving, [16, 16], 32)
-    check_reconstruction_size(plain, None, 32)
+    check_reconstruction_shape(super_resolving.config, [16, 16], 32)
+    check_reconstruction_shape(plain.config, None, 32)
     for vae, input_size in ((plain, [16, 16]), (super_resolving, None), (super_resolving, [24, 24])):
         with pytest.raises(ValueError, match="--resolution"):
-            check_reconstruction_size(vae, input_size, 32)
+            check_reconstruction_shape(vae.config, input_size, 32)
 
 
 def test_scale_lr_multiplies_both_learning_rates_by_the_global_batch(tmp_path):

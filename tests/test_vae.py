@@ -235,6 +235,23 @@ def test_pytorch_files_load_without_torch(tmp_path):
         np.testing.assert_array_equal(read[f"1/{key}"], value.numpy())
 
 
+def test_a_legacy_torch_pickle_loads_with_torch(tmp_path):
+    """torch.save before 1.6 wrote a plain pickle, not a zip (old .ckpt / .bin files): torch.load(weights_only=True)
+    reads it when torch is installed, to the weights the zip of the same checkpoint gives."""
+    import torch
+
+    source = make_torch_vae(MICRO, seed=5)
+    state = diffusers_to_ldm(source.state_dict(), len(source.config.up_block_types))
+    legacy = str(tmp_path / "legacy.ckpt")
+    torch.save({"state_dict": {f"first_stage_model.{k}": v for k, v in state.items()}, "global_step": 1}, legacy,
+               _use_new_zipfile_serialization=False)
+    (tmp_path / "micro.json").write_text(json.dumps(MICRO))
+    old, new = (build_vae(str(tmp_path / "micro.json"), pretrained_model_name_or_path=path)
+                for path in (legacy, _write_single_file(source, tmp_path / "sd.ckpt", as_ckpt=True)))
+    for key, value in new.state_dict().items():
+        np.testing.assert_array_equal(old.state_dict()[key].numpy(), value.numpy(), err_msg=key)
+
+
 def _write_single_file(torch_vae, path, as_ckpt=False):
     import torch
     from safetensors.torch import save_file

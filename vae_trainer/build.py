@@ -27,7 +27,7 @@ from .models.discriminator import (build_discriminator, convert_batchnorm_to_syn
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.vae import check_reconstruction_size, enable_recompute
+from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import Precision, setup_precision
@@ -67,7 +67,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                         ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
         if resolution is not None:
-            check_reconstruction_size(vae, model_args.input_size, resolution)
+            check_reconstruction_shape(vae.config, model_args.input_size, resolution)
         scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
         if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
             segments = enable_recompute(vae)

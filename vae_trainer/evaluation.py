@@ -66,11 +66,6 @@ def eval_batch_size(resolution: int, given: int | None = None, train_batch_size:
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
 
-def tiling_of(eval_tiled: bool, eval_tile_size: int | None) -> int | None:
-    """The tile size in pixels of --eval_tiled / --eval_tile_size (None: untiled), the `tiling` argument below."""
-    return (eval_tile_size or DEFAULT_TILE_SIZE) if eval_tiled else None
-
-
 def tiles_note(tiling: int | None, resolution: int) -> str:
     """The words added to the sentence saying where latent statistics come from."""
     return f", tiled ({tiling} px tiles)" if tiling is not None and resolution > tiling else ""
@@ -240,7 +235,9 @@ class _Pass:
             self.patches.update(patchify(posterior.mode().astype("float32"), self.vae.config.patch_size))
 
     def encode(self, pixels: paddle.Tensor) -> None:
-        self.add_latents(self.posterior(pixels))
+        with half_precision_autocast(self.vae):  # as `reconstruct` encodes
+            posterior = self.posterior(pixels)
+        self.add_latents(posterior)
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
         """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]."""
@@ -300,8 +297,6 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
                  vf_model: paddle.nn.Layer | None = None) -> EvalResult:
     """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
     states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator)."""
-    if inception is None:
-        logger.info("rFID skipped: no Inception model given (needs converted FID weights)")
     for metric_network in (lpips, inception):
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
@@ -351,9 +346,11 @@ class TrainingEvaluator:
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
-        self.tiling = tiling_of(getattr(data_args, "eval_tiled", False), getattr(data_args, "eval_tile_size", None))
+        self.tiling = (data_args.eval_tile_size or DEFAULT_TILE_SIZE) if data_args.eval_tiled else None  # px
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
+        if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
+            logger.info("rFID skipped: no Inception model given (--inception_weights, converted FID weights)")
         ranks = world_size()  # at start-up, not after training: every rank evaluates and measures its share
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "

@@ -24,7 +24,6 @@ LATENT_SCALE_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_
 DEFAULT_SCALING_FACTOR = 0.18215  # ppdiffusers' default, Stable Diffusion's (SDXL: 0.13025, FLUX: 0.3611)
 # Where a VAE's scale came from: an attribute of the built VAE, and an entry of a checkpoint's export_config.json.
 EXPORT_ORIGIN_KEY = "latent_scale_origin"
-Source = Tuple[str, Dict[str, Any], str]  # (name, the latent-scale entries it states, origin when its factor is kept)
 
 
 def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
@@ -63,7 +62,8 @@ def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Op
 
 
 def _sources(config_file: Optional[str], pretrained: Optional[str], single_file: bool,
-             init_from_ckpt: Optional[str]) -> List[Source]:
+             init_from_ckpt: Optional[str]) -> List[Tuple[str, Dict[str, Any], str]]:
+    """(name, the latent-scale entries it states, origin when its factor is kept) of each source."""
     sources = []
     if init_from_ckpt:  # a checkpoint's run's factor (not one measured at export), or the config.json beside a file
         name, entries, origin = f"the --init_from_ckpt weights {init_from_ckpt}", {}, ""
@@ -113,10 +113,6 @@ def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], rein
 
 def origin_of(vae: AutoencoderKL) -> str:
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
-
-
-def kept_normalisation(vae: AutoencoderKL) -> Optional[BatchNormStatistics]:
-    return bn_statistics(vae) if is_flux2(vae) else None
 
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:

@@ -33,11 +33,22 @@ _ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
 
 
 def read_state_dict(path: str) -> dict:
-    """The arrays of a .safetensors or torch.save (zip) file as numpy (nested dicts kept; bfloat16 as float32)."""
+    """The arrays of a .safetensors or torch.save file as numpy (nested dicts kept; bfloat16 as float32)."""
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
         return {name: _from_bfloat16(value) for name, value in load_file(path).items()}
+    if not zipfile.is_zipfile(path):  # torch.save before 1.6: a plain pickle, which torch itself reads
+        import torch  # without torch: ModuleNotFoundError
+
+        def to_numpy(value):
+            if isinstance(value, dict):
+                return {name: to_numpy(item) for name, item in value.items()}
+            if not torch.is_tensor(value):
+                return value
+            return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+
+        return to_numpy(torch.load(path, map_location="cpu", weights_only=True))
     with zipfile.ZipFile(path) as archive:
         pickle_name = next(name for name in archive.namelist() if name.endswith("data.pkl"))
         storage_folder = pickle_name[: -len("data.pkl")] + "data/"

@@ -30,14 +30,9 @@ def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) ->
     return paddle.nn.functional.interpolate(images, size=list(input_size), mode="bilinear", align_corners=False)
 
 
-def check_reconstruction_size(vae: AutoencoderKL, input_size: Optional[Sequence[int]], resolution: int) -> None:
-    """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
-    check_reconstruction_shape(vae.config, input_size, resolution)
-
-
 def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[int]], resolution: int,
                                where: str = "the VAE's config") -> None:
-    """`check_reconstruction_size` from a config, before the VAE is built (flag_checks.py)."""
+    """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
     encoder_factor = 2 ** (len(config["down_block_types"]) - 1)
     decoder_factor = 2 ** (len(config["up_block_types"]) - 1)
     height, width = input_size or (resolution, resolution)
