@@ -212,7 +212,7 @@ class _Pass:
                         remaining -= pixels.shape[0]
                         add(pixels)
                         watchdog.beat(f"a batch ({what})")
-                finally:  # a failing rank still joins the loader's gather (data.dataset._eval_batches)
+                finally:  # a failing rank still joins the loader's gather (data.dataset.build_eval_dataloader)
                     getattr(batches, "close", lambda: None)()
                 if self.count == 0:
                     raise ValueError("got no images; use at least as many images as there are ranks")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 
 from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 
-DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size (evaluation.Tiling)
+DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
 
 
 def downsampling_factor(config: Mapping[str, Any]) -> int:
