@@ -30,7 +30,7 @@ from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_size, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
-from .precision import Precision, setup_precision
+from .precision import setup_precision
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -91,33 +91,17 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
 
 
-@dataclass
-class Optimization:
-    """Optimizers, schedules, precision, EMA and the step: what a driver needs besides the model and data."""
-
-    vae_optimizer: Any
-    vae_scheduler: Any
-    disc_optimizer: Any
-    disc_scheduler: Any
-    precision: Precision
-    ema: Any
-    step: TrainStep
-
-    def stateful(self) -> Dict[str, Any]:
-        """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
-        out = {
-            "optimizer.pdopt": self.vae_optimizer, "scheduler.pdparams": self.vae_scheduler,
-            "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
-            **self.precision.stateful(), "nonfinite_guard.pdparams": self.step.guard,
-        }
-        if self.ema is not None:
-            out[EMA_NAME] = self.ema
-        return out
+def stateful(step: TrainStep) -> Dict[str, Any]:
+    """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
+    ema = {EMA_NAME: step.ema} if step.ema is not None else {}
+    return {"optimizer.pdopt": step.vae_optimizer, "scheduler.pdparams": step.vae_scheduler,
+            "disc_optimizer.pdopt": step.disc_optimizer, "disc_scheduler.pdparams": step.disc_scheduler,
+            **step.precision.stateful(), "nonfinite_guard.pdparams": step.guard, **ema}
 
 
-def build_optimization(networks: Networks, loss_args, training_args) -> Optimization:
-    """The EMA (first: it averages the exact float32 weights, not O2's half-precision copies), precision (O2 casts
-    the weights, frozen layers excepted), then the optimizers over the cast weights and the step."""
+def build_optimization(networks: Networks, loss_args, training_args) -> TrainStep:
+    """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
+    copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
@@ -126,11 +110,10 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
-    step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
+    return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
                      vf_model=networks.vf_model if model.vf_projection is not None else None)
-    return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):

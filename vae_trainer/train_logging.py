@@ -50,12 +50,8 @@ class TrainMonitor:
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._data_seconds = 0.0
-        self._data_position = None
+        self.data_position = None  # this rank's data.position.StreamPosition: its skip counts are logged
         self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)
-
-    def watch_data(self, position) -> None:
-        """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
-        self._data_position = position
 
     def timed(self, loader: Iterable) -> Iterator:
         """`loader`'s batches, each wait counted as data time (nothing else); `close()` ends the loader's workers."""
@@ -96,7 +92,7 @@ class TrainMonitor:
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
         scalars.update(self._throughput())
-        if self._data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
+        if self.data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
             self._skipped = (*self._skip_counts(), step)
             scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
         self.log_scalars(step, scalars)
@@ -118,7 +114,7 @@ class TrainMonitor:
 
     def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
         """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
-        mine = (self._data_position.skipped_totals(), self._data_position.skipped_by_file())
+        mine = (self.data_position.skipped_totals(), self.data_position.skipped_by_file())
         gathered = [mine]
         if world_size() > 1:
             gathered = []
@@ -144,7 +140,7 @@ class TrainMonitor:
         rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
         if self.writer is not None:
             self.writer.close()
-        if self._data_position is not None and world_size() == 1:
+        if self.data_position is not None and world_size() == 1:
             self._skipped = (*self._skip_counts(), None)
         if not self.is_main or self._skipped is None:
             return

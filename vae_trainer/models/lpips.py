@@ -70,7 +70,8 @@ def _needs_grad(tensor: paddle.Tensor) -> bool:
 
 
 class LPIPS(FrozenLayer):
-    """LPIPS v0.1 (VGG16) distance between images in [-1, 1]; frozen, in eval mode, gradients reach the inputs."""
+    """LPIPS v0.1 (VGG16) distance between images in [-1, 1]; frozen, gradients reach the inputs. `vgg(images)`: the
+    5 VGG16 feature maps (relu1_2 ... relu5_3)."""
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
@@ -78,25 +79,19 @@ class LPIPS(FrozenLayer):
         self.heads = nn.LayerList([nn.Conv2D(channels, 1, 1, bias_attr=False) for channels in LPIPS_CHANNELS])
         self.load_frozen(*_read_weights(weights_path))
 
-    def features(self, images: paddle.Tensor) -> list[paddle.Tensor]:
-        """The 5 VGG16 feature maps (relu1_2 ... relu5_3) of images in [-1, 1]."""
-        return self.vgg(images)
-
     def forward(self, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
         """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, else one pass each, with a
         graph only for a side a gradient must reach (why: docs/benchmarks.md, "LPIPS in one pass")."""
-        if self.training:  # a parent's .train() sets every sublayer's flag directly, bypassing train()
-            self.train()
         if _needs_grad(x) or _needs_grad(y):
             return self.distance(self._features_maybe_graph(x), self._features_maybe_graph(y))
         if x.dtype != y.dtype:
             x, y = x.astype("float32"), y.astype("float32")
         with paddle.no_grad():
-            both = self.features(paddle.concat([x, y]))
+            both = self.vgg(paddle.concat([x, y]))
         return self.distance([feat[: x.shape[0]] for feat in both], [feat[x.shape[0]:] for feat in both])
 
     def distance(self, features_x: list[paddle.Tensor], features_y: list[paddle.Tensor]) -> paddle.Tensor:
-        """Per-sample LPIPS [B], float32, from the two images' feature maps (`features`)."""
+        """Per-sample LPIPS [B], float32, from the two images' feature maps (`vgg`)."""
         distance = paddle.zeros([features_x[0].shape[0]], dtype="float32")
         for head, feat_x, feat_y in zip(self.heads, features_x, features_y):
             distance = distance + head((_unit_normalize(feat_x) - _unit_normalize(feat_y)) ** 2).mean(axis=[1, 2, 3])
@@ -104,4 +99,4 @@ class LPIPS(FrozenLayer):
 
     def _features_maybe_graph(self, images: paddle.Tensor) -> list[paddle.Tensor]:
         with paddle.set_grad_enabled(_needs_grad(images)):
-            return self.features(images)
+            return self.vgg(images)
