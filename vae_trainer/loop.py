@@ -90,12 +90,11 @@ class Run:
         save, and a stop on a signal (preemption.py). Returns the logged numbers at logging steps."""
         step = state.global_step
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, report.scalars,
-                                                  lambda: logged_images(self.step, micro))
+        scalars = self.monitor.optimizer_step_end(step, report.scalars, lambda: logged_images(self.step, micro))
         if scalars is not None:
             state.log_history.append({"step": step, **scalars})
-        model, ema = self.networks.model, self.step.ema
-        if self.evaluator.due(step) and self.evaluator.run(step, model.vae, ema, self.monitor, state):
+        if self.evaluator.due(step) and self.evaluator.run(step, self.networks.model.vae, self.step.ema, self.monitor,
+                                                           state):
             state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self.save(state)  # the best checkpoint so far, kept by rotation
         if self.args.save_steps > 0 and step % self.args.save_steps == 0:
@@ -122,12 +121,8 @@ class Run:
     def export(self, step: int) -> Dict[str, str]:
         """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
         restore_float32(self.networks.model, [self.step.vae_optimizer, self.step.disc_optimizer])
-        watchdog.start(self.args.stall_timeout, rank(), "exporting")
-        try:
-            vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema,
-                                                  self.evaluator, step)
-        finally:
-            watchdog.stop()
+        watchdog.start(self.args.stall_timeout, rank(), "exporting")  # stopped by the entry point
+        vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator, step)
         return {"vae": vae_dir, "discriminator": disc_dir, "logs": self.args.logging_dir}
 
 
@@ -162,13 +157,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     run, resume = start(model_args, data_args, loss_args, args)
     state = run.begin(resume)
-    iteration = iter(run.batches)
     step = run.step
     with run.training(lambda: state), tqdm(total=args.max_steps, initial=state.global_step, desc="train",
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
-                batch = next(iteration)
+                batch = next(run.batches)
                 micro = step.forward_backward(batch["pixel_values"], state.global_step, micro_batch)
                 run.position.update(batch["position"])
                 run.monitor.micro_step_end(micro.logs)

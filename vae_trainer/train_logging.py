@@ -91,26 +91,18 @@ class TrainMonitor:
         if on_device:  # the logging step's one device-to-host read
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
-        scalars.update(self._throughput())
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        per_step, data = elapsed / self._window_steps, self._data_seconds / self._window_steps
+        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
+        scalars.update({"perf/images_per_second": self.global_batch_size / per_step, "perf/seconds_per_step": per_step,
+                        "perf/data_seconds_per_step": data, "perf/compute_seconds_per_step": per_step - data,
+                        "perf/peak_memory_gb": peak_memory_gb()})
         if self.data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
             self._skipped = (*self._skip_counts(), step)
             scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
         self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
-
-    def _throughput(self) -> Dict[str, float]:
-        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
-        per_step = elapsed / max(self._window_steps, 1)
-        data = self._data_seconds / max(self._window_steps, 1)
-        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
-        return {
-            "perf/images_per_second": self.global_batch_size / per_step,
-            "perf/seconds_per_step": per_step,
-            "perf/data_seconds_per_step": data,
-            "perf/compute_seconds_per_step": per_step - data,
-            "perf/peak_memory_gb": peak_memory_gb(),
-        }
 
     def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
         """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
