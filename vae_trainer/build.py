@@ -22,8 +22,7 @@ from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
-                                   read_discriminator)
+from .models.discriminator import build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -78,7 +77,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
             disc_config["weights_path"] = model_args.lpips_weights
         discriminator = build_discriminator(**disc_config)
         if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
-            init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
+            init_discriminator_from(discriminator, disc_config, model_args.discriminator_path)
         if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
             discriminator = convert_batchnorm_to_sync(discriminator)
         vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
