@@ -51,10 +51,8 @@ class Networks:
 def init_process(training_args) -> None:
     """Device, process group and readable logs (CPU threads are chosen before Paddle loads: threads.py)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    device = training_args.device
-    if device == "gpu":  # under the launcher, each process drives the GPU it was given
-        device = f"gpu:{paddle.distributed.ParallelEnv().device_id}"
-    paddle.set_device(device)
+    gpu = training_args.device == "gpu"  # under the launcher, each process drives the GPU it was given
+    paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}" if gpu else training_args.device)
     init_distributed()
 
 
@@ -118,10 +116,9 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
 def build_evaluator(data_args, training_args, networks: Networks):
     """The in-training evaluator, the same on every rank: LPIPS (the training one, or loaded if rank 0 has its
     weights) and optional rFID."""
-    lpips = networks.lpips
-    load_lpips = lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
+    load_lpips = networks.lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
-        lpips = LPIPS(networks.lpips_weights) if load_lpips else lpips
+        lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
                              posterior_std=networks.model.posterior_std, vf_model=networks.vf_model)
@@ -144,8 +141,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
 
 
 def seed_training(seed: int) -> None:
-    """Seed the random streams of training: different on every rank, reproducible from --seed (the networks were
-    initialised from `seed` itself on every rank)."""
+    """Seed training's random streams: different on every rank, reproducible from --seed (the networks: `seed`)."""
     training_seed = seed + 1_000_003 * (rank() + 1)
     paddle.seed(training_seed)
     np.random.seed(training_seed % 2**32)

@@ -1,6 +1,5 @@
 """The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step: `start` builds
-a `Run` and finds the checkpoint to resume; `Run` loads, saves, does each optimizer step's bookkeeping and exports;
-`main` is both entry points' main."""
+a `Run` (resume, save, each optimizer step's bookkeeping, export); `main` is both entry points' main."""
 
 from __future__ import annotations
 
@@ -138,8 +137,8 @@ def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
         evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
-    monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
+    monitor = TrainMonitor(args, args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size(),
+                           is_main_process=rank() == 0)
     return Run(args, data_args, networks, step, evaluator, monitor), resume
 
 

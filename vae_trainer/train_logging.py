@@ -75,8 +75,7 @@ class TrainMonitor:
             self._counts[name] = self._counts.get(name, 0) + 1
 
     def optimizer_step_end(self, step: int, report: Dict[str, object],
-                           images: Optional[Callable[[], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
-                           ) -> Optional[Dict[str, float]]:
+                           images: Optional[Callable[[], tuple]] = None) -> Optional[Dict[str, float]]:
         """Call after optimizer step `step` (1-based) with the step's report (TrainStep.optimizer_step) and
         a function giving (inputs, reconstructions) for the image grid. Returns the numbers at logging steps."""
         self._window_steps += 1

@@ -15,7 +15,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from ..checkpoint import read_json
-from .frozen import FrozenLayer
+from .lpips import freeze
 from .torch_files import read_state_dict
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -88,7 +88,7 @@ class _Block(nn.Layer):
         return x + self.ls2 * self.mlp.fc2(F.gelu(hidden))
 
 
-class Dinov2(FrozenLayer):
+class Dinov2(nn.Layer):
     """DINOv2 ViT with timm's parameter names. `half_dtype`: `patch_tokens`' autocast dtype on GPU (None: float32)."""
 
     def __init__(self, width, depth, heads, patch, registers=0, hidden=None, swiglu=False, positions=257,
@@ -173,9 +173,9 @@ def load_dinov2(path: str) -> Dinov2:
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
     swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
-    eps = config.get("layer_norm_eps", 1e-6)
-    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, eps, mode)
-    model.load_frozen(state, path)
+    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
+                   mode)
+    freeze(model, state, path)
     return model
 
 

@@ -15,7 +15,6 @@ from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
 from .lpips import LPIPS_CHANNELS, load_vgg16_features
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
-DISCRIMINATOR_TYPES = ("patch", "vgg")
 CONFIG_NAME = "config.json"
 _LEAKY_SLOPE = 0.2
 
@@ -85,7 +84,7 @@ def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layer
         return PatchDiscriminator(3, base_channels, num_layers, norm)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
-    raise ValueError(f"disc_type must be one of {DISCRIMINATOR_TYPES}, got {disc_type!r}")
+    raise ValueError(f"disc_type must be 'patch' or 'vgg', got {disc_type!r}")
 
 
 def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
