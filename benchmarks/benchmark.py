@@ -260,9 +260,9 @@ def build_run(setting: Setting, output_dir: str):
 
 def one_forward_step(optimization, pixel_values, global_step: int, optimizer_times: Optional[List[float]] = None) -> None:
     """Our optimizer step, as `vae_trainer.loop.train` runs it (one micro-batch)."""
-    optimization.step.forward_backward(pixel_values, global_step, 0)
+    optimization.forward_backward(pixel_values, global_step, 0)
     started = time.perf_counter()
-    optimization.step.optimizer_step(global_step)
+    optimization.optimizer_step(global_step)
     if optimizer_times is not None:
         optimizer_times.append(time.perf_counter() - started)
 
@@ -289,7 +289,7 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
                   lpips=networks.lpips, discriminator=model.discriminator,
                   last_layer=decoder_last_layer(model.vae), gan_active=True).backward(recon)
-    clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), optimization.step.max_grad_norm)
+    clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), optimization.max_grad_norm)
     optimization.vae_optimizer.step()
     optimization.vae_scheduler.step()
     optimization.vae_optimizer.clear_grad()
@@ -298,7 +298,7 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
         recon, _, _ = model(pixel_values, sample_posterior=loss_args.sample_posterior)
     d_loss, _ = discriminator_objective(model.discriminator, pixel_values, recon, loss_args.disc_loss)
     d_loss.backward()
-    clip_grads(model.discriminator_parameters(), grad_norm(model.discriminator_parameters()), optimization.step.max_grad_norm)
+    clip_grads(model.discriminator_parameters(), grad_norm(model.discriminator_parameters()), optimization.max_grad_norm)
     optimization.disc_optimizer.step()
     optimization.disc_scheduler.step()
     optimization.disc_optimizer.clear_grad()
@@ -378,12 +378,12 @@ def lpips_schemes(lpips) -> Dict[str, Callable]:
 
     def one_batch_with_graph(x, y):
         """BASELINE, not used: input and reconstruction as ONE VGG16 batch, which then carries a graph."""
-        features = lpips.features(paddle.concat([x, y]))
+        features = lpips.vgg(paddle.concat([x, y]))
         return lpips.distance([f[: x.shape[0]] for f in features], [f[x.shape[0]:] for f in features])
 
     def two_passes(x, y):
         """BASELINE, not used: the two VGG16 passes of the earlier implementation (evaluation)."""
-        return lpips.distance(lpips.features(x), lpips.features(y))
+        return lpips.distance(lpips.vgg(x), lpips.vgg(y))
 
     def reconstruction(x):
         y = (0.9 * x).detach()

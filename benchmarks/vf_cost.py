@@ -57,7 +57,7 @@ def build_step(flags: list):
     from vae_trainer.build import build_networks, build_optimization
 
     model_args, data_args, loss_args, args = parse_arguments(flags)
-    step = build_optimization(build_networks(model_args, loss_args, args), loss_args, args).step
+    step = build_optimization(build_networks(model_args, loss_args, args), loss_args, args)
     size = data_args.resolution
     return step, paddle.uniform([args.per_device_train_batch_size, 3, size, size], min=-1, max=1)
 

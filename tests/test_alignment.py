@@ -97,7 +97,7 @@ def test_the_step_adds_the_vf_term_with_the_adaptive_weight_autograd_gives(dino_
                       vf_model_path=dino_file, vf_weight=0.3, distmat_margin=0.1, cos_margin=0.2)
     model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
     networks = build_networks(model_args, loss_args, args)
-    step = build_optimization(networks, loss_args, args).step
+    step = build_optimization(networks, loss_args, args)
     reference = copy.deepcopy(networks.model)
     x = paddle.to_tensor(np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype("float32"))
     paddle.seed(9)

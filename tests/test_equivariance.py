@@ -110,7 +110,7 @@ def _micro_step(tmp_path, prob, use_ema="false"):
                       equivariance_prob=prob, sample_posterior="false", seed=5)
     model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
     networks = build_networks(model_args, loss_args, args)
-    step = build_optimization(networks, loss_args, args).step
+    step = build_optimization(networks, loss_args, args)
     x = paddle.to_tensor(np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype("float32"))
     return step, networks.model, x, step.forward_backward(x, 6, 0)
 

@@ -43,8 +43,8 @@ def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_t
     decoder_before = model.vae.decoder.conv_out.weight.numpy()
     assert model.encode(probe).mean.stop_gradient  # the frozen encoder builds no graph
     for step in range(3):
-        run.step.forward_backward(images(2, seed=step), step, 0)
-        run.step.optimizer_step(global_step=step)
+        run.forward_backward(images(2, seed=step), step, 0)
+        run.optimizer_step(global_step=step)
     np.testing.assert_array_equal(model.vae.encode(probe).latent_dist.mean.numpy(), latents_before)
     assert all(p.grad is None for p in encoder_parameters(model.vae))
     assert not np.array_equal(model.vae.decoder.conv_out.weight.numpy(), decoder_before)
@@ -67,7 +67,7 @@ def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discr
     seen = []
     networks.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
     batch = images(2)
-    micro = run.step.forward_backward(batch, 0, 0)
+    micro = run.forward_backward(batch, 0, 0)
     logs = micro.logs
     assert seen == [[2, 3, 16, 16]]  # the encoder saw the bilinearly downsized image ...
     assert micro.reconstructions.shape == [2, 3, 32, 32]  # ... the loss the full-resolution target

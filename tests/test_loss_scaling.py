@@ -135,11 +135,7 @@ def test_skip_counters_survive_a_checkpoint_and_resume_counts_on_exactly(tmp_pat
     from paddlenlp.trainer import TrainerState
 
     from vae_trainer import checkpoint as ckpt
-    from vae_trainer.build import Optimization
-
-    def parts(step):
-        return Optimization(step.vae_optimizer, step.vae_scheduler, step.disc_optimizer, step.disc_scheduler,
-                             step.precision, None, step)
+    from vae_trainer.build import stateful
 
     schedule = dict(overflow_at={1, 2, 4}, nan_at={3})
     counters = ("train/skipped_steps", "train/overflow_steps", "train/disc_overflow_steps", "train/loss_scale")
@@ -153,12 +149,12 @@ def test_skip_counters_survive_a_checkpoint_and_resume_counts_on_exactly(tmp_pat
     model = make_model()
     first = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=3, min_loss_scale=1.0)
     before = _steps(first, model, 0, 3, **schedule)
-    saved = ckpt.save_checkpoint(str(tmp_path / "out"), 3, model=model, stateful=parts(first).stateful(),
+    saved = ckpt.save_checkpoint(str(tmp_path / "out"), 3, model=model, stateful=stateful(first),
                                  trainer_state=TrainerState(global_step=3), rank_state={})
     model = make_model(seed=1)  # a fresh process: other weights, counters at zero, until loaded
     resumed = fp16_step(model, tmp_path, max_overflow=3, max_nonfinite=3, min_loss_scale=1.0)
     ckpt.load_model_state(saved, model)
-    ckpt.load_stateful(saved, parts(resumed).stateful())
+    ckpt.load_stateful(saved, stateful(resumed))
     after = _steps(resumed, model, 3, 4, **schedule)
     assert [[r[c] for c in counters] for r in before + after] == [[r[c] for c in counters] for r in reports]
     assert after[0]["train/skipped_steps"] == 1 and after[0]["train/overflow_steps"] == 2

@@ -80,7 +80,7 @@ def test_the_skip_summary_is_complete_at_the_end_and_names_the_worst_files(tmp_p
     monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
     position = StreamPosition(0, 1, 0, 1000)
     position.files = [f"/data/part-{i:05d}.gz" for i in range(30)]
-    monitor.watch_data(position)
+    monitor.data_position = position
     skips = Counter()
     for step in (1, 2, 3):  # the run ends after step 3 (a non-finite stop, a signal): not a logging step
         for index in range(25):

@@ -22,15 +22,14 @@ from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.discriminator import (build_discriminator, convert_batchnorm_to_sync, init_discriminator_from,
-                                   read_discriminator)
+from .models.discriminator import build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
-from .precision import Precision, setup_precision
+from .precision import setup_precision
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -52,10 +51,8 @@ class Networks:
 def init_process(training_args) -> None:
     """Device, process group and readable logs (CPU threads are chosen before Paddle loads: threads.py)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    device = training_args.device
-    if device == "gpu":  # under the launcher, each process drives the GPU it was given
-        device = f"gpu:{paddle.distributed.ParallelEnv().device_id}"
-    paddle.set_device(device)
+    gpu = training_args.device == "gpu"  # under the launcher, each process drives the GPU it was given
+    paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}" if gpu else training_args.device)
     init_distributed()
 
 
@@ -78,7 +75,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
             disc_config["weights_path"] = model_args.lpips_weights
         discriminator = build_discriminator(**disc_config)
         if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
-            init_discriminator_from(discriminator, disc_config, *read_discriminator(model_args.discriminator_path))
+            init_discriminator_from(discriminator, disc_config, model_args.discriminator_path)
         if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
             discriminator = convert_batchnorm_to_sync(discriminator)
         vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
@@ -91,33 +88,17 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
 
 
-@dataclass
-class Optimization:
-    """Optimizers, schedules, precision, EMA and the step: what a driver needs besides the model and data."""
-
-    vae_optimizer: Any
-    vae_scheduler: Any
-    disc_optimizer: Any
-    disc_scheduler: Any
-    precision: Precision
-    ema: Any
-    step: TrainStep
-
-    def stateful(self) -> Dict[str, Any]:
-        """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
-        out = {
-            "optimizer.pdopt": self.vae_optimizer, "scheduler.pdparams": self.vae_scheduler,
-            "disc_optimizer.pdopt": self.disc_optimizer, "disc_scheduler.pdparams": self.disc_scheduler,
-            **self.precision.stateful(), "nonfinite_guard.pdparams": self.step.guard,
-        }
-        if self.ema is not None:
-            out[EMA_NAME] = self.ema
-        return out
+def stateful(step: TrainStep) -> Dict[str, Any]:
+    """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
+    ema = {EMA_NAME: step.ema} if step.ema is not None else {}
+    return {"optimizer.pdopt": step.vae_optimizer, "scheduler.pdparams": step.vae_scheduler,
+            "disc_optimizer.pdopt": step.disc_optimizer, "disc_scheduler.pdparams": step.disc_scheduler,
+            **step.precision.stateful(), "nonfinite_guard.pdparams": step.guard, **ema}
 
 
-def build_optimization(networks: Networks, loss_args, training_args) -> Optimization:
-    """The EMA (first: it averages the exact float32 weights, not O2's half-precision copies), precision (O2 casts
-    the weights, frozen layers excepted), then the optimizers over the cast weights and the step."""
+def build_optimization(networks: Networks, loss_args, training_args) -> TrainStep:
+    """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
+    copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
@@ -126,20 +107,18 @@ def build_optimization(networks: Networks, loss_args, training_args) -> Optimiza
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
-    step = TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
+    return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
                      vf_model=networks.vf_model if model.vf_projection is not None else None)
-    return Optimization(vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler, precision, ema, step)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):
     """The in-training evaluator, the same on every rank: LPIPS (the training one, or loaded if rank 0 has its
     weights) and optional rFID."""
-    lpips = networks.lpips
-    load_lpips = lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
+    load_lpips = networks.lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
-        lpips = LPIPS(networks.lpips_weights) if load_lpips else lpips
+        lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
                              posterior_std=networks.model.posterior_std, vf_model=networks.vf_model)
@@ -162,8 +141,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
 
 
 def seed_training(seed: int) -> None:
-    """Seed the random streams of training: different on every rank, reproducible from --seed (the networks were
-    initialised from `seed` itself on every rank)."""
+    """Seed training's random streams: different on every rank, reproducible from --seed (the networks: `seed`)."""
     training_seed = seed + 1_000_003 * (rank() + 1)
     paddle.seed(training_seed)
     np.random.seed(training_seed % 2**32)

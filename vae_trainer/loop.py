@@ -1,6 +1,5 @@
 """The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step: `start` builds
-a `Run` and finds the checkpoint to resume; `Run` loads, saves, does each optimizer step's bookkeeping and exports;
-`main` is both entry points' main."""
+a `Run` (resume, save, each optimizer step's bookkeeping, export); `main` is both entry points' main."""
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from . import watchdog
 from .argument_parser import parse_arguments
-from .build import (Networks, Optimization, build_evaluator, build_networks, build_optimization, build_train_data,
-                    init_process, seed_training)
+from .build import (Networks, build_evaluator, build_networks, build_optimization, build_train_data, init_process,
+                    seed_training, stateful)
 from .data.position import StreamPosition
 from .distributed import all_ranks_agree, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
 from .preemption import stop_after_step
-from .step import MicroBatch, NonFiniteError, StepReport, logged_images
+from .step import MicroBatch, NonFiniteError, StepReport, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
 
@@ -39,44 +38,36 @@ class Run:
     args: Any
     data_args: Any
     networks: Networks
-    optimization: Optimization
+    step: TrainStep
     evaluator: Any
     monitor: TrainMonitor
     position: Optional[StreamPosition] = None  # this rank's data position, once the loader is built
     batches: Any = None  # the timed training batches (TrainMonitor.timed), once the loader is built
     saved_at: Optional[int] = None  # the step whose checkpoint was last written (or resumed from, in OUTPUT_DIR)
 
-    def load(self, checkpoint: str) -> Tuple[TrainerState, dict]:
-        """Weights and optimization state from `checkpoint`; returns its TrainerState and this rank's state."""
-        with all_ranks_agree(f"loading {checkpoint}"):
-            ckpt.load_model_state(checkpoint, self.networks.model)
-            ckpt.load_stateful(checkpoint, self.optimization.stateful())
-            state = TrainerState.load_from_json(os.path.join(checkpoint, ckpt.TRAINER_STATE_NAME))
-            rank_state = ckpt.load_rank_state(checkpoint)
-        if ckpt.is_checkpoint_of(self.args.output_dir, checkpoint, state.global_step):
-            self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
-        logger.info("resuming from %s at step %d", checkpoint, state.global_step)
-        return state, rank_state
-
     def begin(self, resume: Optional[str]) -> TrainerState:
-        """A new run's state, or `resume`'s with this rank's random state; the training batches built. The stall
-        watchdog runs from here on (watchdog.py)."""
+        """A new run's state, or checkpoint `resume`'s (weights, optimization and this rank's random and data
+        state); the training batches built. The stall watchdog runs from here on (watchdog.py)."""
         seed_training(self.args.seed)
-        state, rank_state = self.load(resume) if resume else (TrainerState(max_steps=self.args.max_steps), None)
-        self.build_data(rank_state)
+        state, rank_state = TrainerState(max_steps=self.args.max_steps), None
+        if resume:
+            with all_ranks_agree(f"loading {resume}"):
+                ckpt.load_model_state(resume, self.networks.model)
+                ckpt.load_stateful(resume, stateful(self.step))
+                state = TrainerState.load_from_json(os.path.join(resume, ckpt.TRAINER_STATE_NAME))
+                rank_state = ckpt.load_rank_state(resume)
+            if ckpt.is_checkpoint_of(self.args.output_dir, resume, state.global_step):
+                self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
+            logger.info("resuming from %s at step %d", resume, state.global_step)
+        with start_up():
+            loader, self.position = build_train_data(self.data_args, self.args,
+                                                     rank_state["data"] if rank_state else None)
+        self.monitor.data_position = self.position
+        self.batches = self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
         watchdog.start(self.args.stall_timeout, rank())
         return state
-
-    def build_data(self, rank_state: Optional[dict]):
-        """This rank's training batches (resumed at `rank_state`'s data position if given), their waits timed."""
-        with start_up():
-            loader, self.position = build_train_data(self.data_args, self.args,
-                                                     rank_state["data"] if rank_state else None)
-        self.monitor.watch_data(self.position)
-        self.batches = self.monitor.timed(loader)
-        return self.batches
 
     def save(self, state: TrainerState) -> str:
         """checkpoint-N of `state.global_step` (kept as is if already written); returns its path."""
@@ -85,7 +76,7 @@ class Run:
             return ckpt.checkpoint_path(self.args.output_dir, step)
         watchdog.doing(f"saving checkpoint-{step}")
         model = self.networks.model
-        path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=self.optimization.stateful(),
+        path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=stateful(self.step),
                                     trainer_state=state, rank_state=ckpt.make_rank_state(model, self.position),
                                     save_total_limit=self.args.save_total_limit, keep=state.best_model_checkpoint,
                                     configs=checkpoint_configs(self.networks, self.evaluator))
@@ -98,12 +89,11 @@ class Run:
         save, and a stop on a signal (preemption.py). Returns the logged numbers at logging steps."""
         step = state.global_step
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, report.scalars,
-                                                  lambda: logged_images(self.optimization.step, micro))
+        scalars = self.monitor.optimizer_step_end(step, report.scalars, lambda: logged_images(self.step, micro))
         if scalars is not None:
             state.log_history.append({"step": step, **scalars})
-        model, ema = self.networks.model, self.optimization.ema
-        if self.evaluator.due(step) and self.evaluator.run(step, model.vae, ema, self.monitor, state):
+        if self.evaluator.due(step) and self.evaluator.run(step, self.networks.model.vae, self.step.ema, self.monitor,
+                                                           state):
             state.best_model_checkpoint = ckpt.checkpoint_path(self.args.output_dir, step)
             self.save(state)  # the best checkpoint so far, kept by rotation
         if self.args.save_steps > 0 and step % self.args.save_steps == 0:
@@ -114,32 +104,24 @@ class Run:
     @contextmanager
     def training(self, state: Callable[[], TrainerState]) -> Iterator[None]:
         """Around training: a checkpoint at the end, also at a non-finite stop (then an exit naming it: the last good
-        step's weights); then, on every exit path, `close`."""
+        step's weights)."""
         try:
             yield
         except NonFiniteError as error:
             sys.exit(f"error: {error} Last good weights: {self.save(state())}")
         else:
             self.save(state())
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """The loader's workers stopped and joined, the logs closed."""
-        watchdog.stop()
-        if self.batches is not None:
-            self.batches.close()
-        self.monitor.close()
+        finally:  # the loader's workers stopped and joined, the logs closed
+            watchdog.stop()
+            if self.batches is not None:
+                self.batches.close()
+            self.monitor.close()
 
     def export(self, step: int) -> Dict[str, str]:
         """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
-        restore_float32(self.networks.model, [self.optimization.vae_optimizer, self.optimization.disc_optimizer])
-        watchdog.start(self.args.stall_timeout, rank(), "exporting")
-        try:
-            vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.optimization.ema,
-                                                  self.evaluator, step)
-        finally:
-            watchdog.stop()
+        restore_float32(self.networks.model, [self.step.vae_optimizer, self.step.disc_optimizer])
+        watchdog.start(self.args.stall_timeout, rank(), "exporting")  # stopped by the entry point
+        vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator, step)
         return {"vae": vae_dir, "discriminator": disc_dir, "logs": self.args.logging_dir}
 
 
@@ -151,13 +133,13 @@ def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
         init_process(args)
         prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input
         networks = build_networks(model_args, loss_args, args, resolution=data_args.resolution)
-        optimization = build_optimization(networks, loss_args, args)
+        step = build_optimization(networks, loss_args, args)
         evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
-    monitor = TrainMonitor(args, global_batch, is_main_process=rank() == 0)
-    return Run(args, data_args, networks, optimization, evaluator, monitor), resume
+    monitor = TrainMonitor(args, args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size(),
+                           is_main_process=rank() == 0)
+    return Run(args, data_args, networks, step, evaluator, monitor), resume
 
 
 @exit_on_user_error
@@ -174,13 +156,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     run, resume = start(model_args, data_args, loss_args, args)
     state = run.begin(resume)
-    iteration = iter(run.batches)
-    step = run.optimization.step
+    step = run.step
     with run.training(lambda: state), tqdm(total=args.max_steps, initial=state.global_step, desc="train",
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
-                batch = next(iteration)
+                batch = next(run.batches)
                 micro = step.forward_backward(batch["pixel_values"], state.global_step, micro_batch)
                 run.position.update(batch["position"])
                 run.monitor.micro_step_end(micro.logs)

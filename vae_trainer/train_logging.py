@@ -50,12 +50,8 @@ class TrainMonitor:
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._data_seconds = 0.0
-        self._data_position = None
+        self.data_position = None  # this rank's data.position.StreamPosition: its skip counts are logged
         self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)
-
-    def watch_data(self, position) -> None:
-        """Log the skip counts of this rank's `data.position.StreamPosition` (the drivers update it per batch)."""
-        self._data_position = position
 
     def timed(self, loader: Iterable) -> Iterator:
         """`loader`'s batches, each wait counted as data time (nothing else); `close()` ends the loader's workers."""
@@ -79,8 +75,7 @@ class TrainMonitor:
             self._counts[name] = self._counts.get(name, 0) + 1
 
     def optimizer_step_end(self, step: int, report: Dict[str, object],
-                           images: Optional[Callable[[], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
-                           ) -> Optional[Dict[str, float]]:
+                           images: Optional[Callable[[], tuple]] = None) -> Optional[Dict[str, float]]:
         """Call after optimizer step `step` (1-based) with the step's report (TrainStep.optimizer_step) and
         a function giving (inputs, reconstructions) for the image grid. Returns the numbers at logging steps."""
         self._window_steps += 1
@@ -95,30 +90,22 @@ class TrainMonitor:
         if on_device:  # the logging step's one device-to-host read
             values = paddle.stack([v.astype("float32").reshape([]) for v in on_device.values()]).numpy()
             scalars.update(zip(on_device, values.tolist()))
-        scalars.update(self._throughput())
-        if self._data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        per_step, data = elapsed / self._window_steps, self._data_seconds / self._window_steps
+        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
+        scalars.update({"perf/images_per_second": self.global_batch_size / per_step, "perf/seconds_per_step": per_step,
+                        "perf/data_seconds_per_step": data, "perf/compute_seconds_per_step": per_step - data,
+                        "perf/peak_memory_gb": peak_memory_gb()})
+        if self.data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
             self._skipped = (*self._skip_counts(), step)
             scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
         self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
 
-    def _throughput(self) -> Dict[str, float]:
-        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
-        per_step = elapsed / max(self._window_steps, 1)
-        data = self._data_seconds / max(self._window_steps, 1)
-        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
-        return {
-            "perf/images_per_second": self.global_batch_size / per_step,
-            "perf/seconds_per_step": per_step,
-            "perf/data_seconds_per_step": data,
-            "perf/compute_seconds_per_step": per_step - data,
-            "perf/peak_memory_gb": peak_memory_gb(),
-        }
-
     def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
         """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
-        mine = (self._data_position.skipped_totals(), self._data_position.skipped_by_file())
+        mine = (self.data_position.skipped_totals(), self.data_position.skipped_by_file())
         gathered = [mine]
         if world_size() > 1:
             gathered = []
@@ -144,7 +131,7 @@ class TrainMonitor:
         rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
         if self.writer is not None:
             self.writer.close()
-        if self._data_position is not None and world_size() == 1:
+        if self.data_position is not None and world_size() == 1:
             self._skipped = (*self._skip_counts(), None)
         if not self.is_main or self._skipped is None:
             return

