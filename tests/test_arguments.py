@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import re
-import typing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +13,6 @@ from conftest import DRIVERS, REPO, read_scalars, run_each_driver, run_entry_poi
 from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
-from vae_trainer import arguments
 from vae_trainer import argument_parser
 from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser, parse_arguments
 from vae_trainer.arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, DataArguments,

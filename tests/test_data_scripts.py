@@ -103,7 +103,7 @@ def test_write_filelist_relative_paths_and_weights(image_dir, tmp_path):
 def test_count_an_existing_filelist_in_parallel_with_tars_and_damage(tmp_path, capsys):
     import tarfile
 
-    good = make_parts.write_parts([make_parts.Record(f"c{i}", "-", b"x") for i in range(5)], str(tmp_path / "p"), 3)
+    make_parts.write_parts([make_parts.Record(f"c{i}", "-", b"x") for i in range(5)], str(tmp_path / "p"), 3)
     cut = tmp_path / "cut.gz"
     whole = gzip.compress(b"".join(b"line %d\n" % i for i in range(3000)))
     cut.write_bytes(whole[: len(whole) // 2])

@@ -3,7 +3,6 @@ points: a folder with no VAE, a checkpoint given as a pretrained VAE, a VAE fold
 of the folder, a discriminator that does not fit the flags, a --latent_stats_num_images that cannot be
 measured (0, or fewer images than ranks)."""
 
-import json
 import os
 import subprocess
 import sys
