@@ -274,3 +274,7 @@ def test_loading_rejects_an_incomplete_weights_file(tmp_path):
     paddle.save({k: v for k, v in full_state.items() if not k.startswith("Mixed_7c")}, str(path))
     with pytest.raises(ValueError, match="missing keys"):
         load_fid_inception(path)
+    name = "Conv2d_1a_3x3.conv.weight"
+    paddle.save({**full_state, name: paddle.zeros([32, 3, 5, 5])}, str(path))
+    with pytest.raises(ValueError, match=rf"{name} has shape \[32, 3, 5, 5\], expected \[32, 3, 3, 3\]"):
+        load_fid_inception(path)

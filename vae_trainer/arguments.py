@@ -62,13 +62,16 @@ class ModelArguments:
 
     vae_config_file: Optional[str] = flag(None, "AutoencoderKL config JSON to train from scratch (configs/*.json).")
     pretrained_model_name_or_path: Optional[str] = flag(
-        None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder or an LDM single file (docs/fine-tuning.md).")
+        None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder, or an LDM single file (architecture inferred, "
+              "SD's 0.18215 assumed; else --vae_config_file / --scaling_factor). docs/fine-tuning.md.")
     subfolder: Optional[str] = flag(None, "Subfolder of --pretrained_model_name_or_path holding the VAE ('vae').")
     ignore_keys: Optional[List[str]] = flag(None, "Weight-name prefixes not loaded (re-initialised), e.g. decoder.")
     init_from_ckpt: Optional[str] = flag(None, "VAE weights only, from a checkpoint-N or a weight file.")
     freeze_encoder: bool = flag(False, "Freeze the encoder and quant_conv: decoder-only fine-tuning.")
     input_size: Optional[List[int]] = flag(None, "H W: the encoder's input size (the loss sees --resolution).")
-    scaling_factor: Optional[str] = flag(None, "Exported latent scale: keep, measure or a number (see docs).")
+    scaling_factor: Optional[str] = flag(
+        None, "Exported latent scale: keep, measure or a number. Default: keep when the encoder's weights are "
+              "loaded (and not re-initialised by --ignore_keys), measure otherwise.")
     discriminator_path: Optional[str] = flag(None, "A trained discriminator to start from.", group="discriminator")
     disc_type: Literal["patch", "vgg"] = flag("patch", "PatchGAN or frozen VGG16 features.", group="discriminator")
     disc_norm: Literal[NORM_TYPES] = flag("batch", "PatchGAN normalisation.", group="discriminator")
@@ -89,14 +92,16 @@ class DataArguments:
     random_flip: bool = flag(True, "Randomly flip training images horizontally.")
     random_crop: bool = flag(True, "Random crop for training (centre crop if false).")
     min_image_size: int = flag(32, "Skip images whose shorter side is below this.")
-    aspect_ratio_buckets: bool = flag(False, "Crop to the bucket of nearest aspect ratio, not a square.")
+    aspect_ratio_buckets: bool = flag(False, "Crop to the bucket of nearest aspect ratio (1:2 to 2:1, sides multiples "
+                                             "of 8, about resolution^2 pixels), not a square; a batch holds one shape.")
     shuffle_buffer_size: int = flag(1000, "Training records shuffled together per loader worker.")
     eval_file_list: Optional[str] = flag(None, "Held-out filelist or image folder.", group="evaluation")
     eval_num_images: int = flag(64, "Number of held-out images evaluated per evaluation.", group="evaluation")
     latent_stats_num_images: Optional[int] = flag(None, "Images of a measured scale (default: --eval_num_images).")
     inception_weights: Optional[str] = flag(None, "FID InceptionV3 weights: adds rFID.", group="evaluation")
     eval_tiled: bool = flag(False, "Tiled encode/decode of large images.", group="evaluation")
-    eval_tile_size: Optional[int] = flag(None, "Tile size for --eval_tiled (default 512).", group="evaluation")
+    eval_tile_size: Optional[int] = flag(None, "Tile size for --eval_tiled (default 512; a multiple of 4 x the "
+                                         "downsampling factor); tiles overlap by a quarter.", group="evaluation")
 
 
 @dataclass
@@ -142,11 +147,15 @@ class VAETrainingArguments(TrainingArguments):
     _group = "training"
 
     output_dir: str = flag("outputs/vae", "Where checkpoints, logs and the VAE go.")
-    overwrite_output_dir: bool = flag(False, "Start a new run in an --output_dir of an earlier run, deleting it.")
+    overwrite_output_dir: bool = flag(False, "Start a new run in an --output_dir of an earlier run: delete its "
+                                             "checkpoints, logs and exports first (else refused).")
     max_steps: int = flag(-1, "Optimizer steps to train (required: the training stream is infinite).")
-    resume_from_checkpoint: Optional[str] = flag(None, "'latest' or a checkpoint-N folder: resume exactly.")
+    resume_from_checkpoint: Optional[str] = flag(
+        None, "'latest' (the newest complete checkpoint, if any) or a checkpoint-N folder: continue exactly.")
     recompute: bool = flag(False, "Gradient checkpointing of the VAE (less memory, more compute).")
-    stall_timeout: float = flag(DEFAULT_STALL_TIMEOUT, f"Seconds without progress -> exit {STALL_EXIT_CODE} (0: off).")
+    stall_timeout: float = flag(
+        DEFAULT_STALL_TIMEOUT, f"Seconds without a step, eval batch or save on any rank (start-up included): report, "
+                               f"exit {STALL_EXIT_CODE}. 0: off. Pick it above your slowest save.")
     device: str = flag("gpu", "cpu, gpu (each launched process on its own GPU) or gpu:N (one process).",
                        parse=device_name, metavar="{cpu,gpu,gpu:N}")
     learning_rate: float = flag(1e-4, "Peak learning rate of the VAE optimizer.")
@@ -162,7 +171,8 @@ class VAETrainingArguments(TrainingArguments):
     save_steps: int = flag(1000, "Save checkpoint-N every N optimizer steps (0: only at the end).")
     report_to: Optional[List[Literal["visualdl", "none"]]] = flag(["visualdl"], "Write VisualDL logs, or none.")
     eval_steps: Optional[int] = flag(None, "Evaluate every N steps and at the end.", group="evaluation")
-    per_device_eval_batch_size: Optional[int] = flag(None, "Evaluation batch per device (default: training's).")
+    per_device_eval_batch_size: Optional[int] = flag(
+        None, "Evaluation and latent-measurement batch per device (default: training's); results do not depend on it.")
     metric_for_best_model: Optional[Literal[tuple(HIGHER_IS_BETTER)]] = flag(
         None, "Keep the checkpoint with the best value of this evaluation metric.", group="evaluation")
     disc_learning_rate: Optional[float] = flag(None, "Discriminator LR (default: the VAE's).", group="discriminator")

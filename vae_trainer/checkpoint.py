@@ -171,6 +171,7 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
         if rank() == 0:
             for path in unfinished_checkpoints(output_dir):
                 shutil.rmtree(path, ignore_errors=True)
+                logger.info("removed unfinished %s", os.path.basename(path))
             os.makedirs(tmp)
     with all_ranks_agree(what, explain):
         if rank() == 0:

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -134,11 +135,14 @@ def _file_list_members(file_list: str) -> List[str]:
 def clear_run(output_dir: str) -> None:
     """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
     log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
+    checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
+        if path in checkpoints:  # via checkpoint-N.old, which the next start removes if this one is killed
             delete_folder(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
         else:
             os.remove(path)
     top = os.path.abspath(output_dir)

@@ -158,10 +158,14 @@ class FIDInceptionV3(nn.Layer):
 def load_fid_inception(weights_path: str | os.PathLike) -> FIDInceptionV3:
     """`FIDInceptionV3` in eval mode, frozen, from a converted .pdparams file; a missing, unexpected or misshapen
     tensor is an error (a wrong file must not give meaningless FIDs silently)."""
-    model = FIDInceptionV3()
-    missing, unexpected = model.set_state_dict(paddle.load(str(weights_path)))
-    if missing or unexpected:  # a misshapen tensor is in both
-        raise ValueError(f"{weights_path}: missing keys {missing[:5]}, unexpected {unexpected[:5]}")
+    model, state = FIDInceptionV3(), paddle.load(str(weights_path))
+    misshapen = [f"{name} has shape {list(state[name].shape)}, expected {list(tensor.shape)}"
+                 for name, tensor in model.state_dict().items()
+                 if name in state and list(state[name].shape) != list(tensor.shape)]
+    missing, unexpected = model.set_state_dict(state)
+    if missing or unexpected or misshapen:
+        raise ValueError(f"{weights_path}: {'; '.join(misshapen[:3])} missing keys {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
     for parameter in model.parameters():
         parameter.stop_gradient = True
     model.eval()
