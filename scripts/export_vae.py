@@ -29,6 +29,9 @@ from typing import List, Optional, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from vae_trainer.console import quiet_third_party  # noqa: E402
+
+quiet_third_party()  # before Paddle, PaddleNLP and ppdiffusers are imported
 
 if __name__ == "__main__":  # first: Paddle, imported below, reads OMP_NUM_THREADS only once
     from vae_trainer.threads import set_default_threads

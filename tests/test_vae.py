@@ -328,6 +328,9 @@ def test_eval_script_reads_a_single_file_with_the_config_file_its_error_asks_for
     source.save_pretrained(str(folder))
     expected = eval_vae.main(flags[:1] + [str(folder)] + flags[2:])
     assert result.metrics["psnr"] == pytest.approx(expected.metrics["psnr"], abs=1e-3)
+    with pytest.raises(SystemExit) as stopped:  # a bad --data: one line too, not a traceback mid-evaluation
+        eval_vae.main(flags[:1] + [str(folder), "--data", str(tmp_path / "missing")] + flags[4:])
+    assert stopped.value.code.startswith("error: ") and "missing" in stopped.value.code
     assert result.scaling_factor == pytest.approx(expected.scaling_factor, rel=1e-4)
 
 

@@ -120,8 +120,12 @@ class Run:
     def export(self, step: int) -> Dict[str, str]:
         """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
         restore_float32(self.networks.model, [self.step.vae_optimizer, self.step.disc_optimizer])
-        watchdog.start(self.args.stall_timeout, rank(), "exporting")  # stopped by the entry point
-        vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator, step)
+        watchdog.start(self.args.stall_timeout, rank(), "exporting")
+        try:
+            vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator,
+                                                  step)
+        finally:  # (train() may be called again in this process: benchmarks/ablation.py)
+            watchdog.stop()
         return {"vae": vae_dir, "discriminator": disc_dir, "logs": self.args.logging_dir}
 
 

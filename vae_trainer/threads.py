@@ -1,5 +1,5 @@
 """CPU threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1) unless the user did
-(docs/launching.md, "CPU threads"). Must not import Paddle."""
+(docs/launching.md, "CPU threads"). Imports Paddle only once the variable is set."""
 
 import json
 import math
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 import psutil  # (visualdl's dependency)
+
+from .console import import_paddle_quietly
 
 VARIABLE = "OMP_NUM_THREADS"
 _CORES_BEFORE_RESERVING = 4  # with workers and this many cores per process, one is left to decode
@@ -102,4 +104,5 @@ def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[Thread
     if not choice.by_user:
         os.environ[VARIABLE] = str(choice.threads)
     print(choice.description, file=sys.stderr, flush=True)
+    import_paddle_quietly()
     return choice

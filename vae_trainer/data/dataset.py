@@ -234,7 +234,12 @@ def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int
     decode size, centre-cropped, unflipped. Collective, in rounds: the next `num_images` - usable records are dealt to
     the ranks, which gather their usable counts and failure flags (a failing rank still joins: the others stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
-                         draft_decode=False, record_counts=False)
+                         draft_decode=False, record_counts=False)  # now: a bad --data is a start-up error
+    return _eval_rounds(stream, batch_size, rank, world_size, num_images)
+
+
+def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: int,
+                 num_images: int | None) -> Iterator[dict]:
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
     records = enumerate(stream._records(sources, 0, 0, 0))
     images, read = [0] * world_size, 0  # usable images per rank so far
