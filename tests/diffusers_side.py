@@ -1,0 +1,87 @@
+"""The PyTorch side of the autoencoder-family parity tests (DC-AE, and the families after it), run by .venv-flux2's
+python (diffusers 0.42.1, requirements-flux2-test.txt), never imported by the Paddle tests; tests/family_parity.py
+drives it.
+
+    make CLASS FOLDER --config JSON [--seed S] [--variant fp16]
+        a seeded diffusers CLASS whose every weight is moved away from its initialisation (BatchNorm statistics
+        made non-trivial too), saved with diffusers' save_pretrained (safetensors)
+    run CLASS FOLDER --images IN.npy --out OUT.npz [--latents IN.npy] [--variant fp16] [--tile T --stride S]
+        load FOLDER as CLASS (eval mode, float32) and write: the latent (a posterior's mode), the posterior's mean
+        and log-variance when there is one, the decode of that latent, the decode of --latents when given, and
+        loading_info (a JSON string: missing / unexpected / mismatched keys, and the class diffusers read).
+        --tile: diffusers' own tiled encode and decode (enable_tiling with tiles of T px, stride S px)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+import diffusers
+
+
+def make(class_name: str, folder: str, config: dict, seed: int, variant: str | None) -> None:
+    torch.manual_seed(seed)
+    model = getattr(diffusers, class_name)(**config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+                module.running_mean.copy_(torch.randn_like(module.running_mean) * 0.3)
+                module.running_var.copy_(torch.rand_like(module.running_var) * 2.0 + 0.5)
+    if variant == "fp16":
+        model = model.half()
+    model.save_pretrained(folder, safe_serialization=True, variant=variant)
+
+
+def _encode(model, images: torch.Tensor) -> dict:
+    output = model.encode(images)
+    if hasattr(output, "latent_dist"):
+        dist = output.latent_dist
+        return {"latent": dist.mode(), "mean": dist.mean, "logvar": dist.logvar}
+    return {"latent": output.latent}
+
+
+def run(class_name: str, folder: str, images_file: str, out_file: str, latents_file: str | None,
+        variant: str | None, tile: int | None, stride: int | None) -> None:
+    model, info = getattr(diffusers, class_name).from_pretrained(folder, output_loading_info=True, variant=variant)
+    model = model.float().eval()
+    if tile:
+        model.enable_tiling(tile, tile, stride, stride)
+    images = torch.from_numpy(np.load(images_file))
+    with torch.no_grad():
+        out = _encode(model, images)
+        out["decoded"] = model.decode(out["latent"]).sample
+        if latents_file:
+            out["decoded_latents"] = model.decode(torch.from_numpy(np.load(latents_file))).sample
+    loading = {key: sorted(map(str, value)) for key, value in info.items()}
+    loading["class"] = type(model).__name__
+    np.savez(out_file, **{key: value.numpy() for key, value in out.items()}, loading_info=json.dumps(loading))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=("make", "run"))
+    parser.add_argument("class_name")
+    parser.add_argument("folder")
+    parser.add_argument("--config", help="the class's kwargs, JSON")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", default=None)
+    parser.add_argument("--images")
+    parser.add_argument("--latents")
+    parser.add_argument("--out")
+    parser.add_argument("--tile", type=int, default=None)
+    parser.add_argument("--stride", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "make":
+        make(args.class_name, args.folder, json.loads(args.config), args.seed, args.variant)
+    else:
+        run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
