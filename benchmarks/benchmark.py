@@ -280,7 +280,7 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     import paddle
 
     from vae_trainer.losses import discriminator_objective, vae_objective
-    from vae_trainer.models.vae import decoder_last_layer
+    from vae_trainer.models.families import family_of
     from vae_trainer.optim import clip_grads, grad_norm
 
     model = networks.model
@@ -288,7 +288,7 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     recon, post_mean, post_logvar = model(pixel_values, sample_posterior=loss_args.sample_posterior)
     vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
                   lpips=networks.lpips, discriminator=model.discriminator,
-                  last_layer=decoder_last_layer(model.vae), gan_active=True).backward(recon)
+                  last_layer=family_of(model.vae).decoder_last_layer(model.vae), gan_active=True).backward(recon)
     clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), optimization.max_grad_norm)
     optimization.vae_optimizer.step()
     optimization.vae_scheduler.step()

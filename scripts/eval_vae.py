@@ -31,11 +31,12 @@ from PIL import Image  # noqa: E402
 
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
-from vae_trainer.evaluation import (EvalProtocol, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
+from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae, protocol_of,  # noqa: E402
                                     result_record)
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
 from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
-from vae_trainer.models.flux2 import BatchNormStatistics, bn_statistics, is_flux2  # noqa: E402
+from vae_trainer.models.families import family_of  # noqa: E402
+from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
 from vae_trainer.models.vae import check_reconstruction_shape  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> EvalResult:
         vae = load_vae(args)
         check_reconstruction_shape(vae.config, args.input_size, args.resolution)
         check_tiling_flags(args, args, vae.config, "the VAE's config")
+        if args.sample_posterior and family_of(vae).deterministic:
+            raise ValueError(f"--sample_posterior: {type(vae).__name__} encodes deterministically, it has no "
+                             "posterior to sample; drop it")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
                                            args.num_images)
         vf_model = load_dinov2(args.vf_model_path) if args.vf_model_path else None
@@ -152,10 +156,9 @@ def main(argv: list[str] | None = None) -> EvalResult:
                           sample_posterior=args.sample_posterior, seed=args.seed, grid_images=args.grid_images,
                           input_size=args.input_size, tiling=tiling, vf_model=vf_model)
     if rank() == 0:
-        protocol = EvalProtocol(resolution=args.resolution, sample_posterior=args.sample_posterior, seed=args.seed,
-                                input_size=args.input_size, metrics=tuple(result.metrics), tiling=tiling,
-                                patchified=result.patchified_mode_mean is not None)
-        normalisation = bn_statistics(vae) if is_flux2(vae) else None
+        protocol = protocol_of(vae, result, resolution=args.resolution, sample_posterior=args.sample_posterior,
+                               seed=args.seed, input_size=args.input_size, tiling=tiling)
+        normalisation = family_of(vae).held_normalisation(vae)
         print(f"protocol:\n{protocol.text()}\n\n{format_table(result, normalisation)}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one

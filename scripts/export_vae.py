@@ -46,7 +46,7 @@ from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: 
 from vae_trainer.final_save import export_vae_folder  # noqa: E402
 from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
-from vae_trainer.models.vae_saving import diffusers_can_load  # noqa: E402
+from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 # The values `--ema VALUE` / `--ema=VALUE` take, as the training flags' booleans (`_ema_values_as_flags`).
@@ -174,11 +174,11 @@ def main(argv=None) -> str:
                              "scripts/eval_vae.py --vae on this folder measures the statistics alone",
                              export_config.get(EXPORT_ORIGIN_KEY) or f"kept from the checkpoint's {ckpt.VAE_CONFIG_NAME}")
     export_vae_folder(vae, args.out_dir, ema, export_config.get("posterior_std", 0.0), updates, record)
-    name = type(vae).__name__  # AutoencoderKL, or FLUX.2's AutoencoderKLFlux2 (not in ppdiffusers 0.29: ours)
+    name = type(vae).__name__  # AutoencoderKL, or a class ppdiffusers 0.29 lacks (ours: vae_trainer.models)
     paddle_class = f"{type(vae).__module__}.{name}" if name != "AutoencoderKL" else "ppdiffusers.AutoencoderKL"
-    readers = (f"{paddle_class}.from_pretrained and diffusers.{name}.from_pretrained"
-               if diffusers_can_load(vae) else f"{paddle_class}.from_pretrained (PyTorch diffusers cannot "
-               "describe this VAE's separate decoder widths)")
+    problem = family_of(vae).diffusers_problem(vae)
+    readers = (f"{paddle_class}.from_pretrained and diffusers.{name}.from_pretrained" if problem is None
+               else f"{paddle_class}.from_pretrained (not PyTorch diffusers: {problem})")
     print(f"exported {args.checkpoint_dir} ({weights}: {why}) to {args.out_dir}: loads with {readers}")
     return args.out_dir
 

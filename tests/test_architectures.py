@@ -17,7 +17,7 @@ from conftest import read_scalars, run_in_process, tiny_args
 from ppdiffusers import AutoencoderKL
 
 import vae_trainer.models.vae as vae_module
-from vae_trainer.models.vae import recompute_segments
+from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
 
 STEPS = 1
@@ -52,7 +52,7 @@ def test_a_published_architecture_fine_tunes_evaluates_and_exports_with_recomput
     source.save_pretrained(str(tmp_path / "source"), to_diffusers=True)
     assert os.path.isfile(tmp_path / "source" / "diffusion_pytorch_model.safetensors")
     before = {k: v.numpy() for k, v in source.state_dict().items()}
-    segments = len(recompute_segments(source))
+    segments = len(family_of(source).recompute_segments(source))
     del source
 
     recomputed = []  # every segment forward that ran under Paddle's recompute

@@ -12,7 +12,7 @@ from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import discriminator_objective, vae_objective
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
-from vae_trainer.models.vae import decoder_last_layer
+from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
 from vae_trainer.precision import Precision
@@ -97,7 +97,7 @@ def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
     paddle.seed(5)  # same posterior sample
     recon, mean, logvar = reference(x)
     vae_loss = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
-                             discriminator=reference.discriminator, last_layer=decoder_last_layer(reference.vae),
+                             discriminator=reference.discriminator, last_layer=family_of(reference.vae).decoder_last_layer(reference.vae),
                              gan_active=True)
     vae_loss.backward(recon)
     assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
@@ -252,7 +252,8 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
     """--recompute (every resnet, attention and sampler recomputed in the backward) trades compute for memory
     without changing the numbers: one step with the GAN on (the adaptive weight's paddle.grad at the decoder's
     last layer) and a sampled posterior gives the same losses, VAE and discriminator gradients."""
-    from vae_trainer.models.vae import enable_recompute, recompute_segments
+    from vae_trainer.models.families import family_of
+    from vae_trainer.models.vae import enable_recompute
 
     x = images()
     results = []
@@ -262,7 +263,7 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
         step = make_step(model, tmp_path)  # disc_start 0: GAN, adaptive weight and discriminator update on
         paddle.seed(11)
         logs = step.forward_backward(x, 0, 0).logs
-        calls = sum(getattr(layer.forward, "calls", 0) for _, layer in recompute_segments(model.vae))
+        calls = sum(getattr(layer.forward, "calls", 0) for _, layer in family_of(model.vae).recompute_segments(model.vae))
         assert calls == len(segments)  # each segment's forward ran once, under recompute
         results.append(({k: v.numpy() for k, v in logs.items()},
                          [p.grad.numpy() for p in model.vae.parameters() + model.discriminator.parameters()]))
@@ -278,13 +279,14 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
 def test_recompute_flag_recomputes_each_resnet_attention_and_sampler(tmp_path):
     from vae_trainer.arguments import ModelArguments
     from vae_trainer.build import build_networks
-    from vae_trainer.models.vae import RecomputedForward, recompute_segments
+    from vae_trainer.models.families import family_of
+    from vae_trainer.models.vae import RecomputedForward
 
     for recompute in (False, True):
         networks = build_networks(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),
                                  LossArguments(perceptual_weight=0.0), make_args(tmp_path, recompute=recompute))
         vae = networks.model.vae
-        names = [name for name, layer in recompute_segments(vae)
+        names = [name for name, layer in family_of(vae).recompute_segments(vae)
                  if isinstance(layer.__dict__.get("forward"), RecomputedForward)]
         assert bool(names) == recompute
         if recompute:

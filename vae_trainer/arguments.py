@@ -60,14 +60,18 @@ def device_name(value: str) -> str:
 class ModelArguments:
     _group = "model"
 
-    vae_config_file: Optional[str] = flag(None, "AutoencoderKL config JSON to train from scratch (configs/*.json).")
+    vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; its "
+                                                "_class_name: AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC).")
     pretrained_model_name_or_path: Optional[str] = flag(
         None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder, or an LDM single file (architecture inferred, "
               "SD's 0.18215 assumed; else --vae_config_file / --scaling_factor). docs/fine-tuning.md.")
     subfolder: Optional[str] = flag(None, "Subfolder of --pretrained_model_name_or_path holding the VAE ('vae').")
     ignore_keys: Optional[List[str]] = flag(None, "Weight-name prefixes not loaded (re-initialised), e.g. decoder.")
     init_from_ckpt: Optional[str] = flag(None, "VAE weights only, from a checkpoint-N or a weight file.")
-    freeze_encoder: bool = flag(False, "Freeze the encoder and quant_conv: decoder-only fine-tuning.")
+    freeze_encoder: bool = flag(False, "Freeze the encoder (all that defines the latent): decoder-only fine-tuning.")
+    trainable_modules: Optional[List[str]] = flag(
+        None, "Glob patterns of the VAE's parameter names that train, e.g. 'decoder.*' or 'encoder.conv_out.*' "
+              "'decoder.conv_in.*'; every other weight stays as loaded (exported bit-identical).")
     input_size: Optional[List[int]] = flag(None, "H W: the encoder's input size (the loss sees --resolution).")
     scaling_factor: Optional[str] = flag(
         None, "Exported latent scale: keep, measure or a number. Default: keep when the encoder's weights are "

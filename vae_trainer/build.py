@@ -27,9 +27,10 @@ from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_shape, enable_recompute
+from .models.families import family_of
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
-from .precision import setup_precision
+from .precision import setup_precision, uses_master_weights
 from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -66,7 +67,10 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
         scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
-        if training_args.recompute:  # per resnet / attention / sampler, encoder and decoder (models/vae.py)
+        norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)]
+        if world_size() > 1 and norms and family_of(vae).trains_batch_norm:  # DC-AE's batch_norm decoder stages
+            vae = convert_batchnorm_to_sync(vae)
+        if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/vae.py)
             segments = enable_recompute(vae)
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
@@ -82,7 +86,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         vf_width = vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None  # the VF loss's projection
         model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
                                      posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
-                                     input_size=model_args.input_size, vf_feature_dim=vf_width)
+                                     input_size=model_args.input_size, vf_feature_dim=vf_width,
+                                     trainable_modules=model_args.trainable_modules)
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
@@ -101,7 +106,8 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
     copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
-    precision = setup_precision(training_args, model, keep_float32=model.frozen_layers())
+    frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
+    precision = setup_precision(training_args, model, keep_float32=frozen)
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)

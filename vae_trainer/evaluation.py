@@ -1,4 +1,4 @@
-"""Evaluate an AutoencoderKL on held-out NCHW [-1, 1] images (docs/measuring.md): the protocol stated with each
+"""Evaluate an autoencoder (through its family, models/family.py) on held-out NCHW [-1, 1] images (docs/measuring.md): the protocol stated with each
 result, the one pass over the images (every rank runs it on its share), eval tiling, and in-training evaluation."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import logging
 import math
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -23,12 +22,13 @@ from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.ema import ema_weights
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size, downsampling_factor
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
 from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
                                  FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
                                  equivariance_pairs, frechet_distance, high_frequency_share, psnr, spectrum_energies,
                                  ssim, to_unit_range)
-from vae_trainer.models.flux2 import is_flux2, patchify
+from vae_trainer.models.families import family_of
+from vae_trainer.models.kl import KL
 from vae_trainer.models.vae import encoder_input
 from vae_trainer.precision import half_precision_autocast
 
@@ -63,38 +63,9 @@ def eval_batch_size(resolution: int, given: int | None = None, train_batch_size:
     return max(1, min(8, 8 * 256 * 256 // (resolution * resolution)))
 
 
-TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
-
-
 def tiles_note(tiling: int | None, resolution: int) -> str:
     """The words added to the sentence saying where latent statistics come from."""
     return f", tiled ({tiling} px tiles)" if tiling is not None and resolution > tiling else ""
-
-
-@contextmanager
-def tiled(vae: paddle.nn.Layer, tiling: int | None) -> Iterator[None]:
-    """Within: `vae` encodes and decodes images larger than a tile tile by tile (restored on leaving)."""
-    if tiling is None:
-        yield
-        return
-    settings = {"use_tiling": True, "tile_sample_min_size": tiling,
-                "tile_latent_min_size": tiling // downsampling_factor(vae.config), "tile_overlap_factor": TILE_OVERLAP}
-    saved = {name: getattr(vae, name) for name in settings}
-    stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]  # FLUX's
-    try:
-        for name in stand_ins:  # the tiled passes call them and read `.weight.dtype` (not a parameter here)
-            owner = vae.encoder if name == "quant_conv" else vae.decoder
-            setattr(vae, name, paddle.nn.Identity())
-            getattr(vae, name).weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)
-        for name, value in settings.items():
-            setattr(vae, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(vae, name, value)
-        for name in stand_ins:
-            delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
-            setattr(vae, name, None)
 
 
 @dataclass(frozen=True)
@@ -108,6 +79,8 @@ class EvalProtocol:
     metrics: tuple[str, ...] = tuple(METRIC_DEFINITIONS)
     tiling: int | None = None  # --eval_tiled's tile size: stated (used or not) only when requested
     patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
+    deterministic: bool = False  # the encoder gives a latent, not a posterior (DC-AE)
+    tiling_method: str = KL.tiling_method  # the family's, stated with the tile size
 
     def describe(self) -> dict[str, str]:
         size, items = self.resolution, {}
@@ -116,18 +89,19 @@ class EvalProtocol:
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
-        items["latents"] = (f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
+        items["latents"] = ("the encoder's latent (deterministic: no posterior)" if self.deterministic else
+                            f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
                             else "the posterior mode (mean)")
-        if self.tiling is not None and size <= self.tiling:  # ppdiffusers tiles only images larger than one tile
+        if self.tiling is not None and size <= self.tiling:  # only images larger than one tile are tiled
             items["tiling"] = (f"requested (--eval_tiled) but not used: a {size} px image fits in one {self.tiling} px "
                                "tile, so encoder and decoder saw whole images")
         elif self.tiling is not None:
             items["tiling"] = (f"tiled (--eval_tiled): encoder and decoder run on {self.tiling}x{self.tiling}-pixel "
-                               f"tiles (the matching latent tiles for the decoder) overlapping by {TILE_OVERLAP:.0%}, "
-                               "overlaps blended linearly (ppdiffusers tiled_encode / tiled_decode); differs from "
+                               f"tiles (the matching latent tiles for the decoder) {self.tiling_method}; differs from "
                                "untiled reconstructions near tile seams")
-        items["latent statistics"] = ("per channel, of posterior samples (exact expectation from the posterior "
-                                      "means and variances), before any scaling factor")
+        items["latent statistics"] = ("per channel, of the latents" if self.deterministic else "per channel, of "
+                                      "posterior samples (exact expectation from the posterior means and variances)"
+                                      ) + ", before any scaling factor"
         if self.patchified:
             items["patchified latent statistics"] = (
                 "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode (Flux2Pipeline's channel order), "
@@ -179,10 +153,11 @@ class _Pass:
 
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None) -> None:
-        self.vae, self.input_size, self.posterior_std, self.rng = vae, input_size, posterior_std, rng
+        self.vae, self.family, self.input_size, self.rng = vae, family_of(vae), input_size, rng
+        self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples = LatentStatistics()
-        self.patches = LatentStatistics() if is_flux2(vae) else None
+        self.patches = None  # statistics of the family's normalised view (FLUX.2's patchified latents), if any
         self.metrics = MetricAccumulator()
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
@@ -194,14 +169,15 @@ class _Pass:
             tiling: int | None, what: str) -> None:
         """`add` on each batch (tensors or dicts holding "pixel_values"), at most `num_images` images, in eval mode
         without gradients. A rank that fails or gets no image raises on every rank, naming it."""
-        if tiling is not None:  # tiles ppdiffusers' tiled passes would get wrong are refused
+        if tiling is not None:  # tiles the tiled passes would get wrong are refused
             check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
         was_training = self.vae.training
         self.vae.eval()
         remaining = math.inf if num_images is None else num_images
         try:
-            with all_ranks_agree(what), paddle.no_grad(), tiled(self.vae, tiling):
+            tiles = self.family.tiled(self.vae, tiling) if tiling is not None else nullcontext()
+            with all_ranks_agree(what), paddle.no_grad(), tiles:
                 try:
                     for batch in batches:
                         if remaining <= 0:
@@ -222,7 +198,7 @@ class _Pass:
 
     def posterior(self, pixels: paddle.Tensor):
         """The posterior of `pixels` (resized to --input_size); with --posterior_std its std is that constant."""
-        posterior = self.vae.encode(encoder_input(pixels, self.input_size)).latent_dist
+        posterior = self.family.encode(self.vae, encoder_input(pixels, self.input_size))
         if self.posterior_std > 0:
             posterior.std = paddle.full_like(posterior.mean, self.posterior_std)
             posterior.var = paddle.full_like(posterior.mean, self.posterior_std**2)
@@ -230,9 +206,12 @@ class _Pass:
 
     def add_latents(self, posterior) -> None:
         self.count += posterior.mean.shape[0]
-        self.samples.update(posterior.mean.astype("float32"), posterior.var.astype("float32"))
-        if self.patches is not None:
-            self.patches.update(patchify(posterior.mode().astype("float32"), self.vae.config.patch_size))
+        variances = None if posterior.var is None else posterior.var.astype("float32")
+        self.samples.update(posterior.mean.astype("float32"), variances)
+        view = self.family.normalised_view(self.vae, posterior.mode().astype("float32"))
+        if view is not None:
+            self.patches = self.patches or LatentStatistics()
+            self.patches.update(view)
 
     def encode(self, pixels: paddle.Tensor) -> None:
         with half_precision_autocast(self.vae):  # as `reconstruct` encodes
@@ -244,11 +223,11 @@ class _Pass:
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.posterior(pixels)
             latent = mode = posterior.mode()
-            if self.rng is not None:
+            if self.rng is not None and posterior.std is not None:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
                 latent = posterior.mean + posterior.std * noise.astype(posterior.mean.dtype)
-            recons = self.vae.decode(latent).sample
-            equivariance = equivariance_pairs(lambda z: self.vae.decode(z).sample, pixels, mode)
+            recons = self.family.decode(self.vae, latent)
+            equivariance = equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels, mode)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
@@ -325,6 +304,13 @@ def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, ba
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
     return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles_note(tiling, resolution)}"
+
+
+def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> EvalProtocol:
+    """The protocol of `result`, measured on `vae` with `settings` (EvalProtocol's fields)."""
+    family = family_of(vae)
+    return EvalProtocol(metrics=tuple(result.metrics), patchified=result.patchified_mode_mean is not None,
+                        deterministic=family.deterministic, tiling_method=family.tiling_method, **settings)
 
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
@@ -407,9 +393,8 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
-        protocol = EvalProtocol(resolution=self.data_args.resolution, input_size=self.input_size,
-                                metrics=tuple(result.metrics), tiling=self.tiling,
-                                patchified=result.patchified_mode_mean is not None)
+        protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
+                               tiling=self.tiling)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text

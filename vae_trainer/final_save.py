@@ -33,7 +33,8 @@ def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
         stored = data if not data or data.startswith(PIPE_PREFIX) else os.path.abspath(data)
         export.update(latent_stats_data=stored or None, latent_stats_num_images=num_images)
     return {
-        VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items() if not k.startswith("_")},
+        VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items()  # the class too: it names the family
+                          if not k.startswith("_") or k == "_class_name"},
         DISCRIMINATOR_CONFIG_NAME: networks.discriminator_config,
         EXPORT_CONFIG_NAME: export,
     }

@@ -8,7 +8,6 @@ Importing this module stays free of Paddle (evaluation.py and scripts/eval_vae.p
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 from types import SimpleNamespace
@@ -20,14 +19,16 @@ DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
 
 
 def downsampling_factor(config: Mapping[str, Any]) -> int:
-    """The encoder's downsampling factor: 2 ** (down blocks - 1)."""
-    return 2 ** (len(config["down_block_types"]) - 1)
+    """The encoder's downsampling factor, as the config's family says (models/family.py)."""
+    from .models.families import family_for_config
+
+    return family_for_config(config).geometry(config).factor
 
 
-def check_sizes(model_args, data_args) -> None:
-    """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
+def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """(path, contents) of the config of the VAE the flags build: --vae_config_file, else the pretrained folder's or
+    the --init_from_ckpt checkpoint's; (path or None, None) when there is none to read (a single file)."""
     from .checkpoint import checkpoint_vae_config
-    from .models.vae import check_reconstruction_shape
 
     path = model_args.vae_config_file
     if path is None and model_args.pretrained_model_name_or_path:
@@ -35,14 +36,19 @@ def check_sizes(model_args, data_args) -> None:
     elif path is None and model_args.init_from_ckpt:
         path = checkpoint_vae_config(model_args.init_from_ckpt)
     if path is None or not os.path.isfile(path):
+        return path, None
+    with open(path) as handle:
+        return path, {key: value for key, value in json.load(handle).items() if value is not None}
+
+
+def check_sizes(model_args, data_args) -> None:
+    """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
+    from .models.vae import check_reconstruction_shape
+
+    path, config = vae_config(model_args)
+    if config is None:
         check_tiling_flags(model_args, data_args, None, "no config file")
         return
-    from ppdiffusers import AutoencoderKL
-
-    with open(path) as handle:
-        config = {key: value for key, value in json.load(handle).items() if value is not None}
-    parameters = inspect.signature(AutoencoderKL.__init__).parameters  # the block lists a file may leave out
-    config = {**{name: parameters[name].default for name in ("down_block_types", "up_block_types")}, **config}
     check_tiling_flags(model_args, data_args, config, path)
     resolution, factor = data_args.resolution, downsampling_factor(config)
     check_reconstruction_shape(config, model_args.input_size, resolution, path)
@@ -74,11 +80,16 @@ def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_s
                          "returns the size the encoder saw. Drop --eval_tiled.")
     if config is None:
         return
+    from .models.families import family_for_config
+
+    family = family_for_config(config, where)
+    if not family.tiling_method:
+        raise ValueError(f"--eval_tiled: {family.class_name} has no tiled encode/decode here; drop --eval_tiled")
     multiple = 4 * downsampling_factor(config)  # the tile starts must fall on latent pixels
     if tile_size < multiple or tile_size % multiple:
         fits = max(multiple, round(tile_size / multiple) * multiple)
         raise ValueError(f"--eval_tile_size {tile_size} must be a multiple of {multiple} (4 x the VAE's "
-                         f"downsampling factor {multiple // 4}, {where}) for ppdiffusers' tiled encode/decode to "
+                         f"downsampling factor {multiple // 4}, {where}) for the tiled encode/decode to "
                          f"stitch the tiles back to the image's size: use e.g. --eval_tile_size {fits}")
 
 
@@ -109,7 +120,17 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
+    f.deterministic = _family_of_flags(f).deterministic
     return f
+
+
+def _family_of_flags(f):
+    """The family (models/family.py) of the VAE the flags build: its config's, else AutoencoderKL's (a single file)."""
+    from .models.families import family_for_config
+    from .models.kl import KL
+
+    path, config = vae_config(f)
+    return KL if config is None else family_for_config(config, path)
 
 
 # Every flag of the --help group "discriminator" but --disc_weight, which switches the discriminator on.
@@ -145,8 +166,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     # Values a flag cannot take, and flags that contradict or need others.
     (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
      "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
-    (("freeze_encoder",), lambda f: f.freeze_encoder and not f.loads_weights,
-     "it keeps the encoder's weights, and a VAE trained from scratch has only random ones: add "
+    (("freeze_encoder", "trainable_modules"), lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights,
+     "it keeps weights as loaded, and a VAE trained from scratch has only random ones: add "
      "--pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
     (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
      "it takes two positive numbers H W"),
@@ -154,6 +175,15 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
+    (("kl_weight",), lambda f: f.deterministic,
+     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): no posterior, so no KL term to weigh; drop it "
+     "(--posterior_std S adds noise to its latent in training)"),
+    (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
+     "with a deterministic encoder (e.g. AutoencoderDC) there is no KL term, and the nll's log-variance would only "
+     "rescale the VAE's whole gradient, which AdamW undoes: drop it"),
+    (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
+     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): there is no posterior to sample; drop it, or "
+     "add --posterior_std S to decode the latent plus noise of std S"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
     (("posterior_std",), lambda f: f.posterior_std < 0, "it must be >= 0 (0 keeps the encoder's variance)"),
     (("learn_logvar",), lambda f: f.learn_logvar and f.loss_balancing == "gradnorm",

@@ -1,6 +1,7 @@
-"""The latent scale (`scaling_factor` / `shift_factor`; FLUX.2's VAE: its bn statistics) at loading and at export,
-and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a fresh encoder has it
-measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); docs/fine-tuning.md "The latent scale".
+"""The latent scale (`scaling_factor` / `shift_factor`, or what the family normalises by: FLUX.2's bn statistics) at
+loading and at export, and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a
+fresh encoder has it measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); the family
+(models/family.py) says which config keys hold it and how a measurement sets it. docs/fine-tuning.md "The latent scale".
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .checkpoint import checkpoint_export_config, checkpoint_vae_config
-from .models.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
-from .models.flux2 import BatchNormStatistics, bn_statistics, is_flux2
 
 if TYPE_CHECKING:
-    from ppdiffusers import AutoencoderKL
+    from paddle.nn import Layer
 
 logger = logging.getLogger("vae_trainer")
 
@@ -26,17 +25,22 @@ DEFAULT_SCALING_FACTOR = 0.18215  # ppdiffusers' default, Stable Diffusion's (SD
 EXPORT_ORIGIN_KEY = "latent_scale_origin"
 
 
-def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Optional[str] = None,
+def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
+    from .models.families import family_of
+
+    family = family_of(vae)
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
-    loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys)
+    loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
     for name, entries, kept_origin in sources:
         for key, value in entries.items():
-            if is_flux2(vae) and value is not None:  # its latent scale is its bn statistics
-                logger.warning("%s states %s, which %s does not have: ignored (its latent scale is the bn statistics, "
-                               "kept or measured by --scaling_factor keep|measure)", name, key, FLUX2_CLASS_NAME)
+            if key not in family.scale_keys and value is not None:  # e.g. FLUX.2's: its bn statistics
+                logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
+                               "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
+            elif key not in family.scale_keys:
+                continue
             elif key not in chosen:
                 chosen[key] = (name, value, kept_origin)
             elif chosen[key][1] != value:
@@ -44,18 +48,20 @@ def settle(vae: AutoencoderKL, config_file: Optional[str] = None, pretrained: Op
     names = [name for name, _, _ in sources]
     unstated = (f"neither {' nor '.join(names)} states a scaling_factor" if len(names) > 1
                 else f"{names[0] if names else 'the VAE'} states no scaling_factor")
-    if is_flux2(vae):  # the bn statistics come with the encoder's weights
-        origin = (f"the bn statistics kept from {names[0]}" if loaded and not reinitialised
-                  else "the bn statistics of a fresh VAE (mean 0, variance 1)")
+    default = family.scaling_factor_default()
+    if default is None:  # the normalisation comes with the encoder's weights (FLUX.2's bn statistics)
+        origin = (f"the {family.scale_name} kept from {names[0]}" if loaded and not reinitialised
+                  else f"the {family.scale_name} of a fresh VAE")
     elif "scaling_factor" in chosen:
         origin = chosen["scaling_factor"][2]
     else:
-        origin = f"Stable Diffusion's {DEFAULT_SCALING_FACTOR} (ppdiffusers' default), assumed: {unstated}"
+        whose = "Stable Diffusion's" if default == DEFAULT_SCALING_FACTOR else f"{family.class_name}'s default"
+        origin = f"{whose} {default} (the class's default), assumed: {unstated}"
         if loaded and not reinitialised:
-            logger.warning("%s: Stable Diffusion's %s is assumed. For another VAE give its factor, e.g. SDXL's: "
+            logger.warning("%s: %s %s is assumed. For another VAE give its factor, e.g. SDXL's: "
                            "--scaling_factor 0.13025 (the exported factor), or a config stating it, "
-                           "--vae_config_file configs/sdxl_vae.json", unstated, DEFAULT_SCALING_FACTOR)
-    if chosen and not is_flux2(vae):
+                           "--vae_config_file configs/sdxl_vae.json", unstated, whose, default)
+    if chosen:
         vae.register_to_config(**{key: value for key, (_, value, _) in chosen.items()})
     setattr(vae, EXPORT_ORIGIN_KEY, origin)
     return origin
@@ -111,14 +117,15 @@ def _warn_conflict(key: str, kept: Tuple[str, Any], other: Tuple[str, Any], rein
                    why, choose)
 
 
-def origin_of(vae: AutoencoderKL) -> str:
+def origin_of(vae: Layer) -> str:
     return getattr(vae, EXPORT_ORIGIN_KEY, "kept from the VAE's config")
 
 
-def reinitialises_encoder(ignore_keys: Optional[Sequence[str]]) -> bool:
-    """Do --ignore_keys leave some encoder or quant_conv weight (or FLUX.2's bn statistics) freshly initialised?"""
-    return any(prefix.startswith(name) or name.startswith(prefix)
-               for prefix in ignore_keys or () for name in ("encoder.", "quant_conv.", "bn."))
+def reinitialises_encoder(ignore_keys: Optional[Sequence[str]], family=None) -> bool:
+    """Do --ignore_keys leave some weight that defines the latent (the family's, by default any family's)
+    freshly initialised?"""
+    prefixes = family.encoder_prefixes if family is not None else ("encoder.", "quant_conv.", "bn.")
+    return any(prefix.startswith(name) or name.startswith(prefix) for prefix in ignore_keys or () for name in prefixes)
 
 
 def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
@@ -150,18 +157,21 @@ def scaling_factor_mode(model_args) -> Mode:
     return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
-def mode_for(vae: AutoencoderKL, model_args) -> Mode:
+def mode_for(vae: Layer, model_args) -> Mode:
     """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor)."""
-    mode = scaling_factor_mode(model_args)
-    if is_flux2(vae) and mode not in ("keep", "measure"):
-        raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} (FLUX.2, ERNIE-Image) has no scaling_factor; "
-                         "its pipelines normalise the latents with its bn statistics. Use --scaling_factor keep (the "
-                         "source's statistics) or measure (from the trained encoder).")
-    if is_flux2(vae) and mode == "measure" and getattr(model_args, "freeze_encoder", False):
-        raise ValueError("--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of "
-                         f"{FLUX2_CLASS_NAME} keeps the source's bn statistics (the latent normalisation its DiT was "
-                         "trained with). Drop --scaling_factor measure (measure is also the default for a fresh VAE or "
-                         "with --ignore_keys bn.: give --scaling_factor keep, or train the encoder).")
+    from .models.families import family_of
+
+    mode, family = scaling_factor_mode(model_args), family_of(vae)
+    if "scaling_factor" not in family.scale_keys and mode not in ("keep", "measure"):
+        raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
+                         f"normalise the latents with its {family.scale_name}. Use --scaling_factor keep (the "
+                         "source's) or measure (from the trained encoder).")
+    held = family.scaling_factor_default() is None  # the normalisation is in the encoder's weights
+    if held and mode == "measure" and getattr(model_args, "freeze_encoder", False):
+        raise ValueError(f"--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of "
+                         f"{family.class_name} keeps the source's {family.scale_name} (what its diffusion model was "
+                         "trained with). Drop --scaling_factor measure (measure is also the default for a fresh VAE "
+                         "or with --ignore_keys of the encoder: give --scaling_factor keep, or train the encoder).")
     return mode
 
 
@@ -170,64 +180,42 @@ def mode_of_checkpoint(given: Optional[str], export_config: Dict[str, Any]) -> M
     return (parse_scaling_factor(given) or parse_scaling_factor(export_config.get("scaling_factor"))) or "keep"
 
 
-def decide(mode: Mode, vae: AutoencoderKL, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
+def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None, weights: Optional[str] = None,
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
-    flux2, config = is_flux2(vae), vae.config
+    from .models.families import family_of
+
+    family = family_of(vae)
     if mode == "measure":
-        if stats is None or (flux2 and stats.patchified_mode_mean is None):
+        if stats is None:
             raise ValueError("measuring the latent scale needs the exported weights' latent statistics")
-        source = f"measured on {measured_on}"
-        if flux2:  # num_batches_tracked counts the images (PyTorch's counter; no pipeline reads it)
-            updates = {"bn_statistics": BatchNormStatistics(stats.patchified_mode_mean, stats.patchified_mode_var,
-                                                            stats.num_images)}
-        else:
-            updates = {"scaling_factor": stats.scaling_factor}
-            if config.get("shift_factor") is not None:
-                updates["shift_factor"] = stats.shift_factor
+        updates, source = family.measured_scale(vae.config, stats), f"measured on {measured_on}"
     elif mode == "keep":
         updates, source = {}, origin or origin_of(vae)
-    elif flux2:
-        raise ValueError(f"--scaling_factor {mode}: {FLUX2_CLASS_NAME} has no scaling_factor (use keep or measure)")
+    elif "scaling_factor" not in family.scale_keys:
+        raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor (use keep or measure)")
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
-    if flux2:
-        normalisation, eps = updates.get("bn_statistics") or bn_statistics(vae), config.get("batch_norm_eps")
-        scale = {"class": FLUX2_CLASS_NAME, "latent_normalisation": normalisation.record(eps)}
-    else:
-        scale = {key: updates.get(key, config.get(key)) for key in ("scaling_factor", "shift_factor")}
+    scale = family.scale_record(vae, updates)
     record: Dict[str, Any] = {
         **scale, "latents_mean": None if stats is None else stats.latent_mean,
         "latents_std": None if stats is None else stats.latent_std,
         "source": source, "weights": weights, "measured": None}
     if stats is None:
-        what = "latent normalisation" if flux2 else "scaling factor"
-        record["note"] = f"not measured: the {what} is {source}; {unmeasured}"
-    elif flux2:
-        record["measured"] = {
-            "from": measured_on, "num_images": stats.num_images,
-            "statistic": "per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order): "
-                         "population mean and variance over all images and positions",
-            "patchified_mode_mean": stats.patchified_mode_mean, "patchified_mode_var": stats.patchified_mode_var,
-            "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
+        record["note"] = f"not measured: the {family.scale_name} is {source}; {unmeasured}"
     else:
-        record["measured"] = {
-            "from": measured_on, "num_images": stats.num_images,
-            "statistic": "posterior samples, exact expectation from the posterior means and variances",
-            "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
-            "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor}
-        logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
-                    "%.5g, shift_factor %.5g", stats.num_images, measured_on, [round(v, 4) for v in stats.latent_mean],
-                    [round(v, 4) for v in stats.latent_std], stats.scaling_factor, stats.shift_factor)
-    exported = (f"latent normalisation (bn statistics of {len(normalisation.running_mean)} patchified channels, "
-                f"eps {eps})" if flux2 else
-                f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}")
-    logger.info("exported %s (%s)", exported, f"{source}; {weights}" if weights else source)
+        record["measured"] = {"from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)}
+        if "scaling_factor" in family.scale_keys:
+            logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
+                        "%.5g, shift_factor %.5g", stats.num_images, measured_on,
+                        [round(v, 4) for v in stats.latent_mean], [round(v, 4) for v in stats.latent_std],
+                        stats.scaling_factor, stats.shift_factor)
+    logger.info("exported %s (%s)", family.scale_text(scale), f"{source}; {weights}" if weights else source)
     return updates, record
 
 
-def latent_scales_at_export(mode: Mode, vae: AutoencoderKL, ema, evaluator, step: int,
+def latent_scales_at_export(mode: Mode, vae: Layer, ema, evaluator, step: int,
                             encoder_frozen: bool = False) -> Dict[str, Tuple[Dict[str, Any], Dict[str, Any]]]:
     """{"vae": `decide`'s pair} for the exported weights (the EMA's if any), and "vae_raw" with an EMA. Statistics
     come from the last evaluation of the same weights, else, for "measure", an encoder-only pass: call on every rank."""

@@ -43,10 +43,11 @@ def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
 
 
 def kl_loss(mean: Tensor, logvar: Tensor) -> Tensor:
-    """Per-image KL(N(mean, exp(logvar)) || N(0, I)) summed over latent elements, in float32 (no fp16 overflow)."""
+    """Per-image KL(N(mean, exp(logvar)) || N(0, I)) summed over latent elements (every axis but the batch's), in
+    float32 (no fp16 overflow)."""
     mean = mean.astype("float32")
     logvar = paddle.clip(logvar.astype("float32"), -30.0, 20.0)
-    return 0.5 * paddle.sum(mean.square() + logvar.exp() - 1.0 - logvar, axis=[1, 2, 3])
+    return 0.5 * paddle.sum(mean.square() + logvar.exp() - 1.0 - logvar, axis=list(range(1, mean.ndim)))
 
 
 def latent_penalty(mean: Tensor) -> Tensor:
@@ -177,8 +178,8 @@ class VFTerm:
     encoder_last_layer: Tensor
 
 
-def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Tensor, logvar: Tensor, *,
-                  loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
+def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Optional[Tensor], logvar: Tensor,
+                  *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_active: bool,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
                   vf: Optional[VFTerm] = None) -> VAELoss:
@@ -192,8 +193,11 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     rec = pixel_term(x, x_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
-    kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
-    latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+    if posterior_logvar is None:  # a deterministic latent: no posterior, no KL term
+        latent_loss, latent_logs = paddle.zeros([], "float32"), {}
+    else:
+        kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
+        latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
     if loss_args.latent_penalty_weight > 0:
         latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
         latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]

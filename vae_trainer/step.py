@@ -17,7 +17,6 @@ from .equivariance import draw, parse_transforms
 from .alignment import to_token_grid
 from .losses import VFTerm, discriminator_objective, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.vae import decoder_last_layer
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
 from .preemption import stop_signal
@@ -153,7 +152,7 @@ class TrainStep:
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
-                discriminator=model.discriminator, last_layer=decoder_last_layer(model.vae), gan_active=gan,
+                discriminator=model.discriminator, last_layer=model.family.decoder_last_layer(model.vae), gan_active=gan,
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]), vf=self._vf_term(clean, z))
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
@@ -178,7 +177,7 @@ class TrainStep:
         with paddle.no_grad():
             features, grid = self.vf_model.patch_tokens(images)
         return VFTerm(to_token_grid(self.model.vf_projection(z), grid), features,
-                      self.model.vae.encoder.conv_out.weight)
+                      self.model.family.encoder_last_layer(self.model.vae))
 
     def optimizer_step(self, global_step: int) -> StepReport:
         """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""

@@ -1,32 +1,46 @@
 """The trainable state of a run in one Layer (`VAEWithDiscriminator`: the VAE, its discriminator, the output
 log-variance, LeCAM's EMA buffer, a VF loss's latent projection), so that a checkpoint holds every trained weight and
-the PaddleNLP Trainer has one `model`; the export saves `vae` alone.
+the PaddleNLP Trainer has one `model`; the export saves `vae` alone. The VAE is read through its family (family.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
+import fnmatch
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 import paddle
-from ppdiffusers import AutoencoderKL
 
-from .vae import encoder_input, encoder_parameters
+from .families import family_of
+from .vae import encoder_input
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
-    def __init__(self, vae: AutoencoderKL, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
+    def __init__(self, vae: paddle.nn.Layer, discriminator: paddle.nn.Layer, logvar_init: float = 0.0,
                  learn_logvar: bool = False, posterior_std: float = 0.0, freeze_encoder: bool = False,
-                 input_size: Optional[Sequence[int]] = None, vf_feature_dim: Optional[int] = None):
+                 input_size: Optional[Sequence[int]] = None, vf_feature_dim: Optional[int] = None,
+                 trainable_modules: Optional[Sequence[str]] = None):
         super().__init__()
         self.vae = vae
+        self.family = family_of(vae)
         self.discriminator = discriminator
         self.posterior_std = posterior_std
         self.input_size = [int(n) for n in input_size] if input_size else None
         self.freeze_encoder = freeze_encoder
-        for param in encoder_parameters(vae) if freeze_encoder else []:
-            param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
+        # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters).
+        self._trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
+        frozen = {id(p) for p in self.encoder_parameters()} if freeze_encoder else set()
+        if trainable_modules:
+            trained = trainable_names(vae, trainable_modules, self._trainable)
+            frozen |= {id(p) for name, p in vae.named_parameters() if name not in trained}
+        for param in vae.parameters():
+            if id(param) in frozen:
+                param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
+        # BatchNorm layers with no trainable weight keep their statistics too (evaluated as they are, never updated).
+        self._frozen_norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
+                              and all(p.stop_gradient for p in layer.parameters())]
         # LeCAM's EMAs of [mean D(real), mean D(fake)]: a buffer so checkpoints and resume include it.
         self.register_buffer("lecam_ema", paddle.zeros([2], dtype="float32"), persistable=True)
         # LDM's learnable output log-variance. Unlike LDM, when learnable it IS in the VAE optimizer.
@@ -34,7 +48,8 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                                             default_initializer=paddle.nn.initializer.Constant(logvar_init))
         self.logvar.stop_gradient = not learn_logvar
         # VA-VAE's `reverse_proj`: latent channels -> the foundation model's feature width.
-        self.vf_projection = (paddle.nn.Conv2D(vae.config.latent_channels, vf_feature_dim, 1, bias_attr=False)
+        latent_channels = self.family.geometry(vae.config).latent_channels
+        self.vf_projection = (paddle.nn.Conv2D(latent_channels, vf_feature_dim, 1, bias_attr=False)
                               if vf_feature_dim else None)
 
     def vae_parameters(self) -> List[paddle.Tensor]:
@@ -45,11 +60,28 @@ class VAEWithDiscriminator(paddle.nn.Layer):
             params.append(self.logvar)
         return params
 
+    def train(self):
+        super().train()
+        for layer in self._frozen_norms:
+            layer.eval()
+        return self
+
+    def encoder_parameters(self) -> List[paddle.Tensor]:
+        """What --freeze_encoder freezes: everything that defines the latents."""
+        return [param for layer in self.family.encoder_layers(self.vae) for param in layer.parameters()]
+
     def frozen_layers(self) -> List[paddle.nn.Layer]:
-        """Layers no optimizer updates (--freeze_encoder), kept float32 under O2."""
-        if not self.freeze_encoder:
-            return []
-        return [layer for layer in (self.vae.encoder, self.vae.quant_conv) if layer is not None]
+        """The VAE's layers no optimizer updates (--freeze_encoder, --trainable_modules), kept float32 under O2: each
+        layer whose own weights are all frozen; one with frozen and trained weights both is refused."""
+        out = []
+        for name, layer in self.vae.named_sublayers(include_self=True):
+            own = [p.stop_gradient for p in layer.parameters(include_sublayers=False) if id(p) in self._trainable]
+            if own and all(own):
+                out.append(layer)
+            elif any(own):
+                raise ValueError(f"{name or 'the VAE'} has frozen and trained weights both, which --fp16_opt_level O2 "
+                                 "cannot keep apart (it casts layers): make --trainable_modules take whole layers")
+        return out
 
     def discriminator_parameters(self) -> List[paddle.Tensor]:
         return list(self.discriminator.parameters())
@@ -57,20 +89,38 @@ class VAEWithDiscriminator(paddle.nn.Layer):
     def encode(self, x: paddle.Tensor):
         """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""
         with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():
-            return self.vae.encode(encoder_input(x, self.input_size)).latent_dist
+            return self.family.encode(self.vae, encoder_input(x, self.input_size))
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
                 return_latent: bool = False) -> Tuple[paddle.Tensor, ...]:
-        """Reconstruction, posterior mean and log-variance (with `posterior_std` > 0: z = mean + std * noise and the
-        constant log(std^2)), and with `return_latent` z itself. `latent_transform` (EQ-VAE) changes z before
-        decoding, not the posterior or the z returned."""
+        """Reconstruction, posterior mean and log-variance (None: a deterministic latent; with `posterior_std` > 0:
+        z = mean + std * noise and the constant log(std^2)), and with `return_latent` z itself. `latent_transform`
+        (EQ-VAE) changes z before decoding, not the posterior or the z returned."""
         posterior = self.encode(x)
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean
+            logvar = None if self.family.deterministic else logvar  # noise on the latent, no posterior: no KL
         else:
             mean, logvar = posterior.mean, posterior.logvar
             z = posterior.sample() if sample_posterior else posterior.mode()
-        decoded = self.vae.decode(latent_transform(z) if latent_transform is not None else z).sample
+        decoded = self.family.decode(self.vae, latent_transform(z) if latent_transform is not None else z)
         return (decoded, mean, logvar, z) if return_latent else (decoded, mean, logvar)
+
+
+def trainable_names(vae: paddle.nn.Layer, patterns: Sequence[str], trainable: Set[int]) -> Set[str]:
+    """The names of `vae`'s parameters in `trainable` (ids) some glob pattern matches (--trainable_modules); a
+    pattern matching none is an error naming the closest parameter and layer names."""
+    names = [name for name, p in vae.named_parameters() if id(p) in trainable]
+    trained = set()
+    for pattern in patterns:
+        matched = fnmatch.filter(names, pattern)
+        if not matched:
+            layers = sorted({name.rsplit(".", 1)[0] + ".*" for name in names})
+            closest = difflib.get_close_matches(pattern, names + layers, n=5, cutoff=0.4)
+            raise ValueError(f"--trainable_modules {pattern!r} matches no parameter of the VAE; closest names: "
+                             f"{', '.join(closest) or ', '.join(layers[:5])} (patterns are globs on parameter names, "
+                             "e.g. 'decoder.*')")
+        trained.update(matched)
+    return trained

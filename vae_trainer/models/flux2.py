@@ -1,6 +1,7 @@
 """FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's): ppdiffusers' AutoencoderKL with diffusers'
 constructor and config keys, plus `bn`, a BatchNorm over the 2x2-patchified latents that the forward never calls: its
-statistics are the latent scale (`BatchNormStatistics`, latent_scale.py); docs/fine-tuning.md has the details.
+statistics are the latent normalisation (`BatchNormStatistics`), kept or measured at export; its family (family.py)
+is AutoencoderKL's but for that. docs/fine-tuning.md has the details.
 """
 
 from __future__ import annotations
@@ -8,23 +9,19 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.configuration_utils import register_to_config
 
+from .family import Layer, Tensor
+from .kl import KLFamily, widths
+
 CLASS_NAME = "AutoencoderKLFlux2"
 # Config keys only this class has (diffusers' AutoencoderKL also has mid_block_add_attention).
 FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
-
-
-def is_flux2_config(config: Mapping[str, Any]) -> bool:
-    return config.get("_class_name") == CLASS_NAME or any(key in config for key in FLUX2_ONLY_KEYS)
-
-
-def is_flux2(vae: paddle.nn.Layer) -> bool:
-    return isinstance(vae, AutoencoderKLFlux2)
 
 
 class AutoencoderKLFlux2(AutoencoderKL):
@@ -59,14 +56,6 @@ class AutoencoderKLFlux2(AutoencoderKL):
         self.bn.register_buffer("num_batches_tracked", paddle.zeros([1], dtype="int64"))
 
 
-def flux2_from_config(config: Mapping[str, Any]) -> AutoencoderKLFlux2:
-    """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take (`force_upcast`)."""
-    accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
-    vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
-    vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
-    return vae
-
-
 def patchify(latents: paddle.Tensor, patch_size: Sequence[int] = (2, 2)) -> paddle.Tensor:
     """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw) in the channel order of diffusers' Flux2Pipeline._patchify_latents."""
     ph, pw = patch_size
@@ -95,3 +84,74 @@ def bn_statistics(vae: AutoencoderKLFlux2) -> BatchNormStatistics:
                                vae.bn._variance.astype("float32").numpy().tolist(),
                                int(vae.bn.num_batches_tracked.numpy().reshape(-1)[0]))
 
+
+
+class Flux2Family(KLFamily):
+    class_name = CLASS_NAME
+    network = AutoencoderKLFlux2
+    encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
+    scale_keys = ()  # no scaling_factor: the bn statistics
+    scale_name = "latent normalisation"
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return any(key in config for key in FLUX2_ONLY_KEYS)
+
+    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+        """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take
+        (`force_upcast`)."""
+        accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
+        vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
+        vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
+        return vae
+
+    def normalised_view(self, vae: Layer, latents: Tensor) -> Optional[Tensor]:
+        return patchify(latents, vae.config.patch_size)
+
+    def scaling_factor_default(self) -> Optional[float]:
+        return None
+
+    def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
+        if stats.patchified_mode_mean is None:
+            raise ValueError("measuring FLUX.2's latent normalisation needs the patchified latents' statistics")
+        # num_batches_tracked counts the images (PyTorch's counter; no pipeline reads it)
+        return {"bn_statistics": BatchNormStatistics(stats.patchified_mode_mean, stats.patchified_mode_var,
+                                                     stats.num_images)}
+
+    def scale_record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+        normalisation = updates.get("bn_statistics") or bn_statistics(vae)
+        return {"class": CLASS_NAME, "latent_normalisation": normalisation.record(vae.config.batch_norm_eps)}
+
+    def scale_text(self, record: Mapping[str, Any]) -> str:
+        normalisation = record["latent_normalisation"]
+        return (f"latent normalisation (bn statistics of {len(normalisation['running_mean'])} patchified channels, "
+                f"eps {normalisation['batch_norm_eps']})")
+
+    def measured_record(self, stats) -> Dict[str, Any]:
+        return {"statistic": "per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order): "
+                             "population mean and variance over all images and positions",
+                "patchified_mode_mean": stats.patchified_mode_mean, "patchified_mode_var": stats.patchified_mode_var,
+                "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
+
+    def held_normalisation(self, vae: Layer) -> BatchNormStatistics:
+        return bn_statistics(vae)
+
+    def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        values = super().exported_values(vae, posterior_std, updates)
+        statistics = updates.get("bn_statistics")
+        if statistics is not None:
+            values.update({"bn._mean": np.asarray(statistics.running_mean, np.float32),
+                           "bn._variance": np.asarray(statistics.running_var, np.float32),
+                           "bn.num_batches_tracked": np.asarray([statistics.num_batches_tracked], np.int64)})
+        return values
+
+    def diffusers_problem(self, vae: Layer) -> Optional[str]:
+        config = vae.config  # AutoencoderKLFlux2 takes the decoder's widths apart: one per block
+        encoder, decoder = widths(vae)
+        if len(config.down_block_types) == len(encoder) and len(config.up_block_types) == len(decoder):
+            return None
+        return (f"PyTorch diffusers' {CLASS_NAME} builds one block per width, and this VAE has {len(encoder)} "
+                f"encoder / {len(decoder)} decoder widths for {len(config.down_block_types)} / "
+                f"{len(config.up_block_types)} blocks")
+
+
+FLUX2 = Flux2Family()

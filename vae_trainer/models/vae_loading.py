@@ -1,11 +1,10 @@
-"""`build_vae`, the VAE constructor of both drivers and the scripts: fresh from a JSON of AutoencoderKL kwargs, or a
-LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
+"""`build_vae`, the VAE constructor of both drivers and the scripts: fresh from a config JSON (its family's class:
+families.py), or a LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
 --init_from_ckpt's weights. Nothing is downloaded; PyTorch files are read without torch (torch_files.py).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -23,8 +22,9 @@ from safetensors import safe_open
 from .. import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
+from .families import family_for_config
 from .flux2 import CLASS_NAME as FLUX2_CLASS_NAME
-from .flux2 import flux2_from_config, is_flux2_config
+from .kl import KL
 from .torch_files import read_state_dict
 
 logger = logging.getLogger("vae_trainer")
@@ -44,10 +44,10 @@ COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffuser
 
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
-              init_from_ckpt: Optional[str] = None) -> AutoencoderKL:
+              init_from_ckpt: Optional[str] = None) -> paddle.nn.Layer:
     """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale."""
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
-        raise ValueError("Give a VAE source: vae_config_file (a JSON of AutoencoderKL kwargs, e.g. "
+        raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
     source = weights = None
@@ -56,8 +56,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
     single_file = source is not None and weights is None
     if single_file:
         state = _read_single_file(source)
-        vae = vae_from_config_file(vae_config_file) if vae_config_file else vae_from_config(
-            infer_single_file_config(state, source))
+        vae = vae_from_config_file(vae_config_file) if vae_config_file else KL.build(
+            infer_single_file_config(state, source), source)
         assign_weights(vae, _convert_single_file(vae, state), ignore_keys, source)
     elif source:  # in its own architecture or that of vae_config_file
         vae = vae_from_config_file(vae_config_file or source)
@@ -121,7 +121,7 @@ def with_variants(files: Sequence[str]) -> Tuple[str, ...]:
     return tuple(files) + tuple(f"{stem}.{variant}.{ext}" for variant in WEIGHT_VARIANTS for stem, ext in stems)
 
 
-def check_ignore_keys(vae: AutoencoderKL, ignore_keys: Iterable[str]) -> None:
+def check_ignore_keys(vae: paddle.nn.Layer, ignore_keys: Iterable[str]) -> None:
     """Refuse an --ignore_keys prefix that names no weight (a typo such as `decoders.` would load everything)."""
     names = list(vae.state_dict())
     unmatched = [prefix for prefix in ignore_keys if not any(name.startswith(prefix) for name in names)]
@@ -146,34 +146,15 @@ def _not_a_checkpoint_hint(path: str) -> str:
     return f" It is a VAE folder: fine-tune it with --pretrained_model_name_or_path {path}."
 
 
-def vae_from_config_file(config_file: str) -> AutoencoderKL:
-    """A fresh VAE from a JSON of AutoencoderKL kwargs, or from a VAE folder's config.json."""
+def vae_from_config_file(config_file: str) -> paddle.nn.Layer:
+    """A fresh VAE of the family and architecture of a config JSON, or of a VAE folder's config.json."""
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
     config = AutoencoderKL.load_config(config_file)
-    widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
-    lost_widths = config.get("down_block_out_channels") is None and len(widths) != len(down_blocks)
-    if lost_widths and not is_flux2_config(config):
-        raise ValueError(  # e.g. the reference trainer's config.json
-            f"{config_file}: {len(down_blocks)} down blocks but block_out_channels {widths} (the decoder's widths, "
-            "written over the encoder's by ppdiffusers when saving a VAE with up_block_out_channels). Add "
-            "\"down_block_out_channels\": [the encoder's widths, e.g. those of the --vae_config_file it was trained "
-            "from] to that config.json.")
-    return vae_from_config(config)
+    return family_for_config(config, config_file).build(config, config_file)
 
 
-def vae_from_config(config: dict) -> AutoencoderKL:
-    """A fresh VAE (Paddle's global RNG) whose saved config rebuilds it (FLUX.2's class; the encoder's widths)."""
-    if is_flux2_config(config):
-        return flux2_from_config(config)
-    config = dict(config)
-    if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
-        default = inspect.signature(AutoencoderKL.__init__).parameters["block_out_channels"].default
-        config["down_block_out_channels"] = list(config.get("block_out_channels", default))
-    return AutoencoderKL.from_config(config)
-
-
-def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:
+def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:
     """Load a Paddle-layout state dict into `vae`: every weight not ignored there with its shape, none left over."""
     expected = vae.state_dict()
     state = {k: v for k, v in state.items() if not k.startswith(tuple(ignore_keys))}
@@ -191,7 +172,7 @@ def assign_weights(vae: AutoencoderKL, state: Dict[str, object], ignore_keys: Se
     if any(key.startswith("bn.") for key in unexpected):
         raise ValueError(
             f"{source} holds {', '.join(k for k in unexpected if k.startswith('bn.'))}: the latent normalisation "
-            f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2_CLASS_NAME}), which this VAE (AutoencoderKL) has no place "
+            f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2_CLASS_NAME}), which this VAE ({type(vae).__name__}) has no place "
             f"for. Give a config of class {FLUX2_CLASS_NAME} (\"_class_name\": \"{FLUX2_CLASS_NAME}\", e.g. "
             "configs/flux2_vae.json), or none: the source's own config is used.")
     if unexpected:
@@ -246,7 +227,7 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
                 use_post_quant_conv="post_quant_conv.weight" in state)
 
 
-def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+def _convert_single_file(vae: paddle.nn.Layer, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """LDM names -> diffusers names (ppdiffusers' converter), then torch -> Paddle layout (Linear transposed)."""
     state = dict(ldm_state)
     # The converter expects quant_conv/post_quant_conv, which FLUX-style VAEs do not have: stand-ins, dropped after.
@@ -259,7 +240,7 @@ def _convert_single_file(vae: AutoencoderKL, ldm_state: Dict[str, np.ndarray]) -
     return convert_diffusers_vae_unet_to_ppdiffusers(vae, converted)
 
 
-def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] = ()) -> None:
+def load_vae_weights(vae: paddle.nn.Layer, path: str, ignore_keys: Iterable[str] = ()) -> None:
     """Weights only into `vae`, from a checkpoint-N of ours (its `vae.` weights) or a VAE weight file."""
     file = os.path.join(path, names.PADDLE_WEIGHTS_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(file):
@@ -272,7 +253,7 @@ def load_vae_weights(vae: AutoencoderKL, path: str, ignore_keys: Iterable[str] =
     logger.info("initialised the VAE weights from %s", file)
 
 
-def _read_weight_file(vae: AutoencoderKL, file: str) -> Dict[str, object]:
+def _read_weight_file(vae: paddle.nn.Layer, file: str) -> Dict[str, object]:
     """A weight file's state in Paddle's layout (a PyTorch one converted, keeping its BatchNorm counters)."""
     if file.endswith(".pdparams"):
         return read_model_state(file)

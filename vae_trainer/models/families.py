@@ -1,0 +1,41 @@
+"""The autoencoder families the trainer trains, by the `_class_name` their config.json persists: adding a family
+is its file (family.py says what it implements) and one line in FAMILIES."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .family import Family, Layer
+from .flux2 import FLUX2
+from .kl import KL
+
+FAMILIES = (FLUX2, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+
+
+def trained_classes() -> str:
+    return ", ".join(family.class_name for family in FAMILIES)
+
+
+def family_of(vae: Layer) -> Family:
+    """The family of a network: of its class, else of the class it derives from, else of its config."""
+    for family in FAMILIES:
+        if type(vae) is family.network:
+            return family
+    for family in FAMILIES:
+        if isinstance(vae, family.network):
+            return family
+    if hasattr(vae, "config"):
+        return family_for_config(vae.config)
+    raise TypeError(f"{type(vae).__name__} is not an autoencoder class this trainer trains ({trained_classes()})")
+
+
+def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config") -> Family:
+    """The family of a config: by its `_class_name`, else by its keys; an unknown class is one error naming it."""
+    name = config.get("_class_name")
+    if name is None:
+        return next(family for family in FAMILIES if family.owns(config))
+    for family in FAMILIES:
+        if family.class_name == name:
+            return family
+    raise ValueError(f"{where}: its \"_class_name\" is {name}, a class this trainer does not train (yet); it trains "
+                     f"{trained_classes()}")

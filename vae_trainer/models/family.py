@@ -1,0 +1,178 @@
+"""The seam between the trainer and the autoencoder classes it trains: `Family`, what differs between them.
+
+One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py), registered in families.py by
+the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints, the latent
+scale and the export ask the family of the network they hold (`families.family_of`), never its class. Images are
+NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import paddle
+
+Layer, Tensor = paddle.nn.Layer, paddle.Tensor
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a config alone says of the shapes (flag checks need no network)."""
+
+    factor: int  # image pixels per latent pixel, along each side (the encoder's downsampling)
+    decoder_factor: int  # the decoder's upsampling: the factor, unless it super-resolves
+    latent_channels: int
+
+
+class Deterministic:
+    """A deterministic encoder's latent read as a posterior (the reads of ppdiffusers' DiagonalGaussianDistribution):
+    its mean, mode and sample are the latent; it has no variance, so no KL term."""
+
+    logvar = var = std = None
+
+    def __init__(self, latent: Tensor):
+        self.mean = latent
+
+    def mode(self) -> Tensor:
+        return self.mean
+
+    def sample(self) -> Tensor:
+        return self.mean
+
+
+class Family:
+    """An autoencoder class as the trainer sees it. The defaults are those of a class with a `scaling_factor` in
+    its config, an `encoder` and a `decoder`."""
+
+    class_name: ClassVar[str]  # the `_class_name` of its config.json (diffusers' class)
+    network: ClassVar[type]  # the Paddle class
+    deterministic: ClassVar[bool] = False  # no posterior: the KL flags are refused, the latent is its own mean
+    trains_batch_norm: ClassVar[bool] = False  # BatchNorm layers in its forward (SyncBatchNorm on several GPUs)
+    encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)  # the weights that define the latent
+    scale_keys: ClassVar[Tuple[str, ...]] = ("scaling_factor",)  # the latent scale's config keys, kept from sources
+    scale_name: ClassVar[str] = "scaling factor"  # what latent_stats.json calls its latent normalisation
+    tiling_method: ClassVar[str] = ""  # --eval_tiled's method, for the protocol ("": no tiling)
+
+    # ---- config: no network needed
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        """Is a config without `_class_name` this family's (by its keys)?"""
+        return False
+
+    def defaults(self) -> Dict[str, Any]:
+        """The constructor's defaults: what a config leaves out."""
+        parameters = inspect.signature(self.network.__init__).parameters
+        return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        raise NotImplementedError
+
+    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+        """A fresh network of `config` (from `where`, named in errors), weights from Paddle's global RNG."""
+        raise NotImplementedError
+
+    # ---- the network
+    def encode(self, vae: Layer, images: Tensor):
+        """The posterior of [-1, 1] images (`Deterministic` for a deterministic encoder), latents NCHW."""
+        raise NotImplementedError
+
+    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
+        """Images on [-1, 1] in intent, not clamped (a clamp would stop the loss's gradients)."""
+        raise NotImplementedError
+
+    def decoder_last_layer(self, vae: Layer) -> Tensor:
+        """The weight the adaptive GAN weight compares gradients at."""
+        raise NotImplementedError
+
+    def encoder_last_layer(self, vae: Layer) -> Tensor:
+        """The weight the adaptive VF weight compares gradients at."""
+        raise NotImplementedError
+
+    def encoder_layers(self, vae: Layer) -> List[Layer]:
+        """What --freeze_encoder freezes: every layer that defines the latent."""
+        return [vae.encoder]
+
+    def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
+        """(name, layer) recomputed under --recompute, never the decoder's last layer; empty: refused."""
+        return []
+
+    def tiled(self, vae: Layer, tile: int) -> ContextManager[None]:
+        """Within: `vae` encodes and decodes images larger than `tile` px tile by tile."""
+        raise NotImplementedError
+
+    def normalised_view(self, vae: Layer, latents: Tensor) -> Optional[Tensor]:
+        """The view of the latents whose per-channel statistics its pipeline normalises by, if not the latents."""
+        return None
+
+    # ---- the latent scale
+    def scaling_factor_default(self) -> Optional[float]:
+        return self.defaults().get("scaling_factor")
+
+    def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
+        """Config updates of `--scaling_factor measure` from measured statistics (evaluation.EvalResult)."""
+        updates = {"scaling_factor": stats.scaling_factor}
+        if config.get("shift_factor") is not None:
+            updates["shift_factor"] = stats.shift_factor
+        return updates
+
+    def scale_record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+        """The exported latent scale, as latent_stats.json states it."""
+        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
+
+    def scale_text(self, record: Mapping[str, Any]) -> str:
+        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
+
+    def measured_record(self, stats) -> Dict[str, Any]:
+        """What latent_stats.json says was measured, beyond where and how many."""
+        return {"statistic": self.statistic(), "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
+                "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor}
+
+    def statistic(self) -> str:
+        if self.deterministic:
+            return "the latents (the encoder is deterministic)"
+        return "posterior samples, exact expectation from the posterior means and variances"
+
+    def held_normalisation(self, vae: Layer):
+        """A latent normalisation the weights hold (FLUX.2's bn statistics), or None."""
+        return None
+
+    # ---- the export
+    def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        """Weights the export writes in place of the network's own (by state-dict name)."""
+        return {}
+
+    def diffusers_problem(self, vae: Layer) -> Optional[str]:
+        """Why PyTorch diffusers could not load this network as its class, or None."""
+        return None
+
+
+@contextlib.contextmanager
+def attributes_set(owner: Any, **values: Any):
+    """Within: `owner`'s attributes set to `values`, restored on leaving."""
+    saved = {name: getattr(owner, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(owner, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = ()) -> None:
+    """One error naming `where` and the key: a key the class does not take (a newer release's?), or a required
+    architecture key left out."""
+    known = set(family.defaults())
+    unknown = sorted(k for k in config if not k.startswith("_") and k not in known)
+    if unknown:
+        raise ValueError(f"{where}: {family.class_name} config key(s) {', '.join(unknown)} are not known to this "
+                         f"version (it knows {', '.join(sorted(known))}); a newer diffusers release's? Remove them "
+                         "only if they are at their default.")
+    missing = [k for k in required if k not in config]
+    if missing:
+        defaults = family.defaults()
+        raise ValueError(f"{where}: {family.class_name} config lacks {', '.join(missing)} (diffusers' defaults: "
+                         f"{', '.join(f'{k}={defaults[k]!r}' for k in missing)}): state the architecture's values.")

@@ -1,0 +1,127 @@
+"""ppdiffusers' AutoencoderKL (SD, SDXL, FLUX.1) as a family (family.py): its posterior, the layers training reads,
+--recompute's segments, ppdiffusers' tiled passes, its config and what its export writes (--posterior_std)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from types import SimpleNamespace
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import paddle
+from ppdiffusers import AutoencoderKL
+
+from .family import Family, Geometry, Layer, Tensor, attributes_set
+
+TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
+
+
+class KLFamily(Family):
+    class_name = "AutoencoderKL"
+    network = AutoencoderKL
+    encoder_prefixes = ("encoder.", "quant_conv.")
+    scale_keys = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
+    tiling_method = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
+                     "tiled_decode)")
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return True  # the fallback: a config of no other family's keys (families.py asks it last)
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        config = {**self.defaults(), **{k: v for k, v in config.items() if v is not None}}
+        return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
+                        int(config["latent_channels"]))
+
+    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+        """A fresh AutoencoderKL whose saved config rebuilds it (the encoder's widths stated)."""
+        config = dict(config)
+        widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
+        if config.get("down_block_out_channels") is None and widths and len(widths) != len(down_blocks):
+            raise ValueError(  # e.g. the reference trainer's config.json
+                f"{where}: {len(down_blocks)} down blocks but block_out_channels {widths} (the decoder's widths, "
+                "written over the encoder's by ppdiffusers when saving a VAE with up_block_out_channels). Add "
+                "\"down_block_out_channels\": [the encoder's widths, e.g. those of the --vae_config_file it was "
+                "trained from] to that config.json.")
+        if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
+            config["down_block_out_channels"] = list(config.get("block_out_channels",
+                                                                self.defaults()["block_out_channels"]))
+        return self.network.from_config(config)
+
+    def encode(self, vae: Layer, images: Tensor):
+        return vae.encode(images).latent_dist
+
+    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
+        return vae.decode(latents).sample
+
+    def decoder_last_layer(self, vae: Layer) -> Tensor:
+        return vae.decoder.conv_out.weight
+
+    def encoder_last_layer(self, vae: Layer) -> Tensor:
+        return vae.encoder.conv_out.weight
+
+    def encoder_layers(self, vae: Layer) -> List[Layer]:
+        return [layer for layer in (vae.encoder, vae.quant_conv) if layer is not None]
+
+    def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
+        """Every resnet, attention, down- and upsampler of the encoder's and decoder's blocks (not the convs in and
+        out, so that the adaptive GAN weight's gradient never enters a segment)."""
+        out = []
+        for coder_name, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks")):
+            coder = getattr(vae, coder_name)
+            named_blocks = [(f"{blocks}.{i}", block) for i, block in enumerate(getattr(coder, blocks))]
+            for block_name, block in named_blocks + [("mid_block", coder.mid_block)]:
+                for kind in ("resnets", "attentions", "downsamplers", "upsamplers"):
+                    for i, layer in enumerate(getattr(block, kind, None) or []):
+                        if layer is not None:
+                            out.append((f"{coder_name}.{block_name}.{kind}.{i}", layer))
+        return out
+
+    @contextlib.contextmanager
+    def tiled(self, vae: Layer, tile: int):
+        settings = dict(use_tiling=True, tile_sample_min_size=tile, tile_overlap_factor=TILE_OVERLAP,
+                        tile_latent_min_size=tile // self.geometry(vae.config).factor)
+        stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]  # FLUX's
+        try:
+            for name in stand_ins:  # the tiled passes call them and read `.weight.dtype` (not a parameter here)
+                owner = vae.encoder if name == "quant_conv" else vae.decoder
+                setattr(vae, name, paddle.nn.Identity())
+                getattr(vae, name).weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)
+            with attributes_set(vae, **settings):
+                yield
+        finally:
+            for name in stand_ins:
+                delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
+                setattr(vae, name, None)
+
+    def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        """With --posterior_std, zero weights and bias log(std^2) for the log-variance outputs (training ignores
+        them), so that the export's posterior has the variance training used."""
+        if not posterior_std or posterior_std <= 0:
+            return {}
+        prefix = "quant_conv." if vae.quant_conv is not None else "encoder.conv_out."  # FLUX has no quant_conv
+        state, channels = vae.state_dict(), vae.config.latent_channels
+        weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
+        weight[channels:], bias[channels:] = 0.0, 2.0 * math.log(posterior_std)
+        return {prefix + "weight": weight, prefix + "bias": bias}
+
+    def diffusers_problem(self, vae: Layer) -> Optional[str]:
+        """diffusers' AutoencoderKL builds encoder and decoder from one list of widths, one per block."""
+        encoder, decoder = widths(vae)
+        config = vae.config
+        if encoder == decoder and len(config.down_block_types) == len(encoder) == len(config.up_block_types):
+            return None
+        return (f"PyTorch diffusers' AutoencoderKL builds the encoder and the decoder from one list of widths, so this "
+                f"VAE (encoder {encoder}, decoder {decoder}) would load there with freshly initialised layers and no "
+                "error")
+
+
+def widths(vae: Layer) -> Tuple[List[int], List[int]]:
+    """(the encoder's block widths, the decoder's)."""
+    config = vae.config
+    return (list(config.get("down_block_out_channels") or config.block_out_channels),
+            list(config.get("up_block_out_channels") or config.get("decoder_block_out_channels")
+                 or config.block_out_channels))
+
+
+KL = KLFamily()
