@@ -34,7 +34,7 @@ from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_
 from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae, protocol_of,  # noqa: E402
                                     result_record)
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
-from vae_trainer.models.dinov2 import load_dinov2  # noqa: E402
+from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
@@ -75,10 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "skipped without it")
     parser.add_argument("--vf_model_path", default=None,
                         help="a DINOv2 (transformers folder, timm / torch-hub state dict): adds vf_alignment_cka")
+    parser.add_argument("--vf_input_convention", choices=INPUT_CONVENTIONS, default=None,
+                        help="what the DINOv2 sees, as the training's flag: imagenet (the default) or vavae "
+                             "(VA-VAE's [-1, 1] images, not normalised)")
     parser.add_argument("--grid_images", type=int, default=8)
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     try:
+        if args.vf_input_convention and not args.vf_model_path:
+            raise ValueError("--vf_input_convention: it sets what the DINOv2 of --vf_model_path sees, which is not "
+                             "given: add it, or drop it")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> EvalResult:
                              "posterior to sample; drop it")
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
                                            args.num_images)
-        vf_model = load_dinov2(args.vf_model_path) if args.vf_model_path else None
+        convention = args.vf_input_convention or "imagenet"
+        vf_model = load_dinov2(args.vf_model_path, convention) if args.vf_model_path else None
     result = evaluate_vae(vae, dataloader, lpips=load_lpips(args), inception=load_inception(args),
                           sample_posterior=args.sample_posterior, seed=args.seed, grid_images=args.grid_images,
                           input_size=args.input_size, tiling=tiling, vf_model=vf_model)

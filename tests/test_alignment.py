@@ -126,8 +126,65 @@ def test_the_step_adds_the_vf_term_with_the_adaptive_weight_autograd_gives(dino_
                                        err_msg=name)
 
 
+def bilinear_224(images):
+    """torch's F.interpolate(images, (224, 224), mode="bilinear", align_corners=False) (no antialias, as VA-VAE's
+    forward_dinov2 calls it), written out: half-pixel centres, sources below 0 clamped to 0."""
+    def weights(size_in):
+        source = np.maximum((np.arange(224) + 0.5) * size_in / 224 - 0.5, 0.0)
+        low = np.floor(source).astype(int)
+        matrix = np.zeros((224, size_in))
+        np.add.at(matrix, (np.arange(224), low), 1 - (source - low))
+        np.add.at(matrix, (np.arange(224), np.minimum(low + 1, size_in - 1)), source - low)
+        return matrix
+
+    return np.einsum("ih,nchw,jw->ncij", weights(images.shape[2]), images, weights(images.shape[3]))
+
+
+@pytest.mark.parametrize("convention", ["imagenet", "vavae"])
+def test_dinov2_is_fed_the_input_convention_by_the_vf_loss_and_the_cka_alike(dino_file, tmp_path, convention):
+    """Issue 38.4: VA-VAE's forward_dinov2 feeds the [-1, 1] images, bilinearly resized to 224, without ImageNet
+    normalisation; --vf_input_convention vavae does the same, the default maps to [0, 1] and normalises. The tensor
+    DINOv2's patch embedding receives, in the training step's VF loss and in the evaluation's CKA."""
+    from vae_trainer.build import build_networks, build_optimization
+    from vae_trainer.evaluation import evaluate_vae
+
+    given = {} if convention == "imagenet" else {"vf_input_convention": convention}  # imagenet: the default
+    flags = tiny_args("unused", tmp_path, perceptual_weight=0, disc_start=100, use_ema="false",
+                      vf_model_path=dino_file, **given)
+    model_args, _, loss_args, args = parse_arguments([str(flag) for flag in flags])
+    networks = build_networks(model_args, loss_args, args)
+    step = build_optimization(networks, loss_args, args)
+    fed = []
+    networks.vf_model.patch_embed.proj.register_forward_pre_hook(lambda layer, inputs: fed.append(inputs[0].numpy()))
+    images = np.random.default_rng(3).uniform(-1, 1, (2, 3, 32, 40)).astype("float32")
+    step.forward_backward(paddle.to_tensor(images), 0, 0)
+    evaluate_vae(networks.model.vae, [{"pixel_values": paddle.to_tensor(images)}], vf_model=networks.vf_model)
+    expected = bilinear_224(images.astype(np.float64))
+    if convention == "imagenet":
+        mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+        expected = ((expected + 1) / 2 - mean.reshape(1, 3, 1, 1)) / std.reshape(1, 3, 1, 1)
+    assert len(fed) == 2  # the step's VF loss, the evaluation's CKA
+    for tensor in fed:
+        np.testing.assert_allclose(tensor, expected, atol=2e-5, rtol=0)
+
+
+def test_eval_vae_takes_the_input_convention_too(dino_file, held_out_folder, tmp_path, monkeypatch):
+    from conftest import load_script
+
+    script, loaded = load_script("eval_vae"), []
+    real = script.load_dinov2
+    monkeypatch.setattr(script, "load_dinov2", lambda *args: loaded.append(real(*args)) or loaded[-1])
+    common = ["--vae", "configs/vae_micro.json", "--data", held_out_folder, "--resolution", "32", "--num_images", "2",
+              "--skip_lpips", "--output_dir", str(tmp_path), "--vf_input_convention", "vavae"]
+    with pytest.raises(SystemExit):
+        script.parse_args(common)  # without --vf_model_path it would do nothing
+    assert "vf_alignment_cka" in script.main(common + ["--vf_model_path", dino_file]).metrics
+    assert [model.input_convention for model in loaded] == ["vavae"]
+
+
 @pytest.mark.parametrize("flags,refused", [
     ({"vf_weight": 0.1}, "vf_model_path"),  # idle without a model
+    ({"vf_input_convention": "vavae"}, "vf_model_path"),
     ({"vf_model_path": "DINO", "freeze_encoder": "true", "pretrained_model_name_or_path": "x"}, "freeze_encoder"),
     ({"vf_model_path": "DINO", "vf_weight": 0, "cos_margin": 0.5}, "vf_weight 0"),
     ({"eval_file_list": "x", "eval_steps": 2, "metric_for_best_model": "vf_alignment_cka"}, "vf_model_path"),

@@ -25,7 +25,7 @@ from PIL import Image
 
 from vae_trainer.data import records
 from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
-from vae_trainer.data.position import SKIP_REASONS, ShardStart, StreamPosition
+from vae_trainer.data.position import SKIP_REASONS, ShardStart, StreamPosition, merge_file_skips
 
 paddle.set_device("cpu")
 RES = 32
@@ -304,6 +304,39 @@ def test_skip_counts_travel_in_batches_cumulatively_and_survive_resume(tmp_path,
     _batches(build_train_dataloader(file_list, RES, **options), 4, tracker)
     resumed = _batches(build_train_dataloader(file_list, RES, resume_state=tracker.state_dict(), **options), 4)
     assert [b["position"] for b in resumed] == [b["position"] for b in batches[4:]]
+
+
+BAD_LINES = (2, 4, 5, 8, 10, 11)  # 1-based, of a 12-line part; every shard of 1 or 4 keeps a good line
+
+
+@pytest.mark.parametrize("num_workers, world_size, weighted", [(0, 1, False), (2, 2, False), (1, 1, True)])
+def test_skips_per_file_count_each_bad_line_once_with_its_number(tmp_path, num_workers, world_size, weighted):
+    """Issue 38.1: a part with 6 undecodable lines read about twice was listed with its skip events (12), not its 6
+    bad lines. Per file: [skips, distinct bad records, *their smallest numbers (0-based)], summed over loader workers
+    and ranks, and continued exactly by a resumed run; `weighted`: the small source restarts many times within the
+    big one's first pass (one epoch)."""
+    lines = [b"undecodable" if number in BAD_LINES else line(id_image(number)) for number in range(1, 13)]
+    file_list = write_filelist(tmp_path / "bad.filelist", [write_part(tmp_path / "bad.gz", lines)])
+    if weighted:
+        big = write_filelist(tmp_path / "big.filelist", id_parts(tmp_path, 1, 40, first_id=100))
+        (tmp_path / "mix.filelist.list").write_text(f"{file_list} 3\n{big} 1\n")
+        file_list = str(tmp_path / "mix.filelist.list")
+    merged = {}
+    for rank in range(world_size):
+        options = dict(batch_size=2, num_workers=num_workers, seed=3, rank=rank, world_size=world_size)
+
+        def run(batches, state=None):
+            loader = build_train_dataloader(file_list, RES, resume_state=state, **options)
+            tracker = StreamPosition.from_state(state) if state else StreamPosition(num_workers, world_size)
+            tracker.files = loader.dataset.stream.part_paths
+            _batches(loader, batches, tracker)
+            return tracker
+
+        straight = run(8)
+        assert run(6, run(2).state_dict()).skipped_by_file() == straight.skipped_by_file()  # resumed after 2 of 8
+        merge_file_skips(merged, straight.skipped_by_file())
+    skips, bad, *numbers = merged[str(tmp_path / "bad.gz")]
+    assert bad == 6 and numbers == [number - 1 for number in BAD_LINES] and skips > 6
 
 
 def test_console_shows_each_files_problems_once_per_run(tmp_path, caplog):

@@ -156,3 +156,64 @@ def test_an_evaluation_after_a_killed_runs_half_written_line_still_records(tmp_p
     evaluator.args = SimpleNamespace(output_dir=str(tmp_path))
     evaluator._append_record({"step": 4, "psnr": 2.0})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 4]
+
+
+def record_fsyncs_and_renames(monkeypatch):
+    """os.fsync and os.replace, recorded in order by path (a descriptor's path read from /proc). A real crash cannot
+    be simulated here: what is checked is that the file and both folders are fsynced, in the order durability needs."""
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def recorded_fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return fsync(descriptor)
+
+    def recorded_replace(source, target):
+        events.append(("rename", os.path.realpath(source), os.path.realpath(os.path.dirname(target)) + "/"
+                       + os.path.basename(target)))
+        return replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    return events
+
+
+def assert_renames_durable(events):
+    """A renamed file was fsynced before its rename; after it, both folders the rename touched were fsynced."""
+    renames = [(index, event) for index, event in enumerate(events) if event[0] == "rename"]
+    assert renames
+    for index, (_, source, target) in renames:
+        later = {event[1] for event in events[index:] if event[0] == "fsync"}
+        assert {os.path.dirname(source), os.path.dirname(target)} <= later, (source, target, events)
+        if not os.path.isdir(target):
+            assert ("fsync", source) in events[:index], (source, events)
+
+
+def test_eval_metrics_jsonl_is_fsynced_with_its_folder(tmp_path, monkeypatch):
+    """Issue 38.2: rewritten through a temporary file and os.replace without fsync, eval_metrics.jsonl could be
+    empty after a node crash (the best-model choice and the evaluation history lost)."""
+    from types import SimpleNamespace
+
+    from vae_trainer.evaluation import TrainingEvaluator
+
+    fake_run(tmp_path)
+    events = record_fsyncs_and_renames(monkeypatch)
+    evaluator = TrainingEvaluator.__new__(TrainingEvaluator)  # only _append_record's state
+    evaluator.args = SimpleNamespace(output_dir=str(tmp_path))
+    evaluator._append_record({"step": 5, "psnr": 2.0})
+    path = os.path.realpath(tmp_path / run_dir.EVAL_METRICS_NAME)
+    assert events == [("fsync", path + ".tmp"), ("rename", path + ".tmp", path), ("fsync", os.path.dirname(path))]
+    assert eval_steps(path) == [2, 4, 5]
+
+
+def test_a_rollback_is_fsynced_before_training_goes_on(tmp_path, monkeypatch):
+    """Issue 38.3: the renames that set the later checkpoints aside were not fsynced; after a crash they could come
+    back, and `latest` would resume the branch the user rolled back from."""
+    fake_run(tmp_path)
+    events = record_fsyncs_and_renames(monkeypatch)
+    moved = ckpt.set_aside_later(str(tmp_path), str(tmp_path / "checkpoint-4"))
+    branch = os.path.realpath(os.path.dirname(moved[0]))
+    assert_renames_durable(events)
+    synced = {event[1] for event in events if event[0] == "fsync"}
+    # The new folders' entries too (abandoned/ in OUTPUT_DIR, the branch in abandoned/), and the moved evaluations.
+    assert {branch, os.path.dirname(branch), os.path.realpath(tmp_path)} <= synced
+    assert os.path.join(branch, run_dir.EVAL_METRICS_NAME) in {event[2] for event in events if event[0] == "rename"}

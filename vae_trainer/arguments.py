@@ -24,6 +24,7 @@ from .equivariance import DEFAULT_TRANSFORMS
 from .flag_checks import refuse
 from .metrics import HIGHER_IS_BETTER
 from .models.discriminator import NORM_TYPES
+from .models.dinov2 import INPUT_CONVENTIONS
 from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
 # The LDM objective (taming-transformers' LPIPSWithDiscriminator), i.e. the flags' defaults.
@@ -83,6 +84,9 @@ class ModelArguments:
     disc_base_channels: int = flag(64, "Channels of the first PatchGAN layer.", group="discriminator")
     lpips_weights: Optional[str] = flag(None, "LPIPS VGG16 weights (.pdparams).", group="loss")
     vf_model_path: Optional[str] = flag(None, "VA-VAE: a DINOv2 to align the latents with.", group="loss")
+    vf_input_convention: Literal[INPUT_CONVENTIONS] = flag(
+        "imagenet", "VA-VAE: what DINOv2 sees, resized to 224 px: imagenet ([0, 1], ImageNet mean and std, as DINOv2 "
+                    "was trained) or vavae (VA-VAE's: [-1, 1], not normalised). docs/techniques.md, 12.", group="loss")
     posterior_std: float = flag(0.0, "If > 0: sample z = mean + posterior_std * noise (constant variance).")
 
 

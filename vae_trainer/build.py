@@ -82,7 +82,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
             init_discriminator_from(discriminator, disc_config, model_args.discriminator_path)
         if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
             discriminator = convert_batchnorm_to_sync(discriminator)
-        vf_model = load_dinov2(model_args.vf_model_path) if model_args.vf_model_path else None
+        vf_model = (load_dinov2(model_args.vf_model_path, model_args.vf_input_convention) if model_args.vf_model_path
+                    else None)
         vf_width = vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None  # the VF loss's projection
         model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
                                      posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,

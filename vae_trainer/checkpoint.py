@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
-from .disk import delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder
+from .disk import delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder, replace_file
 from .distributed import all_ranks_agree, assert_parameters_in_sync, from_rank_0, rank, world_size
 from .precision import HALF_DTYPES
 
@@ -254,9 +254,10 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
         lines = [line + "\n" for line in metrics.read_text().split("\n") if line.strip()] if metrics.is_file() else []
         moves = [step is not None and (after is None or step > after) for step in map(eval_line_step, lines)]
         if any(moves):
-            Path(branch, EVAL_METRICS_NAME).write_text("".join(line for line, move in zip(lines, moves) if move))
-            Path(f"{metrics}.tmp").write_text("".join(line for line, move in zip(lines, moves) if not move))
-            os.replace(f"{metrics}.tmp", metrics)
+            for path, moving in ((os.path.join(branch, EVAL_METRICS_NAME), True), (str(metrics), False)):
+                replace_file(path, "".join(line for line, move in zip(lines, moves) if move == moving))
+        for folder in (branch, os.path.dirname(branch), output_dir):  # the renames and new folders, before training
+            fsync_path(folder)  # goes on: after a crash the abandoned checkpoints must not come back to `latest`
         logger.warning("resuming from %s, which is not the newest checkpoint of %s: moved the abandoned branch's %s "
                        "to %s (delete it when no longer needed)", resume, output_dir,
                        ", ".join(os.path.basename(path) for path in later), branch)

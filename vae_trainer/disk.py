@@ -100,6 +100,16 @@ def delete_folder(path: str) -> None:
     shutil.rmtree(path + ".old", ignore_errors=True)
 
 
+def replace_file(path: str, text: str) -> None:
+    """Write `text` to `path` durably: a fsynced `path`.tmp renamed over it, then its folder fsynced (a crash leaves
+    the old content or the new, never an empty file)."""
+    with open(path + ".tmp", "w") as handle:
+        handle.write(text)
+    fsync_path(path + ".tmp")
+    os.replace(path + ".tmp", path)
+    fsync_path(os.path.dirname(path) or ".")
+
+
 def fsync_path(path: str) -> None:
     """fsync a file or a folder (its entries); a mount that cannot fsync a folder (some FUSE, NFS) is let pass."""
     descriptor = os.open(path, os.O_RDONLY)

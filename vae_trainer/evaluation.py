@@ -21,6 +21,7 @@ from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
+from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
 from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
@@ -426,6 +427,4 @@ class TrainingEvaluator:
             with open(path) as handle:
                 kept = [line.rstrip("\n") + "\n" for line in handle
                         if eval_line_step(line) is not None and eval_line_step(line) < record["step"]]
-        with open(path + ".tmp", "w") as handle:
-            handle.writelines(kept + [json.dumps(record) + "\n"])
-        os.replace(path + ".tmp", path)
+        replace_file(path, "".join(kept + [json.dumps(record) + "\n"]))  # durable: best model, history

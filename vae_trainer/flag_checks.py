@@ -218,7 +218,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
     # Flags that would do nothing with the other flags.
-    (("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf"), lambda f: not f.vf_model_path,
+    (("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf", "vf_input_convention"), lambda f: not f.vf_model_path,
      "it shapes the VF loss of --vf_model_path, which is not given: add it, or drop it"),
     (("distmat_margin", "cos_margin", "adaptive_vf"), lambda f: bool(f.vf_model_path) and f.vf_weight == 0,
      "--vf_weight 0 turns the VF loss off: drop it, or give --vf_weight > 0"),

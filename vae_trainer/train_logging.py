@@ -4,12 +4,12 @@ Tags: docs/measuring.md; the skip counts and summary: docs/data.md."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import resource
 import sys
 import time
-from collections import Counter
-from typing import Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -17,13 +17,14 @@ import paddle.distributed as dist
 from visualdl import LogWriter
 
 from . import watchdog
+from .data.position import merge_file_skips
 from .distributed import world_size
 from .evaluation import make_grid
 from .output_dir import note_log_file
 
 logger = logging.getLogger("vae_trainer")
 
-SUMMARY_FILES = 20  # files named in the end-of-run summary of skipped records, those with the most skips
+SUMMARY_FILES = 20  # files named in the end-of-run summary of skipped records, those with the most bad records
 
 
 def peak_memory_gb() -> float:
@@ -103,15 +104,16 @@ class TrainMonitor:
         self._sums, self._counts = {}, {}
         return scalars
 
-    def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, int]]:
-        """(skips per reason, per file) summed over ranks: one small gather, a collective on several ranks."""
+    def _skip_counts(self) -> Tuple[Dict[str, int], Dict[str, List[int]]]:
+        """(skips per reason, per file [skips, distinct bad records, *numbers]) summed over ranks: one small gather,
+        a collective on several ranks."""
         mine = (self.data_position.skipped_totals(), self.data_position.skipped_by_file())
         gathered = [mine]
         if world_size() > 1:
             gathered = []
             dist.all_gather_object(gathered, mine)
         totals = {reason: sum(rank_totals[reason] for rank_totals, _ in gathered) for reason in mine[0]}
-        return totals, dict(sum((Counter(files) for _, files in gathered), Counter()))
+        return totals, functools.reduce(merge_file_skips, (files for _, files in gathered), {})
 
     def log_scalars(self, step: int, scalars: Dict[str, float]) -> None:
         """Numbers to VisualDL at `step` (training scalars, evaluation metrics, latent statistics)."""
@@ -127,8 +129,8 @@ class TrainMonitor:
             self.writer.flush()
 
     def close(self) -> None:
-        """Close the writer; rank 0 prints the skips per reason and the files with the most skips: at the end on one
-        rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
+        """Close the writer; rank 0 prints the skips per reason and the files with the most bad records: at the end on
+        one rank, else as of the last logging step (ranks may end at different moments: no collective here)."""
         if self.writer is not None:
             self.writer.close()
         if self.data_position is not None and world_size() == 1:
@@ -141,11 +143,18 @@ class TrainMonitor:
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
             return
-        worst = sorted(files.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_FILES]
-        shown = "".join(f"\n  {count:>8}  {path}" for path, count in worst)
+        worst = sorted(files.items(), key=lambda item: (-item[1][1], -item[1][0], item[0]))[:SUMMARY_FILES]
+        shown = "".join(_file_row(path, skips, bad, numbers) for path, (skips, bad, *numbers) in worst)
         logger.warning("data: %d training records skipped (all ranks, resumed runs included)%s: %s; see the "
-                       "data/skipped_* scalars. Files with skips: %d, the worst %d:%s", sum(skipped.values()), when,
+                       "data/skipped_* scalars. Files with skips: %d, the worst %d (bad records, skips: each read of "
+                       "one counts, file: the first bad line or tar sample numbers):%s", sum(skipped.values()), when,
                        skipped, len(files), len(worst), shown)
+
+
+def _file_row(path: str, skips: int, bad: int, numbers: List[int]) -> str:
+    """A file of the skip summary: its distinct bad records, skips, path and first bad record numbers (1-based)."""
+    shown = ", ".join(str(number + 1) for number in numbers) + (", ..." if bad > len(numbers) else "")
+    return f"\n  {bad:>8}  {skips:>8}  {path}" + (f": {shown}" if numbers else "")
 
 
 def format_scalars(scalars: Dict[str, float]) -> str:

@@ -13,10 +13,10 @@ import numpy as np
 import paddle
 
 from .buckets import bucket_shapes, nearest_bucket
-from .filelists import read_sources
+from .filelists import IMAGE, read_sources
 from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
-from .position import ShardStart, StreamPosition, encode_position
+from .position import ShardStart, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, describe, image_bytes
 from .sharding import PER_SAMPLE, SKIPPED, Record, ShardSource, assign, interleave, rng
 
@@ -68,6 +68,7 @@ class ImageStream(RaisesInMainThread):
             self.resume.check_resume(world_size, seed, shuffle_buffer_size)
             self.resume.files = self.part_paths
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
+        self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
 
     def skip_stats(self) -> dict[str, int]:
@@ -109,7 +110,7 @@ class ImageStream(RaisesInMainThread):
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
-        self.counts = start.counts
+        self.counts, self.bad_records = start.counts, start.bad
         skip = min(restore, default=resume_at)
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
@@ -146,7 +147,10 @@ class ImageStream(RaisesInMainThread):
         except BadImage as bad:
             if count:
                 self._log_skip(record, bad)
-                self.counts.update([bad.reason, self._part_index[record.part.path]])  # per file: end-of-run summary
+                part = self._part_index[record.part.path]
+                self.counts.update([bad.reason, part])  # per file: end-of-run summary
+                if keys[1] == 0 and not record.repeat:  # the shard's first read of it (epoch 0, a first pass)
+                    note_bad(self.bad_records, part, None if record.part.kind == IMAGE else record.number)
             return None
         return bucket, crop(image, size, rng(self.seed, PER_SAMPLE, *keys), self.random_flip, self.random_crop)
 
@@ -189,7 +193,7 @@ class TrainBatches(RaisesInMainThread):
                     batch, waiting[bucket] = waiting[bucket], []
                     pending = sorted(sample.index for samples in waiting for sample in samples)
                     yield {"pixel_values": to_float(np.stack([sample.pixels for sample in batch])),
-                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending)}
+                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
 
 
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,

@@ -12,16 +12,36 @@ import numpy as np
 SKIP_REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "unsupported",  # the image
                 "columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file")
 FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every batch carries them)
-_PER_SHARD = ("positions", "pending", "skipped", "skipped_files")  # the state's {shard: ...} entries
+NUMBERS_KEPT = 8  # per part file, the smallest bad record numbers kept (the end-of-run summary shows them)
+_PER_SHARD = ("positions", "pending", "skipped", "skipped_files", "bad_records")  # the state's {shard: ...} entries
 
 
-def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int]) -> list[int]:
-    """``[shard, epoch, consumed, *skipped per reason, num_pending, *pending, *(file, skips)]``: `skipped` counts
-    per reason (str keys) and per part file (int keys, into ``ImageStream.part_paths``)."""
+def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int],
+                    bad: dict[int, list[int]]) -> list[int]:
+    """``[shard, epoch, consumed, *skipped per reason, num_pending, *pending, *(file, skips, n, bad, *n numbers)]``:
+    `skipped` counts per reason (str keys) and per part file (int keys, into ``ImageStream.part_paths``); `bad`: per
+    part file, its distinct bad records and their smallest numbers (:func:`note_bad`)."""
     files = sorted(((key, n) for key, n in skipped.items() if isinstance(key, int) and n),
                    key=lambda pair: (-pair[1], pair[0]))
-    pairs = [value for pair in files[:FILES_IN_POSITION] for value in pair]
-    return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending, *pairs]
+    entries = [(key, n, bad.get(key, [0])) for key, n in files[:FILES_IN_POSITION]]
+    groups = [value for key, n, entry in entries for value in (key, n, len(entry) - 1, *entry)]
+    return [shard, epoch, consumed, *(skipped[reason] for reason in SKIP_REASONS), len(pending), *pending, *groups]
+
+
+def note_bad(bad: dict[int, list[int]], part: int, number: int | None) -> None:
+    """Count a bad record of part `part` read for the first time: ``bad[part] = [distinct bad records, *their
+    NUMBERS_KEPT smallest numbers]`` (`number` None: an image file, nothing to number). A new list: never the saved."""
+    count, *numbers = bad.get(part, [0])
+    bad[part] = [count + 1, *sorted({*numbers, number} - {None})[:NUMBERS_KEPT]]
+
+
+def merge_file_skips(into: dict[str, list[int]], files: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Add `files`, {path: [skips, distinct bad records, *smallest numbers]} of other shards (whose records are
+    others: the distinct counts add up), into `into`."""
+    for path, (skips, count, *numbers) in files.items():
+        had_skips, had_count, *had = into.get(path, [0, 0])
+        into[path] = [had_skips + skips, had_count + count, *sorted({*had, *numbers})[:NUMBERS_KEPT]]
+    return into
 
 
 @dataclass
@@ -32,6 +52,7 @@ class ShardStart:
     consumed: int = 0
     pending: tuple[int, ...] = ()
     counts: Counter = field(default_factory=Counter)  # per reason (str keys) and per part index (int keys)
+    bad: dict[int, list[int]] = field(default_factory=dict)  # per part index: note_bad's distinct bad records
 
 
 class StreamPosition:
@@ -46,6 +67,7 @@ class StreamPosition:
         self.pending: dict[str, list[int]] = {}
         self.skipped: dict[str, dict[str, int]] = {}
         self.skipped_files: dict[str, dict[str, int]] = {}  # shard -> {part path: skips}
+        self.bad_records: dict[str, dict[str, list[int]]] = {}  # shard -> {part path: [bad records, *numbers]}
         self.files: list[str] | None = None  # ImageStream.part_paths: names the part indices
         self.batches_consumed = 0
 
@@ -53,12 +75,15 @@ class StreamPosition:
         """Record one consumed batch from its ``"position"`` (a list, an array or a tensor of ints)."""
         values = [int(value) for value in np.asarray(position).reshape(-1)]
         shard, first = str(values[0]), 4 + len(SKIP_REASONS)
-        pairs = values[first + values[first - 1]:]
         self.positions[shard] = values[1:3]
         self.pending[shard] = values[first : first + values[first - 1]]
         self.skipped[shard] = {reason: n for reason, n in zip(SKIP_REASONS, values[3 : first - 1]) if n}
-        self.skipped_files[shard] = {self.files[key] if self.files else str(key): n
-                                     for key, n in zip(pairs[::2], pairs[1::2])}
+        self.skipped_files[shard], self.bad_records[shard] = files, bad = {}, {}
+        at = first + values[first - 1]
+        while at < len(values):  # (file, skips, n, bad records, *n numbers) groups
+            key, n, kept = values[at : at + 3]
+            name = self.files[key] if self.files else str(key)
+            files[name], bad[name], at = n, values[at + 3 : at + 4 + kept], at + 4 + kept
         self.batches_consumed += 1
 
     def skipped_totals(self) -> dict[str, int]:
@@ -66,19 +91,25 @@ class StreamPosition:
         totals = sum(map(Counter, self.skipped.values()), Counter())
         return {reason: totals.get(reason, 0) for reason in SKIP_REASONS}
 
-    def skipped_by_file(self) -> dict[str, int]:
-        """Skipped records per part file (those with skips), summed over this rank's shards."""
-        return dict(sum(map(Counter, self.skipped_files.values()), Counter()))
+    def skipped_by_file(self) -> dict[str, list[int]]:
+        """Per part file with skips, over this rank's shards: [skips, distinct bad records, *their smallest numbers]
+        (a checkpoint of an earlier version has no bad records: counted from its resume on)."""
+        merged: dict[str, list[int]] = {}
+        for shard, files in self.skipped_files.items():
+            bad = self.bad_records.get(shard, {})
+            merge_file_skips(merged, {path: [n, *bad.get(path, [0])] for path, n in files.items()})
+        return merged
 
     def start_of(self, shard: int) -> ShardStart:
         """Where `shard` starts again; saved skips of a part no longer listed are dropped."""
         key = str(shard)
         epoch, consumed = self.positions.get(key, (0, 0))
         indices = {path: index for index, path in enumerate(self.files or [])}
-        files = {indices[name] if name in indices else int(name): n
-                 for name, n in self.skipped_files.get(key, {}).items() if name in indices or name.isdigit()}
+        files, bad = ({indices[name] if name in indices else int(name): value
+                       for name, value in saved.get(key, {}).items() if name in indices or name.isdigit()}
+                      for saved in (self.skipped_files, self.bad_records))
         counts = Counter({**self.skipped.get(key, {}), **files})
-        return ShardStart(epoch, consumed, tuple(self.pending.get(key, ())), counts)
+        return ShardStart(epoch, consumed, tuple(self.pending.get(key, ())), counts, bad)
 
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class Record:
     part: Part
     number: int  # 0-based record number in the part
     payload: Payload
+    repeat: bool = False  # read again within its shard epoch (a weighted source's later pass): not a new bad record
 
 
 def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffle: bool = True) -> list[ShardSource]:
@@ -118,7 +119,7 @@ class SourcePass:
         if record is None:
             return None
         self.offset += 1
-        return SKIPPED if skipping else record
+        return SKIPPED if skipping else replace(record, repeat=True) if self.keys[-1] else record
 
     def _blocks_from(self, offset: int) -> Iterator[Record]:
         block, drop = divmod(offset, self.block_size)

@@ -20,6 +20,9 @@ from .torch_files import read_state_dict
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_SIZE = 224
+# What DINOv2 is fed (docs/techniques.md, section 12): "imagenet", [0, 1] with ImageNet's mean and std (as DINOv2 was
+# trained), or "vavae", VA-VAE's [-1, 1] images as they are (LightningDiT's forward_dinov2); both resized bilinearly.
+INPUT_CONVENTIONS = ("imagenet", "vavae")
 EXPECTED = ("a transformers DINOv2 folder (config.json + model.safetensors or pytorch_model.bin) or a timm / "
             "torch-hub DINOv2 state dict (.safetensors, .pth, .bin)")
 # transformers (and torch hub) names -> timm names; q/k/v and gate/up are concatenated afterwards.
@@ -104,7 +107,7 @@ class Dinov2(nn.Layer):
         self.pos_embed = self.create_parameter([1, positions, width])
         self.blocks = nn.LayerList([_Block(width, heads, hidden or 4 * width, swiglu, eps) for _ in range(depth)])
         self.norm = nn.LayerNorm(width, epsilon=eps)
-        self.half_dtype = None
+        self.half_dtype, self.input_convention = None, "imagenet"
         if paddle.device.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
             self.half_dtype = "bfloat16" if paddle.amp.is_bfloat16_supported() else "float16"
 
@@ -123,7 +126,7 @@ class Dinov2(nn.Layer):
         return grid.reshape([c, h * w]).transpose([1, 0]).unsqueeze(0).astype(pos.dtype)
 
     def forward(self, pixels: paddle.Tensor) -> paddle.Tensor:
-        """All tokens [B, 1 + registers + h*w, C] after the final norm, of ImageNet-normalised pixels."""
+        """All tokens [B, 1 + registers + h*w, C] after the final norm, of the pixels `patch_tokens` prepared."""
         b = pixels.shape[0]
         x = self.patch_embed.proj(pixels).flatten(2).transpose([0, 2, 1])
         x = x + self._positions(pixels.shape[2], pixels.shape[3]).astype(x.dtype)
@@ -138,20 +141,23 @@ class Dinov2(nn.Layer):
 
     def patch_tokens(self, images: paddle.Tensor, size: int | None = DEFAULT_SIZE):
         """(patch tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1] resized (bilinear) to size x size (None:
-        as they are). Gradients reach `images` only if they require them."""
-        x = (images.astype("float32") + 1.0) / 2.0
+        as they are), then as `input_convention` says. Gradients reach `images` only if they require them."""
+        imagenet = self.input_convention == "imagenet"
+        x = (images.astype("float32") + 1.0) / 2.0 if imagenet else images.astype("float32")
         if size is not None and tuple(x.shape[2:]) != (size, size):
-            x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)
-        mean = paddle.to_tensor(IMAGENET_MEAN, dtype="float32").reshape([1, 3, 1, 1])
-        x = (x - mean) / paddle.to_tensor(IMAGENET_STD, dtype="float32").reshape([1, 3, 1, 1])
+            x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False)  # torch's, no antialias
+        if imagenet:
+            mean = paddle.to_tensor(IMAGENET_MEAN, dtype="float32").reshape([1, 3, 1, 1])
+            x = (x - mean) / paddle.to_tensor(IMAGENET_STD, dtype="float32").reshape([1, 3, 1, 1])
         with paddle.amp.auto_cast(enable=self.half_dtype is not None, level="O1", dtype=self.half_dtype or "float16"):
             tokens = self(x)
         grid = (x.shape[2] // self.patch, x.shape[3] // self.patch)
         return tokens[:, 1 + self.registers:].astype("float32"), grid
 
 
-def load_dinov2(path: str) -> Dinov2:
-    """The frozen DINOv2 in `path` (errors name it and what was expected); heads from config.json, else width / 64."""
+def load_dinov2(path: str, input_convention: str = "imagenet") -> Dinov2:
+    """The frozen DINOv2 in `path` (errors name it and what was expected); heads from config.json, else width / 64.
+    `input_convention` (INPUT_CONVENTIONS): what `patch_tokens` feeds it, for the VF loss and the CKA alike."""
     state, config = _read(path)
     origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
               "hub" if "mask_token" in state or "register_tokens" in state else "timm")
@@ -176,6 +182,7 @@ def load_dinov2(path: str) -> Dinov2:
     model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
                    mode)
     freeze(model, state, path)
+    model.input_convention = input_convention
     return model
 
 
