@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .dc_ae import DC_AE
 from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
 
-FAMILIES = (FLUX2, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+FAMILIES = (FLUX2, DC_AE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
 
 
 def trained_classes() -> str:

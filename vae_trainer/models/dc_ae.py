@@ -1,0 +1,72 @@
+"""SANA's DC-AE (`AutoencoderDC`, autoencoder_dc.py) as a family (family.py): a deterministic encoder (no posterior,
+so no KL term), the layers training reads (`decoder.conv_out` is a DCUpBlock2d when `layers_per_block[0] == 0`),
+its blocks as --recompute's segments, its own tiled passes, and its config checked key by key."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Mapping, Tuple
+
+from .autoencoder_dc import AutoencoderDC
+from .family import Deterministic, Family, Geometry, Layer, Tensor, attributes_set, check_config_keys
+
+TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
+# Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
+ARCHITECTURE_KEYS = ("latent_channels", "encoder_block_types", "decoder_block_types", "encoder_block_out_channels",
+                     "decoder_block_out_channels", "encoder_layers_per_block", "decoder_layers_per_block",
+                     "encoder_qkv_multiscales", "decoder_qkv_multiscales", "upsample_block_type",
+                     "downsample_block_type", "decoder_norm_types", "decoder_act_fns")
+TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
+                "tile_sample_stride_width", "tile_latent_min_height", "tile_latent_min_width")
+
+
+class DCFamily(Family):
+    class_name = "AutoencoderDC"
+    network = AutoencoderDC
+    deterministic = True
+    trains_batch_norm = True  # the in / mix decoders' batch_norm stages
+    tiling_method = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
+                     "tiled_decode, as diffusers')")
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return "encoder_block_out_channels" in config or "encoder_block_types" in config
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        config = {**self.defaults(), **config}
+        return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
+                        2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]))
+
+    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+        check_config_keys(config, self, where, required=ARCHITECTURE_KEYS)
+        return self.network.from_config(dict(config))
+
+    def encode(self, vae: Layer, images: Tensor) -> Deterministic:
+        return Deterministic(vae.encode(images).latent)
+
+    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
+        return vae.decode(latents).sample
+
+    def decoder_last_layer(self, vae: Layer) -> Tensor:
+        conv_out = vae.decoder.conv_out
+        return getattr(conv_out, "conv", conv_out).weight  # a DCUpBlock2d holds its conv
+
+    def encoder_last_layer(self, vae: Layer) -> Tensor:
+        return vae.encoder.conv_out.weight
+
+    def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
+        """Every block of the encoder's and decoder's stages (residual, EfficientViT, down- and upsampling), not
+        the convs in and out nor the decoder's output norm."""
+        return [(f"{coder}.{blocks}.{i}.{j}", layer)
+                for coder, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks"))
+                for i, stage in enumerate(getattr(getattr(vae, coder), blocks))
+                for j, layer in enumerate(stage.children())]
+
+    @contextlib.contextmanager
+    def tiled(self, vae: Layer, tile: int):
+        stride = tile - int(tile * TILE_OVERLAP)
+        with attributes_set(vae, **{name: getattr(vae, name) for name in TILING_STATE}):
+            vae.enable_tiling(tile, tile, stride, stride)
+            yield
+
+
+DC_AE = DCFamily()
