@@ -13,9 +13,16 @@ drives it.
         --train: then one training-mode step: forward(images) in train mode, loss = mean(sample ** 2), backward;
         also writes train_decoded, grad:NAME for every parameter and buffer:NAME for every buffer after the step
         (BatchNorm statistics and counters), in diffusers' state-dict names
+      further options of run:
+        --more NAME=IN.npy (repeatable): more inputs (other shapes, such as clips of other lengths) run in the same
+            process as --images is; their outputs are the same keys prefixed "NAME_"
+        --unclamped: also decode --latents with torch.clamp made the identity, written as decoded_latents_unclamped
+            (the decoder's output before a decode's final clamp); fails if decode never called torch.clamp
+        --prelude FILE.py: python run before loading (a test's minimal fix-up of a known diffusers bug); in a
+            batch it stays in force for the jobs after it
     batch JOBS.json
-        the commands of JOBS.json (a JSON list, each a make or run command line as a list of strings, as above) in
-        order, in this one process: one start-up (~3 s of imports) for many models
+        several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
+        (torch and diffusers are imported once, ~3 s)
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from unittest import mock
 
 import numpy as np
 import torch
@@ -63,20 +71,43 @@ def _train_step(model, images: torch.Tensor) -> dict:
     return out
 
 
+def _decode_unclamped(model, latents: torch.Tensor) -> torch.Tensor:
+    calls = []
+
+    def identity(tensor, *args, **kwargs):
+        calls.append(1)
+        return tensor
+
+    with mock.patch.object(torch, "clamp", identity):
+        decoded = model.decode(latents).sample
+    if not calls:
+        raise SystemExit(f"--unclamped: {type(model).__name__}.decode never called torch.clamp")
+    return decoded
+
+
 def run(class_name: str, folder: str, images_file: str, out_file: str, latents_file: str | None,
-        variant: str | None, tile: int | None, stride: int | None, train: bool = False) -> None:
+        variant: str | None, tile: int | None, stride: int | None, more: list[str] | None = None,
+        unclamped: bool = False, prelude: str | None = None, train: bool = False) -> None:
+    if prelude:
+        with open(prelude) as handle:
+            exec(compile(handle.read(), prelude, "exec"), {"__name__": "prelude"})
     model, info = getattr(diffusers, class_name).from_pretrained(folder, output_loading_info=True, variant=variant)
     model = model.float().eval()
     if tile:
         model.enable_tiling(tile, tile, stride, stride)
-    images = torch.from_numpy(np.load(images_file))
+    inputs = [("", images_file)] + [(name + "_", path) for name, path in (item.split("=", 1) for item in more or [])]
+    out = {}
     with torch.no_grad():
-        out = _encode(model, images)
-        out["decoded"] = model.decode(out["latent"]).sample
+        for prefix, path in inputs:
+            encoded = _encode(model, torch.from_numpy(np.load(path)))
+            encoded["decoded"] = model.decode(encoded["latent"]).sample
+            out.update({prefix + key: value for key, value in encoded.items()})
         if latents_file:
             out["decoded_latents"] = model.decode(torch.from_numpy(np.load(latents_file))).sample
+            if unclamped:
+                out["decoded_latents_unclamped"] = _decode_unclamped(model, torch.from_numpy(np.load(latents_file)))
     if train:
-        out.update(_train_step(model, images))
+        out.update(_train_step(model, torch.from_numpy(np.load(images_file))))
     loading = {key: sorted(map(str, value)) for key, value in info.items()}
     loading["class"] = type(model).__name__
     np.savez(out_file, **{key: value.numpy() for key, value in out.items()}, loading_info=json.dumps(loading))
@@ -102,12 +133,15 @@ def main(argv=None) -> None:
     parser.add_argument("--tile", type=int, default=None)
     parser.add_argument("--stride", type=int, default=None)
     parser.add_argument("--train", action="store_true")
+    parser.add_argument("--more", action="append", default=None, metavar="NAME=IN.npy")
+    parser.add_argument("--unclamped", action="store_true")
+    parser.add_argument("--prelude", default=None)
     args = parser.parse_args(argv)
     if args.command == "make":
         make(args.class_name, args.folder, json.loads(args.config), args.seed, args.variant)
     else:
         run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride,
-            args.train)
+            args.more, args.unclamped, args.prelude, args.train)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -27,22 +28,74 @@ def diffusers_side(*args: str) -> None:
 
 def make_in_diffusers(class_name: str, folder, config: dict, seed: int = 0, variant: str | None = None) -> str:
     """A diffusers `class_name` folder with seeded weights moved off their initialisation."""
-    diffusers_side("make", class_name, str(folder), "--config", json.dumps(config), "--seed", str(seed),
-                   *(["--variant", variant] if variant else []))
+    diffusers_side(*_make_args(class_name, folder, config, seed, variant))
     return str(folder)
 
 
 def run_in_diffusers(class_name: str, folder, images: np.ndarray, work, latents: np.ndarray | None = None,
-                     variant: str | None = None, tile: int | None = None, stride: int | None = None) -> dict:
-    """What diffusers' `class_name` in `folder` makes of `images` (and decodes of `latents`): see diffusers_side.py."""
+                     variant: str | None = None, tile: int | None = None, stride: int | None = None,
+                     more_images: Mapping[str, np.ndarray] | None = None, flags: Sequence[str] = ()) -> dict:
+    """What diffusers' `class_name` in `folder` makes of `images` (and decodes of `latents`): see diffusers_side.py.
+    `more_images` {name: array}: further inputs run in the same process (outputs keyed "name_..."); `flags`: more
+    diffusers_side.py run options (--unclamped, --prelude FILE)."""
+    diffusers_side(*_run_args(class_name, folder, images, work, latents, variant, tile, stride, more_images, flags))
+    return _run_result(work)
+
+
+class DiffusersBatch:
+    """make_in_diffusers / run_in_diffusers calls queued and then done by one diffusers process (`flush`): each
+    process spends seconds importing torch and diffusers, the tiny models' work takes milliseconds. Each run needs
+    its own `work` folder; its result is there after the flush (`run` returns the function that reads it)."""
+
+    def __init__(self, work) -> None:
+        self.work = str(work)
+        self.jobs: list[list[str]] = []
+        self.run_folders: set[str] = set()
+
+    def make(self, class_name: str, folder, config: dict, seed: int = 0, variant: str | None = None) -> str:
+        self.jobs.append(_make_args(class_name, folder, config, seed, variant))
+        return str(folder)
+
+    def run(self, class_name: str, folder, images: np.ndarray, work, latents: np.ndarray | None = None,
+            variant: str | None = None, tile: int | None = None, stride: int | None = None,
+            more_images: Mapping[str, np.ndarray] | None = None, flags: Sequence[str] = ()) -> Callable[[], dict]:
+        assert str(work) not in self.run_folders, f"two runs in one work folder: {work}"
+        self.run_folders.add(str(work))
+        self.jobs.append(_run_args(class_name, folder, images, work, latents, variant, tile, stride, more_images,
+                                   flags))
+        return lambda: _run_result(work)
+
+    def flush(self) -> None:
+        path = os.path.join(self.work, "diffusers_jobs.json")
+        with open(path, "w") as handle:
+            json.dump(self.jobs, handle)
+        self.jobs = []
+        diffusers_side("batch", path)
+
+
+def _make_args(class_name: str, folder, config: dict, seed: int, variant: str | None) -> list[str]:
+    return ["make", class_name, str(folder), "--config", json.dumps(config), "--seed", str(seed),
+            *(["--variant", variant] if variant else [])]
+
+
+def _run_args(class_name: str, folder, images: np.ndarray, work, latents: np.ndarray | None, variant: str | None,
+              tile: int | None, stride: int | None, more_images: Mapping[str, np.ndarray] | None,
+              flags: Sequence[str]) -> list[str]:
+    """run's command line; writes its input files into `work`."""
     np.save(os.path.join(work, "images.npy"), images)
-    flags = ["--images", os.path.join(work, "images.npy"), "--out", os.path.join(work, "diffusers_out.npz")]
+    flags = ["--images", os.path.join(work, "images.npy"), "--out", os.path.join(work, "diffusers_out.npz"), *flags]
     if latents is not None:
         np.save(os.path.join(work, "latents.npy"), latents)
         flags += ["--latents", os.path.join(work, "latents.npy")]
+    for name, array in (more_images or {}).items():
+        np.save(os.path.join(work, f"more_{name}.npy"), array)
+        flags += ["--more", f"{name}={os.path.join(work, f'more_{name}.npy')}"]
     flags += ["--variant", variant] if variant else []
     flags += ["--tile", str(tile), "--stride", str(stride)] if tile else []
-    diffusers_side("run", class_name, str(folder), *flags)
+    return ["run", class_name, str(folder), *flags]
+
+
+def _run_result(work) -> dict:
     result = dict(np.load(os.path.join(work, "diffusers_out.npz")))
     result["loading_info"] = json.loads(str(result["loading_info"]))
     return result
