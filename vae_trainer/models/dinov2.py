@@ -1,6 +1,7 @@
 """DINOv2 (ViT) in Paddle: `load_dinov2(path)` of a transformers folder or a timm / torch-hub state dict (renamed to
 timm's keys), and the frozen model's `patch_tokens`. Position embeddings are resized as the file's own library does
-(docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it."""
+(docs/techniques.md, section 12). Keep the model outside any saved layer, so checkpoints never hold it.
+`read_dinov2(path)`: its weights and the shapes read from them, for models built on a DINOv2 (autoencoder_rae.py)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,17 @@ class Dinov2(nn.Layer):
 def load_dinov2(path: str, input_convention: str = "imagenet") -> Dinov2:
     """The frozen DINOv2 in `path` (errors name it and what was expected); heads from config.json, else width / 64.
     `input_convention` (INPUT_CONVENTIONS): what `patch_tokens` feeds it, for the VF loss and the CKA alike."""
+    state, arch = read_dinov2(path)
+    model = Dinov2(arch["width"], arch["depth"], arch["heads"], arch["patch"], arch["registers"], arch["hidden"],
+                   arch["swiglu"], arch["positions"], arch["eps"], arch["resize_mode"])
+    freeze(model, state, path)
+    model.input_convention = input_convention
+    return model
+
+
+def read_dinov2(path: str) -> tuple[dict, dict]:
+    """(numpy state in timm's names and Paddle's layout, its architecture: width, depth, heads, patch, registers,
+    hidden (MLP width), swiglu, positions (stored, with the cls one unless timm folded it in), eps, resize_mode)."""
     state, config = _read(path)
     origin = ("transformers" if any(re.match(r"(dinov2\w*\.)?embeddings\.", k) for k in state) else
               "hub" if "mask_token" in state or "register_tokens" in state else "timm")
@@ -179,11 +191,8 @@ def load_dinov2(path: str, input_convention: str = "imagenet") -> Dinov2:
     if math.isqrt(positions) ** 2 not in (positions, positions - 1):
         raise ValueError(f"{path}: {positions} position embeddings are not a square grid (+ cls)")
     swiglu = state["blocks.0.mlp.fc1.weight"].shape[1] == 2 * hidden
-    model = Dinov2(width, depth, heads, patch, registers, hidden, swiglu, positions, config.get("layer_norm_eps", 1e-6),
-                   mode)
-    freeze(model, state, path)
-    model.input_convention = input_convention
-    return model
+    return state, dict(width=width, depth=depth, heads=heads, patch=patch, registers=registers, hidden=hidden,
+                       swiglu=swiglu, positions=positions, eps=config.get("layer_norm_eps", 1e-6), resize_mode=mode)
 
 
 def _read(path: str) -> tuple[dict, dict]:
