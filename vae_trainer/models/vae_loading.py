@@ -151,7 +151,8 @@ def vae_from_config_file(config_file: str) -> paddle.nn.Layer:
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
     config = AutoencoderKL.load_config(config_file)
-    return family_for_config(config, config_file).build(config, config_file)
+    where = os.path.join(config_file, CONFIG_NAME) if os.path.isdir(config_file) else config_file
+    return family_for_config(config, where).build(config, where)
 
 
 def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:

@@ -1,0 +1,347 @@
+"""SANA's DC-AE (AutoencoderDC), issue 35: a diffusers folder in, fine-tuned by both entry points (decoder-only,
+--trainable_modules, with EQ-VAE and the VF loss), trained from scratch, resumed exactly, run on 2 processes, and out
+again into diffusers' own class; the flags that mean nothing without a posterior refused. The network's equality with
+diffusers' is tests/test_autoencoder_dc.py's; here it is the trainer around it (models/dc_ae.py, the family seam)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import paddle
+import pytest
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from family_parity import assert_loaded_exactly, make_in_diffusers, run_in_diffusers
+from PIL import Image
+from safetensors.numpy import load_file
+
+from vae_trainer.argument_parser import parse_arguments
+from vae_trainer.models.dc_ae import DC_AE
+from vae_trainer.models.families import family_of
+from vae_trainer.models.vae_loading import build_vae
+
+# SANA-1.0-like, tiny: ResBlock stages then an EfficientViT stage, conv down / interpolate up, factor 4, 8 channels.
+# One batch_norm decoder stage (the in / mix VAEs have them): its statistics train, or stay as loaded when frozen.
+TINY_DC = dict(in_channels=3, latent_channels=8, attention_head_dim=8,
+               encoder_block_types=["ResBlock", "ResBlock", "EfficientViTBlock"],
+               decoder_block_types=["ResBlock", "ResBlock", "EfficientViTBlock"],
+               encoder_block_out_channels=[16, 32, 32], decoder_block_out_channels=[16, 32, 32],
+               encoder_layers_per_block=[1, 1, 1], decoder_layers_per_block=[1, 1, 1],
+               encoder_qkv_multiscales=[[], [], [5]], decoder_qkv_multiscales=[[], [], [5]],
+               upsample_block_type="interpolate", downsample_block_type="Conv",
+               decoder_norm_types=["batch_norm", "rms_norm", "rms_norm"], decoder_act_fns="silu",
+               scaling_factor=0.41407)
+PADDLE_WEIGHTS = "diffusion_paddle_model.safetensors"
+TORCH_WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def dc_args(file_list, output_dir, **overrides):
+    """A few steps of a DC-AE at 32 px on CPU: LPIPS, the GAN from step 3, EMA, accumulation 2."""
+    args = {"file_list": file_list, "output_dir": output_dir, "resolution": 32, "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 2, "max_steps": 4, "disc_start": 2, "logging_steps": 1, "save_steps": 2,
+            "seed": 5, "device": "cpu", "dataloader_num_workers": 0, "disc_base_channels": 8,
+            "learning_rate": 2e-3, "disable_tqdm": "true", "use_ema": "true", "ema_decay": 0.9}
+    args.update(overrides)
+    return [str(item) for key, value in args.items() if value is not None for item in (f"--{key}", value)]
+
+
+def weights(folder, name=PADDLE_WEIGHTS) -> dict:
+    """A weight file's tensors, flattened (BatchNorm's counter is 0-d in diffusers' files, [1] in ours)."""
+    return {key: value.reshape(-1) for key, value in load_file(os.path.join(folder, name)).items()}
+
+
+def images(count=2, size=32, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (count, 3, size, size)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> str:
+    """A SANA-like pipeline download: its DC-AE in vae/, made and saved by diffusers with seeded weights."""
+    root = tmp_path_factory.mktemp("sana_pipeline")
+    make_in_diffusers("AutoencoderDC", root / "vae", TINY_DC, seed=3)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def held_out_32(tmp_path_factory) -> str:
+    """6 held-out 32x32 PNG crops of photos, so that the evaluation's resize and crop leave them as they are."""
+    import skimage.data
+
+    root = tmp_path_factory.mktemp("held_out_32")
+    for k, photo in enumerate((skimage.data.coffee(), skimage.data.rocket())):
+        for j in range(3):
+            Image.fromarray(photo[40 + 32 * j: 72 + 32 * j, 100:132]).save(root / f"crop_{k}_{j}.png")
+    return str(root)
+
+
+# ---- in
+
+def test_a_diffusers_dc_ae_folder_loads_with_its_scale_and_encodes_as_diffusers(pipeline, tmp_path):
+    vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
+    assert family_of(vae) is DC_AE and vae.config.scaling_factor == 0.41407
+    x = images()
+    theirs = run_in_diffusers("AutoencoderDC", os.path.join(pipeline, "vae"), x, tmp_path)
+    assert_loaded_exactly(theirs, "AutoencoderDC")
+    vae.eval()
+    with paddle.no_grad():
+        posterior = DC_AE.encode(vae, paddle.to_tensor(x))
+        decoded = DC_AE.decode(vae, posterior.mode())
+    assert posterior.logvar is None and posterior.var is None  # deterministic: no posterior, no KL
+    np.testing.assert_allclose(posterior.mean.numpy(), theirs["latent"], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(decoded.numpy(), theirs["decoded"], rtol=0, atol=1e-4)
+
+
+def test_the_fp16_variant_of_a_download_loads_as_float32(tmp_path):
+    folder = make_in_diffusers("AutoencoderDC", tmp_path / "vae", TINY_DC, seed=4, variant="fp16")
+    assert sorted(os.listdir(folder)) == ["config.json", "diffusion_pytorch_model.fp16.safetensors"]
+    vae = build_vae(pretrained_model_name_or_path=folder)
+    stored = load_file(os.path.join(folder, "diffusion_pytorch_model.fp16.safetensors"))
+    ours = vae.state_dict()["decoder.conv_in.weight"]
+    assert ours.dtype == paddle.float32
+    np.testing.assert_array_equal(ours.numpy(), stored["decoder.conv_in.weight"].astype(np.float32))
+
+
+# ---- fine-tuned by both entry points
+
+@pytest.fixture(scope="module")
+def decoder_only(pipeline, photo_filelist, held_out_32, tmp_path_factory) -> dict:
+    """Both drivers: decoder-only fine-tune of the download, evaluated at steps 2 and 4."""
+    out = {}
+    for driver in DRIVERS:
+        output_dir = str(tmp_path_factory.mktemp(f"dc_{driver.split('.')[0]}"))
+        run_entry_point(driver, dc_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                        subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
+                                        eval_steps=2, eval_num_images=6))
+        out[driver] = output_dir
+    return out
+
+
+def test_both_drivers_fine_tune_a_dc_ae_to_the_same_numbers(decoder_only):
+    trainer, loop = (decoder_only[driver] for driver in DRIVERS)
+    for tag in ("loss/total", "loss/pixel", "loss/perceptual", "loss/discriminator", "eval/psnr", "eval/lpips"):
+        a, b = read_scalars(os.path.join(trainer, "logs"), tag), read_scalars(os.path.join(loop, "logs"), tag)
+        assert a and a == pytest.approx(b, rel=1e-6), tag
+    assert not read_scalars(os.path.join(loop, "logs"), "loss/kl")  # no posterior: no KL term, not even a 0
+    for folder in ("vae", "vae_raw"):
+        wa, wb = weights(os.path.join(trainer, folder)), weights(os.path.join(loop, folder))
+        assert wa.keys() == wb.keys()
+        for name in wa:
+            np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+
+
+def test_decoder_only_keeps_the_encoder_and_the_scale_and_exports_for_diffusers(decoder_only, pipeline, tmp_path):
+    source = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS)
+    output_dir = decoder_only[DRIVERS[1]]
+    vae_dir = os.path.join(output_dir, "vae")
+    exported = weights(vae_dir, TORCH_WEIGHTS)
+    assert exported.keys() == source.keys()
+    encoder = [name for name in source if name.startswith("encoder.")]
+    for name in encoder:
+        np.testing.assert_array_equal(exported[name], source[name], err_msg=name)
+    changed = [name for name in source if not np.array_equal(exported[name], source[name])]
+    assert changed and all(name.startswith("decoder.") for name in changed)
+    assert "decoder.up_blocks.0.1.norm.running_mean" in changed  # the batch_norm stage's statistics trained
+    config = json.load(open(os.path.join(vae_dir, "config.json")))
+    stats = json.load(open(os.path.join(vae_dir, "latent_stats.json")))
+    assert config["_class_name"] == "AutoencoderDC" and config["scaling_factor"] == 0.41407
+    assert stats["source"].startswith("kept from the pretrained VAE") and "shift_factor" not in config
+    assert stats["measured"]["statistic"].startswith("the latents")
+    theirs = run_in_diffusers("AutoencoderDC", vae_dir, images(), tmp_path)
+    assert_loaded_exactly(theirs, "AutoencoderDC")
+
+
+def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, held_out_32, tmp_path):
+    """eval_vae.py's PSNR of the exported folder is the PSNR of diffusers' own reconstructions of the same images."""
+    vae_dir = os.path.join(decoder_only[DRIVERS[0]], "vae")
+    result = load_script("eval_vae").main(["--vae", vae_dir, "--data", held_out_32, "--resolution", "32",
+                                           "--num_images", "6", "--output_dir", str(tmp_path / "eval"),
+                                           "--skip_lpips"])
+    protocol = json.load(open(tmp_path / "eval" / "metrics.json"))["protocol"]
+    assert protocol["latents"].startswith("the encoder's latent (deterministic")
+    names = sorted(os.listdir(held_out_32))
+    x = np.stack([np.asarray(Image.open(os.path.join(held_out_32, n)).convert("RGB"), np.float32) / 127.5 - 1
+                  for n in names]).transpose(0, 3, 1, 2)
+    theirs = run_in_diffusers("AutoencoderDC", vae_dir, x, tmp_path)
+    recon = (np.clip(theirs["decoded"], -1, 1) + 1) / 2
+    psnr = 10 * np.log10(1 / ((recon - (x + 1) / 2) ** 2).reshape(len(x), -1).mean(axis=1))
+    assert result.metrics["psnr"] == pytest.approx(float(psnr.mean()), abs=1e-3)
+
+
+def test_trainable_modules_train_those_alone_and_frozen_statistics_stay(pipeline, photo_filelist, tmp_path):
+    """DC-AE's phase 3: the decoder's head alone (its output norm and conv), with the GAN; every other weight and
+    the batch_norm stage's statistics go out as loaded."""
+    output_dir = str(tmp_path / "head")
+    run_entry_point(DRIVERS[1], dc_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                        subfolder="vae", use_ema="false", ema_decay=None) +
+                    ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
+    source, exported = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(os.path.join(output_dir, "vae"),
+                                                                                       TORCH_WEIGHTS)
+    changed = {name for name in source if not np.array_equal(exported[name], source[name])}
+    assert changed == {"decoder.norm_out.weight", "decoder.norm_out.bias", "decoder.conv_out.weight",
+                       "decoder.conv_out.bias"}
+
+
+def test_a_trainable_modules_pattern_matching_nothing_names_the_closest(pipeline):
+    from vae_trainer.models.autoencoder_gan import trainable_names
+
+    vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
+    trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
+    with pytest.raises(ValueError, match=r"'decoder\.conv_outt\.\*' matches no parameter.*decoder\.conv_out\.\*"):
+        trainable_names(vae, ["decoder.conv_outt.*"], trainable)
+    assert trainable_names(vae, ["encoder.conv_out.*"], trainable) == {"encoder.conv_out.weight",
+                                                                       "encoder.conv_out.bias"}
+
+
+def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_filelist, tmp_path):
+    from test_alignment import tiny_dinov2
+
+    config = tmp_path / "dc.json"
+    config.write_text(json.dumps({"_class_name": "AutoencoderDC", **TINY_DC}))
+    output_dir = str(tmp_path / "scratch")
+    run_entry_point(DRIVERS[0], dc_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
+                                        vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
+                                        recompute="true"))
+    stats = json.load(open(os.path.join(output_dir, "vae", "latent_stats.json")))
+    exported = json.load(open(os.path.join(output_dir, "vae", "config.json")))
+    assert stats["source"].startswith("measured on") and stats["scaling_factor"] != 0.41407
+    assert exported["scaling_factor"] == stats["measured"]["suggested_scaling_factor"] == stats["scaling_factor"]
+    assert read_scalars(os.path.join(output_dir, "logs"), "train/vf_loss")
+
+
+def test_resume_of_a_dc_ae_run_is_exact(pipeline, photo_filelist, tmp_path):
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    flags = dict(pretrained_model_name_or_path=pipeline, subfolder="vae")
+    run_entry_point(DRIVERS[1], dc_args(photo_filelist, straight, **flags))
+    run_entry_point(DRIVERS[1], dc_args(photo_filelist, resumed, max_steps=2, **flags))
+    run_entry_point(DRIVERS[0], dc_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags))
+    a, b = weights(os.path.join(straight, "vae")), weights(os.path.join(resumed, "vae"))
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, photo_filelist, tmp_path):
+    output_dir = tmp_path / "two"
+    run_entry_point(DRIVERS[0], dc_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=pipeline,
+                                        subfolder="vae", max_steps=2), nproc=2, log_dir=tmp_path / "launch")
+    exported = json.load(open(output_dir / "vae" / "config.json"))
+    assert exported["_class_name"] == "AutoencoderDC" and exported["scaling_factor"] == 0.41407
+
+
+# ---- the family's parts
+
+def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(pipeline):
+    from vae_trainer.models.vae import enable_recompute
+
+    grads = []
+    for recompute in (False, True):
+        vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
+        if recompute:
+            names = enable_recompute(vae)
+            assert len(names) == 10 and not any(name.startswith("decoder.conv_out") for name in names)
+        x = paddle.to_tensor(images())
+        DC_AE.decode(vae, DC_AE.encode(vae, x).mean).square().mean().backward()
+        grads.append({name: p.grad.numpy() for name, p in vae.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 50
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert DC_AE.decoder_last_layer(vae) is vae.decoder.conv_out.weight
+
+
+def test_eval_tiling_uses_the_dc_ae_tiles_and_restores_the_model(pipeline):
+    vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
+    vae.eval()
+    x = paddle.to_tensor(images(1, 64))
+    with paddle.no_grad():
+        whole = DC_AE.encode(vae, x).mean.numpy()
+        with DC_AE.tiled(vae, 32):
+            tiled = DC_AE.encode(vae, x).mean.numpy()
+            assert (vae.tile_sample_min_height, vae.tile_sample_stride_height) == (32, 24)
+        assert not vae.use_tiling and vae.tile_sample_min_height == 512  # restored
+        vae.enable_tiling(32, 32, 24, 24)
+        reference = vae.tiled_encode(x).latent.numpy()
+    np.testing.assert_array_equal(tiled, reference)
+    assert np.abs(tiled - whole).max() > 1e-4  # really tiled
+
+
+def test_the_decoder_last_layer_of_a_pixel_shuffle_head_is_its_conv(tmp_path):
+    config = {**TINY_DC, "encoder_layers_per_block": [0, 1, 1], "decoder_layers_per_block": [0, 1, 1],
+              "downsample_block_type": "pixel_unshuffle", "upsample_block_type": "pixel_shuffle"}
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"_class_name": "AutoencoderDC", **config}))
+    vae = build_vae(str(path))
+    assert DC_AE.decoder_last_layer(vae) is vae.decoder.conv_out.conv.weight
+
+
+# ---- refused
+
+@pytest.mark.parametrize("flags,message", [
+    (["--kl_weight", "1e-6"], "--kl_weight 1e-06: this autoencoder's encoder is deterministic"),
+    (["--learn_logvar", "true"], "--learn_logvar true: with a deterministic encoder"),
+    (["--sample_posterior", "true"], "--sample_posterior true: this autoencoder's encoder is deterministic"),
+    (["--resolution", "48"], "--resolution 48 must be a multiple of the VAE's downsampling factor 32"),
+])
+def test_flags_meaningless_for_a_dc_ae_are_refused_at_parse_time(flags, message, tmp_path):
+    argv = ["--file_list", "x", "--vae_config_file", os.path.join(REPO, "configs", "dc_ae_f32c32_sana.json"),
+            "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "64"] + flags
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_arguments(argv)
+
+
+def test_what_a_deterministic_latent_still_takes_is_accepted(tmp_path):
+    argv = ["--file_list", "x", "--vae_config_file", os.path.join(REPO, "configs", "dc_ae_f32c32_sana.json"),
+            "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "64", "--sample_posterior", "false",
+            "--posterior_std", "0.1", "--recipe", "balanced"]
+    parse_arguments(argv)
+
+
+def test_a_config_key_unknown_or_missing_is_one_error_naming_file_and_key(pipeline, tmp_path):
+    folder = tmp_path / "vae"
+    shutil.copytree(os.path.join(pipeline, "vae"), folder)
+    config = json.load(open(folder / "config.json"))
+    (folder / "config.json").write_text(json.dumps({**config, "encoder_norm_types": "rms_norm"}))
+    with pytest.raises(ValueError, match=rf"{folder}.*encoder_norm_types are not known"):
+        build_vae(pretrained_model_name_or_path=str(folder))
+    del config["decoder_act_fns"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"{folder}.*lacks decoder_act_fns \(diffusers' defaults: "
+                                         r"decoder_act_fns='silu'\)"):
+        build_vae(pretrained_model_name_or_path=str(folder))
+
+
+def test_weights_that_do_not_fit_the_config_are_one_error(pipeline, tmp_path):
+    folder = tmp_path / "vae"
+    shutil.copytree(os.path.join(pipeline, "vae"), folder)
+    config = json.load(open(folder / "config.json"))
+    (folder / "config.json").write_text(json.dumps({**config, "latent_channels": 4}))
+    with pytest.raises(ValueError, match=r"other shapes than this VAE's, e\.g\. .*encoder\.conv_out\.weight"):
+        build_vae(pretrained_model_name_or_path=str(folder))
+
+
+@pytest.fixture(scope="module")
+def wan_folder(tmp_path_factory) -> str:
+    """A folder as a Wan VAE download looks (a class not trained here yet)."""
+    folder = tmp_path_factory.mktemp("wan_vae")
+    (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan", "base_dim": 96, "z_dim": 16,
+                                                    "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2}))
+    (folder / TORCH_WEIGHTS).write_bytes(b"")
+    return str(folder)
+
+
+def test_a_class_not_trained_is_one_line_in_every_entry_point_and_script(wan_folder, photo_filelist, tmp_path):
+    import subprocess
+    import sys
+
+    expected = f"error: {wan_folder}/config.json: its \"_class_name\" is AutoencoderKLWan, a class this trainer does not train"
+    commands = [[driver, "--file_list", photo_filelist, "--pretrained_model_name_or_path", wan_folder, "--max_steps",
+                 "1", "--output_dir", str(tmp_path / driver), "--device", "cpu"] for driver in DRIVERS]
+    commands.append(["scripts/eval_vae.py", "--vae", wan_folder, "--data", photo_filelist, "--output_dir",
+                     str(tmp_path / "eval")])
+    for command in commands:
+        result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith(expected.split(": its")[0]), \
+            (command[0], result.stderr[-2000:])
+        assert "AutoencoderKLWan, a class this trainer does not train (yet); it trains" in lines[0]
+        assert "Traceback" not in result.stderr
