@@ -9,6 +9,9 @@ Every cell is one fresh process running a whole run as a user starts it (`train_
 default, `--entry_points` for the other): start-up, `--steps` optimizer steps, the final checkpoint and the
 export with its latent statistics (their batch follows the training batch, evaluation.py). Reported:
 
+- the median compute seconds of an optimizer step after the first (our entry points log them to VisualDL
+  every step here: `perf/compute_seconds_per_step`);
+
 - CPU: the peak resident set size of that process (`ru_maxrss`, a high-water mark of the whole run, so
   the biggest moment wins, wherever it is). Dataloader workers are off (`--workers 0`), so the process is
   the whole run.
@@ -92,6 +95,20 @@ def measure(result_path: str, script: str, arguments: List[str]) -> None:
             json.dump(result, handle)
 
 
+def step_seconds(output_dir: str) -> Optional[float]:
+    """The median compute seconds of optimizer steps 2.. (the first warms up), as the run logged them to VisualDL
+    (`perf/compute_seconds_per_step`, data loading excluded); None without such steps."""
+    logs = os.path.join(output_dir, "logs")
+    files = [name for name in os.listdir(logs) if name.startswith("vdlrecords")] if os.path.isdir(logs) else []
+    if not files:
+        return None
+    from visualdl import LogReader
+
+    records = LogReader(file_path=os.path.join(logs, files[0])).get_data("scalar", "perf/compute_seconds_per_step")
+    values = sorted(record.value for record in records if record.id >= 2)
+    return values[len(values) // 2] if values else None
+
+
 def measured_run(command: List[str], env: Dict[str, str]) -> Dict:
     """Run `python benchmark_memory.py --measure RESULT command...`: peaks, wall seconds, exit code."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
@@ -119,7 +136,7 @@ def our_command(entry_point: str, config: str, resolution: int, batch: int, opti
     flags = {
         "file_list": file_list, "vae_config_file": os.path.join(REPO_ROOT, config), "resolution": resolution,
         "per_device_train_batch_size": batch, "max_steps": steps, "disc_start": disc_start, "seed": 0,
-        "output_dir": output_dir, "logging_steps": NEVER, "image_logging_steps": 0, "save_steps": NEVER,
+        "output_dir": output_dir, "logging_steps": 1, "image_logging_steps": 0, "save_steps": NEVER,
         "device": device, "dataloader_num_workers": 0, "disable_tqdm": "true",
     }
     if latent_stats_num_images:
@@ -151,8 +168,8 @@ def gib(value: Optional[float]) -> str:
 
 def markdown_table(results: List[Dict], device: str) -> str:
     memory = "GPU peak allocated GiB" if device == "gpu" else "peak RSS GiB"
-    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | s/step | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in results:
         key = "gpu_peak_bytes" if device == "gpu" else "peak_rss_bytes"
         reference = next((r for r in results if r["system"] == "reference" and all(
@@ -160,9 +177,10 @@ def markdown_table(results: List[Dict], device: str) -> str:
         value = None if "error" in row else row.get(key)
         ratio = (f"{value / reference[key]:.2f}x" if reference and value and reference.get(key)
                  and "error" not in reference and row is not reference else "")
+        per_step = "" if row.get("step_seconds") is None else f"{row['step_seconds']:.1f}"
         lines.append(f"| {os.path.basename(row['config'])} | {row['resolution']} | {row['batch_size']} "
                      f"| `{row['options'] or '-'}` | {row['system']} | {gib(value) if 'error' not in row else 'failed'} "
-                     f"| {ratio} | {row['wall_seconds']:.0f} |")
+                     f"| {ratio} | {per_step} | {row['wall_seconds']:.0f} |")
     return "\n".join(lines)
 
 
@@ -197,6 +215,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                                                       disc_start, args.device, file_list, output_dir,
                                                       args.latent_stats_num_images)
                             result = measured_run(command, env)
+                            if system != "reference":
+                                result["step_seconds"] = step_seconds(output_dir)
                             results.append({"config": config, "resolution": resolution, "batch_size": batch,
                                             "options": options, "system": system, **result})
                             status = ("FAILED: " + result["error"][-300:] if "error" in result else
