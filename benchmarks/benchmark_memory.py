@@ -9,6 +9,8 @@ Every cell is one fresh process running a whole run as a user starts it (`train_
 default, `--entry_points` for the other): start-up, `--steps` optimizer steps, the final checkpoint and the
 export with its latent statistics (their batch follows the training batch, evaluation.py). Reported:
 
+- the peak RSS before the final checkpoint is written (start-up and the training steps: what a longer run
+  with rare checkpoints holds), beside that of the whole run;
 - the median compute seconds of an optimizer step after the first (our entry points log them to VisualDL
   every step here: `perf/compute_seconds_per_step`);
 
@@ -81,13 +83,23 @@ def measure(result_path: str, script: str, arguments: List[str]) -> None:
 
     sys.argv = [script, *arguments]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    code = 0
+    code, result = 0, {}
+    if "train_vae" in os.path.basename(script):  # the peak before the final checkpoint: start-up and the steps
+        from vae_trainer import checkpoint
+
+        save = checkpoint.save_checkpoint
+
+        def save_checkpoint(*args, **kwargs):
+            result.setdefault("training_peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            return save(*args, **kwargs)
+
+        checkpoint.save_checkpoint = save_checkpoint
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
-        result = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "exit_code": code}
+        result.update(peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, exit_code=code)
         paddle = sys.modules.get("paddle")
         if paddle is not None and paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
             result["gpu_peak_bytes"] = int(paddle.device.cuda.max_memory_allocated())
@@ -168,8 +180,8 @@ def gib(value: Optional[float]) -> str:
 
 def markdown_table(results: List[Dict], device: str) -> str:
     memory = "GPU peak allocated GiB" if device == "gpu" else "peak RSS GiB"
-    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | s/step | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | peak RSS GiB before the "
+             "final save | s/step | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results:
         key = "gpu_peak_bytes" if device == "gpu" else "peak_rss_bytes"
         reference = next((r for r in results if r["system"] == "reference" and all(
@@ -180,7 +192,7 @@ def markdown_table(results: List[Dict], device: str) -> str:
         per_step = "" if row.get("step_seconds") is None else f"{row['step_seconds']:.1f}"
         lines.append(f"| {os.path.basename(row['config'])} | {row['resolution']} | {row['batch_size']} "
                      f"| `{row['options'] or '-'}` | {row['system']} | {gib(value) if 'error' not in row else 'failed'} "
-                     f"| {ratio} | {per_step} | {row['wall_seconds']:.0f} |")
+                     f"| {ratio} | {gib(row.get('training_peak_rss_bytes'))} | {per_step} | {row['wall_seconds']:.0f} |")
     return "\n".join(lines)
 
 

@@ -130,5 +130,5 @@ def test_eval_script_refuses_a_resolution_the_vae_cannot_take(tmp_path, big_jpeg
         load_script("eval_vae").main(["--vae", f"{REPO}/configs/vae_tiny.json", "--data", str(big_jpeg), "--resolution", "30",
                                       "--output_dir", str(tmp_path / "out"), "--skip_lpips"])
     assert stopped.value.code == "error: --resolution 30 must be a multiple of the VAE's downsampling factor 4 " \
-                                 "(the VAE's config)"
+                                 "(2 ** (down blocks - 1), the VAE's config)"
     assert not (tmp_path / "out").exists()

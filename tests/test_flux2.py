@@ -278,7 +278,7 @@ def test_keep_exports_the_source_statistics_after_a_whole_model_fine_tune(source
 
 @pytest.mark.parametrize("flags,message", [
     (["--scaling_factor", "0.5"], "has no scaling_factor"),
-    (["--freeze_encoder", "true", "--scaling_factor", "measure"], "keeps the source's latent normalisation"),
+    (["--freeze_encoder", "true", "--scaling_factor", "measure"], "keeps the source's bn statistics"),
 ])
 def test_flux2_refuses_a_latent_scale_it_cannot_have(source, photo_filelist, tmp_path, flags, message):
     args = tiny_args(photo_filelist, str(tmp_path / "run"), max_steps=1)

@@ -27,7 +27,6 @@ from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.vae import check_reconstruction_shape, enable_recompute
-from .models.families import family_of
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import setup_precision, uses_master_weights
@@ -66,10 +65,6 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                         ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
-        scaling_factor_mode = mode_for(vae, model_args)  # checked against the VAE's class (FLUX.2: keep or measure)
-        norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)]
-        if world_size() > 1 and norms and family_of(vae).trains_batch_norm:  # DC-AE's batch_norm decoder stages
-            vae = convert_batchnorm_to_sync(vae)
         if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/vae.py)
             segments = enable_recompute(vae)
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
@@ -89,6 +84,9 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                                      posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
                                      input_size=model_args.input_size, vf_feature_dim=vf_width,
                                      trainable_modules=model_args.trainable_modules)
+        model.refuse_frozen_readers(loss_args)
+        # Checked against the VAE's family (FLUX.2: keep or measure) and whether its encoder trains.
+        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)

@@ -55,7 +55,7 @@ def save_final_models(output_dir: str, networks, ema, evaluator, step: int) -> T
     """OUTPUT_DIR/vae (+ vae_raw with an EMA) and OUTPUT_DIR/discriminator; call on every rank."""
     model = networks.model
     scales = latent_scales_at_export(networks.scaling_factor_mode, model.vae, ema, evaluator, step,
-                                     encoder_frozen=model.freeze_encoder)
+                                     encoder_frozen=model.encoder_frozen)
     vae_dir, disc_dir = os.path.join(output_dir, "vae"), os.path.join(output_dir, "discriminator")
     with all_ranks_agree("exporting the final models"):  # a failure on rank 0 ends every rank with its message
         if rank() == 0:  # each folder written beside its place, then moved in (disk.py): never half an export

@@ -181,6 +181,9 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
      "with a deterministic encoder (e.g. AutoencoderDC) there is no KL term, and the nll's log-variance would only "
      "rescale the VAE's whole gradient, which AdamW undoes: drop it"),
+    (("posterior_std",), lambda f: f.deterministic and f.posterior_std > 0 and not f.sample_posterior,
+     "with a deterministic encoder (e.g. AutoencoderDC) it is noise added to the latent in training, and "
+     "--sample_posterior false adds none: drop one of them"),
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
      "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),

@@ -48,19 +48,23 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
     names = [name for name, _, _ in sources]
     unstated = (f"neither {' nor '.join(names)} states a scaling_factor" if len(names) > 1
                 else f"{names[0] if names else 'the VAE'} states no scaling_factor")
-    default = family.scaling_factor_default()
-    if default is None:  # the normalisation comes with the encoder's weights (FLUX.2's bn statistics)
-        origin = (f"the {family.scale_name} kept from {names[0]}" if loaded and not reinitialised
-                  else f"the {family.scale_name} of a fresh VAE")
+    default = family.defaults().get("scaling_factor")
+    if family.held_scale:  # the normalisation comes with the encoder's weights (FLUX.2's bn statistics)
+        origin = (f"the {family.held_scale} kept from {names[0]}" if loaded and not reinitialised
+                  else f"the {family.held_scale} of a fresh VAE (mean 0, variance 1)")
     elif "scaling_factor" in chosen:
         origin = chosen["scaling_factor"][2]
-    else:
-        whose = "Stable Diffusion's" if default == DEFAULT_SCALING_FACTOR else f"{family.class_name}'s default"
-        origin = f"{whose} {default} (the class's default), assumed: {unstated}"
+    elif default == DEFAULT_SCALING_FACTOR:
+        origin = f"Stable Diffusion's {DEFAULT_SCALING_FACTOR} (ppdiffusers' default), assumed: {unstated}"
         if loaded and not reinitialised:
-            logger.warning("%s: %s %s is assumed. For another VAE give its factor, e.g. SDXL's: "
+            logger.warning("%s: Stable Diffusion's %s is assumed. For another VAE give its factor, e.g. SDXL's: "
                            "--scaling_factor 0.13025 (the exported factor), or a config stating it, "
-                           "--vae_config_file configs/sdxl_vae.json", unstated, whose, default)
+                           "--vae_config_file configs/sdxl_vae.json", unstated, DEFAULT_SCALING_FACTOR)
+    else:
+        origin = f"{family.class_name}'s default {default}, assumed: {unstated}"
+        if loaded and not reinitialised:
+            logger.warning("%s: %s's default %s is assumed; give the factor with --scaling_factor", unstated,
+                           family.class_name, default)
     if chosen:
         vae.register_to_config(**{key: value for key, (_, value, _) in chosen.items()})
     setattr(vae, EXPORT_ORIGIN_KEY, origin)
@@ -157,21 +161,22 @@ def scaling_factor_mode(model_args) -> Mode:
     return "keep" if model_args.pretrained_model_name_or_path else "measure"
 
 
-def mode_for(vae: Layer, model_args) -> Mode:
-    """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor)."""
+def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
+    """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor) and whether its encoder
+    trains (`encoder_frozen`: --freeze_encoder, or --trainable_modules that leave it out)."""
     from .models.families import family_of
 
     mode, family = scaling_factor_mode(model_args), family_of(vae)
     if "scaling_factor" not in family.scale_keys and mode not in ("keep", "measure"):
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
-                         f"normalise the latents with its {family.scale_name}. Use --scaling_factor keep (the "
-                         "source's) or measure (from the trained encoder).")
-    held = family.scaling_factor_default() is None  # the normalisation is in the encoder's weights
-    if held and mode == "measure" and getattr(model_args, "freeze_encoder", False):
-        raise ValueError(f"--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of "
-                         f"{family.class_name} keeps the source's {family.scale_name} (what its diffusion model was "
-                         "trained with). Drop --scaling_factor measure (measure is also the default for a fresh VAE "
-                         "or with --ignore_keys of the encoder: give --scaling_factor keep, or train the encoder).")
+                         f"normalise the latents with its {family.held_scale or family.scale_name}. Use "
+                         "--scaling_factor keep (the source's statistics) or measure (from the trained encoder).")
+    if family.held_scale and mode == "measure" and encoder_frozen:
+        raise ValueError(f"--scaling_factor measure with a frozen encoder: a decoder-only fine-tune of "
+                         f"{family.class_name} keeps the source's {family.held_scale} (the latent normalisation its "
+                         "DiT was trained with). Drop --scaling_factor measure (measure is also the default for a "
+                         "fresh VAE or with --ignore_keys of the encoder: give --scaling_factor keep, or train the "
+                         "encoder).")
     return mode
 
 

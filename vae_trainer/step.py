@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
-from .distributed import sum_over_ranks, sync_gradients
+from .distributed import sum_over_ranks, sync_gradients, world_size
 from .ema import ema_weights
 from .equivariance import draw, parse_transforms
 from .alignment import to_token_grid
@@ -132,6 +132,11 @@ class TrainStep:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
         self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
         self._window_gan_overflows: List[paddle.Tensor] = []
+        # BatchNorm statistics of the VAE (DC-AE's in / mix decoders), averaged over ranks after each step: the
+        # running means are then the global batch's (SyncBatchNorm would drop PyTorch's unbiased variance update).
+        self._norm_statistics = [tensor for layer in self.model.vae.sublayers()
+                                 if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
+                                 for tensor in (layer._mean, layer._variance)] if world_size() > 1 else []
 
     def gan_active(self, global_step: int) -> bool:
         """The GAN terms (and the discriminator's training) start at --disc_start."""
@@ -212,7 +217,9 @@ class TrainStep:
         # as its weights (335 MB for SD), and between steps nothing needs them.
         self.vae_optimizer.clear_grad(set_to_zero=False)
         self.disc_optimizer.clear_grad(set_to_zero=False)
-        if self.ema is not None:                                                          # 9. EMA
+        for statistic in self._norm_statistics:                                           # 9. BatchNorm statistics
+            statistic.set_value(sum_over_ranks(statistic) / world_size())
+        if self.ema is not None:                                                          # 10. EMA
             self.ema.step(self.model.vae.parameters())
 
         scalars["train/grad_norm"] = vae_norm
@@ -246,7 +253,9 @@ def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, pa
     EMA, the clean images reconstructed by the EMA weights (a VAE forward: call it only on the rank that logs)."""
     if step.ema is None:
         return micro.inputs, micro.reconstructions
-    # The container, so that --input_size applies; O2: float32 images into half-precision weights.
+    # The container, so that --input_size applies; O2: float32 images into half-precision weights. In eval mode: a
+    # BatchNorm's statistics are used, not changed (the next step sets training mode again).
+    step.model.eval()
     with ema_weights(step.ema, step.model.vae), paddle.no_grad(), half_precision_autocast(step.model.vae):
         recon = step.model(micro.clean_inputs, sample_posterior=False)[0]
     return micro.clean_inputs, recon.astype("float32")

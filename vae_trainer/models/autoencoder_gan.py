@@ -9,7 +9,7 @@ import contextlib
 import difflib
 import fnmatch
 import math
-from typing import Callable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import paddle
 
@@ -28,18 +28,19 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         self.discriminator = discriminator
         self.posterior_std = posterior_std
         self.input_size = [int(n) for n in input_size] if input_size else None
-        self.freeze_encoder = freeze_encoder
         # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters).
         self._trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
-        frozen = {id(p) for p in self.encoder_parameters()} if freeze_encoder else set()
+        frozen = {id(p) for p in self.family.encoder_parameters(vae)} if freeze_encoder else set()
         if trainable_modules:
-            trained = trainable_names(vae, trainable_modules, self._trainable)
-            frozen |= {id(p) for name, p in vae.named_parameters() if name not in trained}
+            frozen |= self._frozen_by_patterns(trainable_modules, frozen)
         for param in vae.parameters():
             if id(param) in frozen:
                 param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
-        # BatchNorm layers with no trainable weight keep their statistics too (evaluated as they are, never updated).
+        # Whether the latent space trains (--freeze_encoder, or --trainable_modules that leave the encoder out).
+        self.encoder_frozen = all(p.stop_gradient for p in self.family.encoder_parameters(vae))
+        # BatchNorm layers left with no trainable weight keep their statistics too (evaluated, never updated).
         self._frozen_norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
+                              and self._trainable & {id(p) for p in layer.parameters()}
                               and all(p.stop_gradient for p in layer.parameters())]
         # LeCAM's EMAs of [mean D(real), mean D(fake)]: a buffer so checkpoints and resume include it.
         self.register_buffer("lecam_ema", paddle.zeros([2], dtype="float32"), persistable=True)
@@ -60,15 +61,40 @@ class VAEWithDiscriminator(paddle.nn.Layer):
             params.append(self.logvar)
         return params
 
-    def train(self):
-        super().train()
+    def train(self, mode: bool = True):
+        super().train(mode)
         for layer in self._frozen_norms:
             layer.eval()
         return self
 
-    def encoder_parameters(self) -> List[paddle.Tensor]:
-        """What --freeze_encoder freezes: everything that defines the latents."""
-        return [param for layer in self.family.encoder_layers(self.vae) for param in layer.parameters()]
+    def _frozen_by_patterns(self, patterns: Sequence[str], frozen: Set[int]) -> Set[int]:
+        """The ids of the VAE weights no --trainable_modules pattern takes; a pattern whose weights are all frozen
+        anyway (--freeze_encoder) is an error."""
+        named = {name: p for name, p in self.vae.named_parameters() if id(p) in self._trainable}
+        trained = set()
+        for pattern in patterns:
+            matched = trainable_names(named, pattern)
+            if all(id(named[name]) in frozen for name in matched):
+                raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which --freeze_encoder "
+                                 "keeps frozen: drop one of them")
+            trained |= {id(named[name]) for name in matched} - frozen
+        return {id(p) for p in named.values()} - trained
+
+    def refuse_frozen_readers(self, loss_args) -> None:
+        """Objective terms that read a layer --trainable_modules leaves frozen (they would fail at their first step,
+        maybe at --disc_start, or shape a latent space that cannot move): one error."""
+        gan_adaptive = (loss_args.disc_weight > 0 and loss_args.adaptive_disc_weight
+                        and loss_args.loss_balancing != "gradnorm")
+        if gan_adaptive and self.family.decoder_last_layer(self.vae).stop_gradient:
+            raise ValueError("the adaptive GAN weight compares gradients at the decoder's last layer, which "
+                             "--trainable_modules leaves frozen: add its pattern (e.g. 'decoder.conv_out.*'), or give "
+                             "--adaptive_disc_weight false")
+        if self.encoder_frozen and self.vf_projection is not None:
+            raise ValueError("--vf_model_path aligns the latent space, and --trainable_modules leaves the encoder "
+                             "frozen: train the encoder's weights, or give --vf_weight 0 (the diagnostic only)")
+        if self.encoder_frozen and loss_args.equivariance_prob > 0:
+            raise ValueError("--equivariance_prob shapes the latent space, and --trainable_modules leaves the encoder "
+                             "frozen: train the encoder's weights, or drop it")
 
     def frozen_layers(self) -> List[paddle.nn.Layer]:
         """The VAE's layers no optimizer updates (--freeze_encoder, --trainable_modules), kept float32 under O2: each
@@ -88,7 +114,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def encode(self, x: paddle.Tensor):
         """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""
-        with paddle.no_grad() if self.freeze_encoder else contextlib.nullcontext():
+        with paddle.no_grad() if self.encoder_frozen else contextlib.nullcontext():
             return self.family.encode(self.vae, encoder_input(x, self.input_size))
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
@@ -109,18 +135,14 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         return (decoded, mean, logvar, z) if return_latent else (decoded, mean, logvar)
 
 
-def trainable_names(vae: paddle.nn.Layer, patterns: Sequence[str], trainable: Set[int]) -> Set[str]:
-    """The names of `vae`'s parameters in `trainable` (ids) some glob pattern matches (--trainable_modules); a
-    pattern matching none is an error naming the closest parameter and layer names."""
-    names = [name for name, p in vae.named_parameters() if id(p) in trainable]
-    trained = set()
-    for pattern in patterns:
-        matched = fnmatch.filter(names, pattern)
-        if not matched:
-            layers = sorted({name.rsplit(".", 1)[0] + ".*" for name in names})
-            closest = difflib.get_close_matches(pattern, names + layers, n=5, cutoff=0.4)
-            raise ValueError(f"--trainable_modules {pattern!r} matches no parameter of the VAE; closest names: "
-                             f"{', '.join(closest) or ', '.join(layers[:5])} (patterns are globs on parameter names, "
-                             "e.g. 'decoder.*')")
-        trained.update(matched)
-    return trained
+def trainable_names(named: Dict[str, paddle.Tensor], pattern: str) -> List[str]:
+    """The parameter names of `named` a --trainable_modules glob matches; none is an error naming the closest
+    parameter and layer names."""
+    matched = fnmatch.filter(named, pattern)
+    if not matched:
+        layers = sorted({name.rsplit(".", 1)[0] + ".*" for name in named})
+        closest = difflib.get_close_matches(pattern, list(named) + layers, n=5, cutoff=0.4)
+        raise ValueError(f"--trainable_modules {pattern!r} matches no parameter of the VAE; closest names: "
+                         f"{', '.join(closest) or ', '.join(layers[:5])} (patterns are globs on parameter names, "
+                         "e.g. 'decoder.*')")
+    return matched

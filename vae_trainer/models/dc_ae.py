@@ -8,7 +8,8 @@ import contextlib
 from typing import Any, List, Mapping, Tuple
 
 from .autoencoder_dc import AutoencoderDC
-from .family import Deterministic, Family, Geometry, Layer, Tensor, attributes_set, check_config_keys
+from .family import (Deterministic, Family, Geometry, Layer, Tensor, attributes_set, check_config_keys,
+                     holds_batch_norm)
 
 TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
@@ -24,17 +25,17 @@ class DCFamily(Family):
     class_name = "AutoencoderDC"
     network = AutoencoderDC
     deterministic = True
-    trains_batch_norm = True  # the in / mix decoders' batch_norm stages
     tiling_method = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
                      "tiled_decode, as diffusers')")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
-        return "encoder_block_out_channels" in config or "encoder_block_types" in config
+        return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
 
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**self.defaults(), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
-                        2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]))
+                        2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]),
+                        "2 ** (stages - 1)")
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         check_config_keys(config, self, where, required=ARCHITECTURE_KEYS)
@@ -55,11 +56,11 @@ class DCFamily(Family):
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """Every block of the encoder's and decoder's stages (residual, EfficientViT, down- and upsampling), not
-        the convs in and out nor the decoder's output norm."""
+        the convs in and out nor the decoder's output norm, nor a block of a batch_norm stage (its statistics)."""
         return [(f"{coder}.{blocks}.{i}.{j}", layer)
                 for coder, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks"))
                 for i, stage in enumerate(getattr(getattr(vae, coder), blocks))
-                for j, layer in enumerate(stage.children())]
+                for j, layer in enumerate(stage.children()) if not holds_batch_norm(layer)]
 
     @contextlib.contextmanager
     def tiled(self, vae: Layer, tile: int):

@@ -10,7 +10,7 @@ from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
 
-FAMILIES = (FLUX2, DC_AE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+FAMILIES = (DC_AE, FLUX2, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
 
 
 def trained_classes() -> str:
@@ -18,7 +18,7 @@ def trained_classes() -> str:
 
 
 def family_of(vae: Layer) -> Family:
-    """The family of a network: of its class, else of the class it derives from, else of its config."""
+    """The family of a network: of its class, else of the class it derives from, else (a stand-in) of its config."""
     for family in FAMILIES:
         if type(vae) is family.network:
             return family

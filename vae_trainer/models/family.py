@@ -26,6 +26,7 @@ class Geometry:
     factor: int  # image pixels per latent pixel, along each side (the encoder's downsampling)
     decoder_factor: int  # the decoder's upsampling: the factor, unless it super-resolves
     latent_channels: int
+    rule: str = ""  # how the config gives the factor, for messages ("2 ** (down blocks - 1)")
 
 
 class Deterministic:
@@ -51,10 +52,12 @@ class Family:
     class_name: ClassVar[str]  # the `_class_name` of its config.json (diffusers' class)
     network: ClassVar[type]  # the Paddle class
     deterministic: ClassVar[bool] = False  # no posterior: the KL flags are refused, the latent is its own mean
-    trains_batch_norm: ClassVar[bool] = False  # BatchNorm layers in its forward (SyncBatchNorm on several GPUs)
-    encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)  # the weights that define the latent
+    # The state-dict prefixes that define the latent (--ignore_keys of them re-initialise the latent space):
+    # `encoder_layers`' names, and buffers such as FLUX.2's bn statistics.
+    encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)
     scale_keys: ClassVar[Tuple[str, ...]] = ("scaling_factor",)  # the latent scale's config keys, kept from sources
     scale_name: ClassVar[str] = "scaling factor"  # what latent_stats.json calls its latent normalisation
+    held_scale: ClassVar[str] = ""  # a latent normalisation its weights hold (FLUX.2: "bn statistics"), else ""
     tiling_method: ClassVar[str] = ""  # --eval_tiled's method, for the protocol ("": no tiling)
 
     # ---- config: no network needed
@@ -95,8 +98,12 @@ class Family:
         """What --freeze_encoder freezes: every layer that defines the latent."""
         return [vae.encoder]
 
+    def encoder_parameters(self, vae: Layer) -> List[Tensor]:
+        return [param for layer in self.encoder_layers(vae) for param in layer.parameters()]
+
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
-        """(name, layer) recomputed under --recompute, never the decoder's last layer; empty: refused."""
+        """(name, layer) recomputed under --recompute, never the decoder's last layer nor a layer holding a
+        BatchNorm (recomputing its training forward would update its statistics twice); empty: refused."""
         return []
 
     def tiled(self, vae: Layer, tile: int) -> ContextManager[None]:
@@ -108,9 +115,6 @@ class Family:
         return None
 
     # ---- the latent scale
-    def scaling_factor_default(self) -> Optional[float]:
-        return self.defaults().get("scaling_factor")
-
     def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
         """Config updates of `--scaling_factor measure` from measured statistics (evaluation.EvalResult)."""
         updates = {"scaling_factor": stats.scaling_factor}
@@ -136,7 +140,7 @@ class Family:
         return "posterior samples, exact expectation from the posterior means and variances"
 
     def held_normalisation(self, vae: Layer):
-        """A latent normalisation the weights hold (FLUX.2's bn statistics), or None."""
+        """The latent normalisation its weights hold (`held_scale`: FLUX.2's bn statistics), or None."""
         return None
 
     # ---- the export
@@ -169,10 +173,15 @@ def check_config_keys(config: Mapping[str, Any], family: Family, where: str, req
     unknown = sorted(k for k in config if not k.startswith("_") and k not in known)
     if unknown:
         raise ValueError(f"{where}: {family.class_name} config key(s) {', '.join(unknown)} are not known to this "
-                         f"version (it knows {', '.join(sorted(known))}); a newer diffusers release's? Remove them "
-                         "only if they are at their default.")
+                         f"version (it knows {', '.join(sorted(known))}); from a newer diffusers release? This "
+                         "trainer cannot build that architecture.")
     missing = [k for k in required if k not in config]
     if missing:
         defaults = family.defaults()
         raise ValueError(f"{where}: {family.class_name} config lacks {', '.join(missing)} (diffusers' defaults: "
                          f"{', '.join(f'{k}={defaults[k]!r}' for k in missing)}): state the architecture's values.")
+
+
+def holds_batch_norm(layer: Layer) -> bool:
+    """Does `layer` hold a BatchNorm (whose training forward updates its statistics)?"""
+    return any(isinstance(sub, paddle.nn.layer.norm._BatchNormBase) for sub in layer.sublayers(include_self=True))

@@ -92,9 +92,11 @@ class Flux2Family(KLFamily):
     encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
     scale_keys = ()  # no scaling_factor: the bn statistics
     scale_name = "latent normalisation"
+    held_scale = "bn statistics"
 
     def owns(self, config: Mapping[str, Any]) -> bool:
-        return any(key in config for key in FLUX2_ONLY_KEYS)
+        """An AutoencoderKL-shaped config (block_out_channels) with a key of this class's."""
+        return "block_out_channels" in config and any(key in config for key in FLUX2_ONLY_KEYS)
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take
@@ -106,9 +108,6 @@ class Flux2Family(KLFamily):
 
     def normalised_view(self, vae: Layer, latents: Tensor) -> Optional[Tensor]:
         return patchify(latents, vae.config.patch_size)
-
-    def scaling_factor_default(self) -> Optional[float]:
-        return None
 
     def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
         if stats.patchified_mode_mean is None:

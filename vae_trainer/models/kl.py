@@ -31,7 +31,7 @@ class KLFamily(Family):
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**self.defaults(), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
-                        int(config["latent_channels"]))
+                        int(config["latent_channels"]), "2 ** (down blocks - 1)")
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         """A fresh AutoencoderKL whose saved config rebuilds it (the encoder's widths stated)."""

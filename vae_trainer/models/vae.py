@@ -26,7 +26,8 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
     height, width = input_size or (resolution, resolution)
     if height % encoder_factor or width % encoder_factor:
         flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
-        raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {encoder_factor} ({where})")
+        raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {encoder_factor} "
+                         f"({geometry.rule}, {where})")
     out = (height // encoder_factor * decoder_factor, width // encoder_factor * decoder_factor)
     if out != (resolution, resolution):
         raise ValueError(
