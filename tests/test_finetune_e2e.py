@@ -234,3 +234,17 @@ def test_the_export_reuses_the_last_evaluation_of_the_same_weights(driver, calls
     assert AutoencoderKL.load_config(str(tmp_path / "out" / "vae"))["scaling_factor"] == pytest.approx(suggested[0])
     stats = json.load(open(tmp_path / "out" / "vae" / "latent_stats.json"))
     assert stats["source"] == "measured on the evaluation at step 4"
+
+
+def test_trainable_modules_train_only_what_they_name_in_sd_s_vae_too(source, photo_filelist, tmp_path):
+    """--trainable_modules on an AutoencoderKL (issue 35): the decoder's last conv and the encoder's quant_conv
+    train, with the GAN's adaptive weight at that conv; every other weight goes out as the PyTorch folder holds it."""
+    from safetensors.numpy import load_file
+
+    output_dir = str(tmp_path / "out")
+    run_entry_point(DRIVERS[0], finetune_args(photo_filelist, output_dir, source, use_ema="false", max_steps=STEPS)
+                    + ["--trainable_modules", "decoder.conv_out.*", "quant_conv.*"])
+    before = load_file(os.path.join(source, "diffusion_pytorch_model.safetensors"))
+    after = load_file(os.path.join(output_dir, "vae", "diffusion_pytorch_model.safetensors"))
+    changed = {name for name in before if not np.array_equal(before[name], after[name])}
+    assert changed == {"decoder.conv_out.weight", "decoder.conv_out.bias", "quant_conv.weight", "quant_conv.bias"}
