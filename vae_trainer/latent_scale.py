@@ -166,6 +166,9 @@ def mode_for(vae: Layer, model_args) -> Mode:
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
                          f"normalise the latents with its {family.scale_name}. Use --scaling_factor keep (the "
                          "source's) or measure (from the trained encoder).")
+    problem = family.scale_mode_problem(vae, mode)
+    if problem:
+        raise ValueError(problem)
     held = family.scaling_factor_default() is None  # the normalisation is in the encoder's weights
     if held and mode == "measure" and getattr(model_args, "freeze_encoder", False):
         raise ValueError(f"--scaling_factor measure with --freeze_encoder: a decoder-only fine-tune of "

@@ -28,10 +28,13 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         self.discriminator = discriminator
         self.posterior_std = posterior_std
         self.input_size = [int(n) for n in input_size] if input_size else None
-        self.freeze_encoder = freeze_encoder
+        # A family's frozen encoder (RAE's) is frozen whatever the flags: no graph, kept float32 under O2 (as frozen).
+        self.freeze_encoder = freeze_encoder or self.family.encoder_frozen
         # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters).
         self._trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
-        frozen = {id(p) for p in self.encoder_parameters()} if freeze_encoder else set()
+        if self.family.encoder_frozen:  # the class freezes them itself
+            self._trainable |= {id(p) for p in self.encoder_parameters()}
+        frozen = {id(p) for p in self.encoder_parameters()} if self.freeze_encoder else set()
         if trainable_modules:
             trained = trainable_names(vae, trainable_modules, self._trainable)
             frozen |= {id(p) for name, p in vae.named_parameters() if name not in trained}

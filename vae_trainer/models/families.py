@@ -9,8 +9,9 @@ from .dc_ae import DC_AE
 from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
+from .rae import RAE
 
-FAMILIES = (FLUX2, DC_AE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+FAMILIES = (FLUX2, DC_AE, RAE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
 
 
 def trained_classes() -> str:
