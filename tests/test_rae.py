@@ -89,7 +89,7 @@ def sources(tmp_path_factory) -> dict:
     batch.make("AutoencoderRAE", root / "pipeline" / "vae", TINY_RAE, seed=3)
     for command, folder, config in (("dinov2", "dinov2", DINOV2), ("vit", "vit", DINO_VIT),
                                     ("rae_release", "release", RELEASE)):
-        batch.jobs.append([command, str(root / folder), "--config", json.dumps(config), "--seed", "2"])
+        batch.command(command, root / folder, "--config", json.dumps(config), "--seed", 2)
     batch.flush()
     return {name: str(root / name) for name in ("pipeline", "dinov2", "vit", "release")}
 
@@ -144,8 +144,8 @@ def in_diffusers(sources, photos, fine_tuned, scratch, converted, tmp_path_facto
     for name, folder in folders.items():
         os.makedirs(root / name)
         results[name] = batch.run("AutoencoderRAE", folder, images, root / name)
-    batch.jobs.append(["rae_tokens", sources["dinov2"], "--images", str(root / "photos.npy"), "--out",
-                       str(root / "tokens.npy"), "--input_size", "28"])
+    batch.command("rae_tokens", sources["dinov2"], "--images", root / "photos.npy", "--out", root / "tokens.npy",
+                  "--input_size", 28)
     batch.flush()
     return {"images": images, "tokens": np.load(root / "tokens.npy"), **{k: read() for k, read in results.items()}}
 
@@ -490,10 +490,12 @@ def rae_config(tmp_path_factory) -> str:
     (["--kl_weight", "1e-6"], "--kl_weight 1e-06: this autoencoder's encoder is deterministic"),
     (["--vf_model_path", "dino.pth"], "--vf_model_path dino.pth: it aligns the latents with a DINOv2, and the latent "
                                       "is the frozen representation encoder's"),
-    (["--equivariance_prob", "0.5"], "--equivariance_prob 0.5: it shapes the latent space, and the latent is the frozen"),
+    (["--equivariance_prob", "0.5"], "--equivariance_prob 0.5: it shapes the latent space, and the latent is the "
+                                     "frozen"),
     (["--resolution", "64"], "AutoencoderRAE decodes 32x32 images whatever its input.*--resolution 32"),
     (["--aspect_ratio_buckets", "true"], "--aspect_ratio_buckets: this VAE .* decodes square images only"),
-    (["--eval_tiled", "true", "--eval_file_list", "x", "--eval_steps", "1"], "--eval_tiled: AutoencoderRAE has no tiled"),
+    (["--eval_tiled", "true", "--eval_file_list", "x", "--eval_steps", "1"],
+     "--eval_tiled: AutoencoderRAE has no tiled"),
     (["--disc_type", "dino"], "--disc_type dino: the DINO discriminator needs its frozen ViT-S/8: add "
                               "--disc_backbone_path"),
     (["--disc_update_start", "9", "--disc_start", "3"], "--disc_update_start 9: it starts the discriminator's training "

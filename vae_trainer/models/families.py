@@ -11,7 +11,8 @@ from .flux2 import FLUX2
 from .kl import KL
 from .rae import RAE
 
-FAMILIES = (FLUX2, DC_AE, RAE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+# A config without `_class_name` goes to the first family that owns its keys: KL last.
+FAMILIES = (FLUX2, DC_AE, RAE, KL)
 
 
 def trained_classes() -> str:

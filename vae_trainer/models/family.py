@@ -1,9 +1,9 @@
 """The seam between the trainer and the autoencoder classes it trains: `Family`, what differs between them.
 
-One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py), registered in families.py by
-the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints, the latent
-scale and the export ask the family of the network they hold (`families.family_of`), never its class. Images are
-NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
+One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py), registered in
+families.py by the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints,
+the latent scale and the export ask the family of the network they hold (`families.family_of`), never its class.
+Images are NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
 """
 
 from __future__ import annotations
