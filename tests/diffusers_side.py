@@ -20,6 +20,20 @@ drives it.
             (the decoder's output before a decode's final clamp); fails if decode never called torch.clamp
         --prelude FILE.py: python run before loading (a test's minimal fix-up of a known diffusers bug); in a
             batch it stays in force for the jobs after it
+    dinov2 FOLDER --config JSON [--seed S]
+        a seeded transformers Dinov2WithRegistersModel (weights moved off their initialisation), save_pretrained
+    vit FOLDER --config JSON [--seed S]
+        a seeded transformers ViTModel without pooler (a DINO ViT's layout), save_pretrained, and the same weights
+        as a torch-hub dino_vits8 state dict, FOLDER.pth (timm names, fused qkv, 785 positions with the cls one)
+    rae_tokens FOLDER --images IN.npy --out OUT.npy --input_size N
+        RAE's latent before its normalisation, the independent way: transformers' Dinov2WithRegistersModel of FOLDER on
+        the images (on [0, 1]) resized by torch's bicubic to N, ImageNet-normalised, final LayerNorm without affine,
+        cls and register tokens dropped, as (B, C, h, w)
+    rae_release FOLDER --config JSON [--seed S]
+        the RAE authors' files of a seeded decoder (a diffusers AutoencoderRAE of the config's): FOLDER/model.pt, its
+        decoder in their GeneralDecoder's names with their fixed sin-cos decoder_pos_embed; FOLDER/ep.pt, a stage-1
+        training checkpoint ({"model", "ema"} of the whole RAE, the EMA's decoder weights + 1); FOLDER/stat.pt,
+        {"mean", "var"} per channel and position; and FOLDER/diffusers, that decoder's diffusers folder (to compare)
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -113,6 +127,101 @@ def run(class_name: str, folder: str, images_file: str, out_file: str, latents_f
     np.savez(out_file, **{key: value.numpy() for key, value in out.items()}, loading_info=json.dumps(loading))
 
 
+def _moved(model, seed: int):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+def dinov2(folder: str, config: dict, seed: int) -> None:
+    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+    torch.manual_seed(seed)
+    _moved(Dinov2WithRegistersModel(Dinov2WithRegistersConfig(**config)), seed).save_pretrained(folder)
+
+
+def vit(folder: str, config: dict, seed: int) -> None:
+    import os
+
+    from safetensors.torch import load_file
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(seed)
+    model = _moved(ViTModel(ViTConfig(**config), add_pooling_layer=False), seed)
+    model.save_pretrained(folder)
+    state = load_file(os.path.join(folder, "model.safetensors"))  # the file's names (transformers 5 renames in memory)
+    hub = {"cls_token": state["embeddings.cls_token"], "pos_embed": state["embeddings.position_embeddings"],
+           "patch_embed.proj.weight": state["embeddings.patch_embeddings.projection.weight"],
+           "patch_embed.proj.bias": state["embeddings.patch_embeddings.projection.bias"],
+           "norm.weight": state["layernorm.weight"], "norm.bias": state["layernorm.bias"]}
+    for i in range(config["num_hidden_layers"]):
+        source, target = f"encoder.layer.{i}.", f"blocks.{i}."
+        for leaf in ("weight", "bias"):
+            hub[target + f"attn.qkv.{leaf}"] = torch.cat([state[source + f"attention.attention.{name}.{leaf}"]
+                                                          for name in ("query", "key", "value")])
+            for theirs, ours in (("layernorm_before", "norm1"), ("layernorm_after", "norm2"),
+                                 ("attention.output.dense", "attn.proj"), ("intermediate.dense", "mlp.fc1"),
+                                 ("output.dense", "mlp.fc2")):
+                hub[target + f"{ours}.{leaf}"] = state[source + f"{theirs}.{leaf}"]
+    torch.save({k: v.contiguous() for k, v in hub.items()}, folder.rstrip("/") + ".pth")
+
+
+def rae_tokens(folder: str, images_file: str, out_file: str, input_size: int) -> None:
+    from transformers import Dinov2WithRegistersModel
+
+    model = Dinov2WithRegistersModel.from_pretrained(folder).eval()
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    pixels = torch.nn.functional.interpolate(torch.from_numpy(np.load(images_file)), size=(input_size, input_size),
+                                             mode="bicubic", align_corners=False)
+    with torch.no_grad():
+        model.layernorm.weight.fill_(1.0)
+        model.layernorm.bias.zero_()
+        tokens = model(pixel_values=(pixels - mean) / std).last_hidden_state[:, 1 + model.config.num_register_tokens:]
+    side = int(round(tokens.shape[1] ** 0.5))
+    np.save(out_file, tokens.transpose(1, 2).reshape(tokens.shape[0], -1, side, side).numpy())
+
+
+def authors_positions(width: int, grid: int) -> np.ndarray:
+    """The RAE authors' decoder_pos_embed (MAE's 2-D sin-cos table of an unscaled grid; a zero cls row first)."""
+    omega = 1.0 / 10000 ** (np.arange(width // 4, dtype=np.float64) / (width / 4.0))
+    w, h = np.meshgrid(np.arange(grid, dtype=np.float32), np.arange(grid, dtype=np.float32))  # w first, as theirs
+
+    def half(positions):
+        angles = np.outer(positions.reshape(-1), omega)
+        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+    table = np.concatenate([half(w), half(h)], axis=1)
+    return np.concatenate([np.zeros((1, width)), table])[None].astype(np.float32)
+
+
+def rae_release(folder: str, config: dict, seed: int) -> None:
+    import os
+
+    torch.manual_seed(seed)
+    model = _moved(diffusers.AutoencoderRAE(**config), seed)
+    model.save_pretrained(os.path.join(folder, "diffusers"))
+    names = {"attention.to_q.": "attention.attention.query.", "attention.to_k.": "attention.attention.key.",
+             "attention.to_v.": "attention.attention.value.", "attention.to_out.0.": "attention.output.dense."}
+    decoder = {}
+    for key, value in model.decoder.state_dict().items():
+        for ours, theirs in names.items():
+            key = key.replace(ours, theirs)
+        decoder[key] = value.clone()
+    grid = config["encoder_input_size"] // config["encoder_patch_size"]
+    decoder["decoder_pos_embed"] = torch.from_numpy(authors_positions(config["decoder_hidden_size"], grid))
+    torch.save(decoder, os.path.join(folder, "model.pt"))
+    whole = {**{f"encoder.{k}": v for k, v in model.encoder.state_dict().items()},
+             **{f"decoder.{k}": v for k, v in decoder.items()}}
+    torch.save({"model": {f"module.{k}": v for k, v in whole.items()},
+                "ema": {k: v + 1 if k.startswith("decoder.decoder_layers.") else v for k, v in whole.items()},
+                "step": 7}, os.path.join(folder, "ep.pt"))
+    shape = (config["encoder_hidden_size"], grid, grid)
+    torch.save({"mean": torch.randn(shape) * 0.3, "var": torch.rand(shape) + 0.5}, os.path.join(folder, "stat.pt"))
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["batch"]:
@@ -121,6 +230,8 @@ def main(argv=None) -> None:
                 main(job)
         return
     parser = argparse.ArgumentParser()
+    if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release"):
+        return _side_command(argv)
     parser.add_argument("command", choices=("make", "run"))
     parser.add_argument("class_name")
     parser.add_argument("folder")
@@ -142,6 +253,23 @@ def main(argv=None) -> None:
     else:
         run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride,
             args.more, args.unclamped, args.prelude, args.train)
+
+
+def _side_command(argv) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("folder")
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--images")
+    parser.add_argument("--out")
+    parser.add_argument("--input_size", type=int, default=224)
+    args = parser.parse_args(argv)
+    if args.command == "rae_tokens":
+        rae_tokens(args.folder, args.images, args.out, args.input_size)
+    else:
+        {"dinov2": dinov2, "vit": vit, "rae_release": rae_release}[args.command](args.folder, json.loads(args.config),
+                                                                                 args.seed)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ class DiffusersBatch:
                                    flags))
         return lambda: _run_result(work)
 
+    def command(self, *args) -> None:
+        """Any other diffusers_side.py command (dinov2, vit, rae_tokens, rae_release), queued as given."""
+        self.jobs.append([str(arg) for arg in args])
+
     def flush(self) -> None:
         path = os.path.join(self.work, "diffusers_jobs.json")
         with open(path, "w") as handle:

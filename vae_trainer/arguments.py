@@ -61,8 +61,12 @@ def device_name(value: str) -> str:
 class ModelArguments:
     _group = "model"
 
-    vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; its "
-                                                "_class_name: AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC).")
+    vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; _class_name: "
+                                                "AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC, AutoencoderRAE).")
+    rae_encoder_path: Optional[str] = flag(None, "AutoencoderRAE from scratch: its frozen DINOv2 (transformers folder, "
+                                                 "timm / torch-hub file); widths, patch and depth come from it.")
+    noise_tau: Optional[float] = flag(None, "AutoencoderRAE: training noise on the encoder's tokens, std ~ U(0, tau) "
+                                            "per image (RAE: 0.8; default the config's noise_tau).")
     pretrained_model_name_or_path: Optional[str] = flag(
         None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder, or an LDM single file (architecture inferred, "
               "SD's 0.18215 assumed; else --vae_config_file / --scaling_factor). docs/fine-tuning.md.")
@@ -78,7 +82,10 @@ class ModelArguments:
         None, "Exported latent scale: keep, measure or a number. Default: keep when the encoder's weights are "
               "loaded (and not re-initialised by --ignore_keys), measure otherwise.")
     discriminator_path: Optional[str] = flag(None, "A trained discriminator to start from.", group="discriminator")
-    disc_type: Literal["patch", "vgg"] = flag("patch", "PatchGAN or frozen VGG16 features.", group="discriminator")
+    disc_type: Literal["patch", "vgg", "dino"] = flag(
+        "patch", "PatchGAN, frozen VGG16 features, or RAE's heads on a frozen DINO ViT-S/8.", group="discriminator")
+    disc_backbone_path: Optional[str] = flag(None, "--disc_type dino: the DINO ViT-S/8 (dino_vits8 state dict or a "
+                                                   "transformers ViTModel folder).", group="discriminator")
     disc_norm: Literal[NORM_TYPES] = flag("batch", "PatchGAN normalisation.", group="discriminator")
     disc_num_layers: int = flag(3, "Number of strided layers of the PatchGAN.", group="discriminator")
     disc_base_channels: int = flag(64, "Channels of the first PatchGAN layer.", group="discriminator")
@@ -121,8 +128,12 @@ class LossArguments:
     kl_weight: float = flag(1e-6, "Weight of the KL term (LDM meaning, see README).")
     disc_weight: float = flag(0.5, "Weight of the adversarial term (0 disables the GAN).", group="discriminator")
     disc_start: int = flag(50001, "Optimizer step at which the GAN terms switch on.", group="discriminator")
+    disc_update_start: Optional[int] = flag(None, "Step at which the discriminator starts training, at or before "
+                                                  "--disc_start (default: --disc_start).", group="discriminator")
     disc_loss: Literal["hinge", "vanilla"] = flag("hinge", "Discriminator loss.", group="discriminator")
     adaptive_disc_weight: bool = flag(True, "Scale the GAN term by ||grad rec|| / ||grad gan||.", group="discriminator")
+    adaptive_disc_weight_max: Optional[float] = flag(None, "Clamp of that ratio, our (mean) loss units (default: LDM's "
+                                                           "1e4 / pixel values; RAE: 1e4).", group="discriminator")
     learn_logvar: bool = flag(False, "Learn the output log-variance of the LDM nll (optimized with the VAE).")
     logvar_init: float = flag(0.0, "Initial value of the output log-variance.")
     sample_posterior: bool = flag(True, "Decode a posterior sample (true) or the posterior mean (false) in training.")

@@ -62,7 +62,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     set_seed(training_args.seed)
     with all_ranks_agree("building the networks"):  # a file one rank cannot read stops every rank, naming it
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
-                        ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt)
+                        ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt,
+                        encoder_path=model_args.rae_encoder_path, noise_tau=model_args.noise_tau)
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
         if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/vae.py)
@@ -70,8 +71,9 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
                        "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels}
-        if model_args.disc_type == "vgg":  # its frozen backbone is the LPIPS file's VGG16
-            disc_config["weights_path"] = model_args.lpips_weights
+        if model_args.disc_type != "patch":  # its frozen backbone: the LPIPS file's VGG16, or the DINO ViT-S/8
+            disc_config["weights_path"] = model_args.lpips_weights if model_args.disc_type == "vgg" else \
+                model_args.disc_backbone_path
         discriminator = build_discriminator(**disc_config)
         if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
             init_discriminator_from(discriminator, disc_config, model_args.discriminator_path)
@@ -108,7 +110,8 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
-    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, loss_args.disc_start)
+    disc_start = loss_args.disc_start if loss_args.disc_update_start is None else loss_args.disc_update_start
+    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, disc_start)  # its schedule's start
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
@@ -126,7 +129,8 @@ def build_evaluator(data_args, training_args, networks: Networks):
         lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
-                             posterior_std=networks.model.posterior_std, vf_model=networks.vf_model)
+                             posterior_std=networks.model.posterior_std, vf_model=networks.vf_model,
+                             stats_on_training_data=networks.model.family.stats_on_training_data)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):

@@ -79,7 +79,7 @@ class EvalProtocol:
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
     metrics: tuple[str, ...] = tuple(METRIC_DEFINITIONS)
     tiling: int | None = None  # --eval_tiled's tile size: stated (used or not) only when requested
-    patchified: bool = False  # FLUX.2's VAE: the statistics of its patchified modes were measured too
+    family_items: tuple[tuple[str, str], ...] = ()  # the family's own (name, text) items (Family.protocol_items)
     deterministic: bool = False  # the encoder gives a latent, not a posterior (DC-AE)
     tiling_method: str = KL.tiling_method  # the family's, stated with the tile size
 
@@ -103,10 +103,7 @@ class EvalProtocol:
         items["latent statistics"] = ("per channel, of the latents" if self.deterministic else "per channel, of "
                                       "posterior samples (exact expectation from the posterior means and variances)"
                                       ) + ", before any scaling factor"
-        if self.patchified:
-            items["patchified latent statistics"] = (
-                "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode (Flux2Pipeline's channel order), "
-                "population mean and variance over all images and positions, what its bn statistics hold")
+        items.update(self.family_items)
         measured = [name for name in METRIC_DEFINITIONS if name in self.metrics]
         items["value range"] = ("reconstructions clamped to [-1, 1]; PSNR and SSIM on images mapped to [0, 1] "
                                 "((x + 1) / 2, data range 1)")
@@ -130,8 +127,9 @@ class EvalResult:
     scaling_factor: float
     shift_factor: float
     num_images: int
-    patchified_mode_mean: list[float] | None = None
+    patchified_mode_mean: list[float] | None = None  # of the family's normalised view (FLUX.2's patchified modes)
     patchified_mode_var: list[float] | None = None
+    view_listed: bool = True  # records list those (not RAE's: channels x positions; its config.json holds them)
     metrics: dict[str, float] = field(default_factory=dict)
     grid: np.ndarray | None = None
 
@@ -209,7 +207,7 @@ class _Pass:
         self.count += posterior.mean.shape[0]
         variances = None if posterior.var is None else posterior.var.astype("float32")
         self.samples.update(posterior.mean.astype("float32"), variances)
-        view = self.family.normalised_view(self.vae, posterior.mode().astype("float32"))
+        view = self.family.normalised_view(self.vae, posterior)
         if view is not None:
             self.patches = self.patches or LatentStatistics()
             self.patches.update(view)
@@ -235,6 +233,8 @@ class _Pass:
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
+            if decoded.shape != target.shape:  # a decoder of one output size (RAE's): no scale diagnostic
+                continue
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += spectrum_energies(mode)
         if self.cka is not None:
@@ -257,7 +257,8 @@ class _Pass:
             patch_mean, patch_std = self.patches.compute()
             patch_mean, patch_var = patch_mean.tolist(), (patch_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        return EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var)
+        return EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var,
+                          view_listed=self.family.lists_view_statistics)
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
@@ -310,14 +311,16 @@ def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, ba
 def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> EvalProtocol:
     """The protocol of `result`, measured on `vae` with `settings` (EvalProtocol's fields)."""
     family = family_of(vae)
-    return EvalProtocol(metrics=tuple(result.metrics), patchified=result.patchified_mode_mean is not None,
+    return EvalProtocol(metrics=tuple(result.metrics),
+                        family_items=family.protocol_items(result.patchified_mode_mean is not None),
                         deterministic=family.deterministic, tiling_method=family.tiling_method, **settings)
 
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     """An evaluation's numbers with their protocol: eval_vae.py's metrics.json, a line of eval_metrics.jsonl."""
-    latents = {name: value for name, value in vars(result).items()
-               if name not in ("metrics", "grid") and value is not None}  # the patchified ones: FLUX.2's VAE
+    unlisted = ("metrics", "grid", "view_listed") + (() if result.view_listed else ("patchified_mode_mean",
+                                                                                   "patchified_mode_var"))
+    latents = {name: value for name, value in vars(result).items() if name not in unlisted and value is not None}
     return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
 
 
@@ -326,8 +329,9 @@ class TrainingEvaluator:
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
-                 vf_model=None):
+                 vf_model=None, stats_on_training_data: bool = False):
         self.data_args, self.args = data_args, args
+        self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
         self.input_size, self.posterior_std = input_size, posterior_std
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
@@ -357,7 +361,8 @@ class TrainingEvaluator:
     @property
     def latent_stats_data(self) -> tuple[str, int]:
         """(images, how many) for the export's latent statistics: of --eval_file_list, else of --file_list."""
-        path = self.data_args.eval_file_list or self.data_args.file_list
+        training = self.stats_on_training_data or not self.data_args.eval_file_list
+        path = self.data_args.file_list if training else self.data_args.eval_file_list
         return path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images
 
     def evaluate(self, vae, ema=None) -> EvalResult:
@@ -373,6 +378,7 @@ class TrainingEvaluator:
         """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
         wanted = self.data_args.latent_stats_num_images
         return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
+                and not self.stats_on_training_data
                 and (wanted is None or wanted == self.data_args.eval_num_images))
 
     def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:

@@ -52,6 +52,8 @@ def check_sizes(model_args, data_args) -> None:
     check_tiling_flags(model_args, data_args, config, path)
     resolution, factor = data_args.resolution, downsampling_factor(config)
     check_reconstruction_shape(config, model_args.input_size, resolution, path)
+    if data_args.aspect_ratio_buckets and _family_of_flags(model_args).geometry(config).output_size:
+        raise ValueError(f"--aspect_ratio_buckets: this VAE ({path}) decodes square images only; drop it")
     bad = _misfit_bucket(resolution, factor) if data_args.aspect_ratio_buckets else None
     if bad:
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
@@ -120,8 +122,15 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
-    f.deterministic = _family_of_flags(f).deterministic
+    f.family = _family_of_flags(f)
+    f.deterministic, f.frozen_latent = f.family.deterministic, f.family.encoder_never_trains
     return f
+
+
+def _reinitialises_encoder(f) -> bool:
+    from .latent_scale import reinitialises_encoder
+
+    return reinitialises_encoder(f.ignore_keys, f.family)
 
 
 def _family_of_flags(f):
@@ -136,7 +145,10 @@ def _family_of_flags(f):
 # Every flag of the --help group "discriminator" but --disc_weight, which switches the discriminator on.
 DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num_layers", "disc_base_channels",
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
-                       "lecam_weight", "lecam_decay", "disc_learning_rate")
+                       "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
+                       "adaptive_disc_weight_max")
+FROZEN_LATENT = ("the latent is the frozen representation encoder's (AutoencoderRAE: DINOv2's tokens), which no flag "
+                 "trains")
 
 # (flags, when they are refused given the other flags, why and what to do instead).
 REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
@@ -176,8 +188,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
     (("kl_weight",), lambda f: f.deterministic,
-     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): no posterior, so no KL term to weigh; drop it "
-     "(--posterior_std S adds noise to its latent in training)"),
+     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC, AutoencoderRAE): no posterior, so no KL term "
+     "to weigh; drop it (--posterior_std S adds noise to its latent in training)"),
     (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
      "with a deterministic encoder (e.g. AutoencoderDC) there is no KL term, and the nll's log-variance would only "
      "rescale the VAE's whole gradient, which AdamW undoes: drop it"),
@@ -197,6 +209,16 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.freeze_encoder,
      "it shapes the latent space, and the latent space belongs to the encoder, which --freeze_encoder keeps as it "
      "is: drop one of them (an equivariance fine-tune trains the encoder and the decoder together)"),
+    (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.frozen_latent,
+     f"it shapes the latent space, and {FROZEN_LATENT}: drop it"),
+    (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.frozen_latent,
+     f"it aligns the latents with a DINOv2, and {FROZEN_LATENT}: drop it (or --vf_weight 0 for the diagnostic only)"),
+    (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and _reinitialises_encoder(f),
+     f"{FROZEN_LATENT}: re-initialised, it would stay random; leave the encoder's weights out of it"),
+    (("rae_encoder_path",), lambda f: f.rae_encoder_path and (f.loads_weights or not f.vae_config_file),
+     "it is the encoder of an AutoencoderRAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
+     "checkpoint holds its own encoder; drop it"),
+    (("noise_tau",), lambda f: f.noise_tau is not None and f.noise_tau < 0, "it is a noise level: >= 0"),
     (("vf_weight",), lambda f: f.vf_weight < 0, "it must be >= 0 (0: no VF loss)"),
     (("distmat_margin",), lambda f: f.distmat_margin < 0, "it must be >= 0"),
     (("cos_margin",), lambda f: f.cos_margin < 0, "it must be >= 0"),
@@ -227,15 +249,27 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "--vf_weight 0 turns the VF loss off: drop it, or give --vf_weight > 0"),
     (DISCRIMINATOR_FLAGS, lambda f: f.disc_weight == 0,
      "with --disc_weight 0 the discriminator never trains: drop it, or set --disc_weight > 0"),
-    (("disc_norm", "disc_num_layers"), lambda f: f.disc_type == "vgg",
-     "the VGG16 discriminator (--disc_type vgg) has no such setting: drop it"),
+    (("disc_norm", "disc_num_layers"), lambda f: f.disc_type != "patch",
+     "the VGG16 and DINO discriminators (--disc_type vgg, dino) have no such setting: drop it"),
+    (("disc_base_channels",), lambda f: f.disc_type == "dino",
+     "the DINO discriminator's heads are as wide as its ViT's tokens: drop it"),
+    (("disc_backbone_path",), lambda f: f.disc_type != "dino", "it is the ViT of --disc_type dino: add it, or drop it"),
+    (("disc_type",), lambda f: f.disc_type == "dino" and not f.disc_backbone_path,
+     "the DINO discriminator needs its frozen ViT-S/8: add --disc_backbone_path (a dino_vits8 state dict, or a "
+     "transformers ViTModel folder of facebook/dino-vits8)"),
+    (("disc_update_start",),
+     lambda f: f.disc_update_start is not None and f.disc_update_start not in range(f.disc_start + 1),
+     "it starts the discriminator's training at or before its term enters the loss: 0 <= it <= --disc_start"),
+    (("adaptive_disc_weight_max",), lambda f: f.adaptive_disc_weight_max is not None and not (
+        f.adaptive_disc_weight and f.adaptive_disc_weight_max > 0),
+     "it bounds the adaptive GAN weight (--adaptive_disc_weight true): > 0, with that"),
     (("relative_hinge_margin",), lambda f: f.gen_loss != "relative_hinge",
      "it is the margin of --gen_loss relative_hinge: add that, or drop it"),
     (("lecam_decay",), lambda f: f.lecam_weight == 0,
      "it does nothing without --lecam_weight > 0: add that, or drop it"),
     (("gradnorm_scope",), lambda f: f.loss_balancing != "gradnorm",
      "it does nothing without --loss_balancing gradnorm: add that, or drop it"),
-    (("adaptive_disc_weight", "logvar_init"), lambda f: f.loss_balancing == "gradnorm",
+    (("adaptive_disc_weight", "adaptive_disc_weight_max", "logvar_init"), lambda f: f.loss_balancing == "gradnorm",
      "--loss_balancing gradnorm replaces the adaptive weight and the nll: drop it"),
     (("pixel_loss_mask_threshold",), lambda f: f.pixel_loss_mask == "none",
      "it does nothing without --pixel_loss_mask lowpass: add that, or drop it"),

@@ -253,9 +253,10 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
         d_weight = paddle.full([], loss_args.disc_weight, "float32")
         return gan, d_weight, gan_grad.astype("float32") * d_weight, None
     # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
+    bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them
     weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer),
-                             last_layer_gradient(recon, gan_grad, last_layer),
-                             max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image, eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
+                             last_layer_gradient(recon, gan_grad, last_layer), eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
+                             max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image if bound is None else bound)
     # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
     overflow = ~paddle.isfinite(weight)
     d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight

@@ -139,8 +139,14 @@ class TrainStep:
                                  for tensor in (layer._mean, layer._variance)] if world_size() > 1 else []
 
     def gan_active(self, global_step: int) -> bool:
-        """The GAN terms (and the discriminator's training) start at --disc_start."""
+        """The GAN term of the VAE's loss starts at --disc_start."""
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
+
+    def disc_trains(self, global_step: int) -> bool:
+        """The discriminator trains from --disc_update_start (RAE's: before its term enters), else --disc_start."""
+        args = self.loss_args
+        start = args.disc_start if args.disc_update_start is None else min(args.disc_update_start, args.disc_start)
+        return args.disc_weight > 0 and global_step >= start
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
@@ -165,7 +171,7 @@ class TrainStep:
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
-        if gan:
+        if self.disc_trains(global_step):
             with self.precision.autocast():                                               # 3. discriminator
                 d_loss, d_logs = discriminator_objective(
                     model.discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
@@ -186,7 +192,7 @@ class TrainStep:
 
     def optimizer_step(self, global_step: int) -> StepReport:
         """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""
-        gan, precision = self.gan_active(global_step), self.precision
+        gan, precision = self.disc_trains(global_step), self.precision  # the discriminator's update
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
         scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),

@@ -28,9 +28,13 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         self.discriminator = discriminator
         self.posterior_std = posterior_std
         self.input_size = [int(n) for n in input_size] if input_size else None
-        # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters).
+        # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters);
+        # a family's encoder that never trains (RAE's) is frozen whatever the flags, and kept float32 under O2.
         self._trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
-        frozen = {id(p) for p in self.family.encoder_parameters(vae)} if freeze_encoder else set()
+        self._trainable |= {id(p) for p in self.family.encoder_parameters(vae)} if self.family.encoder_never_trains \
+            else set()
+        freeze = freeze_encoder or self.family.encoder_never_trains
+        frozen = {id(p) for p in self.family.encoder_parameters(vae)} if freeze else set()
         if trainable_modules:
             frozen |= self._frozen_by_patterns(trainable_modules, frozen)
         for param in vae.parameters():
@@ -69,14 +73,14 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def _frozen_by_patterns(self, patterns: Sequence[str], frozen: Set[int]) -> Set[int]:
         """The ids of the VAE weights no --trainable_modules pattern takes; a pattern whose weights are all frozen
-        anyway (--freeze_encoder) is an error."""
+        anyway (--freeze_encoder, an encoder that never trains) is an error."""
         named = {name: p for name, p in self.vae.named_parameters() if id(p) in self._trainable}
         trained = set()
         for pattern in patterns:
             matched = trainable_names(named, pattern)
             if all(id(named[name]) in frozen for name in matched):
-                raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which --freeze_encoder "
-                                 "keeps frozen: drop one of them")
+                raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which stay frozen "
+                                 f"(--freeze_encoder, or {self.family.class_name}'s encoder never trains): drop it")
             trained |= {id(named[name]) for name in matched} - frozen
         return {id(p) for p in named.values()} - trained
 

@@ -5,7 +5,7 @@ This module owns the model (same constructor, config keys and state-dict names a
 `convert_pytorch_state_dict_to_paddle` reads diffusers' files and `save_pretrained(..., to_diffusers=True)` writes
 folders diffusers loads), its latent (de)normalisation and training noise, and `encoder_state_from_dinov2`, which
 puts a downloaded DINOv2's weights under this model's names. Reading DINOv2 files and resizing position embeddings
-the way DINOv2's libraries do are models/dinov2.py's. Training is not here.
+the way DINOv2's libraries do are models/dinov2.py's. Training it is models/rae.py's (its family).
 
 Images go in and come out on [0, 1], as in diffusers. Nothing is downloaded.
 """
@@ -527,12 +527,19 @@ class AutoencoderRAE(ModelMixin, ConfigMixin):
         return z * (std + LATENT_EPS) + mean
 
     def _encode(self, images: paddle.Tensor, generator: Optional[paddle.Generator] = None) -> paddle.Tensor:
+        return self.encode_with_tokens(images, generator)[0]
+
+    def encode_with_tokens(self, images: paddle.Tensor,
+                           generator: Optional[paddle.Generator] = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """(`encode`'s latents of images on [0, 1]; the encoder's tokens shaped as those, before the training noise
+        and the latent normalisation: what latents_mean / latents_std are statistics of, RAE's stat.pt)."""
         tokens = self.encoder.patch_tokens(self._encoder_pixels(images))  # [B, N, C]
-        if self.training and self.noise_tau > 0:
+        raw = _tokens_to_grid(tokens) if self.reshape_to_2d else tokens
+        if self.training and self.noise_tau > 0:  # drawn in the tokens' layout, as diffusers draws it
             tokens = self._noising(tokens, generator)
         z = _tokens_to_grid(tokens) if self.reshape_to_2d else tokens
         z = self._normalise_latents(z)
-        return z * self.config.scaling_factor if self.config.scaling_factor != 1.0 else z
+        return (z * self.config.scaling_factor if self.config.scaling_factor != 1.0 else z), raw
 
     def encode(self, x: paddle.Tensor, return_dict: bool = True,
                generator: Optional[paddle.Generator] = None) -> EncoderOutput | tuple[paddle.Tensor]:
@@ -679,3 +686,72 @@ def _dinov2_embeddings(state: dict, width: int) -> dict:
             prefix + "position_embeddings": positions, prefix + "register_tokens": state["reg_token"],
             prefix + "patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
             prefix + "patch_embeddings.projection.bias": state["patch_embed.proj.bias"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The RAE authors' decoder files (bytetriper/RAE: src/stage1/decoders/decoder.py's GeneralDecoder, saved by
+# train_stage1.py / extract_decoder.py) under this model's names
+# ---------------------------------------------------------------------------------------------------------------
+
+# The authors' decoders: ViTB / ViTL / ViTXL (configs/decoder/*/config.json), heads by width (not in the weights).
+RELEASED_DECODER_HEADS = {768: 12, 1024: 16, 1152: 16}
+_AUTHORS_ATTENTION = {"attention.attention.query.": "attention.to_q.", "attention.attention.key.": "attention.to_k.",
+                      "attention.attention.value.": "attention.to_v.", "attention.output.dense.": "attention.to_out.0."}
+
+
+def authors_decoder_state(state: dict) -> dict:
+    """The decoder's weights of an authors' file: a GeneralDecoder state dict, or a training checkpoint's model
+    (wrappers' `module.` / `_orig_mod.` and the RAE's `decoder.` prefixes dropped, its encoder left out)."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.split(".", 1)[1]
+        if key.startswith("encoder."):
+            continue
+        out[key.removeprefix("decoder.")] = np.asarray(value)
+    return out
+
+
+def decoder_sizes_from_authors(state: dict, heads: Optional[int] = None) -> dict:
+    """AutoencoderRAE's decoder config keys read off an authors' decoder state dict (`authors_decoder_state`); the
+    heads, which the weights do not hold, from `heads` or the released decoders' widths."""
+    try:
+        width, encoder_width = state["decoder_embed.weight"].shape
+        layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("decoder_layers."))
+        hidden = state["decoder_layers.0.intermediate.dense.weight"].shape[0]
+        patch = math.isqrt(state["decoder_pred.weight"].shape[0] // 3)
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"not an RAE decoder (GeneralDecoder) state dict: no {error}") from None
+    heads = heads or RELEASED_DECODER_HEADS.get(int(width))
+    if heads is None:
+        raise ValueError(f"a decoder of width {width}, not one of the released ones ({RELEASED_DECODER_HEADS}), "
+                         "whose attention heads the weights do not say (configs/decoder/*/config.json's "
+                         "decoder_num_attention_heads)")
+    return {"decoder_hidden_size": int(width), "decoder_num_hidden_layers": layers,
+            "decoder_num_attention_heads": int(heads), "decoder_intermediate_size": int(hidden), "patch_size": patch,
+            "encoder_hidden_size": int(encoder_width)}
+
+
+def decoder_state_from_authors(state: dict, model: "AutoencoderRAE") -> dict:
+    """An authors' decoder state dict (`authors_decoder_state`) in `model`'s names and Paddle's layout (Linear
+    weights transposed), for `model.set_state_dict`. Their fixed positions (`decoder_pos_embed`, saved there) must
+    be this model's (diffusers' table); a missing `trainable_cls_token` (older files) stays zero, as diffusers'
+    conversion leaves it; any other key missing or left over is a ValueError naming it."""
+    state = dict(state)
+    positions = state.pop("decoder_pos_embed", None)
+    ours = model.decoder.decoder_pos_embed.numpy()
+    if positions is not None and (positions.shape != ours.shape or np.abs(positions - ours).max() > 1e-5):
+        raise ValueError(f"its decoder_pos_embed {list(positions.shape)} is not the table diffusers' AutoencoderRAE "
+                         f"computes ({list(ours.shape)}; it scales positions to a 16 x 16 grid): diffusers' class "
+                         "would decode this decoder wrongly")
+    out = {}
+    for key, value in state.items():
+        for theirs, name in _AUTHORS_ATTENTION.items():
+            key = key.replace(theirs, name)
+        out["decoder." + key] = value.T if value.ndim == 2 else value  # torch Linear [out, in] -> Paddle [in, out]
+    expected = {k for k in model.state_dict() if k.startswith("decoder.")}
+    missing = sorted(expected - set(out) - {"decoder.trainable_cls_token"})
+    unexpected = sorted(set(out) - expected)
+    if missing or unexpected:
+        raise ValueError(f"decoder weights do not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

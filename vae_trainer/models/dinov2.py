@@ -26,8 +26,9 @@ DEFAULT_SIZE = 224
 INPUT_CONVENTIONS = ("imagenet", "vavae")
 EXPECTED = ("a transformers DINOv2 folder (config.json + model.safetensors or pytorch_model.bin) or a timm / "
             "torch-hub DINOv2 state dict (.safetensors, .pth, .bin)")
-# transformers (and torch hub) names -> timm names; q/k/v and gate/up are concatenated afterwards.
-_RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
+# transformers (and torch hub) names -> timm names; q/k/v and gate/up are concatenated afterwards. Also transformers'
+# ViTModel's (DINO v1, the DINO discriminator's backbone: layernorm_before, intermediate.dense, ...).
+_RENAMES = [(r"^(dinov2|dinov2_with_registers|model|vit)\.", ""),
             (r"embeddings\.patch_embeddings\.projection", "patch_embed.proj"),
             (r"embeddings\.cls_token", "cls_token"), (r"(embeddings\.)?register_tokens", "reg_token"),
             (r"embeddings\.position_embeddings", "pos_embed"), (r"encoder\.layer\.", "blocks."),
@@ -35,7 +36,8 @@ _RENAMES = [(r"^(dinov2|dinov2_with_registers|model)\.", ""),
             (r"attention\.([qkv])_proj", r"attn.\1"), (r"attention\.(output\.dense|o_proj)", "attn.proj"),
             (r"(layer_scale|ls)(\d)\.(lambda1|gamma)", r"ls\2"), (r"mlp\.(weights_in|w12)", "mlp.fc1"),
             (r"mlp\.(weights_out|w3|down_proj)", "mlp.fc2"), (r"mlp\.gate_proj", "mlp.g"), (r"mlp\.up_proj", "mlp.u"),
-            (r"^layernorm\.", "norm.")]
+            (r"^layernorm\.", "norm."), (r"layernorm_before", "norm1"), (r"layernorm_after", "norm2"),
+            (r"intermediate\.dense", "mlp.fc1"), (r"^(blocks\.\d+)\.output\.dense", r"\1.mlp.fc2")]
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,6 +73,7 @@ class _Block(nn.Layer):
     def __init__(self, width: int, heads: int, hidden: int, swiglu: bool, eps: float):
         super().__init__()
         self.heads, self.swiglu = heads, swiglu
+        self.approximate_gelu = False  # the DINO discriminator's ViT: tanh GELU, as RAE's authors run it
         self.norm1, self.attn = nn.LayerNorm(width, epsilon=eps), nn.Layer()
         self.attn.qkv, self.attn.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
         self.norm2, self.mlp = nn.LayerNorm(width, epsilon=eps), nn.Layer()
@@ -89,7 +92,7 @@ class _Block(nn.Layer):
         if self.swiglu:
             gate, up = hidden.chunk(2, axis=-1)
             return x + self.ls2 * self.mlp.fc2(F.silu(gate) * up)
-        return x + self.ls2 * self.mlp.fc2(F.gelu(hidden))
+        return x + self.ls2 * self.mlp.fc2(F.gelu(hidden, approximate=self.approximate_gelu))
 
 
 class Dinov2(nn.Layer):
@@ -128,6 +131,13 @@ class Dinov2(nn.Layer):
 
     def forward(self, pixels: paddle.Tensor) -> paddle.Tensor:
         """All tokens [B, 1 + registers + h*w, C] after the final norm, of the pixels `patch_tokens` prepared."""
+        x = self.embed(pixels)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def embed(self, pixels: paddle.Tensor) -> paddle.Tensor:
+        """The tokens [B, 1 + registers + h*w, C] the first block takes."""
         b = pixels.shape[0]
         x = self.patch_embed.proj(pixels).flatten(2).transpose([0, 2, 1])
         x = x + self._positions(pixels.shape[2], pixels.shape[3]).astype(x.dtype)
@@ -135,10 +145,7 @@ class Dinov2(nn.Layer):
         tokens = [cls.astype(x.dtype).expand([b, 1, -1])]
         if self.reg_token is not None:
             tokens.append(self.reg_token.astype(x.dtype).expand([b, self.registers, -1]))
-        x = paddle.concat(tokens + [x], axis=1)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return paddle.concat(tokens + [x], axis=1)
 
     def patch_tokens(self, images: paddle.Tensor, size: int | None = DEFAULT_SIZE):
         """(patch tokens [B, h*w, C] float32, (h, w)) of images in [-1, 1] resized (bilinear) to size x size (None:

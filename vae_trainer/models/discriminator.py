@@ -1,5 +1,6 @@
-"""GAN discriminators (the PatchGAN of pix2pix / taming-transformers, and one on VGG16 features): saving one as
-OUTPUT_DIR/discriminator, reading one back (--discriminator_path), BatchNorm -> SyncBatchNorm on several GPUs."""
+"""GAN discriminators (the PatchGAN of pix2pix / taming-transformers, one on VGG16 features, RAE's on a DINO ViT:
+dino_discriminator.py): saving one as OUTPUT_DIR/discriminator, reading one back (--discriminator_path), BatchNorm ->
+SyncBatchNorm on several GPUs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import paddle
 from paddle import nn
 
 from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
+from .dino_discriminator import DinoDiscriminator
 from .lpips import LPIPS_CHANNELS, load_vgg16_features
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
@@ -79,12 +81,15 @@ class VGGFeatureDiscriminator(nn.Layer):
 
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
                         base_channels: int = 64, weights_path: str | None = None) -> nn.Layer:
-    """"patch" (PatchGAN) or "vgg" (heads of width base_channels on the VGG16 of the LPIPS file `weights_path`)."""
+    """"patch" (PatchGAN), "vgg" (heads of width base_channels on the VGG16 of the LPIPS file `weights_path`) or
+    "dino" (RAE's heads on the DINO ViT of `weights_path`)."""
     if disc_type == "patch":
         return PatchDiscriminator(3, base_channels, num_layers, norm)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
-    raise ValueError(f"disc_type must be 'patch' or 'vgg', got {disc_type!r}")
+    if disc_type == "dino":
+        return DinoDiscriminator(weights_path)
+    raise ValueError(f"disc_type must be 'patch', 'vgg' or 'dino', got {disc_type!r}")
 
 
 def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:

@@ -9,8 +9,10 @@ from .dc_ae import DC_AE
 from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
+from .rae import RAE
 
-FAMILIES = (DC_AE, FLUX2, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+# A config without `_class_name` goes to the first family that owns its keys: KL last.
+FAMILIES = (DC_AE, FLUX2, RAE, KL)
 
 
 def trained_classes() -> str:

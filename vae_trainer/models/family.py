@@ -1,9 +1,9 @@
 """The seam between the trainer and the autoencoder classes it trains: `Family`, what differs between them.
 
-One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py), registered in families.py by
-the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints, the latent
-scale and the export ask the family of the network they hold (`families.family_of`), never its class. Images are
-NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
+One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py), registered in
+families.py by the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints,
+the latent scale and the export ask the family of the network they hold (`families.family_of`), never its class.
+Images are NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Geometry:
     decoder_factor: int  # the decoder's upsampling: the factor, unless it super-resolves
     latent_channels: int
     rule: str = ""  # how the config gives the factor, for messages ("2 ** (down blocks - 1)")
+    output_size: Optional[int] = None  # a decoder that returns this square size whatever the input (RAE's)
 
 
 class Deterministic:
@@ -59,6 +60,9 @@ class Family:
     scale_name: ClassVar[str] = "scaling factor"  # what latent_stats.json calls its latent normalisation
     held_scale: ClassVar[str] = ""  # a latent normalisation its weights hold (FLUX.2: "bn statistics"), else ""
     tiling_method: ClassVar[str] = ""  # --eval_tiled's method, for the protocol ("": no tiling)
+    encoder_never_trains: ClassVar[bool] = False  # never trained, whatever the flags (RAE's representation encoder)
+    stats_on_training_data: ClassVar[bool] = False  # a measured normalisation is of --file_list, not held-out images
+    lists_view_statistics: ClassVar[bool] = True  # eval records list the normalised view's statistics (not: too many)
 
     # ---- config: no network needed
     def owns(self, config: Mapping[str, Any]) -> bool:
@@ -76,6 +80,18 @@ class Family:
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         """A fresh network of `config` (from `where`, named in errors), weights from Paddle's global RNG."""
         raise NotImplementedError
+
+    def build_fresh(self, config: Mapping[str, Any], where: str, encoder_path: Optional[str] = None) -> Layer:
+        """A network to train from scratch (no weights follow): `build`, given the weights of an encoder trained
+        elsewhere (--rae_encoder_path) for a family that takes them."""
+        if encoder_path:
+            raise ValueError(f"--rae_encoder_path {encoder_path}: {self.class_name} ({where}) trains its own encoder; "
+                             "drop it")
+        return self.build(config, where)
+
+    def set_training_noise(self, vae: Layer, tau: float) -> None:
+        """--noise_tau: the noise training adds to the encoder's output (RAE's)."""
+        raise ValueError(f"--noise_tau {tau}: {self.class_name} adds no noise to its latents in training; drop it")
 
     # ---- the network
     def encode(self, vae: Layer, images: Tensor):
@@ -110,9 +126,15 @@ class Family:
         """Within: `vae` encodes and decodes images larger than `tile` px tile by tile."""
         raise NotImplementedError
 
-    def normalised_view(self, vae: Layer, latents: Tensor) -> Optional[Tensor]:
-        """The view of the latents whose per-channel statistics its pipeline normalises by, if not the latents."""
+    def normalised_view(self, vae: Layer, posterior) -> Optional[Tensor]:
+        """The view of `posterior` (`encode`'s) whose per-channel statistics define its latent normalisation, if not
+        the latents themselves: FLUX.2's patchified modes, RAE's tokens before normalisation (channel and position)."""
         return None
+
+    def protocol_items(self, measured_view: bool) -> Tuple[Tuple[str, str], ...]:
+        """(name, text) of what an evaluation's protocol says beyond the defaults, or in place of them (names
+        kept); `measured_view`: the statistics of `normalised_view` were measured."""
+        return ()
 
     # ---- the latent scale
     def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
@@ -141,6 +163,10 @@ class Family:
 
     def held_normalisation(self, vae: Layer):
         """The latent normalisation its weights hold (`held_scale`: FLUX.2's bn statistics), or None."""
+        return None
+
+    def scale_mode_problem(self, vae: Layer, mode) -> Optional[str]:
+        """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None."""
         return None
 
     # ---- the export

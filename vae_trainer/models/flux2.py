@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -106,8 +106,15 @@ class Flux2Family(KLFamily):
         vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
         return vae
 
-    def normalised_view(self, vae: Layer, latents: Tensor) -> Optional[Tensor]:
-        return patchify(latents, vae.config.patch_size)
+    def normalised_view(self, vae: Layer, posterior) -> Optional[Tensor]:
+        return patchify(posterior.mode().astype("float32"), vae.config.patch_size)
+
+    def protocol_items(self, measured_view: bool) -> Tuple[Tuple[str, str], ...]:
+        if not measured_view:
+            return ()
+        return (("patchified latent statistics", "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode "
+                 "(Flux2Pipeline's channel order), population mean and variance over all images and positions, what "
+                 "its bn statistics hold"),)
 
     def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
         if stats.patchified_mode_mean is None:

@@ -21,7 +21,14 @@ def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) ->
 def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[int]], resolution: int,
                                where: str = "the VAE's config") -> None:
     """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
-    geometry = family_for_config(config, where).geometry(config)
+    family = family_for_config(config, where)
+    geometry = family.geometry(config)
+    if geometry.output_size is not None:  # it resizes its input itself
+        if resolution != geometry.output_size:
+            raise ValueError(f"{family.class_name} decodes {geometry.output_size}x{geometry.output_size} images "
+                             f"whatever its input ({where}), and the loss compares --resolution {resolution}: use "
+                             f"--resolution {geometry.output_size}")
+        return
     encoder_factor, decoder_factor = geometry.factor, geometry.decoder_factor
     height, width = input_size or (resolution, resolution)
     if height % encoder_factor or width % encoder_factor:

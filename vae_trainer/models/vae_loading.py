@@ -22,7 +22,7 @@ from safetensors import safe_open
 from .. import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
-from .families import family_for_config
+from .families import family_for_config, family_of
 from .flux2 import CLASS_NAME as FLUX2_CLASS_NAME
 from .kl import KL
 from .torch_files import read_state_dict
@@ -44,8 +44,10 @@ COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffuser
 
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
-              init_from_ckpt: Optional[str] = None) -> paddle.nn.Layer:
-    """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale."""
+              init_from_ckpt: Optional[str] = None, encoder_path: Optional[str] = None,
+              noise_tau: Optional[float] = None) -> paddle.nn.Layer:
+    """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale;
+    `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau) RAE's."""
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
         raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
@@ -68,7 +70,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
         assign_weights(vae, state, ignore_keys, source)
     elif vae_config_file or checkpoint_vae_config(init_from_ckpt):
-        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt))
+        fresh = not init_from_ckpt  # no weights follow
+        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt), fresh, encoder_path)
     else:
         hint = _not_a_checkpoint_hint(init_from_ckpt)
         raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else
@@ -78,6 +81,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
     latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
     check_ignore_keys(vae, ignore_keys)
+    if noise_tau is not None:
+        family_of(vae).set_training_noise(vae, noise_tau)
     return vae
 
 
@@ -146,13 +151,16 @@ def _not_a_checkpoint_hint(path: str) -> str:
     return f" It is a VAE folder: fine-tune it with --pretrained_model_name_or_path {path}."
 
 
-def vae_from_config_file(config_file: str) -> paddle.nn.Layer:
-    """A fresh VAE of the family and architecture of a config JSON, or of a VAE folder's config.json."""
+def vae_from_config_file(config_file: str, fresh: bool = False,
+                         encoder_path: Optional[str] = None) -> paddle.nn.Layer:
+    """A new VAE of the family and architecture of a config JSON, or of a VAE folder's config.json; `fresh`: to
+    train from scratch (no weights follow), with the weights of `encoder_path` for a family that takes them."""
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
     config = AutoencoderKL.load_config(config_file)
     where = os.path.join(config_file, CONFIG_NAME) if os.path.isdir(config_file) else config_file
-    return family_for_config(config, where).build(config, where)
+    family = family_for_config(config, where)
+    return family.build_fresh(config, where, encoder_path) if fresh else family.build(config, where)
 
 
 def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:

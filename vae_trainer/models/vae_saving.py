@@ -56,13 +56,34 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
 
 @contextlib.contextmanager
 def _exported_values(vae: paddle.nn.Layer, values: Mapping[str, Any]):
-    """`vae` holding, while saving, the weights the export writes in place of its own (family.exported_values)."""
+    """`vae` holding, while saving, the weights the export writes in place of its own (family.exported_values); a
+    buffer of another shape (RAE's unset latent statistics, shape (1,), measured per channel and position) is
+    swapped for the exported one."""
     state = vae.state_dict()
     own = {name: state[name].numpy().copy() for name in values}
+    swapped = {}
     for name, value in values.items():
-        state[name].set_value(paddle.to_tensor(value).astype(state[name].dtype))
+        value = paddle.to_tensor(value).astype(state[name].dtype)
+        if list(value.shape) == list(state[name].shape):
+            state[name].set_value(value)
+            continue
+        owner, leaf = _owner(vae, name)
+        swapped[name] = (owner, leaf, owner._buffers[leaf])  # only buffers change shape
+        owner._buffers[leaf] = value
     try:
         yield
     finally:
+        for owner, leaf, buffer in swapped.values():
+            owner._buffers[leaf] = buffer
         for name, value in own.items():
-            state[name].set_value(value)
+            if name not in swapped:
+                state[name].set_value(value)
+
+
+def _owner(vae: paddle.nn.Layer, name: str):
+    """(the layer holding the state-dict entry `name`, its attribute name)."""
+    *path, leaf = name.split(".")
+    owner = vae
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, leaf
