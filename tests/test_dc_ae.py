@@ -322,7 +322,7 @@ def test_objective_terms_reading_frozen_layers_are_refused_at_start(pipeline):
         decoder_only.refuse_frozen_readers(loss)
     with pytest.raises(ValueError, match="shapes the latent space, and --trainable_modules leaves the encoder"):
         model(["decoder.*"]).refuse_frozen_readers(SimpleNamespace(**{**vars(loss), "equivariance_prob": 0.5}))
-    with pytest.raises(ValueError, match="'encoder.*' names encoder weights only, which --freeze_encoder keeps"):
+    with pytest.raises(ValueError, match=r"'encoder\.\*' names encoder weights only, which stay frozen \(--freeze_encoder keeps"):
         model(["encoder.*", "decoder.*"], freeze_encoder=True)
 
 

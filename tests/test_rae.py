@@ -319,9 +319,10 @@ def test_the_encoder_stays_frozen_whatever_the_flags(sources):
     from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
 
     vae = build_vae(pretrained_model_name_or_path=sources["pipeline"], subfolder="vae")
-    model = VAEWithDiscriminator(vae, paddle.nn.Linear(1, 1), freeze_encoder=False, trainable_modules=["encoder.*",
-                                                                                                     "decoder.*"])
-    assert model.freeze_encoder and all(p.stop_gradient for p in vae.encoder.parameters())
+    with pytest.raises(ValueError, match="'encoder.*' names encoder weights only, which stay frozen"):
+        VAEWithDiscriminator(vae, paddle.nn.Linear(1, 1), trainable_modules=["encoder.*", "decoder.*"])
+    model = VAEWithDiscriminator(vae, paddle.nn.Linear(1, 1), freeze_encoder=False, trainable_modules=["*"])
+    assert model.encoder_frozen and all(p.stop_gradient for p in vae.encoder.parameters())
     frozen = [id(layer) for layer in model.frozen_layers()]  # kept float32 under O2
     assert id(vae.encoder.embeddings) in frozen and id(vae.encoder.encoder.layer[1].mlp.fc2) in frozen
     assert not any(p.stop_gradient for p in vae.decoder.parameters())

@@ -79,8 +79,10 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         for pattern in patterns:
             matched = trainable_names(named, pattern)
             if all(id(named[name]) in frozen for name in matched):
+                why = (f"{self.family.class_name}'s encoder never trains" if self.family.encoder_never_trains
+                       else "--freeze_encoder keeps them frozen")
                 raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which stay frozen "
-                                 f"(--freeze_encoder, or {self.family.class_name}'s encoder never trains): drop it")
+                                 f"({why}): drop it")
             trained |= {id(named[name]) for name in matched} - frozen
         return {id(p) for p in named.values()} - trained
 
