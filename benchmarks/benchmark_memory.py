@@ -1,4 +1,5 @@
-"""Peak memory of whole training runs: config x resolution x batch x options, ours beside the reference.
+"""Peak memory (and step time) of whole training runs: config x resolution x batch x options, ours beside the
+reference.
 
     python benchmarks/benchmark_memory.py --configs configs/sd_vae.json --resolution 128 256 --batch_size 1 \
         --options "" "--recompute true"                                   # the README's CPU table
@@ -14,6 +15,8 @@ export with its latent statistics (their batch follows the training batch, evalu
   the whole run.
 - GPU (`--device gpu`): also `paddle.device.cuda.max_memory_allocated()` at the end of the run, the peak of
   Paddle's allocator (the figure to size a GPU by); RSS is then host memory only.
+- Ours: the wall time of each optimizer step (from its first micro-batch's forward to its update, data loading
+  between micro-batches included); the table shows the last step's, after the first step's warm-up.
 
 The process is this script in `--measure` mode, which runs the entry point in-process (`runpy`, as
 `python train_vae_no_trainer.py ...` would) and writes its own peaks when the run ends. Settings beside the
@@ -78,18 +81,42 @@ def measure(result_path: str, script: str, arguments: List[str]) -> None:
 
     sys.argv = [script, *arguments]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    step_seconds = time_steps() if os.path.basename(script).startswith("train_vae") else []
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
-        result = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "exit_code": code}
+        result = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "exit_code": code,
+                  "step_seconds": step_seconds}
         paddle = sys.modules.get("paddle")
         if paddle is not None and paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
             result["gpu_peak_bytes"] = int(paddle.device.cuda.max_memory_allocated())
         with open(result_path, "w") as handle:
             json.dump(result, handle)
+
+
+def time_steps() -> List[float]:
+    """A list that receives the wall time of each optimizer step of our step (vae_trainer/step.py, patched here)."""
+    from vae_trainer.step import TrainStep
+
+    times: List[float] = []
+    started: List[float] = []
+    forward_backward, optimizer_step = TrainStep.forward_backward, TrainStep.optimizer_step
+
+    def timed_forward_backward(self, *args, **kwargs):
+        if not started:  # the step's first micro-batch
+            started.append(time.perf_counter())
+        return forward_backward(self, *args, **kwargs)
+
+    def timed_optimizer_step(self, *args, **kwargs):
+        report = optimizer_step(self, *args, **kwargs)
+        times.append(time.perf_counter() - started.pop())
+        return report
+
+    TrainStep.forward_backward, TrainStep.optimizer_step = timed_forward_backward, timed_optimizer_step
+    return times
 
 
 def measured_run(command: List[str], env: Dict[str, str]) -> Dict:
@@ -149,10 +176,15 @@ def gib(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f}"
 
 
+def last_step(row: Dict) -> str:
+    steps = row.get("step_seconds") or []
+    return f"{steps[-1]:.1f}" if steps and "error" not in row else ""
+
+
 def markdown_table(results: List[Dict], device: str) -> str:
     memory = "GPU peak allocated GiB" if device == "gpu" else "peak RSS GiB"
-    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | last step s | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in results:
         key = "gpu_peak_bytes" if device == "gpu" else "peak_rss_bytes"
         reference = next((r for r in results if r["system"] == "reference" and all(
@@ -162,7 +194,7 @@ def markdown_table(results: List[Dict], device: str) -> str:
                  and "error" not in reference and row is not reference else "")
         lines.append(f"| {os.path.basename(row['config'])} | {row['resolution']} | {row['batch_size']} "
                      f"| `{row['options'] or '-'}` | {row['system']} | {gib(value) if 'error' not in row else 'failed'} "
-                     f"| {ratio} | {row['wall_seconds']:.0f} |")
+                     f"| {ratio} | {last_step(row)} | {row['wall_seconds']:.0f} |")
     return "\n".join(lines)
 
 
@@ -200,7 +232,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                             results.append({"config": config, "resolution": resolution, "batch_size": batch,
                                             "options": options, "system": system, **result})
                             status = ("FAILED: " + result["error"][-300:] if "error" in result else
-                                      f"peak RSS {gib(result.get('peak_rss_bytes'))} GiB")
+                                      f"peak RSS {gib(result.get('peak_rss_bytes'))} GiB, steps "
+                                      f"{[round(t, 1) for t in result.get('step_seconds', [])]} s")
                             print(f"  {os.path.basename(config)} {resolution} px b{batch} [{options or '-'}] {system}: "
                                   f"{status} ({result['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
     print()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fnmatch
+import logging
 import math
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
@@ -15,6 +16,12 @@ import paddle
 
 from .families import family_of
 from .vae import encoder_input
+
+logger = logging.getLogger("vae_trainer")
+VIDEO_ENCODER_TRAINED = (
+    "%s: its encoder is being trained on still images. Its latents encode video too (an image is a one-frame clip), "
+    "and a diffusion model was trained on them: training the encoder changes them, for video as well. To keep them, "
+    "fine-tune the decoder only (--freeze_encoder); docs/fine-tuning.md, \"Qwen-Image / Wan VAEs\".")
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
@@ -38,6 +45,8 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         for param in vae.parameters():
             if id(param) in frozen:
                 param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
+        if self.family.video and not all(p.stop_gradient for p in self.encoder_parameters()):
+            logger.warning(VIDEO_ENCODER_TRAINED, self.family.class_name)
         # BatchNorm layers with no trainable weight keep their statistics too (evaluated as they are, never updated).
         self._frozen_norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
                               and all(p.stop_gradient for p in layer.parameters())]

@@ -9,8 +9,11 @@ from .dc_ae import DC_AE
 from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
+from .wan import QWEN_IMAGE, WAN
 
-FAMILIES = (FLUX2, DC_AE, KL)  # a config without `_class_name` goes to the first family that owns its keys: KL last
+# A config without `_class_name` goes to the first family that owns its keys: Wan's before FLUX.2's (both have
+# patch_size), KL last.
+FAMILIES = (QWEN_IMAGE, WAN, FLUX2, DC_AE, KL)
 
 
 def trained_classes() -> str:
