@@ -110,6 +110,18 @@ def held_out_folder(tmp_path_factory) -> str:
     return str(root)
 
 
+@pytest.fixture(scope="session")
+def held_out_32(tmp_path_factory) -> str:
+    """6 held-out 32x32 PNG crops of photos, so that the evaluation's resize and crop leave them as they are."""
+    import skimage.data
+
+    root = tmp_path_factory.mktemp("held_out_32")
+    for k, photo in enumerate((skimage.data.coffee(), skimage.data.rocket())):
+        for j in range(3):
+            Image.fromarray(photo[40 + 32 * j: 72 + 32 * j, 100:132]).save(root / f"crop_{k}_{j}.png")
+    return str(root)
+
+
 def write_tar(path, members):
     """A tar file of (name, bytes) members, in order (a WebDataset shard when names share keys)."""
     import tarfile

@@ -1,5 +1,6 @@
 """Paddle side of the autoencoder-family parity checks: seeded diffusers models made, and run, by diffusers 0.42.1 in
-.venv-flux2 (tests/diffusers_side.py in a subprocess; .venv's diffusers 0.32.2 has none of these classes)."""
+.venv-flux2 (tests/diffusers_side.py in a subprocess; .venv's diffusers 0.32.2 has none of these classes); and what
+the families' end-to-end tests share (their run flags, inputs, the PSNR of diffusers' reconstructions)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,49 @@ def assert_loaded_exactly(result: dict, class_name: str) -> None:
     assert info["class"] == class_name
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         assert info.get(key, []) == [], (key, info[key])
+
+
+def trainer_args(file_list, output_dir, **overrides) -> list[str]:
+    """Flags for a few steps of a family's VAE at 32 px on CPU, either entry point: LPIPS, the GAN from step 3, EMA,
+    accumulation 2 (an override of None drops that flag)."""
+    args = {"file_list": file_list, "output_dir": output_dir, "resolution": 32, "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 2, "max_steps": 4, "disc_start": 2, "logging_steps": 1, "save_steps": 2,
+            "seed": 5, "device": "cpu", "dataloader_num_workers": 0, "disc_base_channels": 8,
+            "learning_rate": 2e-3, "disable_tqdm": "true", "use_ema": "true", "ema_decay": 0.9}
+    args.update(overrides)
+    return [str(item) for key, value in args.items() if value is not None for item in (f"--{key}", value)]
+
+
+def random_images(count: int = 2, size: int = 32, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (count, 3, size, size)).astype(np.float32)
+
+
+def folder_pixels(folder: str) -> np.ndarray:
+    """The images of `folder` in name order, NCHW on [-1, 1] (as eval_vae.py reads same-size images)."""
+    from PIL import Image
+
+    names = sorted(os.listdir(folder))
+    return np.stack([np.asarray(Image.open(os.path.join(folder, n)).convert("RGB"), np.float32) / 127.5 - 1
+                     for n in names]).transpose(0, 3, 1, 2)
+
+
+def mean_psnr(decoded: np.ndarray, pixels: np.ndarray) -> float:
+    """eval_vae.py's PSNR of reconstructions `decoded` (clamped to [-1, 1]) of `pixels`, on [0, 1], image by image."""
+    recon, target = (np.clip(decoded, -1, 1) + 1) / 2, (pixels + 1) / 2
+    return float((10 * np.log10(1 / ((recon - target) ** 2).reshape(len(pixels), -1).mean(axis=1))).mean())
+
+
+def assert_resume_is_exact(file_list: str, work, **flags) -> None:
+    """A run of `flags` stopped at step 2 and resumed by the other entry point ends with the weights of the run
+    straight through (the Paddle export, bit for bit)."""
+    from conftest import DRIVERS, run_entry_point
+    from safetensors.numpy import load_file
+
+    straight, resumed = os.path.join(work, "straight"), os.path.join(work, "resumed")
+    run_entry_point(DRIVERS[1], trainer_args(file_list, straight, **flags))
+    run_entry_point(DRIVERS[1], trainer_args(file_list, resumed, **{**flags, "max_steps": 2}))
+    run_entry_point(DRIVERS[0], trainer_args(file_list, resumed, resume_from_checkpoint="latest", **flags))
+    a, b = (load_file(os.path.join(out, "vae", "diffusion_paddle_model.safetensors")) for out in (straight, resumed))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

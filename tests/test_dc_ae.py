@@ -14,8 +14,8 @@ import numpy as np
 import paddle
 import pytest
 from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
-from family_parity import assert_loaded_exactly, make_in_diffusers, run_in_diffusers
-from PIL import Image
+from family_parity import (assert_loaded_exactly, assert_resume_is_exact, folder_pixels, make_in_diffusers,
+                           mean_psnr, random_images, run_in_diffusers, trainer_args)
 from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
@@ -38,23 +38,9 @@ PADDLE_WEIGHTS = "diffusion_paddle_model.safetensors"
 TORCH_WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
-def dc_args(file_list, output_dir, **overrides):
-    """A few steps of a DC-AE at 32 px on CPU: LPIPS, the GAN from step 3, EMA, accumulation 2."""
-    args = {"file_list": file_list, "output_dir": output_dir, "resolution": 32, "per_device_train_batch_size": 2,
-            "gradient_accumulation_steps": 2, "max_steps": 4, "disc_start": 2, "logging_steps": 1, "save_steps": 2,
-            "seed": 5, "device": "cpu", "dataloader_num_workers": 0, "disc_base_channels": 8,
-            "learning_rate": 2e-3, "disable_tqdm": "true", "use_ema": "true", "ema_decay": 0.9}
-    args.update(overrides)
-    return [str(item) for key, value in args.items() if value is not None for item in (f"--{key}", value)]
-
-
 def weights(folder, name=PADDLE_WEIGHTS) -> dict:
     """A weight file's tensors, flattened (BatchNorm's counter is 0-d in diffusers' files, [1] in ours)."""
     return {key: value.reshape(-1) for key, value in load_file(os.path.join(folder, name)).items()}
-
-
-def images(count=2, size=32, seed=0) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (count, 3, size, size)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +51,12 @@ def pipeline(tmp_path_factory) -> str:
     return str(root)
 
 
-@pytest.fixture(scope="module")
-def held_out_32(tmp_path_factory) -> str:
-    """6 held-out 32x32 PNG crops of photos, so that the evaluation's resize and crop leave them as they are."""
-    import skimage.data
-
-    root = tmp_path_factory.mktemp("held_out_32")
-    for k, photo in enumerate((skimage.data.coffee(), skimage.data.rocket())):
-        for j in range(3):
-            Image.fromarray(photo[40 + 32 * j: 72 + 32 * j, 100:132]).save(root / f"crop_{k}_{j}.png")
-    return str(root)
-
-
 # ---- in
 
 def test_a_diffusers_dc_ae_folder_loads_with_its_scale_and_encodes_as_diffusers(pipeline, tmp_path):
     vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
     assert family_of(vae) is DC_AE and vae.config.scaling_factor == 0.41407
-    x = images()
+    x = random_images()
     theirs = run_in_diffusers("AutoencoderDC", os.path.join(pipeline, "vae"), x, tmp_path)
     assert_loaded_exactly(theirs, "AutoencoderDC")
     vae.eval()
@@ -112,9 +86,9 @@ def decoder_only(pipeline, photo_filelist, held_out_32, tmp_path_factory) -> dic
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"dc_{driver.split('.')[0]}"))
-        run_entry_point(driver, dc_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                        subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
-                                        eval_steps=2, eval_num_images=6))
+        run_entry_point(driver, trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                             subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
+                                             eval_steps=2, eval_num_images=6))
         out[driver] = output_dir
     return out
 
@@ -149,7 +123,7 @@ def test_decoder_only_keeps_the_encoder_and_the_scale_and_exports_for_diffusers(
     assert config["_class_name"] == "AutoencoderDC" and config["scaling_factor"] == 0.41407
     assert stats["source"].startswith("kept from the pretrained VAE") and "shift_factor" not in config
     assert stats["measured"]["statistic"].startswith("the latents")
-    theirs = run_in_diffusers("AutoencoderDC", vae_dir, images(), tmp_path)
+    theirs = run_in_diffusers("AutoencoderDC", vae_dir, random_images(), tmp_path)
     assert_loaded_exactly(theirs, "AutoencoderDC")
 
 
@@ -161,13 +135,9 @@ def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, hel
                                            "--skip_lpips"])
     protocol = json.load(open(tmp_path / "eval" / "metrics.json"))["protocol"]
     assert protocol["latents"].startswith("the encoder's latent (deterministic")
-    names = sorted(os.listdir(held_out_32))
-    x = np.stack([np.asarray(Image.open(os.path.join(held_out_32, n)).convert("RGB"), np.float32) / 127.5 - 1
-                  for n in names]).transpose(0, 3, 1, 2)
+    x = folder_pixels(held_out_32)
     theirs = run_in_diffusers("AutoencoderDC", vae_dir, x, tmp_path)
-    recon = (np.clip(theirs["decoded"], -1, 1) + 1) / 2
-    psnr = 10 * np.log10(1 / ((recon - (x + 1) / 2) ** 2).reshape(len(x), -1).mean(axis=1))
-    assert result.metrics["psnr"] == pytest.approx(float(psnr.mean()), abs=1e-3)
+    assert result.metrics["psnr"] == pytest.approx(mean_psnr(theirs["decoded"], x), abs=1e-3)
 
 
 def test_export_vae_writes_a_checkpoint_as_the_run_wrote_its_export(decoder_only, tmp_path):
@@ -188,8 +158,8 @@ def test_trainable_modules_train_those_alone_and_frozen_statistics_stay(pipeline
     """DC-AE's phase 3: the decoder's head alone (its output norm and conv), with the GAN; every other weight and
     the batch_norm stage's statistics go out as loaded."""
     output_dir = str(tmp_path / "head")
-    run_entry_point(DRIVERS[1], dc_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                        subfolder="vae", use_ema="false", ema_decay=None) +
+    run_entry_point(DRIVERS[1], trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                             subfolder="vae", use_ema="false", ema_decay=None) +
                     ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
     source, exported = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(os.path.join(output_dir, "vae"),
                                                                                        TORCH_WEIGHTS)
@@ -214,9 +184,9 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
     config = tmp_path / "dc.json"
     config.write_text(json.dumps({"_class_name": "AutoencoderDC", **TINY_DC}))
     output_dir = str(tmp_path / "scratch")
-    run_entry_point(DRIVERS[0], dc_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
-                                        vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
-                                        recompute="true"))
+    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
+                                             vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
+                                             recompute="true"))
     stats = json.load(open(os.path.join(output_dir, "vae", "latent_stats.json")))
     exported = json.load(open(os.path.join(output_dir, "vae", "config.json")))
     assert stats["source"].startswith("measured on") and stats["scaling_factor"] != 0.41407
@@ -225,23 +195,16 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
 
 
 def test_resume_of_a_dc_ae_run_is_exact(pipeline, photo_filelist, tmp_path):
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    flags = dict(pretrained_model_name_or_path=pipeline, subfolder="vae")
-    run_entry_point(DRIVERS[1], dc_args(photo_filelist, straight, **flags))
-    run_entry_point(DRIVERS[1], dc_args(photo_filelist, resumed, max_steps=2, **flags))
-    run_entry_point(DRIVERS[0], dc_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags))
-    a, b = weights(os.path.join(straight, "vae")), weights(os.path.join(resumed, "vae"))
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_resume_is_exact(photo_filelist, tmp_path, pretrained_model_name_or_path=pipeline, subfolder="vae")
 
 
 def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, photo_filelist, tmp_path):
     output_dir = tmp_path / "two"
-    run_entry_point(DRIVERS[0], dc_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=pipeline,
-                                        subfolder="vae", max_steps=2), nproc=2, log_dir=tmp_path / "launch")
+    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=pipeline,
+                                             subfolder="vae", max_steps=2), nproc=2, log_dir=tmp_path / "launch")
     exported = json.load(open(output_dir / "vae" / "config.json"))
     assert exported["_class_name"] == "AutoencoderDC" and exported["scaling_factor"] == 0.41407
-    assert_loaded_exactly(run_in_diffusers("AutoencoderDC", output_dir / "vae", images(), tmp_path), "AutoencoderDC")
+    assert_loaded_exactly(run_in_diffusers("AutoencoderDC", output_dir / "vae", random_images(), tmp_path), "AutoencoderDC")
     source, trained = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(output_dir / "vae", TORCH_WEIGHTS)
     assert not np.array_equal(source["decoder.up_blocks.0.1.norm.running_mean"],
                               trained["decoder.up_blocks.0.1.norm.running_mean"])
@@ -264,7 +227,7 @@ def test_recompute_gives_the_same_gradients_and_statistics_and_leaves_the_last_l
                                                                  ("decoder.up_blocks", vae.decoder.up_blocks))
                       for i, stage in enumerate(stages) for j, _ in enumerate(stage.children())]
             assert sorted(names) == sorted(set(blocks) - {"decoder.up_blocks.0.1"})  # its ResBlock has a BatchNorm
-        x = paddle.to_tensor(images())
+        x = paddle.to_tensor(random_images())
         DC_AE.decode(vae, DC_AE.encode(vae, x).mean).square().mean().backward()
         grads.append({name: p.grad.numpy() for name, p in vae.named_parameters() if p.grad is not None})
         norm = vae.decoder.up_blocks[0][1].norm
@@ -281,7 +244,7 @@ def test_recompute_gives_the_same_gradients_and_statistics_and_leaves_the_last_l
 def test_eval_tiling_is_diffusers_tiling_with_quarter_overlaps_and_restores_the_model(pipeline, tmp_path):
     vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
     vae.eval()
-    x = images(1, 64)
+    x = random_images(1, 64)
     with paddle.no_grad():
         whole = DC_AE.encode(vae, paddle.to_tensor(x)).mean.numpy()
         with DC_AE.tiled(vae, 32):
@@ -383,28 +346,29 @@ def test_weights_that_do_not_fit_the_config_are_one_error(pipeline, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wan_folder(tmp_path_factory) -> str:
-    """A folder as a Wan VAE download looks (a class not trained here yet)."""
-    folder = tmp_path_factory.mktemp("wan_vae")
-    (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan", "base_dim": 96, "z_dim": 16,
-                                                    "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2}))
+def untrained_folder(tmp_path_factory) -> str:
+    """A folder as a HunyuanVideo VAE download looks (a class not trained here)."""
+    folder = tmp_path_factory.mktemp("hunyuan_vae")
+    (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLHunyuanVideo", "latent_channels": 16,
+                                                    "block_out_channels": [128, 256, 512, 512]}))
     (folder / TORCH_WEIGHTS).write_bytes(b"")
     return str(folder)
 
 
-def test_a_class_not_trained_is_one_line_in_every_entry_point_and_script(wan_folder, photo_filelist, tmp_path):
+def test_a_class_not_trained_is_one_line_in_every_entry_point_and_script(untrained_folder, photo_filelist, tmp_path):
     import subprocess
     import sys
 
-    expected = f"error: {wan_folder}/config.json: its \"_class_name\" is AutoencoderKLWan, a class this trainer does not train"
-    commands = [[driver, "--file_list", photo_filelist, "--pretrained_model_name_or_path", wan_folder, "--max_steps",
-                 "1", "--output_dir", str(tmp_path / driver), "--device", "cpu"] for driver in DRIVERS]
-    commands.append(["scripts/eval_vae.py", "--vae", wan_folder, "--data", photo_filelist, "--output_dir",
+    expected = (f"error: {untrained_folder}/config.json: its \"_class_name\" is AutoencoderKLHunyuanVideo, a class "
+                "this trainer does not train")
+    commands = [[driver, "--file_list", photo_filelist, "--pretrained_model_name_or_path", untrained_folder,
+                 "--max_steps", "1", "--output_dir", str(tmp_path / driver), "--device", "cpu"] for driver in DRIVERS]
+    commands.append(["scripts/eval_vae.py", "--vae", untrained_folder, "--data", photo_filelist, "--output_dir",
                      str(tmp_path / "eval")])
     for command in commands:
         result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
         lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith(expected.split(": its")[0]), \
             (command[0], result.stderr[-2000:])
-        assert "AutoencoderKLWan, a class this trainer does not train (yet); it trains" in lines[0]
+        assert "AutoencoderKLHunyuanVideo, a class this trainer does not train (yet); it trains" in lines[0]
         assert "Traceback" not in result.stderr

@@ -123,7 +123,7 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
     f.family = _family_of_flags(f)
-    f.deterministic, f.frozen_latent = f.family.deterministic, f.family.encoder_never_trains
+    f.deterministic, f.frozen_latent, f.video = f.family.deterministic, f.family.encoder_never_trains, f.family.video
     return f
 
 
@@ -199,6 +199,12 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
      "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),
+    (("weight_decay",), lambda f: f.video and f.weight_decay > 0,
+     "it would shrink the temporal weights of this video VAE that images never train (earlier-frame kernel taps get "
+     "a zero gradient, and decay alone would move them), changing its video decoding: drop it"),
+    (("fp16_opt_level",), lambda f: f.video and f.fp16_opt_level == "O2",
+     "O2 keeps the weights in half precision, so the temporal weights of this video VAE that images never train would "
+     "come back rounded: use O1 (float32 weights, half-precision compute)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
     (("posterior_std",), lambda f: f.posterior_std < 0, "it must be >= 0 (0 keeps the encoder's variance)"),
     (("learn_logvar",), lambda f: f.learn_logvar and f.loss_balancing == "gradnorm",

@@ -19,7 +19,8 @@ One frame (T = 1), the training case for images: the one-frame path. `run_encode
 decode and the tiles) run a one-frame input through the encoder and decoder with no cache at all (`cache=None`):
 every block is then a pure function of its input, so gradient checkpointing may re-run any block's forward in the
 backward (`checkpoint_segments()` lists the blocks). It is the cached path exactly (`cached=True` forces that one):
-with an empty cache a causal conv pads its input in front with zeros, the temporal downsampler and upsampler skip
+with an empty cache a causal conv pads its input in front with zeros (so a single frame runs as a 2D conv with the
+kernel's last temporal tap, the only one that meets data), the temporal downsampler and upsampler skip
 their `time_conv`, and the residual decoder's `DupUp3D` keeps the last of its duplicated frames (`first_chunk`);
 tests/test_autoencoder_kl_wan.py checks equality with the cached path, with diffusers, and of gradients with every
 block recomputed. The cached path (video, T > 1) writes its state into a `FeatureCache` made per call, never into the
@@ -164,7 +165,11 @@ def _tail_for_next_chunk(x: paddle.Tensor, previous: Optional[paddle.Tensor]) ->
 
 class WanCausalConv3d(nn.Conv3D):
     """A Conv3D padded in time at the front only (2 * padding_t frames), so frame t sees frames <= t; spatial padding
-    is symmetric. `forward(x, cache)` puts the previous chunk's frames in front of x instead of that many zeros."""
+    is symmetric. `forward(x, cache)` puts the previous chunk's frames in front of x instead of that many zeros.
+
+    One frame and no cache (an image, or a clip's first frame): only the last temporal tap meets data, the others
+    meet the zero padding, so it runs as a 2D conv with that tap (a third of the work and activation memory of a
+    3x3x3 conv over the padded frames; equal within float rounding). The other taps get an exactly zero gradient."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Sequence[int]],
                  stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0) -> None:
@@ -174,6 +179,8 @@ class WanCausalConv3d(nn.Conv3D):
         self.time_pad = 2 * pad_t
 
     def forward(self, x: paddle.Tensor, cache: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        if cache is None and x.shape[2] == 1 and self.time_pad == self._kernel_size[0] - 1:
+            return self._one_frame(x)
         front = self.time_pad
         if cache is not None and front > 0:
             x = paddle.concat([cache if cache.dtype == x.dtype else cache.astype(x.dtype), x], axis=2)
@@ -182,6 +189,12 @@ class WanCausalConv3d(nn.Conv3D):
             zeros = paddle.zeros([x.shape[0], x.shape[1], front, x.shape[3], x.shape[4]], dtype=x.dtype)
             x = paddle.concat([zeros, x], axis=2)
         return super().forward(x)
+
+    def _one_frame(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The conv of a single zero-padded frame: a 2D conv with the last temporal tap."""
+        out = F.conv2d(x.squeeze(2), self.weight[:, :, -1], self.bias, stride=self._stride[1:],
+                       padding=self._padding[1:], dilation=self._dilation[1:], groups=self._groups)
+        return out.unsqueeze(2)
 
     def step(self, x: paddle.Tensor, cache: Optional[FeatureCache]) -> paddle.Tensor:
         """The conv on one chunk: with a cache, fed the previous chunk's last frames and leaving its own."""

@@ -4,12 +4,11 @@ its blocks as --recompute's segments, its own tiled passes, and its config check
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, List, Mapping, Tuple
 
 from .autoencoder_dc import AutoencoderDC
-from .family import (Deterministic, Family, Geometry, Layer, Tensor, attributes_set, check_config_keys,
-                     holds_batch_norm)
+from .family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, holds_batch_norm,
+                     tiling_enabled)
 
 TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
@@ -62,12 +61,8 @@ class DCFamily(Family):
                 for i, stage in enumerate(getattr(getattr(vae, coder), blocks))
                 for j, layer in enumerate(stage.children()) if not holds_batch_norm(layer)]
 
-    @contextlib.contextmanager
     def tiled(self, vae: Layer, tile: int):
-        stride = tile - int(tile * TILE_OVERLAP)
-        with attributes_set(vae, **{name: getattr(vae, name) for name in TILING_STATE}):
-            vae.enable_tiling(tile, tile, stride, stride)
-            yield
+        return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
 
 
 DC_AE = DCFamily()

@@ -10,9 +10,11 @@ from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
 from .rae import RAE
+from .wan import QWEN_IMAGE, WAN
 
-# A config without `_class_name` goes to the first family that owns its keys: KL last.
-FAMILIES = (DC_AE, FLUX2, RAE, KL)
+# A config without `_class_name` goes to the first family that owns its keys: Wan's before FLUX.2's (both have
+# patch_size), KL last.
+FAMILIES = (QWEN_IMAGE, WAN, DC_AE, FLUX2, RAE, KL)
 
 
 def trained_classes() -> str:

@@ -1,15 +1,17 @@
 """The seam between the trainer and the autoencoder classes it trains: `Family`, what differs between them.
 
-One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py), registered in
-families.py by the `_class_name` its config.json persists. Above models/, the step, losses, evaluation, checkpoints,
-the latent scale and the export ask the family of the network they hold (`families.family_of`), never its class.
-Images are NCHW on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or frame axes itself.
+One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py; wan.py: Wan and
+Qwen-Image), registered in families.py by the `_class_name` its config.json persists. Above models/, the step, losses,
+evaluation, checkpoints, the latent scale and the export ask the family of the network they hold
+(`families.family_of`), never its class. Images are NCHW on [-1, 1] on both sides of `encode` / `decode`: a family
+converts ranges or frame axes itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Tuple
 
@@ -63,6 +65,9 @@ class Family:
     encoder_never_trains: ClassVar[bool] = False  # never trained, whatever the flags (RAE's representation encoder)
     stats_on_training_data: ClassVar[bool] = False  # a measured normalisation is of --file_list, not held-out images
     lists_view_statistics: ClassVar[bool] = True  # eval records list the normalised view's statistics (not: too many)
+    # Its latents also encode video (an image is a one-frame clip): training its encoder on images changes the
+    # latent space of a video model too, so the trainer warns; temporal weights images never reach go out unchanged.
+    video: ClassVar[bool] = False
 
     # ---- config: no network needed
     def owns(self, config: Mapping[str, Any]) -> bool:
@@ -177,6 +182,25 @@ class Family:
     def diffusers_problem(self, vae: Layer) -> Optional[str]:
         """Why PyTorch diffusers could not load this network as its class, or None."""
         return None
+
+
+def constant_logvar_values(vae: Layer, prefix: str, channels: int, posterior_std: float) -> Dict[str, np.ndarray]:
+    """The conv at `prefix` (its outputs: `channels` means, then as many log-variances) with zero log-variance weights
+    and bias log(std^2): its posterior then has --posterior_std's constant std (the export's `exported_values`)."""
+    state = vae.state_dict()
+    weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
+    weight[channels:], bias[channels:] = 0.0, 2.0 * math.log(posterior_std)
+    return {prefix + "weight": weight, prefix + "bias": bias}
+
+
+@contextlib.contextmanager
+def tiling_enabled(vae: Layer, tile: int, overlap: float, state: Tuple[str, ...]):
+    """Within: diffusers-style `vae.enable_tiling` with square `tile` px tiles overlapping by `overlap` of a tile;
+    the attributes named in `state` restored on leaving."""
+    stride = tile - int(tile * overlap)
+    with attributes_set(vae, **{name: getattr(vae, name) for name in state}):
+        vae.enable_tiling(tile, tile, stride, stride)
+        yield
 
 
 @contextlib.contextmanager

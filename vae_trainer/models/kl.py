@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -12,7 +11,7 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from .family import Family, Geometry, Layer, Tensor, attributes_set
+from .family import Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values
 
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
@@ -100,10 +99,7 @@ class KLFamily(Family):
         if not posterior_std or posterior_std <= 0:
             return {}
         prefix = "quant_conv." if vae.quant_conv is not None else "encoder.conv_out."  # FLUX has no quant_conv
-        state, channels = vae.state_dict(), vae.config.latent_channels
-        weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
-        weight[channels:], bias[channels:] = 0.0, 2.0 * math.log(posterior_std)
-        return {prefix + "weight": weight, prefix + "bias": bias}
+        return constant_logvar_values(vae, prefix, vae.config.latent_channels, posterior_std)
 
     def diffusers_problem(self, vae: Layer) -> Optional[str]:
         """diffusers' AutoencoderKL builds encoder and decoder from one list of widths, one per block."""
