@@ -20,8 +20,6 @@ export with its latent statistics (their batch follows the training batch, evalu
   the whole run.
 - GPU (`--device gpu`): also `paddle.device.cuda.max_memory_allocated()` at the end of the run, the peak of
   Paddle's allocator (the figure to size a GPU by); RSS is then host memory only.
-- Ours: the wall time of each optimizer step (from its first micro-batch's forward to its update, data loading
-  between micro-batches included); the table shows the last step's, after the first step's warm-up.
 
 The process is this script in `--measure` mode, which runs the entry point in-process (`runpy`, as
 `python train_vae_no_trainer.py ...` would) and writes its own peaks when the run ends. Settings beside the
@@ -181,11 +179,6 @@ def gib(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f}"
 
 
-def last_step(row: Dict) -> str:
-    steps = row.get("step_seconds") or []
-    return f"{steps[-1]:.1f}" if steps and "error" not in row else ""
-
-
 def markdown_table(results: List[Dict], device: str) -> str:
     memory = "GPU peak allocated GiB" if device == "gpu" else "peak RSS GiB"
     lines = [f"| config | px | batch | options | system | {memory} | ratio to reference | peak RSS GiB before the "
@@ -240,8 +233,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                             results.append({"config": config, "resolution": resolution, "batch_size": batch,
                                             "options": options, "system": system, **result})
                             status = ("FAILED: " + result["error"][-300:] if "error" in result else
-                                      f"peak RSS {gib(result.get('peak_rss_bytes'))} GiB, steps "
-                                      f"{[round(t, 1) for t in result.get('step_seconds', [])]} s")
+                                      f"peak RSS {gib(result.get('peak_rss_bytes'))} GiB, "
+                                      f"{result.get('step_seconds') or 0:.1f} s/step")
                             print(f"  {os.path.basename(config)} {resolution} px b{batch} [{options or '-'}] {system}: "
                                   f"{status} ({result['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
     print()

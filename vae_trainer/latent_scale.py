@@ -49,9 +49,10 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
     unstated = (f"neither {' nor '.join(names)} states a scaling_factor" if len(names) > 1
                 else f"{names[0] if names else 'the VAE'} states no scaling_factor")
     default = family.defaults().get("scaling_factor")
-    if family.held_scale:  # the normalisation comes with the encoder's weights (FLUX.2's bn statistics)
-        origin = (f"the {family.held_scale} kept from {names[0]}" if loaded and not reinitialised
-                  else f"the {family.held_scale} of a fresh VAE (mean 0, variance 1)")
+    if "scaling_factor" not in family.scale_keys:  # statistics: in the weights (FLUX.2's bn) or the config (Wan's)
+        name = family.held_scale or family.scale_name
+        origin = (f"the {name} kept from {names[0]}" if loaded and not reinitialised
+                  else f"the {name} of a fresh VAE" + (" (mean 0, variance 1)" if family.held_scale else ""))
     elif "scaling_factor" in chosen:
         origin = chosen["scaling_factor"][2]
     elif default == DEFAULT_SCALING_FACTOR:
@@ -174,12 +175,12 @@ def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
     problem = family.scale_mode_problem(vae, mode)
     if problem:
         raise ValueError(problem)
-    if family.held_scale and mode == "measure" and encoder_frozen:
+    if "scaling_factor" not in family.scale_keys and mode == "measure" and encoder_frozen:
         raise ValueError(f"--scaling_factor measure with a frozen encoder: a decoder-only fine-tune of "
-                         f"{family.class_name} keeps the source's {family.held_scale} (the latent normalisation its "
-                         "DiT was trained with). Drop --scaling_factor measure (measure is also the default for a "
-                         "fresh VAE or with --ignore_keys of the encoder: give --scaling_factor keep, or train the "
-                         "encoder).")
+                         f"{family.class_name} keeps the source's {family.held_scale or family.scale_name} (the "
+                         "latent normalisation its DiT was trained with). Drop --scaling_factor measure (measure is "
+                         "also the default for a fresh VAE or with --ignore_keys of the encoder: give --scaling_factor "
+                         "keep, or train the encoder).")
     return mode
 
 

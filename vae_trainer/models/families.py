@@ -12,8 +12,7 @@ from .kl import KL
 from .rae import RAE
 from .wan import QWEN_IMAGE, WAN
 
-# A config without `_class_name` goes to the first family that owns its keys: Wan's before FLUX.2's (both have
-# patch_size), KL last.
+# A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last.
 FAMILIES = (QWEN_IMAGE, WAN, DC_AE, FLUX2, RAE, KL)
 
 

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, List, Mapping, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -44,6 +44,7 @@ class CausalVideoFamily(Family):
     encoder_prefixes = ("encoder.", "quant_conv.")
     scale_keys = ("latents_mean", "latents_std")
     scale_name = "latent normalisation (latents_mean / latents_std)"
+    lists_view_statistics = False  # measured_record holds them, named for what they are
     patch_key: ClassVar[str] = ""  # the config key of a pixel patchify before the encoder (Wan 2.2's patch_size)
 
     # ---- config
@@ -91,9 +92,22 @@ class CausalVideoFamily(Family):
     def tiled(self, vae: Layer, tile: int):
         return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
 
-    # ---- the latent scale: latents_mean / latents_std
+    def normalised_view(self, vae: Layer, posterior) -> Optional[Tensor]:
+        return posterior.mode().astype("float32")  # what the pipelines normalise (sample_mode="argmax")
+
+    def protocol_items(self, measured_view: bool) -> Tuple[Tuple[str, str], ...]:
+        if not measured_view:
+            return ()
+        return (("latent normalisation statistics", "per channel of the posterior mode (what the Wan / Qwen-Image "
+                 "pipelines normalise by latents_mean / latents_std), population mean and std over all images and "
+                 "positions"),)
+
+    # ---- the latent scale: latents_mean / latents_std, of the posterior modes
     def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
-        return {"latents_mean": stats.latent_mean, "latents_std": stats.latent_std}
+        if stats.patchified_mode_mean is None:
+            raise ValueError("measuring latents_mean / latents_std needs the posterior modes' statistics")
+        return {"latents_mean": list(stats.patchified_mode_mean),
+                "latents_std": [float(np.sqrt(v)) for v in stats.patchified_mode_var]}
 
     def scale_record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
         values = {key: list(updates.get(key, vae.config[key])) for key in self.scale_keys}
@@ -103,7 +117,11 @@ class CausalVideoFamily(Family):
         return f"latents_mean / latents_std of {len(record['latent_normalisation']['latents_mean'])} channels"
 
     def measured_record(self, stats) -> Dict[str, Any]:
-        return {"statistic": self.statistic(), "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
+        return {"statistic": "per channel of the posterior mode, population mean and std over all images and "
+                             "positions (what latents_mean / latents_std hold)",
+                "mode_mean": stats.patchified_mode_mean,
+                "mode_std": [float(np.sqrt(v)) for v in stats.patchified_mode_var or []],
+                "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
     # ---- the export
     def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
@@ -120,7 +138,7 @@ class WanFamily(CausalVideoFamily):
     tiling_method = diffusers_tiling("AutoencoderKLWan", "; Wan 2.2's encoder tiles count 2x2-patchified pixels")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
-        return "z_dim" in config and "input_channels" not in config  # before FLUX.2's, which also has patch_size
+        return "z_dim" in config and "input_channels" not in config
 
 
 class QwenImageFamily(CausalVideoFamily):
