@@ -257,6 +257,8 @@ def test_two_processes_measure_the_same_statistics(sources, photos, scratch, tmp
                                          disc_backbone_path=sources["vit"] + ".pth"),
                     nproc=2, log_dir=tmp_path / "launch")
     two, one = (json.load(open(os.path.join(d, "vae", "config.json"))) for d in (output_dir, scratch))
+    stats = json.load(open(output_dir / "vae" / "latent_stats.json"))
+    assert stats["measured"]["num_images"] == NUM_PHOTOS  # each rank its share, not all of them twice
     np.testing.assert_allclose(two["latents_mean"], one["latents_mean"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(two["latents_std"], one["latents_std"], rtol=1e-6, atol=0)
 

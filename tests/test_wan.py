@@ -293,6 +293,8 @@ def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(pipeli
         posterior = WAN.encode(vae, x)
         (WAN.decode(vae, posterior.mean) - x).square().mean().backward()
         grads.append({name: p.grad.numpy() for name, p in vae.named_parameters() if p.grad is not None})
+        if recompute:  # really recomputed: every segment re-ran its forward in the backward
+            assert all(layer.forward.calls > 0 for _, layer in WAN.recompute_segments(vae))
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 50
     for name in grads[0]:
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, err_msg=name)
@@ -342,15 +344,22 @@ def config_file(tmp_path, config, class_name="AutoencoderKLWan") -> str:
 @pytest.mark.parametrize("config,flags,message", [
     ("wan22_vae", ["--resolution", "40"], "--resolution 40 must be a multiple of the VAE's downsampling factor 16"),
     ("qwen_image_vae", ["--resolution", "36"], "--resolution 36 must be a multiple of the VAE's downsampling factor 8"),
-    ("wan21_vae", ["--weight_decay", "0.01"], "--weight_decay 0.01: it would shrink the temporal weights"),
-    ("qwen_image_vae", ["--bf16", "true", "--fp16_opt_level", "O2"], "--fp16_opt_level O2: O2 keeps the weights in "
-                                                                     "half precision"),
+    ("wan21_vae", ["--weight_decay", "0.01", "--init_from_ckpt", "x"],
+     "--weight_decay 0.01: it would shrink the loaded temporal weights"),
+    ("qwen_image_vae", ["--bf16", "true", "--fp16_opt_level", "O2", "--init_from_ckpt", "x"],
+     "--fp16_opt_level O2: O2 keeps the weights in half precision"),
 ])
 def test_bad_flags_are_refused_at_parse_time(config, flags, message, tmp_path):
     argv = ["--file_list", "x", "--vae_config_file", os.path.join(REPO, "configs", f"{config}.json"),
             "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "64"] + flags
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         parse_arguments(argv)
+
+
+def test_from_scratch_weight_decay_is_taken(tmp_path):
+    """A fresh video VAE has no temporal weights to keep: weight decay (also the discriminator's) is accepted."""
+    parse_arguments(["--file_list", "x", "--vae_config_file", os.path.join(REPO, "configs", "wan21_vae.json"),
+                     "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "64", "--weight_decay", "0.01"])
 
 
 def test_a_number_for_scaling_factor_is_refused(pipelines):
@@ -362,8 +371,8 @@ def test_a_number_for_scaling_factor_is_refused(pipelines):
     flags = dict(scaling_factor="0.5", ignore_keys=None, init_from_ckpt=None, pretrained_model_name_or_path="x")
     with pytest.raises(ValueError, match=r"--scaling_factor 0\.5: AutoencoderKLQwenImage has no scaling_factor"):
         mode_for(vae, SimpleNamespace(**flags))
-    with pytest.raises(ValueError, match="--scaling_factor measure with --freeze_encoder"):
-        mode_for(vae, SimpleNamespace(**{**flags, "scaling_factor": "measure", "freeze_encoder": True}))
+    with pytest.raises(ValueError, match="--scaling_factor measure with a frozen encoder"):
+        mode_for(vae, SimpleNamespace(**{**flags, "scaling_factor": "measure"}), encoder_frozen=True)
 
 
 def test_configs_and_weights_that_do_not_fit_are_one_error_each(pipelines, tmp_path):

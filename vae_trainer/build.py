@@ -30,7 +30,7 @@ from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import setup_precision, uses_master_weights
-from .step import NonFiniteGuard, TrainStep
+from .step import NonFiniteGuard, TrainStep, disc_update_start
 
 logger = logging.getLogger("vae_trainer")
 
@@ -110,8 +110,7 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
-    disc_start = loss_args.disc_start if loss_args.disc_update_start is None else loss_args.disc_update_start
-    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, disc_start)  # its schedule's start
+    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, disc_update_start(loss_args))
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)

@@ -153,6 +153,7 @@ class _Pass:
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None) -> None:
         self.vae, self.family, self.input_size, self.rng = vae, family_of(vae), input_size, rng
+        self.fixed_output = self.family.geometry(vae.config).output_size is not None
         self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples = LatentStatistics()
@@ -233,7 +234,7 @@ class _Pass:
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
-            if decoded.shape != target.shape:  # a decoder of one output size (RAE's): no scale diagnostic
+            if self.fixed_output and name == "scale_equivariance_psnr":  # RAE's decoder: one output size
                 continue
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += spectrum_energies(mode)

@@ -199,10 +199,11 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
      "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),
-    (("weight_decay",), lambda f: f.video and f.weight_decay > 0,
-     "it would shrink the temporal weights of this video VAE that images never train (earlier-frame kernel taps get "
-     "a zero gradient, and decay alone would move them), changing its video decoding: drop it"),
-    (("fp16_opt_level",), lambda f: f.video and f.fp16_opt_level == "O2",
+    (("weight_decay",), lambda f: f.video and f.loads_weights and f.weight_decay > 0,
+     "it would shrink the loaded temporal weights of this video VAE that images never train (earlier-frame kernel "
+     "taps get a zero gradient, and decay alone would move them), changing its video decoding: drop it (it is the "
+     "discriminator's decay too)"),
+    (("fp16_opt_level",), lambda f: f.video and f.loads_weights and f.fp16_opt_level == "O2",
      "O2 keeps the weights in half precision, so the temporal weights of this video VAE that images never train would "
      "come back rounded: use O1 (float32 weights, half-precision compute)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
@@ -215,6 +216,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.freeze_encoder,
      "it shapes the latent space, and the latent space belongs to the encoder, which --freeze_encoder keeps as it "
      "is: drop one of them (an equivariance fine-tune trains the encoder and the decoder together)"),
+    (("latent_penalty_weight",), lambda f: f.latent_penalty_weight > 0 and f.frozen_latent,
+     f"it penalises the latents' magnitude, and {FROZEN_LATENT}: drop it"),
     (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.frozen_latent,
      f"it shapes the latent space, and {FROZEN_LATENT}: drop it"),
     (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.frozen_latent,
@@ -260,6 +263,9 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("disc_base_channels",), lambda f: f.disc_type == "dino",
      "the DINO discriminator's heads are as wide as its ViT's tokens: drop it"),
     (("disc_backbone_path",), lambda f: f.disc_type != "dino", "it is the ViT of --disc_type dino: add it, or drop it"),
+    (("gen_loss",), lambda f: f.gen_loss == "relative_hinge" and f.disc_type == "dino",
+     "the DINO discriminator augments and quantises the real images of its own step only, and relative_hinge scores "
+     "real images in the VAE's: use hinge or vanilla with --disc_type dino"),
     (("disc_type",), lambda f: f.disc_type == "dino" and not f.disc_backbone_path,
      "the DINO discriminator needs its frozen ViT-S/8: add --disc_backbone_path (a dino_vits8 state dict, or a "
      "transformers ViTModel folder of facebook/dino-vits8)"),

@@ -143,10 +143,7 @@ class TrainStep:
         return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
 
     def disc_trains(self, global_step: int) -> bool:
-        """The discriminator trains from --disc_update_start (RAE's: before its term enters), else --disc_start."""
-        args = self.loss_args
-        start = args.disc_start if args.disc_update_start is None else min(args.disc_update_start, args.disc_start)
-        return args.disc_weight > 0 and global_step >= start
+        return self.loss_args.disc_weight > 0 and global_step >= disc_update_start(self.loss_args)
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
@@ -252,6 +249,13 @@ class TrainStep:
         ])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
+
+
+def disc_update_start(loss_args) -> int:
+    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters), else
+    --disc_start."""
+    start = loss_args.disc_update_start
+    return loss_args.disc_start if start is None else min(start, loss_args.disc_start)
 
 
 def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, paddle.Tensor]:

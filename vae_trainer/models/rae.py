@@ -156,6 +156,9 @@ class RAEFamily(Family):
         return {"statistic": TOKEN_STATISTIC, "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
     def scale_mode_problem(self, vae: Layer, mode) -> Optional[str]:
+        if mode == "measure" and vae.config.get("latents_mean") is not None:
+            return (f"--scaling_factor measure: this {CLASS_NAME}'s latents_mean / latents_std are those its diffusion "
+                    "model was trained with, and its encoder never trains: a fine-tune keeps them (drop it)")
         if mode not in ("keep", "measure") and vae.config.get("latents_mean") is None:
             return (f"--scaling_factor {mode}: this {CLASS_NAME} has no latents_mean / latents_std yet (a decoder "
                     "trained from scratch), which --scaling_factor measure (the default here) measures; its "

@@ -24,6 +24,8 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
     family = family_for_config(config, where)
     geometry = family.geometry(config)
     if geometry.output_size is not None:  # it resizes its input itself
+        if input_size:
+            raise ValueError(f"--input_size: {family.class_name} resizes its input itself ({where}); drop it")
         if resolution != geometry.output_size:
             raise ValueError(f"{family.class_name} decodes {geometry.output_size}x{geometry.output_size} images "
                              f"whatever its input ({where}), and the loss compares --resolution {resolution}: use "
