@@ -42,8 +42,9 @@ def _subprocesses_without_torch():
 # The files that run multi-process training jobs under the launcher, heaviest first: `make test` runs the suite
 # on two pytest-xdist workers (--dist loadfile), which share out files in collection order, so these start first
 # and the many short files fill in around them.
-HEAVY_FILES = ("test_preemption.py", "test_architectures.py", "test_stall.py", "test_rank_failure.py",
-               "test_train_e2e.py", "test_multinode.py", "test_alignment.py", "test_crash_safety.py", "test_disk.py")
+HEAVY_FILES = ("test_preemption.py", "test_architectures.py", "test_dc_ae.py", "test_wan.py", "test_rae.py",
+               "test_stall.py", "test_rank_failure.py", "test_train_e2e.py", "test_multinode.py", "test_alignment.py",
+               "test_crash_safety.py", "test_disk.py")
 
 
 def pytest_collection_modifyitems(items) -> None:
