@@ -23,10 +23,12 @@ else
   VAE_CONFIG=${VAE_CONFIG:-configs/sd_vae.json}; RESOLUTION=${RESOLUTION:-256}; MAX_STEPS=${MAX_STEPS:-100000}
   NUM_WORKERS=${NUM_WORKERS:-4}
 fi
+# The loss weights are left to the entry points' defaults (LDM's) and --recipe: stated here, they would override
+# a recipe's, and a KL weight is refused for a deterministic autoencoder (DC-AE, RAE).
 COMMON_ARGS=(
   --file_list "$FILE_LIST" --vae_config_file "$VAE_CONFIG" --output_dir "$OUTPUT_DIR"
   --resolution "$RESOLUTION" --per_device_train_batch_size "$BATCH_SIZE" --max_steps "$MAX_STEPS"
-  --learning_rate 1e-4 --kl_weight 1e-6 --perceptual_weight 1.0 --disc_weight 0.5
+  --learning_rate 1e-4
   --logging_steps 50 --image_logging_steps 500 --save_steps 2000 --save_total_limit 3
   --dataloader_num_workers "$NUM_WORKERS" --seed 42
 )

@@ -122,15 +122,15 @@ def load_inception(args: argparse.Namespace):
     return load_fid_inception(args.inception_weights)
 
 
-def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None) -> str:
-    """The metrics and latent statistics; for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the
-    measured ones, instead of the scaling factor its pipeline does not read."""
+def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None, scaled: bool = True) -> str:
+    """The metrics and latent statistics; the suggested scaling / shift factor for a VAE whose config has one
+    (`scaled`); for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the measured ones."""
     def values(numbers, sign=""):
         return " ".join(f"{v:{sign}.3f}" for v in numbers)
 
     rows = [(name, f"{value:.4f}") for name, value in sorted(result.metrics.items())]
     rows.append(("images", str(result.num_images)))
-    if normalisation is None:
+    if scaled:
         rows += [("scaling_factor", f"{result.scaling_factor:.5f}"), ("shift_factor", f"{result.shift_factor:.5f}")]
     rows += [("latent_mean", values(result.latent_mean, "+")), ("latent_std", values(result.latent_std))]
     if normalisation is not None:
@@ -165,8 +165,10 @@ def main(argv: list[str] | None = None) -> EvalResult:
     if rank() == 0:
         protocol = protocol_of(vae, result, resolution=args.resolution, sample_posterior=args.sample_posterior,
                                seed=args.seed, input_size=args.input_size, tiling=tiling)
-        normalisation = family_of(vae).held_normalisation(vae)
-        print(f"protocol:\n{protocol.text()}\n\n{format_table(result, normalisation)}")
+        family = family_of(vae)
+        normalisation = family.held_normalisation(vae)
+        table = format_table(result, normalisation, scaled="scaling_factor" in family.scale_keys)
+        print(f"protocol:\n{protocol.text()}\n\n{table}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
             summary["latent_normalisation"] = normalisation.record(vae.config.batch_norm_eps)

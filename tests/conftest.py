@@ -212,6 +212,12 @@ def tiny_args(file_list, output_dir, **overrides):
     return [item for key, value in args.items() for item in (f"--{key}", value)]
 
 
+def assert_same_tensor(a, b, name: str) -> None:
+    """Same shape and values (np.testing compares 0-d arrays wrongly once ppdiffusers has set np.bool = bool)."""
+    assert np.shape(a) == np.shape(b), (name, np.shape(a), np.shape(b))
+    np.testing.assert_array_equal(np.atleast_1d(a), np.atleast_1d(b), err_msg=name)
+
+
 def vae_weights(output_dir, folder="vae"):
     from ppdiffusers import AutoencoderKL
 

@@ -39,8 +39,10 @@ TORCH_WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def weights(folder, name=PADDLE_WEIGHTS) -> dict:
-    """A weight file's tensors, flattened (BatchNorm's counter is 0-d in diffusers' files, [1] in ours)."""
-    return {key: value.reshape(-1) for key, value in load_file(os.path.join(folder, name)).items()}
+    """A weight file's tensors: PyTorch's as they are (an export's in diffusers' own shapes, BatchNorm's counter
+    0-d), Paddle's flattened (its counter is [1])."""
+    state = load_file(os.path.join(folder, name))
+    return state if name == TORCH_WEIGHTS else {key: value.reshape(-1) for key, value in state.items()}
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +336,21 @@ def test_a_config_key_unknown_or_missing_is_one_error_naming_file_and_key(pipeli
     with pytest.raises(ValueError, match=rf"{folder}.*lacks decoder_act_fns \(diffusers' defaults: "
                                          r"decoder_act_fns='silu'\)"):
         build_vae(pretrained_model_name_or_path=str(folder))
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"decoder_act_fns": ["silu", "silu"]}, "decoder_act_fns has 2 entries for the 3 stages of "
+                                            "decoder_block_out_channels [16, 32, 32]: give one per stage"),
+    ({"encoder_qkv_multiscales": [[], [5]]}, "encoder_qkv_multiscales has 2 entries for the 3 stages"),
+    ({"latent_channels": 5}, "encoder_out_shortcut needs latent_channels (5) to divide the last of "
+                             "encoder_block_out_channels (32)"),
+    ({"decoder_block_types": "FooBlock"}, "Block with block_type='FooBlock' is not supported"),
+])
+def test_a_config_of_impossible_stages_is_one_error_naming_file_and_key(change, message, tmp_path):
+    path = tmp_path / "dc.json"
+    path.write_text(json.dumps({"_class_name": "AutoencoderDC", **TINY_DC, **change}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{re.escape(message)}"):
+        build_vae(str(path))
 
 
 def test_weights_that_do_not_fit_the_config_are_one_error(pipeline, tmp_path):

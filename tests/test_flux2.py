@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, REQUIRE_TEST_EXTRAS, run_entry_point, tiny_args
+from conftest import DRIVERS, REPO, REQUIRE_TEST_EXTRAS, assert_same_tensor, run_entry_point, tiny_args
 
 FLUX2_PYTHON = os.environ.get("VAE_TRAINER_FLUX2_PYTHON", os.path.join(REPO, ".venv-flux2", "bin", "python"))
 TORCH_SIDE = os.path.join(REPO, "tests", "flux2_torch_side.py")
@@ -201,7 +201,7 @@ def test_decoder_only_fine_tuning_exports_what_diffusers_loads_as_flux2_with_the
     assert set(exported) == set(original)
     for key in original:
         if key.startswith(ENCODER_PREFIXES) or key in BN_KEYS:
-            np.testing.assert_array_equal(exported[key], original[key].reshape(exported[key].shape), err_msg=key)
+            assert_same_tensor(exported[key], original[key], key)  # diffusers' shapes too: the counter 0-d
     assert not np.array_equal(exported["decoder.conv_out.weight"], original["decoder.conv_out.weight"])
     x = images(seed=1)
     theirs = in_diffusers(vae_dir, x, tmp_path)
@@ -217,7 +217,7 @@ def test_decoder_only_fine_tuning_exports_what_diffusers_loads_as_flux2_with_the
 def test_both_entry_points_fine_tune_flux2_to_the_same_weights(decoder_only_runs):
     first, second = (torch_weights(os.path.join(decoder_only_runs[d], "vae")) for d in DRIVERS)
     for key in first:
-        np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+        assert_same_tensor(first[key], second[key], key)
 
 
 def test_export_vae_script_writes_the_flux2_folder_from_a_checkpoint(decoder_only_runs, tmp_path):
@@ -229,7 +229,7 @@ def test_export_vae_script_writes_the_flux2_folder_from_a_checkpoint(decoder_onl
     assert config["_class_name"] == "AutoencoderKLFlux2" and "scaling_factor" not in config
     exported, run_export = torch_weights(out), torch_weights(os.path.join(run, "vae"))
     for key in run_export:
-        np.testing.assert_array_equal(exported[key], run_export[key], err_msg=key)
+        assert_same_tensor(exported[key], run_export[key], key)
 
 
 # ---- whole-model fine-tuning with --scaling_factor measure: the statistics of the exported encoder
@@ -273,7 +273,7 @@ def test_keep_exports_the_source_statistics_after_a_whole_model_fine_tune(source
     exported, original = torch_weights(os.path.join(output_dir, "vae")), torch_weights(source)
     assert not np.array_equal(exported["encoder.conv_in.weight"], original["encoder.conv_in.weight"])
     for key in BN_KEYS:
-        np.testing.assert_array_equal(exported[key], original[key].reshape(exported[key].shape), err_msg=key)
+        assert_same_tensor(exported[key], original[key], key)
 
 
 @pytest.mark.parametrize("flags,message", [

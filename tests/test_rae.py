@@ -216,6 +216,17 @@ def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(fine_tuned, photo
     assert result.metrics["psnr"] == pytest.approx(float(psnr.mean()), abs=1e-3)
 
 
+def test_eval_vae_scores_the_authors_layout_with_statistics_per_position(converted, photos, in_diffusers, tmp_path):
+    """16 x 16 tokens normalised per channel and position (their stat.pt): a halved grid has no statistics to
+    denormalise by, so scale equivariance is left out; the rest is measured, as diffusers reconstructs."""
+    result = load_script("eval_vae").main(["--vae", converted, "--data", photos, "--resolution", "32", "--num_images",
+                                           str(NUM_PHOTOS), "--output_dir", str(tmp_path / "eval"), "--skip_lpips"])
+    assert "scale_equivariance_psnr" not in result.metrics and "rotation_equivariance_psnr" in result.metrics
+    x, recon = in_diffusers["images"], np.clip(in_diffusers["converted"]["decoded"], 0, 1)
+    psnr = 10 * np.log10(1 / ((recon - x) ** 2).reshape(len(x), -1).mean(axis=1))
+    assert result.metrics["psnr"] == pytest.approx(float(psnr.mean()), abs=1e-3)
+
+
 # ---- from scratch on a DINOv2
 
 def test_from_scratch_the_statistics_are_the_tokens_per_channel_and_position(scratch, sources, in_diffusers):

@@ -302,6 +302,16 @@ def test_run_scripts_train_the_tiny_model_on_cpu_and_the_sd_vae_on_gpus():
     assert int(cpu["--max_steps"]) <= 1000 < int(gpu["--max_steps"])
 
 
+def test_run_scripts_leave_the_loss_to_the_recipe_and_the_family(tmp_path):
+    """The scripts state no loss weight: --recipe balanced keeps its own (disc_weight 0.1, no KL), and a deterministic
+    family (DC-AE), which refuses a KL weight, trains through them."""
+    _, _, loss_args, _ = parse_arguments(run_script_argv({"DEVICE": "cpu"}, ["--recipe", "balanced"]))
+    assert (loss_args.disc_weight, loss_args.kl_weight) == (0.1, 0.0)
+    dc_ae = os.path.join(REPO, "configs", "dc_ae_f32c32_sana.json")
+    model_args, _, _, _ = parse_arguments(run_script_argv({"DEVICE": "cpu", "VAE_CONFIG": dc_ae}, []))
+    assert model_args.vae_config_file == dc_ae
+
+
 def test_each_node_is_given_its_rank():
     """Both ways of launching two nodes, wherever a page shows them (the README, docs/launching.md): the
     launcher's --rank, and the run scripts' NODE_RANK."""

@@ -62,7 +62,8 @@ class ModelArguments:
     _group = "model"
 
     vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; _class_name: "
-                                                "AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC, AutoencoderRAE).")
+                                                "AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC, AutoencoderRAE, "
+                                                "AutoencoderKLWan, AutoencoderKLQwenImage).")
     rae_encoder_path: Optional[str] = flag(None, "AutoencoderRAE from scratch: its frozen DINOv2 (transformers folder, "
                                                  "timm / torch-hub file); widths, patch and depth come from it.")
     noise_tau: Optional[float] = flag(None, "AutoencoderRAE: training noise on the encoder's tokens, std ~ U(0, tau) "

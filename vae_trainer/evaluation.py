@@ -227,15 +227,14 @@ class _Pass:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
                 latent = posterior.mean + posterior.std * noise.astype(posterior.mean.dtype)
             recons = self.family.decode(self.vae, latent)
-            equivariance = equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels, mode)
+            equivariance = equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels, mode,
+                                              scale=not self.fixed_output)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
-            if self.fixed_output and name == "scale_equivariance_psnr":  # RAE's decoder: one output size
-                continue
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += spectrum_energies(mode)
         if self.cka is not None:

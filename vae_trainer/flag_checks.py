@@ -189,7 +189,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
     (("kl_weight",), lambda f: f.deterministic,
      "this autoencoder's encoder is deterministic (e.g. AutoencoderDC, AutoencoderRAE): no posterior, so no KL term "
-     "to weigh; drop it (--posterior_std S adds noise to its latent in training)"),
+     "to weigh; drop it (--posterior_std S adds noise to its latent in training; for RAE, its own --noise_tau T)"),
     (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
      "with a deterministic encoder (e.g. AutoencoderDC) there is no KL term, and the nll's log-variance would only "
      "rescale the VAE's whole gradient, which AdamW undoes: drop it"),

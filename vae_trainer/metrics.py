@@ -89,15 +89,17 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
 
 
 def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images: paddle.Tensor,
-                       latents: paddle.Tensor) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
-    """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs; one decode each."""
+                       latents: paddle.Tensor, scale: bool = True) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
+    """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs, one decode each; the scale one only if
+    `scale` (not for a decoder of one input grid and output size: RAE's)."""
+    pairs = {}
+    if scale:
+        half_latents, half_images = halved_pair(latents, images)
+        pairs["scale_equivariance_psnr"] = (decode(half_latents), half_images)
     rotation = Transform("rotate", quarter_turns=1)
-    half_latents, half_images = halved_pair(latents, images)
-    return {
-        "scale_equivariance_psnr": (decode(half_latents), half_images),
-        "rotation_equivariance_psnr": (decode(rotation.latent(latents, images.shape[2:])),
-                                       rotation.images(images, latents.shape[2:])),
-    }
+    pairs["rotation_equivariance_psnr"] = (decode(rotation.latent(latents, images.shape[2:])),
+                                           rotation.images(images, latents.shape[2:]))
+    return pairs
 
 
 def spectrum_energies(latents: paddle.Tensor) -> tuple[float, float]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fnmatch
-import logging
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -16,12 +15,6 @@ import paddle
 
 from .families import family_of
 from .vae import encoder_input
-
-logger = logging.getLogger("vae_trainer")
-VIDEO_ENCODER_TRAINED = (
-    "%s: its encoder is being trained on still images. Its latents encode video too (an image is a one-frame clip), "
-    "and a diffusion model was trained on them: training the encoder changes them, for video as well. To keep them, "
-    "fine-tune the decoder only (--freeze_encoder); docs/fine-tuning.md, \"Qwen-Image / Wan VAEs\".")
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
@@ -49,8 +42,6 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                 param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
         # Whether the latent space trains (--freeze_encoder, or --trainable_modules that leave the encoder out).
         self.encoder_frozen = all(p.stop_gradient for p in self.family.encoder_parameters(vae))
-        if self.family.video and not self.encoder_frozen:
-            logger.warning(VIDEO_ENCODER_TRAINED, self.family.class_name)
         # BatchNorm layers left with no trainable weight keep their statistics too (evaluated, never updated).
         self._frozen_norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
                               and self._trainable & {id(p) for p in layer.parameters()}

@@ -16,6 +16,11 @@ ARCHITECTURE_KEYS = ("latent_channels", "encoder_block_types", "decoder_block_ty
                      "decoder_block_out_channels", "encoder_layers_per_block", "decoder_layers_per_block",
                      "encoder_qkv_multiscales", "decoder_qkv_multiscales", "upsample_block_type",
                      "downsample_block_type", "decoder_norm_types", "decoder_act_fns")
+# Per-stage keys: a list holds one entry per stage of its side (a string applies to all).
+STAGE_KEYS = {"encoder": ("encoder_block_types", "encoder_layers_per_block", "encoder_qkv_multiscales"),
+              "decoder": ("decoder_block_types", "decoder_layers_per_block", "decoder_qkv_multiscales",
+                          "decoder_norm_types", "decoder_act_fns")}
+SHORTCUTS = {"encoder": "encoder_out_shortcut", "decoder": "decoder_in_shortcut"}
 TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
                 "tile_sample_stride_width", "tile_latent_min_height", "tile_latent_min_width")
 
@@ -38,7 +43,11 @@ class DCFamily(Family):
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         check_config_keys(config, self, where, required=ARCHITECTURE_KEYS)
-        return self.network.from_config(dict(config))
+        check_stages({**self.defaults(), **config}, where)
+        try:
+            return self.network.from_config(dict(config))
+        except (KeyError, ValueError) as error:  # a block, norm or activation name the class does not know
+            raise ValueError(f"{where}: {error}") from None
 
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latent)
@@ -63,6 +72,20 @@ class DCFamily(Family):
 
     def tiled(self, vae: Layer, tile: int):
         return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
+
+
+def check_stages(config: Mapping[str, Any], where: str) -> None:
+    """One error naming the key: a per-stage list of another length than its side's stages, or a shortcut whose
+    channel groups the latent channels do not divide (diffusers would fail in the first forward)."""
+    for side, keys in STAGE_KEYS.items():
+        widths = config[f"{side}_block_out_channels"]
+        for key in keys:
+            if isinstance(config[key], (list, tuple)) and len(config[key]) != len(widths):
+                raise ValueError(f"{where}: {key} has {len(config[key])} entries for the {len(widths)} stages of "
+                                 f"{side}_block_out_channels {list(widths)}: give one per stage")
+        if config[SHORTCUTS[side]] and widths[-1] % config["latent_channels"]:
+            raise ValueError(f"{where}: {SHORTCUTS[side]} needs latent_channels ({config['latent_channels']}) to "
+                             f"divide the last of {side}_block_out_channels ({widths[-1]})")
 
 
 DC_AE = DCFamily()

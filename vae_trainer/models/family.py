@@ -68,6 +68,8 @@ class Family:
     # Its latents also encode video (an image is a one-frame clip): training its encoder on images changes the
     # latent space of a video model too, so the trainer warns; temporal weights images never reach go out unchanged.
     video: ClassVar[bool] = False
+    # Config keys of released folders that diffusers 0.42.1's class no longer takes and ignores: read, not refused.
+    retired_keys: ClassVar[Tuple[str, ...]] = ()
 
     # ---- config: no network needed
     def owns(self, config: Mapping[str, Any]) -> bool:
@@ -220,10 +222,10 @@ def check_config_keys(config: Mapping[str, Any], family: Family, where: str, req
     """One error naming `where` and the key: a key the class does not take (a newer release's?), or a required
     architecture key left out."""
     known = set(family.defaults())
-    unknown = sorted(k for k in config if not k.startswith("_") and k not in known)
+    unknown = sorted(k for k in config if not k.startswith("_") and k not in known | set(family.retired_keys))
     if unknown:
         raise ValueError(f"{where}: {family.class_name} config key(s) {', '.join(unknown)} are not known to this "
-                         f"version (it knows {', '.join(sorted(known))}); from a newer diffusers release? This "
+                         f"version (it knows {', '.join(sorted(known))}); from another diffusers release? This "
                          "trainer cannot build that architecture.")
     missing = [k for k in required if k not in config]
     if missing:

@@ -174,7 +174,7 @@ def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: 
                          f"{mismatched[:3]}. Give the matching --vae_config_file, or --ignore_keys PREFIX.")
     missing = [k for k in expected if k not in state and not k.startswith(tuple(ignore_keys))]
     if missing:
-        raise ValueError(f"{source} lacks {len(missing)} weights of this VAE, e.g. {missing[:5]}: a different "
+        raise ValueError(f"{source} lacks {len(missing)} of this VAE's weights, e.g. {missing[:5]}: a different "
                          "architecture? Give the matching --vae_config_file, or --ignore_keys PREFIX to leave "
                          "those weights freshly initialised.")
     unexpected = sorted(set(state) - set(expected))

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import paddle
 
 from .families import family_of
-from .vae_loading import TORCH_WEIGHT_FILES, with_variants
+from .vae_loading import COUNTER_SUFFIX, TORCH_WEIGHT_FILES, with_variants
 
 logger = logging.getLogger("vae_trainer")
 # AutoencoderKL config entries only ppdiffusers has: null (or block_out_channels) in a VAE diffusers can load,
@@ -35,6 +35,7 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
         vae.save_pretrained(out_dir, safe_serialization=True)
         if problem is None:  # second: its config.json (diffusers' spelling of the version key) is the one both read
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
+            _counters_zero_dimensional(os.path.join(out_dir, TORCH_WEIGHT_FILES[0]))
     if problem is None:
         path = os.path.join(out_dir, vae.config_name)
         with open(path) as handle:
@@ -52,6 +53,21 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
             logger.warning("%s: removed %s of an earlier export (it is not this VAE)", out_dir, name)
     logger.warning("%s: written for ppdiffusers only. %s.", out_dir, problem)
     return False
+
+
+def _counters_zero_dimensional(path: str) -> None:
+    """BatchNorm's num_batches_tracked 0-d in the PyTorch file, as diffusers' own files hold it (ppdiffusers' writes
+    it [1]: numpy's ascontiguousarray makes a 0-d array 1-d). The same 8 bytes: only the safetensors header changes,
+    rewritten in place and padded with spaces (as the format allows), so the tensors are not rewritten."""
+    with open(path, "r+b") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+        counters = [k for k, v in header.items() if k.endswith(COUNTER_SUFFIX) and v["shape"] == [1]]
+        text = json.dumps({k: {**v, "shape": []} if k in counters else v for k, v in header.items()},
+                          separators=(",", ":")).encode()
+        if counters and len(text) <= size:
+            handle.seek(8)
+            handle.write(text.ljust(size))
 
 
 @contextlib.contextmanager

@@ -52,7 +52,8 @@ class CausalVideoFamily(Family):
         """The architecture's factor: each stage boundary halves H and W, after any patchify."""
         config = {**self.defaults(), **{k: v for k, v in config.items() if v is not None}}
         factor = 2 ** (len(config["dim_mult"]) - 1) * int(config.get(self.patch_key) or 1)
-        return Geometry(factor, factor, int(config["z_dim"]))
+        rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if self.patch_key else "")
+        return Geometry(factor, factor, int(config["z_dim"]), rule)
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
         check_config_keys(config, self, where)
@@ -135,6 +136,7 @@ class WanFamily(CausalVideoFamily):
     class_name = "AutoencoderKLWan"
     network = AutoencoderKLWan
     patch_key = "patch_size"
+    retired_keys = ("clip_output",)  # Wan2.2-TI2V-5B's vae/ has it (diffusers 0.35); 0.42 always clamps the decode
     tiling_method = diffusers_tiling("AutoencoderKLWan", "; Wan 2.2's encoder tiles count 2x2-patchified pixels")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
