@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -122,16 +123,16 @@ def load_inception(args: argparse.Namespace):
     return load_fid_inception(args.inception_weights)
 
 
-def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None, scaled: bool = True) -> str:
-    """The metrics and latent statistics; the suggested scaling / shift factor for a VAE whose config has one
-    (`scaled`); for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the measured ones."""
+def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None,
+                 scale_keys: Sequence[str] = ("scaling_factor", "shift_factor")) -> str:
+    """The metrics and latent statistics; the suggested scaling / shift factor where the VAE's config has one
+    (`scale_keys`); for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the measured ones."""
     def values(numbers, sign=""):
         return " ".join(f"{v:{sign}.3f}" for v in numbers)
 
     rows = [(name, f"{value:.4f}") for name, value in sorted(result.metrics.items())]
     rows.append(("images", str(result.num_images)))
-    if scaled:
-        rows += [("scaling_factor", f"{result.scaling_factor:.5f}"), ("shift_factor", f"{result.shift_factor:.5f}")]
+    rows += [(key, f"{getattr(result, key):.5f}") for key in ("scaling_factor", "shift_factor") if key in scale_keys]
     rows += [("latent_mean", values(result.latent_mean, "+")), ("latent_std", values(result.latent_std))]
     if normalisation is not None:
         rows += [("bn running_mean (the VAE's)", values(normalisation.running_mean, "+")),
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
                                seed=args.seed, input_size=args.input_size, tiling=tiling)
         family = family_of(vae)
         normalisation = family.held_normalisation(vae)
-        table = format_table(result, normalisation, scaled="scaling_factor" in family.scale_keys)
+        table = format_table(result, normalisation, family.scale_keys)
         print(f"protocol:\n{protocol.text()}\n\n{table}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one

@@ -339,9 +339,11 @@ def test_a_config_key_unknown_or_missing_is_one_error_naming_file_and_key(pipeli
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"decoder_act_fns": ["silu", "silu"]}, "decoder_act_fns has 2 entries for the 3 stages of "
-                                            "decoder_block_out_channels [16, 32, 32]: give one per stage"),
-    ({"encoder_qkv_multiscales": [[], [5]]}, "encoder_qkv_multiscales has 2 entries for the 3 stages"),
+    ({"decoder_act_fns": ["silu", "silu"]}, "decoder_act_fns is ['silu', 'silu'], for the 3 stages of "
+     "decoder_block_out_channels [16, 32, 32]: give a list of one entry per stage (or one name for all)"),
+    ({"encoder_qkv_multiscales": [[], [5]]}, "encoder_qkv_multiscales is [[], [5]], for the 3 stages"),
+    ({"encoder_layers_per_block": 1}, "encoder_layers_per_block is 1, for the 3 stages"),
+    ({"decoder_norm_types": None}, "decoder_norm_types is None, for the 3 stages"),
     ({"latent_channels": 5}, "encoder_out_shortcut needs latent_channels (5) to divide the last of "
                              "encoder_block_out_channels (32)"),
     ({"decoder_block_types": "FooBlock"}, "Block with block_type='FooBlock' is not supported"),

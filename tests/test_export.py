@@ -349,3 +349,27 @@ def test_export_config_keeps_pipe_sources_as_given(data, stored):
     networks = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
     evaluator = SimpleNamespace(latent_stats_data=(data, 8))
     assert checkpoint_configs(networks, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored
+
+
+def test_the_pytorch_files_batchnorm_counters_become_0d_and_nothing_else_moves(tmp_path):
+    """ppdiffusers writes our [1] counters as [1]; diffusers' files hold them 0-d. Only the header changes (same
+    length, padded): the tensors' bytes stay, and a file without counters is not touched."""
+    from safetensors.numpy import load_file, save_file
+
+    from vae_trainer.models.vae_saving import _counters_zero_dimensional
+
+    weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with_counter, without = str(tmp_path / "with.safetensors"), str(tmp_path / "without.safetensors")
+    save_file({"norm.num_batches_tracked": np.array([7]), "norm.weight": weight}, with_counter, {"format": "pt"})
+    save_file({"norm.weight": weight}, without, {"format": "pt"})
+    before = {path: open(path, "rb").read() for path in (with_counter, without)}
+    for path in before:
+        _counters_zero_dimensional(path)
+    after = {path: open(path, "rb").read() for path in before}
+    assert after[without] == before[without]
+    header = int.from_bytes(before[with_counter][:8], "little")
+    assert len(after[with_counter]) == len(before[with_counter])
+    assert after[with_counter][8 + header:] == before[with_counter][8 + header:]  # the tensors' bytes
+    state = load_file(with_counter)
+    assert state["norm.num_batches_tracked"].shape == () and int(state["norm.num_batches_tracked"]) == 7
+    assert np.array_equal(state["norm.weight"], weight)

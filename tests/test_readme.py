@@ -302,9 +302,9 @@ def test_run_scripts_train_the_tiny_model_on_cpu_and_the_sd_vae_on_gpus():
     assert int(cpu["--max_steps"]) <= 1000 < int(gpu["--max_steps"])
 
 
-def test_run_scripts_leave_the_loss_to_the_recipe_and_the_family(tmp_path):
-    """The scripts state no loss weight: --recipe balanced keeps its own (disc_weight 0.1, no KL), and a deterministic
-    family (DC-AE), which refuses a KL weight, trains through them."""
+def test_run_scripts_leave_the_loss_to_the_recipe_and_the_family():
+    """The scripts state no loss weight: --recipe balanced keeps its own (disc_weight 0.1, no KL), and the flags they
+    give a deterministic family (DC-AE), which refuses a KL weight, parse."""
     _, _, loss_args, _ = parse_arguments(run_script_argv({"DEVICE": "cpu"}, ["--recipe", "balanced"]))
     assert (loss_args.disc_weight, loss_args.kl_weight) == (0.1, 0.0)
     dc_ae = os.path.join(REPO, "configs", "dc_ae_f32c32_sana.json")

@@ -33,14 +33,13 @@ from .precision import setup_precision, uses_master_weights
 from .step import NonFiniteGuard, TrainStep, disc_update_start
 
 logger = logging.getLogger("vae_trainer")
-# Said once at start when a video VAE's encoder trains on images (issue 37), by whether its weights were loaded.
-VIDEO_ENCODER_TRAINED = ("%s: its encoder is being trained on still images. Its latents encode video too (an image "
-                         "is a one-frame clip)")
-VIDEO_ENCODER_TRAINED_TAIL = {
-    True: ", and a diffusion model was trained on them: training the encoder changes them, for video as well. To keep "
-          "them, fine-tune the decoder only (--freeze_encoder); docs/fine-tuning.md, \"Qwen-Image / Wan VAEs\".",
-    False: ": the temporal weights that images never reach stay as initialised, so its latents of clips of more than "
-           "one frame are untrained."}
+VIDEO_ENCODER_TRAINED = "%s: its encoder is being trained on still images. Its latents encode video too (an image " \
+    "is a one-frame clip)"
+LOADED_LATENTS_CHANGE = (", and a diffusion model was trained on them: training the encoder changes them, for video "
+                         "as well. To keep them, fine-tune the decoder only (--freeze_encoder); docs/fine-tuning.md, "
+                         "\"Qwen-Image / Wan VAEs\".")
+FRESH_VIDEO_UNTRAINED = (": images never reach its temporal weights, so its latents of clips of more than one frame "
+                         "are not trained.")
 
 
 @dataclass
@@ -96,13 +95,19 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                                      trainable_modules=model_args.trainable_modules)
         model.refuse_frozen_readers(loss_args)
         if model.family.video and not model.encoder_frozen:
-            loaded = bool(model_args.pretrained_model_name_or_path or model_args.init_from_ckpt)
-            logger.warning(VIDEO_ENCODER_TRAINED + VIDEO_ENCODER_TRAINED_TAIL[loaded], model.family.class_name)
+            warn_video_encoder_trained(model.family.class_name, model_args)
         # Checked against the VAE's family (FLUX.2: keep or measure) and whether its encoder trains.
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
+
+
+def warn_video_encoder_trained(class_name: str, model_args) -> None:
+    """Said once at start when a video VAE's encoder trains on images: what that does to loaded latents, or to a
+    fresh VAE's."""
+    loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+    logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name)
 
 
 def stateful(step: TrainStep) -> Dict[str, Any]:

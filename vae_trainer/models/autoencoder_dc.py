@@ -89,7 +89,8 @@ class TorchBatchNorm2D(nn.BatchNorm2D):
     training, Paddle's kernel would update the running variance with the biased batch variance, PyTorch with the
     unbiased one, so the training forward is written out here and updates the statistics as PyTorch does. Paddle's
     momentum weighs the running value (0.9), PyTorch's the batch (0.1). Holds PyTorch's `num_batches_tracked`
-    counter (shape [1]: ppdiffusers writes it 0-d for PyTorch) so that diffusers finds every buffer it expects."""
+    counter (shape [1]: ppdiffusers saves a 0-d buffer as [1]; the PyTorch export writes it 0-d, vae_saving.py) so
+    that diffusers finds every buffer it expects."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(num_features, momentum=1.0 - momentum, epsilon=eps)

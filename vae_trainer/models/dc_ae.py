@@ -16,10 +16,11 @@ ARCHITECTURE_KEYS = ("latent_channels", "encoder_block_types", "decoder_block_ty
                      "decoder_block_out_channels", "encoder_layers_per_block", "decoder_layers_per_block",
                      "encoder_qkv_multiscales", "decoder_qkv_multiscales", "upsample_block_type",
                      "downsample_block_type", "decoder_norm_types", "decoder_act_fns")
-# Per-stage keys: a list holds one entry per stage of its side (a string applies to all).
+# Per-stage keys: a list holds one entry per stage of its side; a name (NAMED_KEYS) applies to all.
 STAGE_KEYS = {"encoder": ("encoder_block_types", "encoder_layers_per_block", "encoder_qkv_multiscales"),
               "decoder": ("decoder_block_types", "decoder_layers_per_block", "decoder_qkv_multiscales",
                           "decoder_norm_types", "decoder_act_fns")}
+NAMED_KEYS = ("encoder_block_types", "decoder_block_types", "decoder_norm_types", "decoder_act_fns")
 SHORTCUTS = {"encoder": "encoder_out_shortcut", "decoder": "decoder_in_shortcut"}
 TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
                 "tile_sample_stride_width", "tile_latent_min_height", "tile_latent_min_width")
@@ -47,7 +48,7 @@ class DCFamily(Family):
         try:
             return self.network.from_config(dict(config))
         except (KeyError, ValueError) as error:  # a block, norm or activation name the class does not know
-            raise ValueError(f"{where}: {error}") from None
+            raise ValueError(f"{where}: {error}") from error
 
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latent)
@@ -75,14 +76,19 @@ class DCFamily(Family):
 
 
 def check_stages(config: Mapping[str, Any], where: str) -> None:
-    """One error naming the key: a per-stage list of another length than its side's stages, or a shortcut whose
-    channel groups the latent channels do not divide (diffusers would fail in the first forward)."""
+    """One error naming the key: a per-stage value that is neither a list of one entry per stage of its side nor
+    (where one applies to all) a name, or a shortcut whose channel groups the latent channels do not divide
+    (diffusers would fail in the first forward; it also takes lists longer than the stages, which we refuse)."""
     for side, keys in STAGE_KEYS.items():
         widths = config[f"{side}_block_out_channels"]
         for key in keys:
-            if isinstance(config[key], (list, tuple)) and len(config[key]) != len(widths):
-                raise ValueError(f"{where}: {key} has {len(config[key])} entries for the {len(widths)} stages of "
-                                 f"{side}_block_out_channels {list(widths)}: give one per stage")
+            value = config[key]
+            if isinstance(value, str) and key in NAMED_KEYS:
+                continue
+            if not isinstance(value, (list, tuple)) or len(value) != len(widths):
+                raise ValueError(f"{where}: {key} is {value!r}, for the {len(widths)} stages of "
+                                 f"{side}_block_out_channels {list(widths)}: give a list of one entry per stage"
+                                 + (" (or one name for all)" if key in NAMED_KEYS else ""))
         if config[SHORTCUTS[side]] and widths[-1] % config["latent_channels"]:
             raise ValueError(f"{where}: {SHORTCUTS[side]} needs latent_channels ({config['latent_channels']}) to "
                              f"divide the last of {side}_block_out_channels ({widths[-1]})")

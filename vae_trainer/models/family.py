@@ -219,10 +219,11 @@ def attributes_set(owner: Any, **values: Any):
 
 
 def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = ()) -> None:
-    """One error naming `where` and the key: a key the class does not take (a newer release's?), or a required
-    architecture key left out."""
+    """One error naming `where` and the key: a key the class does not take (another release's?; its
+    `retired_keys` are read, as diffusers ignores them), or a required architecture key left out."""
     known = set(family.defaults())
-    unknown = sorted(k for k in config if not k.startswith("_") and k not in known | set(family.retired_keys))
+    readable = known | set(family.retired_keys)
+    unknown = sorted(k for k in config if not k.startswith("_") and k not in readable)
     if unknown:
         raise ValueError(f"{where}: {family.class_name} config key(s) {', '.join(unknown)} are not known to this "
                          f"version (it knows {', '.join(sorted(known))}); from another diffusers release? This "

@@ -52,7 +52,7 @@ class AutoencoderKLFlux2(AutoencoderKL):
         # Paddle's momentum weighs the running value, PyTorch's the batch. Never used: the statistics are set.
         self.bn = paddle.nn.BatchNorm2D(math.prod(patch_size) * latent_channels, momentum=1.0 - batch_norm_momentum,
                                         epsilon=batch_norm_eps, weight_attr=False, bias_attr=False)
-        # [1], not PyTorch's 0-d: ppdiffusers saves a 0-d tensor as [1] (and writes it 0-d for PyTorch).
+        # [1], not PyTorch's 0-d: ppdiffusers saves a 0-d tensor as [1] (the PyTorch export is 0-d: vae_saving.py).
         self.bn.register_buffer("num_batches_tracked", paddle.zeros([1], dtype="int64"))
 
 

@@ -56,18 +56,24 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
 
 
 def _counters_zero_dimensional(path: str) -> None:
-    """BatchNorm's num_batches_tracked 0-d in the PyTorch file, as diffusers' own files hold it (ppdiffusers' writes
-    it [1]: numpy's ascontiguousarray makes a 0-d array 1-d). The same 8 bytes: only the safetensors header changes,
-    rewritten in place and padded with spaces (as the format allows), so the tensors are not rewritten."""
+    """BatchNorm's num_batches_tracked 0-d in the PyTorch file, as diffusers' own files hold it (ppdiffusers writes
+    our [1] buffer as [1]). The same 8 bytes: only the safetensors header changes, rewritten in place and padded
+    with spaces (as the format allows), so the tensors are not rewritten. (A sharded export, over 10 GB, is left.)"""
+    if not os.path.isfile(path):
+        return
     with open(path, "r+b") as handle:
         size = int.from_bytes(handle.read(8), "little")
         header = json.loads(handle.read(size))
         counters = [k for k, v in header.items() if k.endswith(COUNTER_SUFFIX) and v["shape"] == [1]]
+        if not counters:
+            return
         text = json.dumps({k: {**v, "shape": []} if k in counters else v for k, v in header.items()},
-                          separators=(",", ":")).encode()
-        if counters and len(text) <= size:
-            handle.seek(8)
-            handle.write(text.ljust(size))
+                          separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > size:  # only if the writer's JSON was looser than ours: diffusers still loads [1]
+            logger.warning("%s: BatchNorm counters left [1] (the header would grow)", path)
+            return
+        handle.seek(8)
+        handle.write(text.ljust(size))
 
 
 @contextlib.contextmanager

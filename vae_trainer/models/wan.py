@@ -52,7 +52,7 @@ class CausalVideoFamily(Family):
         """The architecture's factor: each stage boundary halves H and W, after any patchify."""
         config = {**self.defaults(), **{k: v for k, v in config.items() if v is not None}}
         factor = 2 ** (len(config["dim_mult"]) - 1) * int(config.get(self.patch_key) or 1)
-        rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if self.patch_key else "")
+        rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
         return Geometry(factor, factor, int(config["z_dim"]), rule)
 
     def build(self, config: Mapping[str, Any], where: str) -> Layer:
