@@ -303,11 +303,11 @@ def test_the_decoder_last_layer_of_a_pixel_shuffle_head_is_its_conv(tmp_path):
 # ---- refused
 
 @pytest.mark.parametrize("flags,message", [
-    (["--kl_weight", "1e-6"], "--kl_weight 1e-06: this autoencoder's encoder is deterministic"),
-    (["--learn_logvar", "true"], "--learn_logvar true: with a deterministic encoder"),
-    (["--sample_posterior", "true"], "--sample_posterior true: this autoencoder's encoder is deterministic"),
-    (["--posterior_std", "0.1", "--sample_posterior", "false"], "--posterior_std 0.1: with a deterministic encoder"),
-    (["--logvar_init", "1.0"], "--logvar_init 1.0: with a deterministic encoder"),
+    (["--kl_weight", "1e-6"], "--kl_weight 1e-06: AutoencoderDC's encoder is deterministic"),
+    (["--learn_logvar", "true"], "--learn_logvar true: with AutoencoderDC's deterministic encoder"),
+    (["--sample_posterior", "true"], "--sample_posterior true: AutoencoderDC's encoder is deterministic"),
+    (["--posterior_std", "0.1", "--sample_posterior", "false"], "--posterior_std 0.1: with AutoencoderDC's deterministic encoder"),
+    (["--logvar_init", "1.0"], "--logvar_init 1.0: with AutoencoderDC's deterministic encoder"),
     (["--resolution", "48"], "--resolution 48 must be a multiple of the VAE's downsampling factor 32 (2 ** (stages - 1)"),
 ])
 def test_flags_meaningless_for_a_dc_ae_are_refused_at_parse_time(flags, message, tmp_path):

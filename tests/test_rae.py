@@ -501,11 +501,11 @@ def rae_config(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--kl_weight", "1e-6"], "--kl_weight 1e-06: this autoencoder's encoder is deterministic"),
+    (["--kl_weight", "1e-6"], "--kl_weight 1e-06: AutoencoderRAE's encoder is deterministic"),
     (["--vf_model_path", "dino.pth"], "--vf_model_path dino.pth: it aligns the latents with a DINOv2, and the latent "
-                                      "is the frozen representation encoder's"),
-    (["--equivariance_prob", "0.5"], "--equivariance_prob 0.5: it shapes the latent space, and the latent is the "
-                                     "frozen"),
+                                      "is AutoencoderRAE's frozen representation encoder's"),
+    (["--equivariance_prob", "0.5"], "--equivariance_prob 0.5: it shapes the latent space, and the latent is "
+                                     "AutoencoderRAE's frozen"),
     (["--resolution", "64"], "AutoencoderRAE decodes 32x32 images whatever its input.*--resolution 32"),
     (["--aspect_ratio_buckets", "true"], "--aspect_ratio_buckets: this VAE .* decodes square images only"),
     (["--eval_tiled", "true", "--eval_file_list", "x", "--eval_steps", "1"],
@@ -528,10 +528,11 @@ def test_flags_meaningless_for_an_rae_are_refused_at_parse_time(flags, message, 
 
 def test_rae_flags_elsewhere_are_one_error_naming_them(sources, rae_config, tmp_path):
     argv = ["--file_list", "x", "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "32"]
-    with pytest.raises(ValueError, match="--rae_encoder_path d: it is the encoder of an AutoencoderRAE decoder"):
+    with pytest.raises(ValueError, match="--rae_encoder_path d: it is the encoder of an RAE decoder"):
         parse_arguments(argv + ["--pretrained_model_name_or_path", sources["pipeline"], "--subfolder", "vae",
                                 "--rae_encoder_path", "d"])
-    with pytest.raises(ValueError, match="--ignore_keys encoder.: the latent is the frozen .* it would stay random"):
+    with pytest.raises(ValueError, match="--ignore_keys encoder.: the latent is AutoencoderRAE's frozen .* it would "
+                                         "stay random"):
         parse_arguments(argv + ["--pretrained_model_name_or_path", sources["pipeline"], "--subfolder", "vae",
                                 "--ignore_keys", "encoder."])
     kl = os.path.join(REPO, "configs", "vae_micro.json")

@@ -147,8 +147,8 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
                        "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
                        "adaptive_disc_weight_max")
-FROZEN_LATENT = ("the latent is the frozen representation encoder's (AutoencoderRAE: DINOv2's tokens), which no flag "
-                 "trains")
+FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
+FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
 # (flags, when they are refused given the other flags, why and what to do instead).
 REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
@@ -188,16 +188,16 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
     (("kl_weight",), lambda f: f.deterministic,
-     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC, AutoencoderRAE): no posterior, so no KL term "
-     "to weigh; drop it (--posterior_std S adds noise to its latent in training; for RAE, its own --noise_tau T)"),
+     f"{FAMILY}'s encoder is deterministic: no posterior, so no KL term to weigh; drop it (--posterior_std S adds "
+     "noise to its latent in training; for RAE, its own --noise_tau T)"),
     (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
-     "with a deterministic encoder (e.g. AutoencoderDC) there is no KL term, and the nll's log-variance would only "
+     f"with {FAMILY}'s deterministic encoder there is no KL term, and the nll's log-variance would only "
      "rescale the VAE's whole gradient, which AdamW undoes: drop it"),
     (("posterior_std",), lambda f: f.deterministic and f.posterior_std > 0 and not f.sample_posterior,
-     "with a deterministic encoder (e.g. AutoencoderDC) it is noise added to the latent in training, and "
+     f"with {FAMILY}'s deterministic encoder it is noise added to the latent in training, and "
      "--sample_posterior false adds none: drop one of them"),
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
-     "this autoencoder's encoder is deterministic (e.g. AutoencoderDC): there is no posterior to sample; drop it, or "
+     f"{FAMILY}'s encoder is deterministic: there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),
     (("weight_decay",), lambda f: f.video and f.loads_weights and f.weight_decay > 0,
      "it would shrink the loaded temporal weights of this video VAE that images never train (earlier-frame kernel "
@@ -225,7 +225,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and _reinitialises_encoder(f),
      f"{FROZEN_LATENT}: re-initialised, it would stay random; leave the encoder's weights out of it"),
     (("rae_encoder_path",), lambda f: f.rae_encoder_path and (f.loads_weights or not f.vae_config_file),
-     "it is the encoder of an AutoencoderRAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
+     "it is the encoder of an RAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
      "checkpoint holds its own encoder; drop it"),
     (("noise_tau",), lambda f: f.noise_tau is not None and f.noise_tau < 0, "it is a noise level: >= 0"),
     (("vf_weight",), lambda f: f.vf_weight < 0, "it must be >= 0 (0: no VF loss)"),
@@ -337,8 +337,10 @@ def _shown(value: Any) -> str:
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
     `flags`; `otherwise`: the reason for a given flag no row names."""
+    family = getattr(flags, "family", None)
     lines = []
     for names, when, why in REFUSALS:
+        why = why.replace(FAMILY, family.class_name if family else "this autoencoder")
         for name in names:
             if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
                 continue
