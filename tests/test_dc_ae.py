@@ -200,6 +200,17 @@ def test_resume_of_a_dc_ae_run_is_exact(pipeline, photo_filelist, tmp_path):
     assert_resume_is_exact(photo_filelist, tmp_path, pretrained_model_name_or_path=pipeline, subfolder="vae")
 
 
+def test_ranks_average_the_statistics_of_training_batch_norms_only(pipeline):
+    from vae_trainer.step import trained_norm_statistics
+
+    vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
+    norm = vae.decoder.up_blocks[0][1].norm  # the batch_norm stage's
+    assert [id(t) for t in trained_norm_statistics(vae)] == [id(norm._mean), id(norm._variance)]
+    for param in norm.parameters():  # frozen (--trainable_modules without it): kept as loaded, not averaged
+        param.stop_gradient = True
+    assert trained_norm_statistics(vae) == []
+
+
 def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, photo_filelist, tmp_path):
     output_dir = tmp_path / "two"
     run_entry_point(DRIVERS[0], trainer_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=pipeline,

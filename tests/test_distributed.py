@@ -49,6 +49,11 @@ WORKER = textwrap.dedent(
             results[kind] = {"raised": None, "size": int(fingerprint.size)}
         except RuntimeError as error:
             results[kind] = {"raised": str(error)}
+    from vae_trainer.distributed import average_over_ranks
+
+    a, b = paddle.full([2, 3], float(4 * rank() + 1)), paddle.to_tensor([float(rank()), 10.0 + 3 * rank()])
+    average_over_ranks([a, b])  # two shapes, one collective
+    results["average"] = [a.numpy().tolist(), b.numpy().tolist()]
     print("RESULT " + json.dumps(results))
     from vae_trainer.distributed import run_and_exit
     run_and_exit(lambda: None)  # ends as the entry points do (no SIGABRT at exit)
@@ -68,6 +73,7 @@ def test_a_perturbed_rank_is_caught_on_every_rank(tmp_path):
         log = (tmp_path / "log" / f"workerlog.{rank}").read_text()
         results = json.loads(log.split("RESULT ", 1)[1].splitlines()[0])
         assert results["none"] == {"raised": None, "size": 4 * FINGERPRINT_SIZE}  # 2 weights + 2 biases
+        assert results["average"] == [[[3.0] * 3] * 2, [0.5, 11.5]]  # (1 + 5) / 2; (0 + 1) / 2, (10 + 13) / 2
         for kind in ("nudge", "swap"):
             message = results[kind]["raised"]
             assert message is not None, f"rank {rank}: {kind} not detected"

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional
 
 import numpy as np
 import paddle
@@ -136,6 +136,14 @@ def sum_over_ranks(value: paddle.Tensor) -> paddle.Tensor:
     if world_size() > 1:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
+
+
+def average_over_ranks(tensors: List[paddle.Tensor]) -> None:
+    """Set each of `tensors` to its mean over the ranks, in one collective."""
+    if world_size() > 1 and tensors:
+        flat = sum_over_ranks(paddle.concat([tensor.reshape([-1]) for tensor in tensors])) / world_size()
+        for tensor, part in zip(tensors, paddle.split(flat, [int(tensor.numel()) for tensor in tensors])):
+            tensor.set_value(part.reshape(tensor.shape))
 
 
 def broadcast_parameters(layer: paddle.nn.Layer) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
-from .distributed import sum_over_ranks, sync_gradients, world_size
+from .distributed import average_over_ranks, sum_over_ranks, sync_gradients, world_size
 from .ema import ema_weights
 from .equivariance import draw, parse_transforms
 from .alignment import to_token_grid
@@ -132,11 +132,7 @@ class TrainStep:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
         self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
         self._window_gan_overflows: List[paddle.Tensor] = []
-        # BatchNorm statistics of the VAE (DC-AE's in / mix decoders), averaged over ranks after each step: the
-        # running means are then the global batch's (SyncBatchNorm would drop PyTorch's unbiased variance update).
-        self._norm_statistics = [tensor for layer in self.model.vae.sublayers()
-                                 if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
-                                 for tensor in (layer._mean, layer._variance)] if world_size() > 1 else []
+        self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
     def gan_active(self, global_step: int) -> bool:
         """The GAN term of the VAE's loss starts at --disc_start."""
@@ -220,8 +216,7 @@ class TrainStep:
         # as its weights (335 MB for SD), and between steps nothing needs them.
         self.vae_optimizer.clear_grad(set_to_zero=False)
         self.disc_optimizer.clear_grad(set_to_zero=False)
-        for statistic in self._norm_statistics:                                           # 9. BatchNorm statistics
-            statistic.set_value(sum_over_ranks(statistic) / world_size())
+        average_over_ranks(self._norm_statistics)                                         # 9. BatchNorm statistics
         if self.ema is not None:                                                          # 10. EMA
             self.ema.step(self.model.vae.parameters())
 
@@ -249,6 +244,14 @@ class TrainStep:
         ])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
+
+
+def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
+    """The running statistics of the VAE's training BatchNorms (DC-AE's in / mix decoders), to average over ranks
+    after each step: the global batch's then (SyncBatchNorm would drop PyTorch's unbiased variance update). Not a
+    frozen one's (no trainable weight: kept in eval mode), whose statistics must stay as loaded, bit for bit."""
+    return [tensor for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
+            and any(not p.stop_gradient for p in layer.parameters()) for tensor in (layer._mean, layer._variance)]
 
 
 def disc_update_start(loss_args) -> int:
