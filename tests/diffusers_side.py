@@ -2,17 +2,23 @@
 python (diffusers 0.42.1, requirements-flux2-test.txt), never imported by the Paddle tests; tests/family_parity.py
 drives it.
 
-    make CLASS FOLDER --config JSON [--seed S] [--variant fp16]
+    make CLASS FOLDER --config JSON [--seed S] [--variant fp16] [--stress F]
         a seeded diffusers CLASS whose every weight is moved away from its initialisation (BatchNorm statistics
-        made non-trivial too), saved with diffusers' save_pretrained (safetensors)
+        made non-trivial too), saved with diffusers' save_pretrained (safetensors); --stress: then the scale of every
+        normalisation layer (GroupNorm, LayerNorm, BatchNorm, RMS norms) multiplied by F, so that the activations'
+        inputs after them reach F times their ordinary range
     run CLASS FOLDER --images IN.npy --out OUT.npz [--latents IN.npy] [--variant fp16] [--tile T --stride S]
         load FOLDER as CLASS (eval mode, float32) and write: the latent (a posterior's mode), the posterior's mean
         and log-variance when there is one, the decode of that latent, the decode of --latents when given, and
         loading_info (a JSON string: missing / unexpected / mismatched keys, and the class diffusers read).
         --tile: diffusers' own tiled encode and decode (enable_tiling with tiles of T px, stride S px)
-        --train: then one training-mode step: forward(images) in train mode, loss = mean(sample ** 2), backward;
-        also writes train_decoded, grad:NAME for every parameter and buffer:NAME for every buffer after the step
-        (BatchNorm statistics and counters), in diffusers' state-dict names
+        --train: then one training step as the trainer takes it (its family's encode and decode, in
+        vae_trainer/models/): in train mode, the images on [-1, 1] (a video VAE's: one-frame clips; RAE's encoder
+        sees them on [0, 1] and its decode is mapped back), the posterior's mode (or the deterministic latent), decoded
+        without the final clamp of a video VAE's decode, loss = mean((decoded - images) ** 2), backward; writes
+        train_decoded, grad:NAME for every parameter that requires a gradient (zeros where none reached it; RAE's
+        frozen encoder has none) and buffer:NAME for every buffer after the step (BatchNorm statistics and
+        counters), in diffusers' state-dict names
       further options of run:
         --more NAME=IN.npy (repeatable): more inputs (other shapes, such as clips of other lengths) run in the same
             process as --images is; their outputs are the same keys prefixed "NAME_"
@@ -34,6 +40,15 @@ drives it.
         decoder in their GeneralDecoder's names with their fixed sin-cos decoder_pos_embed; FOLDER/ep.pt, a stage-1
         training checkpoint ({"model", "ema"} of the whole RAE, the EMA's decoder weights + 1); FOLDER/stat.pt,
         {"mean", "var"} per channel and position; and FOLDER/diffusers, that decoder's diffusers folder (to compare)
+    patchgan WEIGHTS.npz --images IN.npy --out OUT.npz --config JSON
+        taming-transformers' NLayerDiscriminator (its layers, written out here; --config {"num_layers", "norm"}:
+        "batch" as taming's, or "group" / "none" in the same places) with the weights of WEIGHTS.npz (our
+        PatchDiscriminator's state dict, by its names), in train mode (batch statistics): logits of the images, and
+        the gradients of mean(logits ** 2), grad:NAME per weight and grad:images
+    lpips WEIGHTS.npz --images IN.npy --targets IN.npy --out OUT.npz
+        lpips 0.1's LPIPS(net="vgg") forward written out (its ScalingLayer, VGG16's conv layers to relu5_3, unit-
+        normalised taps, the linear heads without dropout as in eval mode, spatial means) with the weights of
+        WEIGHTS.npz (our LPIPS's state dict): the distances, and grad:images, the gradient of their sum
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -42,7 +57,9 @@ drives it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
 from unittest import mock
 
@@ -51,7 +68,7 @@ import torch
 import diffusers
 
 
-def make(class_name: str, folder: str, config: dict, seed: int, variant: str | None) -> None:
+def make(class_name: str, folder: str, config: dict, seed: int, variant: str | None, stress: float = 1.0) -> None:
     torch.manual_seed(seed)
     model = getattr(diffusers, class_name)(**config)
     with torch.no_grad():
@@ -61,9 +78,25 @@ def make(class_name: str, folder: str, config: dict, seed: int, variant: str | N
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
                 module.running_mean.copy_(torch.randn_like(module.running_mean) * 0.3)
                 module.running_var.copy_(torch.rand_like(module.running_var) * 2.0 + 0.5)
+        if stress != 1.0:
+            _stress(model, stress)
     if variant == "fp16":
         model = model.half()
     model.save_pretrained(folder, safe_serialization=True, variant=variant)
+
+
+def _stress(model, factor: float) -> None:
+    """The scale of every trainable normalisation layer (GroupNorm, LayerNorm, BatchNorm, diffusers' and Wan's RMS
+    norms; not RAE's frozen encoder) times `factor`, but those in front of an attention's scores (in an attention
+    block, or a ViT layer's layernorm_before): float32 softmax of logits `factor` ** 2 times their size is too
+    ill-conditioned for any comparison (PyTorch's float32 gradients are then percents off its float64 ones)."""
+    for parent in model.modules():
+        in_attention = "attention" in type(parent).__name__.lower()
+        for child_name, child in parent.named_children():
+            if "norm" in type(child).__name__.lower() and not in_attention and child_name != "layernorm_before":
+                for name, param in child.named_parameters(recurse=False):
+                    if name in ("weight", "gamma") and param.requires_grad:
+                        param.mul_(factor)
 
 
 def _encode(model, images: torch.Tensor) -> dict:
@@ -76,23 +109,34 @@ def _encode(model, images: torch.Tensor) -> dict:
 
 def _train_step(model, images: torch.Tensor) -> dict:
     model.train()
-    sample = model(images).sample
-    sample.pow(2).mean().backward()
-    out = {"train_decoded": sample.detach()}
-    out.update({f"grad:{name}": param.grad.detach() for name, param in model.named_parameters()
-                if param.grad is not None})
+    name = type(model).__name__
+    video, rae = name in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), name == "AutoencoderRAE"
+    latent = _encode(model, (images + 1) / 2 if rae else images)["latent"]
+    with _clamp_made_identity([]) if video else contextlib.nullcontext():
+        decoded = model.decode(latent).sample
+    decoded = decoded * 2 - 1 if rae else decoded
+    (decoded - images).pow(2).mean().backward()
+    out = {"train_decoded": decoded.detach()}
+    out.update({f"grad:{name}": torch.zeros_like(param) if param.grad is None else param.grad.detach()
+                for name, param in model.named_parameters() if param.requires_grad})
     out.update({f"buffer:{name}": buffer.detach() for name, buffer in model.named_buffers()})
     return out
 
 
-def _decode_unclamped(model, latents: torch.Tensor) -> torch.Tensor:
-    calls = []
-
+@contextlib.contextmanager
+def _clamp_made_identity(calls: list):
+    """Within: torch.clamp returns its input (a decode's final clamp gone); each call appends to `calls`."""
     def identity(tensor, *args, **kwargs):
         calls.append(1)
         return tensor
 
     with mock.patch.object(torch, "clamp", identity):
+        yield
+
+
+def _decode_unclamped(model, latents: torch.Tensor) -> torch.Tensor:
+    calls = []
+    with _clamp_made_identity(calls):
         decoded = model.decode(latents).sample
     if not calls:
         raise SystemExit(f"--unclamped: {type(model).__name__}.decode never called torch.clamp")
@@ -222,6 +266,74 @@ def rae_release(folder: str, config: dict, seed: int) -> None:
     torch.save({"mean": torch.randn(shape) * 0.3, "var": torch.rand(shape) + 0.5}, os.path.join(folder, "stat.pt"))
 
 
+def _leaf(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array, np.float32)).requires_grad_()
+
+
+def _gradients_out(loss: torch.Tensor, named: dict) -> dict:
+    loss.backward()
+    return {f"grad:{name}": tensor.grad for name, tensor in named.items()}
+
+
+def patchgan(weights_file: str, images_file: str, out_file: str, config: dict) -> None:
+    """taming's NLayerDiscriminator: conv 4x4 stride 2 + LeakyReLU(0.2); then per layer conv 4x4 (stride 2, the last
+    stride 1, no bias before a norm) + norm + LeakyReLU(0.2); a 4x4 conv to 1 channel."""
+    nn = torch.nn
+    weights = dict(np.load(weights_file))
+    layers, n_layers, norm = [], config["num_layers"], config["norm"]
+    widths = [3] + [weights[f"main.{0}.weight"].shape[0] * min(2 ** n, 8) for n in range(n_layers + 1)]
+    for n in range(n_layers + 1):
+        has_norm = n > 0 and norm != "none"
+        layers.append(nn.Conv2d(widths[n], widths[n + 1], 4, 2 if n < n_layers else 1, 1, bias=not has_norm))
+        if has_norm:
+            layers.append(nn.BatchNorm2d(widths[n + 1]) if norm == "batch"
+                          else nn.GroupNorm(math.gcd(32, widths[n + 1]), widths[n + 1]))
+        layers.append(nn.LeakyReLU(0.2, True))
+    layers.append(nn.Conv2d(widths[-1], 1, 4, 1, 1))
+    model = nn.Sequential(*layers)
+    names = {k.replace("._mean", ".running_mean").replace("._variance", ".running_var")[len("main."):]: v
+             for k, v in weights.items()}
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in names.items()}, strict=True)
+    model.train()
+    images = _leaf(np.load(images_file))
+    logits = model(images)
+    named = {f"main.{k}": p for k, p in model.named_parameters()}
+    out = _gradients_out(logits.pow(2).mean(), {**named, "images": images})
+    np.savez(out_file, logits=logits.detach().numpy(), **{k: v.numpy() for k, v in out.items()})
+
+
+def lpips(weights_file: str, images_file: str, targets_file: str, out_file: str) -> None:
+    """lpips 0.1's forward (net="vgg", normalize=False, eval mode) on the weights of our LPIPS."""
+    functional = torch.nn.functional
+    weights = {k: torch.from_numpy(v) for k, v in np.load(weights_file).items()}
+    convs = sorted({int(k.split(".")[2]) for k in weights if k.startswith("vgg.features.")})
+    pools_after, taps_after = {3, 8, 15, 22}, {3, 8, 15, 22, 29}  # relu indices of paddle's / torchvision's VGG16
+
+    def features(x: torch.Tensor) -> list:
+        shift = torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1)
+        scale = torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1)
+        x, taps = (x - shift) / scale, []
+        for index in convs:
+            x = functional.relu(functional.conv2d(x, weights[f"vgg.features.{index}.weight"],
+                                                  weights[f"vgg.features.{index}.bias"], padding=1))
+            if index + 1 in taps_after:
+                taps.append(x)
+            if index + 1 in pools_after:
+                x = functional.max_pool2d(x, 2, 2)
+        return taps
+
+    def unit(x: torch.Tensor) -> torch.Tensor:
+        return x / (torch.sqrt(torch.sum(x ** 2, dim=1, keepdim=True)) + 1e-10)
+
+    images = _leaf(np.load(images_file))
+    with torch.no_grad():
+        targets = features(torch.from_numpy(np.load(targets_file)))
+    distances = sum(functional.conv2d((unit(a) - unit(b)) ** 2, weights[f"heads.{k}.weight"]).mean(dim=(2, 3))
+                    for k, (a, b) in enumerate(zip(features(images), targets)))[:, 0]
+    out = _gradients_out(distances.sum(), {"images": images})
+    np.savez(out_file, distances=distances.detach().numpy(), **{k: v.numpy() for k, v in out.items()})
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["batch"]:
@@ -230,7 +342,7 @@ def main(argv=None) -> None:
                 main(job)
         return
     parser = argparse.ArgumentParser()
-    if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release"):
+    if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release", "patchgan", "lpips"):
         return _side_command(argv)
     parser.add_argument("command", choices=("make", "run"))
     parser.add_argument("class_name")
@@ -238,6 +350,7 @@ def main(argv=None) -> None:
     parser.add_argument("--config", help="the class's kwargs, JSON")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None)
+    parser.add_argument("--stress", type=float, default=1.0)
     parser.add_argument("--images")
     parser.add_argument("--latents")
     parser.add_argument("--out")
@@ -249,7 +362,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prelude", default=None)
     args = parser.parse_args(argv)
     if args.command == "make":
-        make(args.class_name, args.folder, json.loads(args.config), args.seed, args.variant)
+        make(args.class_name, args.folder, json.loads(args.config), args.seed, args.variant, args.stress)
     else:
         run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride,
             args.more, args.unclamped, args.prelude, args.train)
@@ -264,9 +377,14 @@ def _side_command(argv) -> None:
     parser.add_argument("--images")
     parser.add_argument("--out")
     parser.add_argument("--input_size", type=int, default=224)
+    parser.add_argument("--targets")
     args = parser.parse_args(argv)
     if args.command == "rae_tokens":
         rae_tokens(args.folder, args.images, args.out, args.input_size)
+    elif args.command == "patchgan":
+        patchgan(args.folder, args.images, args.out, json.loads(args.config))
+    elif args.command == "lpips":
+        lpips(args.folder, args.images, args.targets, args.out)
     else:
         {"dinov2": dinov2, "vit": vit, "rae_release": rae_release}[args.command](args.folder, json.loads(args.config),
                                                                                  args.seed)

@@ -53,8 +53,9 @@ class DiffusersBatch:
         self.jobs: list[list[str]] = []
         self.run_folders: set[str] = set()
 
-    def make(self, class_name: str, folder, config: dict, seed: int = 0, variant: str | None = None) -> str:
-        self.jobs.append(_make_args(class_name, folder, config, seed, variant))
+    def make(self, class_name: str, folder, config: dict, seed: int = 0, variant: str | None = None,
+             stress: float = 1.0) -> str:
+        self.jobs.append(_make_args(class_name, folder, config, seed, variant, stress))
         return str(folder)
 
     def run(self, class_name: str, folder, images: np.ndarray, work, latents: np.ndarray | None = None,
@@ -78,9 +79,10 @@ class DiffusersBatch:
         diffusers_side("batch", path)
 
 
-def _make_args(class_name: str, folder, config: dict, seed: int, variant: str | None) -> list[str]:
+def _make_args(class_name: str, folder, config: dict, seed: int, variant: str | None,
+               stress: float = 1.0) -> list[str]:
     return ["make", class_name, str(folder), "--config", json.dumps(config), "--seed", str(seed),
-            *(["--variant", variant] if variant else [])]
+            *(["--variant", variant] if variant else []), *(["--stress", str(stress)] if stress != 1.0 else [])]
 
 
 def _run_args(class_name: str, folder, images: np.ndarray, work, latents: np.ndarray | None, variant: str | None,

@@ -251,8 +251,9 @@ def test_e_a_training_step_is_diffusers(parity, name):
     case, theirs = parity[name], parity[name]["a"]
     model = load_from_diffusers(case["folder"], CONFIGS[name])
     model.train()
-    sample = model(paddle.to_tensor(case["inputs"]["images"])).sample
-    sample.pow(2).mean().backward()
+    images = paddle.to_tensor(case["inputs"]["images"])
+    sample = model(images).sample
+    (sample - images).pow(2).mean().backward()  # diffusers_side.py's training step
     assert max_diff(sample.numpy(), theirs["train_decoded"]) <= ATOL
     linear = {n + ".weight" for n, layer in model.named_sublayers() if isinstance(layer, paddle.nn.Linear)}
     # Paddle keeps BatchNorm's statistics as parameters that take no gradient; the others are PyTorch's parameters.
@@ -272,10 +273,11 @@ def test_e_a_training_step_is_diffusers(parity, name):
     torch_names = {k.replace("._mean", ".running_mean").replace("._variance", ".running_var"): k for k in statistics}
     assert set(torch_names) == {k[len("buffer:"):] for k in theirs if k.startswith("buffer:")}
     worst = 0.0
-    for torch_name, ours_name in torch_names.items():
+    for torch_name, ours_name in torch_names.items():  # float32 variances of ~10: an ulp is ~1e-6
         expected = theirs[f"buffer:{torch_name}"]
-        worst = max(worst, max_diff(statistics[ours_name].reshape(expected.shape), expected))
-    print("max abs statistics diff", worst)
+        scale = max(1.0, float(np.abs(expected).max()))
+        worst = max(worst, max_diff(statistics[ours_name].reshape(expected.shape), expected) / scale)
+    print("max statistics diff, relative to the largest", worst)
     assert worst <= 1e-6
     counters = [v.item() for k, v in statistics.items() if k.endswith("num_batches_tracked")]
     assert counters == [1] * len(counters) and bool(counters) == (name != "sana")
