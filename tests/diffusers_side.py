@@ -4,9 +4,9 @@ drives it.
 
     make CLASS FOLDER --config JSON [--seed S] [--variant fp16] [--stress F]
         a seeded diffusers CLASS whose every weight is moved away from its initialisation (BatchNorm statistics
-        made non-trivial too), saved with diffusers' save_pretrained (safetensors); --stress: then the scale of every
-        normalisation layer (GroupNorm, LayerNorm, BatchNorm, RMS norms) multiplied by F, so that the activations'
-        inputs after them reach F times their ordinary range
+        made non-trivial too), saved with diffusers' save_pretrained (safetensors); --stress: then the scales of the
+        trainable normalisation layers not in front of an attention multiplied by F (_stress), so that the
+        activations after them see inputs F times their ordinary range
     run CLASS FOLDER --images IN.npy --out OUT.npz [--latents IN.npy] [--variant fp16] [--tile T --stride S]
         load FOLDER as CLASS (eval mode, float32) and write: the latent (a posterior's mode), the posterior's mean
         and log-variance when there is one, the decode of that latent, the decode of --latents when given, and
@@ -109,8 +109,8 @@ def _encode(model, images: torch.Tensor) -> dict:
 
 def _train_step(model, images: torch.Tensor) -> dict:
     model.train()
-    name = type(model).__name__
-    video, rae = name in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), name == "AutoencoderRAE"
+    kind = type(model).__name__
+    video, rae = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), kind == "AutoencoderRAE"
     latent = _encode(model, (images + 1) / 2 if rae else images)["latent"]
     with _clamp_made_identity([]) if video else contextlib.nullcontext():
         decoded = model.decode(latent).sample
@@ -281,7 +281,7 @@ def patchgan(weights_file: str, images_file: str, out_file: str, config: dict) -
     nn = torch.nn
     weights = dict(np.load(weights_file))
     layers, n_layers, norm = [], config["num_layers"], config["norm"]
-    widths = [3] + [weights[f"main.{0}.weight"].shape[0] * min(2 ** n, 8) for n in range(n_layers + 1)]
+    widths = [3] + [weights["main.0.weight"].shape[0] * min(2 ** n, 8) for n in range(n_layers + 1)]
     for n in range(n_layers + 1):
         has_norm = n > 0 and norm != "none"
         layers.append(nn.Conv2d(widths[n], widths[n + 1], 4, 2 if n < n_layers else 1, 1, bias=not has_norm))

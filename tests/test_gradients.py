@@ -189,7 +189,7 @@ def test_the_forward_is_the_kernels_within_one_ulp():
                                         "tanh", "softplus"])
 def test_other_activations_agree_with_pytorch_at_extreme_inputs(activation):
     """Values and gradients at +-88 ... +-1000 (0 left out: LeakyReLU's gradient there is 1 in Paddle, its slope in
-    PyTorch, both valid). Paddle's softplus and mish compute log(1 + exp(x)) without log1p: ~1e-7 absolute off
+    PyTorch, both valid). Paddle's softplus and mish compute log(1 + exp(x)) without log1p: up to ~8e-7 absolute off
     PyTorch's for x in (-20, -10), within the absolute tolerance."""
     torch = import_test_extra("torch", reason="PyTorch's activations are the reference")
     functional, torch_functional = paddle.nn.functional, torch.nn.functional
