@@ -37,7 +37,8 @@ FAMILIES = {
     "dc_ae": ("AutoencoderDC", dict(TINY_DC, scaling_factor=0.3711), ["decoder.conv_out.*", "encoder.conv_out.*"]),
     "rae": ("AutoencoderRAE", dict(TINY_RAE, scaling_factor=0.85), ["decoder.decoder_pred.*"]),
     "qwen": ("AutoencoderKLQwenImage", dict(TINY_QWEN, **LATENT_STATS), ["decoder.conv_out.*", "quant_conv.*"]),
-    "wan21": ("AutoencoderKLWan", dict(TINY_QWEN, scale_factor_spatial=4, **LATENT_STATS), ["decoder.conv_out.*", "quant_conv.*"]),
+    "wan21": ("AutoencoderKLWan", dict(TINY_QWEN, scale_factor_spatial=4, **LATENT_STATS),
+              ["decoder.conv_out.*", "quant_conv.*"]),
     "wan22": ("AutoencoderKLWan", dict(TINY_WAN22, **LATENT_STATS), ["decoder.conv_out.*", "quant_conv.*"]),
 }
 # Buffers set off the class's defaults in the source's file (its config left as made: the file is what loads).
