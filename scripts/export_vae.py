@@ -12,9 +12,9 @@ exported from the float32 master weights its optimizer.pdopt holds.
 
 The latent scale follows the run (its `export_config.json`): kept as in the VAE's config, a given number,
 or measured on the images the run measures on (its --latent_stats_num_images of --eval_file_list, else the
-run's random sample of --file_list). `--scaling_factor keep|measure|<number>`, `--data`, `--num_images` and `--resolution`
-override. Checkpoints written before these files existed need `--vae_config_file` (the run's VAE config),
-and `--data` and `--resolution` to measure.
+run's random sample of --file_list). `--scaling_factor keep|measure|<number>`, `--data`, `--num_images` and
+`--resolution` override. Checkpoints written before these files existed need `--vae_config_file` (the run's
+VAE config), and `--data` and `--resolution` to measure.
 
 CPU threads: all usable cores unless OMP_NUM_THREADS is set (vae_trainer/threads.py). Device: the GPU
 when Paddle is built with CUDA, else the CPU (`--device`).

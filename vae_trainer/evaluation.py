@@ -20,8 +20,8 @@ from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, 
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.filelists import read_sources
-from vae_trainer.data.sharding import RecordSample
 from vae_trainer.data.images import RESAMPLING
+from vae_trainer.data.sharding import RecordSample
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
