@@ -11,10 +11,10 @@ The script prints which weights it exported and why. A checkpoint of an O2 (half
 exported from the float32 master weights its optimizer.pdopt holds.
 
 The latent scale follows the run (its `export_config.json`): kept as in the VAE's config, a given number,
-or measured on the images the run measures on (its --latent_stats_num_images of --eval_file_list, else of
---file_list). `--scaling_factor keep|measure|<number>`, `--data`, `--num_images` and `--resolution`
-override. Checkpoints written before these files existed need `--vae_config_file` (the run's VAE config),
-and `--data` and `--resolution` to measure.
+or measured on the images the run measures on (its --latent_stats_num_images of --eval_file_list, else the
+run's random sample of --file_list). `--scaling_factor keep|measure|<number>`, `--data`, `--num_images` and
+`--resolution` override. Checkpoints written before these files existed need `--vae_config_file` (the run's
+VAE config), and `--data` and `--resolution` to measure.
 
 CPU threads: all usable cores unless OMP_NUM_THREADS is set (vae_trainer/threads.py). Device: the GPU
 when Paddle is built with CUDA, else the CPU (`--device`).
@@ -155,7 +155,8 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
         raise ValueError(f"--num_images must be at least 1, got {num_images}")
     batch_size = eval_batch_size(resolution, args.batch_size)  # fits wherever the run's images fit
     return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
-                              export_config.get("input_size"), export_config.get("posterior_std", 0.0))
+                              export_config.get("input_size"), export_config.get("posterior_std", 0.0),
+                              sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"))
 
 
 @exit_on_user_error

@@ -25,7 +25,9 @@ from PIL import Image
 
 from vae_trainer.data import records
 from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
+from vae_trainer.data.filelists import read_sources
 from vae_trainer.data.position import SKIP_REASONS, ShardStart, StreamPosition, merge_file_skips
+from vae_trainer.data.sharding import RecordSample
 
 paddle.set_device("cpu")
 RES = 32
@@ -692,9 +694,10 @@ def test_the_drivers_data_position_records_seed_and_shuffle_buffer(tmp_path):
 # ------------------------------------------------------------------------------------- evaluation
 
 
-def _eval_on_ranks(monkeypatch, path, world_size, num_images, batch_size=2):
-    """(image ids, decode calls) of each of `world_size` ranks evaluating `path`, faked in one process: each
-    rank runs in a thread, and the loader's gathering of a number from every rank meets at a barrier."""
+def _eval_on_ranks(monkeypatch, path, world_size, num_images, batch_size=2, sample_seed=None):
+    """(image ids, decode calls) of each of `world_size` ranks evaluating `path` (with `sample_seed`: a random
+    sample of it), faked in one process: each rank runs in a thread, and the loader's gathering of a number from
+    every rank meets at a barrier."""
     from vae_trainer.data import dataset
 
     barrier, values = threading.Barrier(world_size, timeout=60), {}
@@ -714,7 +717,8 @@ def _eval_on_ranks(monkeypatch, path, world_size, num_images, batch_size=2):
     ids = {}
 
     def run(rank):
-        loader = build_eval_dataloader(path, RES, batch_size, rank, world_size, num_images)
+        sample = RecordSample(read_sources(path), sample_seed) if sample_seed is not None else None
+        loader = build_eval_dataloader(path, RES, batch_size, rank, world_size, num_images, sample)
         ids[rank] = [i for batch in loader for i in ids_of(batch["pixel_values"].numpy())]
 
     threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(world_size)]
@@ -744,6 +748,25 @@ def test_eval_ranks_decode_their_share_of_the_first_usable_samples(tmp_path, mon
     assert max(map(len, three)) - min(map(len, three)) <= 1
     clean = write_filelist(tmp_path / "y.filelist", id_parts(tmp_path, 1, 8))
     assert _eval_on_ranks(monkeypatch, clean, 3, num_images=7)[0] == [[0, 3, 6], [1, 4], [2, 5]]  # as before
+
+
+def test_a_seeded_sample_takes_images_of_the_whole_list_each_once_on_any_number_of_ranks(tmp_path, monkeypatch):
+    """The latent statistics of --file_list (issue 42.4): 12 of its 40 records (a counted part, then one counted by
+    a read), drawn at random from all of them, where the list's first 12 are one part's; a bad record is replaced by
+    a further draw, no image twice; the same images on 1 and 3 ranks, each record decoded once, by one rank."""
+    lines = [line(id_image(i)) if i % 4 else b"broken" for i in range(40)]
+    first, second = write_part(tmp_path / "a.gz", lines[:20]), write_part(tmp_path / "b.gz", lines[20:])
+    write_filelist(tmp_path / "a.filelist", [first], counts=[20])
+    write_filelist(tmp_path / "b.filelist", [second])
+    (tmp_path / "x.filelist.list").write_text("a.filelist\nb.filelist\n")
+    file_list = str(tmp_path / "x.filelist.list")
+    (one,), [read] = _eval_on_ranks(monkeypatch, file_list, 1, num_images=12, sample_seed=5)
+    assert len(set(one)) == len(one) == 12 and all(i % 4 for i in one) and read > 12  # broken ones replaced
+    assert min(one) < 20 <= max(one)  # both parts, not the first 12 usable (all of a.gz)
+    three, decodes = _eval_on_ranks(monkeypatch, file_list, 3, num_images=12, sample_seed=5)
+    assert sorted(i for ids in three for i in ids) == sorted(one) and sum(decodes) == read
+    (other,), _ = _eval_on_ranks(monkeypatch, file_list, 1, num_images=12, sample_seed=6)
+    assert sorted(other) != sorted(one)
 
 
 def test_eval_folder_sorted_centre_crop(tmp_path, monkeypatch):

@@ -309,6 +309,21 @@ def test_export_vae_script_takes_its_scaling_factor_as_the_training_flag_does(tm
         remeasured.scaling_factor, rel=1e-5)
 
 
+def test_export_vae_script_measures_on_the_runs_random_sample_of_the_training_images(tmp_path, photo_filelist):
+    """Without --eval_file_list a run measures its scale on a seeded random sample of --file_list (issue 42.4);
+    its checkpoint says so, and the script measures on the same images."""
+    from conftest import load_script
+
+    networks, evaluator = _run_networks(tmp_path, photo_filelist, None, latent_stats_num_images=6)
+    checkpoint = _checkpoint(networks, evaluator, tmp_path / "checkpoint-1")
+    assert json.load(open(os.path.join(checkpoint, "export_config.json")))["latent_stats_sample_seed"] == 42
+    load_script("export_vae").main([checkpoint, str(tmp_path / "out"), "--scaling_factor", "measure"])
+    record = json.load(open(tmp_path / "out" / "latent_stats.json"))
+    stats, source = evaluator.latent_stats(networks.model.vae, None, step=1)  # what the run's export measures
+    assert record["source"] == f"measured on {source}" and "a random sample (seed 42) of 6 of the 48 images" in source
+    assert record["measured"]["latent_mean"] == pytest.approx(stats.latent_mean, rel=1e-5)
+
+
 def test_export_vae_script_exports_an_o2_checkpoint_from_its_float32_master_weights(
         tmp_path, photo_filelist, held_out_folder):
     """An O2 run saves half-precision roundings in model_state.pdparams and the float32 master weights in
@@ -347,7 +362,7 @@ def test_export_config_keeps_pipe_sources_as_given(data, stored):
 
     model = SimpleNamespace(posterior_std=0.0, input_size=None, vae=SimpleNamespace(config={"scaling_factor": 0.5}))
     networks = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
-    evaluator = SimpleNamespace(latent_stats_data=(data, 8))
+    evaluator = SimpleNamespace(latent_stats_data=(data, 8, None))
     assert checkpoint_configs(networks, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored
 
 

@@ -155,7 +155,7 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     run = build_optimization(networks, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
     assert vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
     assert {p.dtype for p in [p for layer in family_of(vae).encoder_layers(vae) for p in layer.parameters()]} == {paddle.float32}  # ... but not to the frozen encoder
-    for (name, _), shadow in zip(vae.named_parameters(), run.ema.shadow_params):  # averages of the exact weights
+    for name, shadow in zip(run.ema.names, run.ema.shadow_params):  # averages of the exact weights
         np.testing.assert_array_equal(shadow.numpy(), original[name], err_msg=name)
     frozen = {id(p) for p in [p for layer in family_of(vae).encoder_layers(vae) for p in layer.parameters()]}
     masters = {p.name: paddle.to_tensor(original[n]) for n, p in vae.named_parameters() if id(p) not in frozen}
@@ -195,6 +195,30 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     update_lecam_ema(model.lecam_ema, paddle.full([4], 1.05, "float16"), paddle.full([4], 1.05, "float16"), 0.99)
     assert model.lecam_ema.dtype == paddle.float32
     np.testing.assert_allclose(model.lecam_ema.numpy(), [1.0005, 1.0005], rtol=0, atol=2e-6)
+
+
+def test_o2_keeps_the_buffers_of_a_layer_without_weights_as_loaded(tmp_path, monkeypatch):
+    """RAE's image and latent statistics are buffers of its root, which has no weights: under O2 they stay float32,
+    bit for bit (the export writes them as loaded; 0.4 in fp16 is 0.39990), while the decoder is cast. Paddle's O2
+    cast is forced on CPU."""
+    from paddle.amp.auto_cast import amp_initialize
+    from test_rae import TINY_RAE
+
+    import vae_trainer.precision as precision
+    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.rae import RAE
+
+    monkeypatch.setattr(precision, "on_gpu", lambda: True)
+    monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
+                        amp_initialize([models], dtype, excluded_layers))
+    vae = RAE.build({**TINY_RAE, "encoder_norm_mean": [0.5, 0.4, 0.3]}, "a tiny RAE")
+    statistics = {name: vae.state_dict()[name].numpy().copy() for name in ("encoder_mean", "encoder_std",
+                                                                             "_latents_mean", "_latents_std")}
+    setup_precision(args(tmp_path, fp16=True, fp16_opt_level="O2"), VAEWithDiscriminator(vae, paddle.nn.Linear(2, 2)))
+    assert vae.decoder.decoder_pred.weight.dtype == paddle.float16  # the O2 cast did happen ...
+    for name, value in statistics.items():  # ... but not to the statistics
+        assert vae.state_dict()[name].dtype == paddle.float32, name
+        np.testing.assert_array_equal(vae.state_dict()[name].numpy(), value, err_msg=name)
 
 
 @pytest.mark.skipif(not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0,

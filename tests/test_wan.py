@@ -263,6 +263,8 @@ def test_two_processes_fine_tune_and_keep_the_temporal_weights(pipelines, photo_
     output_dir = tmp_path / "two"
     flags = trainer_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=source_dir, max_steps=2)
     run_entry_point(DRIVERS[1], flags, nproc=2, log_dir=tmp_path / "launch")
+    logs = [(tmp_path / "launch" / f"workerlog.{rank}").read_text() for rank in range(2)]
+    assert [log.count(WARNING) for log in logs] == [1, 0]  # the encoder trains: said once per job, by rank 0
     exported = weights(output_dir / "vae")
     assert not np.array_equal(exported["decoder.conv_in.weight"], weights(source_dir)["decoder.conv_in.weight"])
     assert_video_only_weights_kept(weights(source_dir), exported, video_only(source_dir))

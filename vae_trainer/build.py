@@ -104,10 +104,11 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
 
 
 def warn_video_encoder_trained(class_name: str, model_args) -> None:
-    """Said once at start when a video VAE's encoder trains on images: what that does to loaded latents, or to a
-    fresh VAE's."""
-    loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
-    logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name)
+    """Said once per job (by rank 0) at start when a video VAE's encoder trains on images: what that does to loaded
+    latents, or to a fresh VAE's."""
+    if rank() == 0:
+        loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+        logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name)
 
 
 def stateful(step: TrainStep) -> Dict[str, Any]:

@@ -200,11 +200,11 @@ def tensor_bytes(state: Any) -> int:
 
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
-    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the VAE's EMA."""
+    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the EMA of the trained VAE
+    weights."""
     weights = tensor_bytes(model.state_dict())
     trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
-    vae = sum(int(np.prod(p.shape)) * 4 for p in model.vae.parameters()) if ema is not None else 0
-    return weights + 2 * trainable + vae
+    return weights + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema is not None else 0)
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:

@@ -1,28 +1,73 @@
-"""The EMA of the VAE weights (--use_ema): built with float32 averages (ppdiffusers' EMAModel), swapped into
-the VAE for evaluation, image logging and export, and loaded from a checkpoint. The step updates it."""
+"""The EMA of the VAE weights (--use_ema): built with float32 averages (ppdiffusers' EMAModel) of the trainable
+weights alone, swapped into the VAE for evaluation, image logging and export, and loaded from a checkpoint. The
+step updates it."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, List, Optional, Sequence
 
 import paddle
 from ppdiffusers.training_utils import EMAModel
 
 EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
+NAMES_KEY = "parameter_names"  # its state's names of the weights averaged (before: every weight, unnamed)
 
 
-def build_ema(vae: paddle.nn.Layer, decay: float) -> EMAModel:
-    """An EMA of `vae`'s weights; build it before O2 casts them, so its averages start exact and stay float32."""
-    ema = EMAModel(vae.parameters(), decay=decay)
+class TrainableEMA(EMAModel):
+    """An EMAModel of the VAE weights named `names` (default: those that train). A frozen weight is its own average,
+    so it has no shadow (RAE's DINOv2-B: 86M parameters). Its methods take all of `vae.parameters()`, as EMAModel's
+    callers pass them, and use its own."""
+
+    def __init__(self, vae: paddle.nn.Layer, names: Optional[Sequence[str]] = None, decay: float = 0.9999):
+        self.every = [name for name, _ in vae.named_parameters()]
+        self.names = list(names or [name for name, p in vae.named_parameters() if not p.stop_gradient])
+        self.positions = [self.every.index(name) for name in self.names]
+        super().__init__(self.own(vae.parameters()), decay=decay)
+
+    def own(self, parameters) -> List[paddle.Tensor]:
+        parameters = list(parameters)
+        return [parameters[i] for i in self.positions]
+
+    def step(self, parameters) -> None:
+        super().step(self.own(parameters))
+
+    def copy_to(self, parameters) -> None:
+        super().copy_to(self.own(parameters))
+
+    def store(self, parameters) -> None:
+        super().store(self.own(parameters))
+
+    def restore(self, parameters) -> None:
+        super().restore(self.own(parameters))
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), NAMES_KEY: self.names}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state of `state_dict`, or of an EMA of every weight (checkpoints written before: a frozen weight's
+        average, its own value, is dropped)."""
+        names = state.get(NAMES_KEY, self.every)
+        if len(names) != len(state["shadow_params"]) or not set(self.names) <= set(names):
+            raise ValueError(f"the checkpoint's EMA does not average this VAE's trained weights (it has "
+                             f"{len(state['shadow_params'])} averages): a checkpoint of another run?")
+        shadows = dict(zip(names, state["shadow_params"]))
+        super().load_state_dict({**state, "shadow_params": [shadows[name] for name in self.names]})
+
+
+def build_ema(vae: paddle.nn.Layer, decay: float) -> TrainableEMA:
+    """An EMA of `vae`'s trainable weights (frozen ones already set); build it before O2 casts them, so its averages
+    start exact and stay float32."""
+    ema = TrainableEMA(vae, decay=decay)
     ema.to(dtype=paddle.float32)
     return ema
 
 
-def load_ema(vae: paddle.nn.Layer, file: str) -> EMAModel:
-    """The EMA saved in a checkpoint (`ema.pdparams`), over `vae`'s parameters."""
-    ema = EMAModel(vae.parameters())
-    ema.load_state_dict(paddle.load(file))
+def load_ema(vae: paddle.nn.Layer, file: str) -> TrainableEMA:
+    """The EMA saved in a checkpoint (`ema.pdparams`), over the weights of `vae` it names."""
+    state = paddle.load(file)
+    ema = TrainableEMA(vae, state.get(NAMES_KEY) or [name for name, _ in vae.named_parameters()])
+    ema.load_state_dict(state)
     return ema
 
 

@@ -19,7 +19,9 @@ from vae_trainer import watchdog
 from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, to_token_grid
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
+from vae_trainer.data.filelists import read_sources
 from vae_trainer.data.images import RESAMPLING
+from vae_trainer.data.sharding import RecordSample
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
@@ -297,15 +299,19 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
-                       input_size: list[int] | None = None, posterior_std: float = 0.0,
-                       tiling: int | None = None) -> tuple[EvalResult, str]:
-    """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data`, and
-    the sentence saying where they come from (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
+                       input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
+                       sample_seed: int | None = None) -> tuple[EvalResult, str]:
+    """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data` (with
+    `sample_seed`: of a random sample of all of them), and the sentence saying where they come from
+    (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
+    sample = RecordSample(read_sources(data), sample_seed) if sample_seed is not None else None
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
-                                   num_images)
+                                   num_images, sample)
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
-    return stats, f"an encoder-only pass over {stats.num_images} images of {data}{tiles_note(tiling, resolution)}"
+    images = (f"a random sample (seed {sample_seed}) of {stats.num_images} of the {sample.total} images" if sample
+              else f"{stats.num_images} images")
+    return stats, f"an encoder-only pass over {images} of {data}{tiles_note(tiling, resolution)}"
 
 
 def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> EvalProtocol:
@@ -359,11 +365,13 @@ class TrainingEvaluator:
         return self.enabled and (step % self.args.eval_steps == 0 or step == self.args.max_steps)
 
     @property
-    def latent_stats_data(self) -> tuple[str, int]:
-        """(images, how many) for the export's latent statistics: of --eval_file_list, else of --file_list."""
+    def latent_stats_data(self) -> tuple[str, int, int | None]:
+        """(images, how many, the seed of their random sample) for the export's latent statistics: the first ones of
+        --eval_file_list, else a random sample of --file_list (training data may be sorted: by source, by name)."""
         training = self.stats_on_training_data or not self.data_args.eval_file_list
         path = self.data_args.file_list if training else self.data_args.eval_file_list
-        return path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images
+        return (path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images,
+                self.args.seed if training else None)
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
@@ -385,9 +393,9 @@ class TrainingEvaluator:
         """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
         if self.evaluated_at(step, ema):
             return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
-        path, num_images = self.latent_stats_data
+        path, num_images, seed = self.latent_stats_data
         return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size,
-                                  num_images, self.input_size, self.posterior_std, self.tiling)
+                                  num_images, self.input_size, self.posterior_std, self.tiling, seed)
 
     def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
         """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""

@@ -83,7 +83,8 @@ def on_gpu() -> bool:
 
 def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.nn.Layer] = ()) -> Precision:
     """The Precision for --fp16/--bf16; decorates `model` for O2 on a GPU, except `keep_float32` (frozen layers:
-    no optimizer keeps their float32 master copy) and the root's own tensors (logvar, LeCAM's EMA)."""
+    no optimizer keeps their float32 master copy), the root's own tensors (logvar, LeCAM's EMA) and the buffers of
+    layers without weights."""
     if args.fp16 and args.bf16:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
@@ -96,9 +97,12 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
                        "mixed-precision code paths still run, as no-ops).", "fp16" if args.fp16 else "bf16",
                        paddle.get_device())
     elif args.fp16_opt_level == "O2":
-        # The flag Paddle's `excluded_layers` sets, on the root alone: its own scalars stay float32 (an fp16 EMA
-        # step of decay 0.99 vanishes in rounding); sublayers are cast as usual.
-        model._cast_to_low_precision = False
+        # The flag Paddle's `excluded_layers` sets, on single layers: the root's own scalars stay float32 (an fp16
+        # EMA step of decay 0.99 vanishes in rounding), as do the buffers of layers without weights (RAE's
+        # statistics: the export writes them as loaded); their sublayers are cast as usual.
+        for layer in model.sublayers(include_self=True):
+            if layer is model or not layer.parameters(include_sublayers=False):
+                layer._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
     if not args.fp16:
         return Precision(dtype=dtype, level=args.fp16_opt_level)

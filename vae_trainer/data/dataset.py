@@ -18,7 +18,7 @@ from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, describe, image_bytes
-from .sharding import PER_SAMPLE, SKIPPED, Record, ShardSource, assign, interleave, rng
+from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, assign, interleave, rng
 
 logger = logging.getLogger("vae_trainer.data")
 
@@ -233,23 +233,25 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
 
 
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
-                          num_images: int | None) -> Iterator[dict]:
-    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, at full
-    decode size, centre-cropped, unflipped. Collective, in rounds: the next `num_images` - usable records are dealt to
-    the ranks, which gather their usable counts and failure flags (a failing rank still joins: the others stop)."""
+                          num_images: int | None, sample: RecordSample | None = None) -> Iterator[dict]:
+    """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
+    `sample`'s random order, at full decode size, centre-cropped, unflipped. Collective, in rounds: the next
+    `num_images` - usable records are dealt to the ranks, which gather their usable counts and failure flags (a
+    failing rank still joins: the others stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False)  # now: a bad --data is a start-up error
-    return _eval_rounds(stream, batch_size, rank, world_size, num_images)
+    return _eval_rounds(stream, batch_size, rank, world_size, num_images, sample)
 
 
-def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: int,
-                 num_images: int | None) -> Iterator[dict]:
+def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: int, num_images: int | None,
+                 sample: RecordSample | None) -> Iterator[dict]:
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
-    records = enumerate(stream._records(sources, 0, 0, 0))
+    in_order = enumerate(stream._records(sources, 0, 0, 0))
+    take = sample.take if sample is not None else lambda wanted: itertools.islice(in_order, wanted)
     images, read = [0] * world_size, 0  # usable images per rank so far
     while True:
         wanted = None if num_images is None else num_images - sum(images)
-        share = _EvalShare(stream, itertools.islice(records, wanted), images, rank)
+        share = _EvalShare(stream, take(wanted), images, rank)
         done = False
         try:
             yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)

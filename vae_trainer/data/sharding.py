@@ -13,7 +13,7 @@ from .filelists import Part, Source
 from .records import MISSING, Damaged, Payload, iterate_records
 
 # One RNG stream per purpose, so that no two draws share a seed.
-ASSIGN_PARTS, SHUFFLE_SEGMENTS, INTERLEAVE, PER_SAMPLE, SHUFFLE_BLOCK = range(5)
+ASSIGN_PARTS, SHUFFLE_SEGMENTS, INTERLEAVE, PER_SAMPLE, SHUFFLE_BLOCK, SAMPLE = range(6)
 SKIPPED = object()  # what a pass yields for a record passed over unread
 
 
@@ -174,3 +174,37 @@ def _choose(chooser: np.random.Generator, indices: list[int], passes: dict[int, 
     cumulative = np.cumsum([passes[index].source.weight for index in indices])
     pick = int(np.searchsorted(cumulative, chooser.random() * cumulative[-1], side="right"))
     return indices[min(pick, len(indices) - 1)]
+
+
+class RecordSample:
+    """The records of every part of `sources` (each part once) drawn at random from `seed`, each at most once, as many
+    at a time as asked (`take`): a uniform sample of the whole list however it is sorted. A part without a record
+    count is counted first, by one read of it (its payloads passed over)."""
+
+    def __init__(self, sources: list[Source], seed: int) -> None:
+        self.parts = list({part.path: part for source in sources for part in source.parts}.values())
+        counts = [part.records if part.records is not None else sum(1 for _ in iterate_records(part, 2**62))
+                  for part in self.parts]
+        self.ends, self.total = np.cumsum(counts, dtype=np.int64), sum(counts)
+        self.rng, self.drawn = rng(seed, SAMPLE), set()
+
+    def take(self, count: int | None) -> Iterator[tuple[int, Record]]:
+        """(index in the list, record) of `count` (None: all) records not taken before, read in list order."""
+        count = min(self.total - len(self.drawn), self.total if count is None else count)
+        if 2 * (len(self.drawn) + count) > self.total:  # most of what is left: draw from it directly
+            left = np.setdiff1d(np.arange(self.total), np.fromiter(self.drawn, np.int64))
+            chosen = set(self.rng.choice(left, count, replace=False).tolist())
+        else:  # a few of many: draw until enough are new
+            chosen = set()
+            while len(chosen) < count:
+                chosen.update(i for i in self.rng.integers(self.total, size=count - len(chosen)).tolist()
+                              if i not in self.drawn)
+        self.drawn |= chosen
+        wanted = np.sort(np.fromiter(chosen, np.int64))
+        owners, firsts = np.unique(np.searchsorted(self.ends, wanted, side="right"), return_index=True)
+        for owner, indices in zip(owners, np.split(wanted, firsts[1:])):
+            start = int(self.ends[owner - 1]) if owner else 0
+            numbers = set((indices - start).tolist())
+            segment = Segment(self.parts[owner], min(numbers), max(numbers) - min(numbers) + 1)
+            yield from ((start + record.number, record) for record in _segment_records(segment)
+                        if record.number in numbers)

@@ -17,17 +17,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from .autoencoder_rae import AutoencoderRAE, encoder_state_from_dinov2
-from .dinov2 import IMAGENET_MEAN, IMAGENET_STD
 from .family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys
 
 CLASS_NAME = "AutoencoderRAE"
 STAT_EPS = 1e-5  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
 ENCODER_SIZES = ("encoder_hidden_size", "encoder_patch_size", "encoder_num_hidden_layers")
-# The buffers the export writes from the config (what diffusers' constructor builds), whatever precision trained:
-# (buffer, config key, default when the key is null).
-STATISTICS_BUFFERS = (("_latents_mean", "latents_mean", None), ("_latents_std", "latents_std", None),
-                      ("encoder_mean", "encoder_norm_mean", IMAGENET_MEAN), ("encoder_std", "encoder_norm_std",
-                                                                              IMAGENET_STD))
 NORMALISATION = "(tokens - latents_mean) / (latents_std + 1e-5) * scaling_factor, inside encode (diffusers')"
 TOKEN_STATISTIC = ("per channel and position of the encoder's tokens (eval mode: no noise) before the latent "
                    "normalisation, population mean and variance over all images, as RAE's stat.pt; latents_std = "
@@ -167,16 +161,10 @@ class RAEFamily(Family):
 
     # ---- the export
     def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """The statistics buffers from the config (the measured ones in `updates`): bit for bit what diffusers'
-        constructor makes of config.json, whatever precision the decoder trained in."""
-        config, values = {**vae.config, **updates}, {}
-        for buffer, key, default in STATISTICS_BUFFERS:
-            value = config.get(key) if config.get(key) is not None else default
-            if value is None:  # unset latent statistics: the buffers as they are (shape (1,), 0 and 1)
-                continue
-            array = np.asarray(value, np.float32)
-            values[buffer] = array.reshape([1, 3, 1, 1]) if default is not None else array
-        return values
+        """Measured latents_mean / latents_std (`updates`) as the buffers diffusers' constructor makes of them; the
+        other buffers go out as loaded (a folder's encoder_mean / encoder_std, which its config need not state)."""
+        return {f"_{key}": np.asarray(updates[key], np.float32) for key in ("latents_mean", "latents_std")
+                if key in updates}
 
 
 def token_shape(config: Mapping[str, Any]) -> List[int]:
