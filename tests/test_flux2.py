@@ -238,6 +238,8 @@ def test_export_vae_script_writes_the_flux2_folder_from_a_checkpoint(decoder_onl
 def test_measure_exports_the_patchified_mode_statistics_of_the_exported_encoder(source, photo_filelist, driver,
                                                                                  tmp_path):
     from vae_trainer.data.dataset import build_eval_dataloader
+    from vae_trainer.data.filelists import read_sources
+    from vae_trainer.data.sharding import RecordSample
 
     output_dir = str(tmp_path / "run")
     args = tiny_args(photo_filelist, output_dir, max_steps=2, save_steps=2, use_ema="false", learning_rate=3e-3)
@@ -245,8 +247,10 @@ def test_measure_exports_the_patchified_mode_statistics_of_the_exported_encoder(
     run_entry_point(driver, args + ["--pretrained_model_name_or_path", source, "--scaling_factor", "measure",
                                     "--latent_stats_num_images", "6"])
     vae_dir = os.path.join(output_dir, "vae")
-    # The same 6 images the export measured on, encoded by diffusers' class from the exported folder.
-    batch = next(iter(build_eval_dataloader(photo_filelist, 32, 6, 0, 1, 6)))
+    # The same 6 images the export measured on (the run's seeded sample of --file_list), encoded by diffusers' class
+    # from the exported folder.
+    sample = RecordSample(read_sources(photo_filelist), int(args[args.index("--seed") + 1]))
+    batch = next(iter(build_eval_dataloader(photo_filelist, 32, 6, 0, 1, 6, sample)))
     pixels = np.asarray(batch["pixel_values"] if isinstance(batch, dict) else batch[0], dtype=np.float32)
     assert pixels.shape[0] == 6
     theirs = in_diffusers(vae_dir, pixels, tmp_path)
