@@ -14,7 +14,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO
+from conftest import REPO, assert_same_tensor
 
 from vae_trainer.models.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from vae_trainer.models.autoencoder_kl_wan import AutoencoderKLWan, encoder_chunks
@@ -112,7 +112,7 @@ def test_clip_recompute_gives_the_one_shot_loss_and_gradients_bit_for_bit(name, 
     assert grads.keys() == one_shot.keys() and all(grad is not None for grad in one_shot.values())
     for param, grad in one_shot.items():
         assert np.abs(grad).max() > 0, param  # every weight is live on a clip, the temporal ones included
-        np.testing.assert_array_equal(grads[param], grad, err_msg=param)
+        assert_same_tensor(grads[param], grad, param)
 
 
 def test_decoder_only_recomputes_the_decoder_and_leaves_the_frozen_encoder_alone():
@@ -136,7 +136,7 @@ def test_decoder_only_recomputes_the_decoder_and_leaves_the_frozen_encoder_alone
     for param, grad in one_shot.items():
         assert (grad is None) == param.startswith(("encoder.", "quant_conv.")), param
         if grad is not None:
-            np.testing.assert_array_equal(grads[param], grad, err_msg=param)
+            assert_same_tensor(grads[param], grad, param)
 
 
 def test_a_chunk_pass_is_a_function_of_its_tensors():
@@ -151,8 +151,31 @@ def test_a_chunk_pass_is_a_function_of_its_tensors():
     tensors = [t for t in state if isinstance(t, paddle.Tensor)]
     assert len(tensors) == len(state) - sum(vae.temperal_upsample)  # a temporal upsampler's first mark is no tensor
     assert all(t.is_contiguous() and t.shape[2] <= 2 for t in tensors)
-    np.testing.assert_array_equal(again.numpy(), out.numpy())
+    assert_same_tensor(again.numpy(), out.numpy(), "output")
     for a, b in zip(after, after_again):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    np.testing.assert_array_equal(paddle.concat([first, out], axis=2).numpy(),
-                                  vae.run_decoder(z).numpy())  # what a whole decode gives
+        assert_same_tensor(a.numpy(), b.numpy(), "cache")
+    assert_same_tensor(paddle.concat([first, out], axis=2).numpy(), vae.run_decoder(z).numpy(), "a whole decode")
+
+
+def test_the_backward_re_runs_one_chunk_at_a_time_last_first():
+    """A chunk re-runs only once the chunk after it has finished its backward (which hands it its cache's gradients),
+    so one chunk's activations are held at a time. Paddle re-runs a segment when the backward first needs it: the
+    loss gives every chunk's frames their gradient at once, and unjoined (models/vae.py's joined_in_backward) every
+    chunk re-ran at that moment, all their activations held together."""
+    vae, x = build("wan21"), clip(9)
+    for param in vae.encoder.parameters() + vae.quant_conv.parameters():
+        param.stop_gradient = True
+    enable_recompute(vae)
+    events, backward = [], []
+
+    def chunk_starts(layer, inputs):
+        if backward:
+            events.append("re-run")
+        else:  # the chunk's gradient is in once its backward is through (conv_in takes it first)
+            inputs[0].register_hook(lambda grad: events.append("done"))
+    vae.decoder.register_forward_pre_hook(chunk_starts)
+    family = family_of(vae)
+    loss = (family.decode(vae, family.encode(vae, x).mode()) - x).abs().mean()
+    backward.append(True)
+    loss.backward()
+    assert events == ["re-run", "done"] * latent_frames(vae, 9)

@@ -19,9 +19,10 @@ is a function of the chunk and of the tensors the chunk before left (`ChunkCache
 the tensors it leaves (`ChunkCache.next`); each causal conv with a temporal kernel owns a fixed slot (`cache_slot`), so
 no counter moves and the model holds no state between calls. Re-running a chunk's pass in the backward therefore
 reads exactly what the first run read: --recompute re-runs each chunk whole (`checkpoint_segments()` lists the passes)
-and the gradients are bit-identical to the one-shot ones (tests/test_wan_clips.py), while a clip keeps only each
-chunk's input, output and cache tensors (2 frames per cached conv, copied out of the activations: a slice would keep
-all of them alive) and one chunk's activations at a time.
+and the gradients are bit-identical to the one-shot ones (tests/test_wan_clips.py). A chunk's outputs, frames and
+cache, join in one backward node (`joined_in_backward`), so the backward runs chunk by chunk, last first: a recomputed
+clip holds each chunk's input, output and cache tensors (2 frames per cached conv, copied out of the activations: a
+slice would keep all of them alive) and one chunk's activations at a time.
 
 One frame (T = 1), the training case for images: the one-frame path. `run_encoder` / `run_decoder` (under encode,
 decode and the tiles) run a one-frame input through the encoder and decoder with no cache at all (`cache=None`):
@@ -74,6 +75,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.autograd import PyLayer
 from ppdiffusers.configuration_utils import ConfigMixin, register_to_config
 from ppdiffusers.models.activations import get_activation
 from ppdiffusers.models.modeling_outputs import AutoencoderKLOutput
@@ -653,6 +655,34 @@ class VideoOnlyWeight:
         return value if self.taps is None else value[:, :, : self.taps]
 
 
+class _OneBackwardNode(PyLayer):
+    """The identity on several tensors, as one node of the backward graph: it runs, letting the backward into what
+    made them, once every one of their gradients is in (zeros for one never used)."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return tuple(tensor.clone() for tensor in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return grads
+
+
+def joined_in_backward(outputs: Sequence[Any]) -> List[Any]:
+    """A chunk's outputs (its frames and the cache it leaves), those that need a gradient joined into one node of the
+    backward, so that the chunk's backward starts once the next chunk's is through (which gives the cache's
+    gradients): chunk by chunk, last first. Paddle's recompute re-runs a chunk's pass when its backward starts: left
+    to itself, it would start each chunk's as soon as the loss gave its frames their gradient, every chunk at once,
+    so every chunk's activations would be re-made and held together. The one-shot pass is joined the same way, so
+    that its gradients are summed in the same order: the recomputed ones equal them bit for bit."""
+    outputs = list(outputs)
+    live = [k for k, out in enumerate(outputs) if isinstance(out, paddle.Tensor) and not out.stop_gradient]
+    if len(live) > 1 and paddle.is_grad_enabled():
+        for k, tensor in zip(live, _OneBackwardNode.apply(*[outputs[k] for k in live])):
+            outputs[k] = tensor
+    return outputs
+
+
 class ChunkPass:
     """The encoder's or decoder's pass over one chunk of a clip as a function of tensors alone:
     `forward(chunk, *previous) -> (output, *next)`, `previous` and `next` the cache's slots (`ChunkCache`; the
@@ -678,7 +708,8 @@ class ChunkPass:
         """The outputs of `chunks` in turn, each given what the one before left (nothing, the first), joined in time."""
         state, outs = (None,) * self.coder.cache_slots, []
         for k, chunk in enumerate(chunks):
-            out, *state = self(chunk, *state, **({"first_chunk": k == 0} if self.flags_first_chunk else {}))
+            flags = {"first_chunk": k == 0} if self.flags_first_chunk else {}
+            out, *state = joined_in_backward(self(chunk, *state, **flags))
             outs.append(out)
         return paddle.concat(outs, axis=2)
 
