@@ -130,8 +130,9 @@ def test_decoder_only_recomputes_the_decoder_and_leaves_the_frozen_encoder_alone
     one_shot_loss, one_shot, _ = clip_step(vae, x)
     enable_recompute(vae)
     loss, grads, counts = clip_step(vae, x)
-    assert counts == {"encoder": 3, "decoder": 2 * 5}
-    assert (vae.encoder_pass.forward.calls, vae.decoder_pass.forward.calls) == (0, 5)
+    chunks = latent_frames(vae, 9)
+    assert counts == {"encoder": len(list(encoder_chunks(9))), "decoder": 2 * chunks}
+    assert (vae.encoder_pass.forward.calls, vae.decoder_pass.forward.calls) == (0, chunks)
     assert loss == one_shot_loss
     for param, grad in one_shot.items():
         assert (grad is None) == param.startswith(("encoder.", "quant_conv.")), param
@@ -160,8 +161,8 @@ def test_a_chunk_pass_is_a_function_of_its_tensors():
 def test_the_backward_re_runs_one_chunk_at_a_time_last_first():
     """A chunk re-runs only once the chunk after it has finished its backward (which hands it its cache's gradients),
     so one chunk's activations are held at a time. Paddle re-runs a segment when the backward first needs it: the
-    loss gives every chunk's frames their gradient at once, and unjoined (models/vae.py's joined_in_backward) every
-    chunk re-ran at that moment, all their activations held together."""
+    loss gives every chunk's frames their gradient at once, and unjoined (autoencoder_kl_wan.joined_in_backward)
+    every chunk re-ran at that moment, all their activations held together."""
     vae, x = build("wan21"), clip(9)
     for param in vae.encoder.parameters() + vae.quant_conv.parameters():
         param.stop_gradient = True
