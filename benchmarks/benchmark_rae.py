@@ -26,7 +26,7 @@ import time
 from typing import Dict, List, Optional
 
 from benchmark import busy_thread_count, one_forward_step, parameter_count, peak_rss_mib
-from common import REPO_ROOT, machine_description
+from common import REPO_ROOT, machine_description, run_setting
 
 # RAE's decoders (configs/decoder/ViT*/config.json of bytetriper/RAE): width, layers, heads, MLP width.
 DECODERS = {"ViTB": (768, 12, 12, 3072), "ViTL": (1024, 24, 16, 4096), "ViTXL": (1152, 28, 16, 4096)}
@@ -134,16 +134,7 @@ def run_worker(setting: Dict, output_path: str) -> None:
 
 
 def run_in_worker(setting: Dict) -> Dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(setting["threads"]), FLAGS_paddle_num_threads=str(setting["threads"]),
-               PYTHONPATH=REPO_ROOT)
-    with tempfile.TemporaryDirectory() as tmp:
-        output = os.path.join(tmp, "result.json")
-        process = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(setting),
-                                  "--worker_output", output], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
-        if process.returncode != 0 or not os.path.isfile(output):
-            return {"setting": setting, "error": process.stderr.strip().splitlines()[-3:]}
-        with open(output) as handle:
-            return json.load(handle)
+    return run_setting(__file__, setting, setting["threads"])
 
 
 def markdown_table(results: List[Dict]) -> str:

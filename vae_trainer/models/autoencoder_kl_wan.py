@@ -12,8 +12,17 @@ models hold no `paddle.nn.Linear`, so nothing is transposed).
 
 Input (N, C, T, H, W); an image is T = 1. Clips are run as diffusers runs them: the encoder takes frame 0, then chunks
 of 4 frames (frames past the last whole chunk of a clip of other than 1 + 4k frames are dropped, as in diffusers), the
-decoder one latent frame at a time, each causal layer carrying its last input frames to the next chunk
-(`FeatureCache`).
+decoder one latent frame at a time, each causal layer carrying its last input frames to the next chunk.
+
+The cache is explicit: a chunk's pass through the encoder or decoder (`ChunkPass`, `encoder_pass` / `decoder_pass`)
+is a function of the chunk and of the tensors the chunk before left (`ChunkCache.previous`), returning its output and
+the tensors it leaves (`ChunkCache.next`); each causal conv with a temporal kernel owns a fixed slot (`cache_slot`), so
+no counter moves and the model holds no state between calls. Re-running a chunk's pass in the backward therefore
+reads exactly what the first run read: --recompute re-runs each chunk whole (`checkpoint_segments()` lists the passes)
+and the gradients are bit-identical to the one-shot ones (tests/test_wan_clips.py). A chunk's outputs, frames and
+cache, join in one backward node (`joined_in_backward`), so the backward runs chunk by chunk, last first: a recomputed
+clip holds each chunk's input, output and cache tensors (2 frames per cached conv, copied out of the activations: a
+slice would keep all of them alive) and one chunk's activations at a time.
 
 One frame (T = 1), the training case for images: the one-frame path. `run_encoder` / `run_decoder` (under encode,
 decode and the tiles) run a one-frame input through the encoder and decoder with no cache at all (`cache=None`):
@@ -23,9 +32,7 @@ with an empty cache a causal conv pads its input in front with zeros (so a singl
 kernel's last temporal tap, the only one that meets data), the temporal downsampler and upsampler skip
 their `time_conv`, and the residual decoder's `DupUp3D` keeps the last of its duplicated frames (`first_chunk`);
 tests/test_autoencoder_kl_wan.py checks equality with the cached path, with diffusers, and of gradients with every
-block recomputed. The cached path (video, T > 1) writes its state into a `FeatureCache` made per call, never into the
-model; a block re-run there would read and claim cache slots a second time, so a video pass must not be
-checkpointed.
+block recomputed.
 
 Decoding: `decode(z).sample` is clamped to [-1, 1] as in diffusers; `decode(z, clamp=False)` (or
 `_decode(z, clamp=False)`) returns the decoder's output before that clamp, for a training loss that needs gradients
@@ -68,6 +75,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.autograd import PyLayer
 from ppdiffusers.configuration_utils import ConfigMixin, register_to_config
 from ppdiffusers.models.activations import get_activation
 from ppdiffusers.models.modeling_outputs import AutoencoderKLOutput
@@ -120,36 +128,31 @@ class _FirstChunkSeen:
 FIRST_CHUNK_SEEN = _FirstChunkSeen()
 
 
-class FeatureCache:
-    """The causal state one chunk hands to the next: per cached layer, in call order, its input's last frames.
+class ChunkCache:
+    """The causal state at one chunk of a clip, as explicit values: `previous[slot]`, what the chunk before left in
+    each cached layer's slot (read, never written), and `next[slot]`, what this chunk leaves for the one after.
 
-    Made per encode / decode call (the model keeps none). Layers claim slots in the same order in every chunk, so
-    `rewind()` before each chunk gives each layer back its own slot."""
+    Each causal conv with a temporal kernel owns one slot (`cache_slot`, fixed when its encoder or decoder is built:
+    `number_cache_slots`; a temporal resampler keeps its state in its time_conv's). No counter, no state in the
+    model: a chunk's pass (`ChunkPass`) is a function of its input and `previous` alone."""
 
-    def __init__(self) -> None:
-        self._slots: List[Any] = []
-        self._cursor = 0
+    def __init__(self, previous: Sequence[Any]) -> None:
+        self.previous = tuple(previous)
+        self.next: List[Any] = [None] * len(self.previous)
 
-    def rewind(self) -> None:
-        self._cursor = 0
 
-    def claim(self) -> int:
-        slot = self._cursor
-        self._cursor += 1
-        if slot == len(self._slots):
-            self._slots.append(None)
-        return slot
-
-    def __getitem__(self, slot: int) -> Any:
-        return self._slots[slot]
-
-    def __setitem__(self, slot: int, value: Any) -> None:
-        self._slots[slot] = value
+def number_cache_slots(coder: nn.Layer) -> int:
+    """Give each causal conv of `coder` with a temporal kernel its own `cache_slot`; returns how many there are."""
+    convs = [layer for layer in coder.sublayers() if isinstance(layer, WanCausalConv3d) and layer._kernel_size[0] > 1]
+    for slot, conv in enumerate(convs):
+        conv.cache_slot = slot
+    return len(convs)
 
 
 def last_frames(x: paddle.Tensor, count: int) -> paddle.Tensor:
-    """x[:, :, -count:] (all of x when it has fewer frames)."""
-    return x[:, :, max(0, x.shape[2] - count):]
+    """x[:, :, -count:] (all of x when it has fewer frames), as a tensor of its own: a slice would be a view keeping
+    all of x alive for as long as the cache holds it."""
+    return x[:, :, max(0, x.shape[2] - count):].contiguous()
 
 
 def _tail_for_next_chunk(x: paddle.Tensor, previous: Optional[paddle.Tensor]) -> paddle.Tensor:
@@ -196,13 +199,12 @@ class WanCausalConv3d(nn.Conv3D):
                        padding=self._padding[1:], dilation=self._dilation[1:], groups=self._groups)
         return out.unsqueeze(2)
 
-    def step(self, x: paddle.Tensor, cache: Optional[FeatureCache]) -> paddle.Tensor:
+    def step(self, x: paddle.Tensor, cache: Optional[ChunkCache]) -> paddle.Tensor:
         """The conv on one chunk: with a cache, fed the previous chunk's last frames and leaving its own."""
         if cache is None:
             return self(x)
-        slot = cache.claim()
-        previous = cache[slot]
-        cache[slot] = _tail_for_next_chunk(x, previous)
+        previous = cache.previous[self.cache_slot]
+        cache.next[self.cache_slot] = _tail_for_next_chunk(x, previous)
         return self(x, previous)
 
 
@@ -268,7 +270,7 @@ class WanResample(nn.Layer):
         elif mode == "downsample3d":
             self.time_conv = WanCausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=0)
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         if self.mode == "upsample3d" and cache is not None:
             x = self._double_frames(x, cache)
         x = _per_frame(self.resample, x)
@@ -276,27 +278,27 @@ class WanResample(nn.Layer):
             x = self._halve_frames(x, cache)
         return x
 
-    def _double_frames(self, x: paddle.Tensor, cache: FeatureCache) -> paddle.Tensor:
-        slot = cache.claim()
-        previous = cache[slot]
+    def _double_frames(self, x: paddle.Tensor, cache: ChunkCache) -> paddle.Tensor:
+        slot = self.time_conv.cache_slot
+        previous = cache.previous[slot]
         if previous is None:
-            cache[slot] = FIRST_CHUNK_SEEN
+            cache.next[slot] = FIRST_CHUNK_SEEN
             return x
         first = previous is FIRST_CHUNK_SEEN
         tail = last_frames(x, CACHE_T)
         if tail.shape[2] < CACHE_T:  # after the first chunk the frame before is "zero", as the conv's own padding
             tail = paddle.concat([paddle.zeros_like(tail) if first else previous[:, :, -1:], tail], axis=2)
         doubled = self.time_conv(x, None if first else previous)
-        cache[slot] = tail
+        cache.next[slot] = tail
         b, c, t, h, w = x.shape
         # Channels [0, C) are each frame's first output frame, [C, 2C) its second: interleave them in time.
         doubled = doubled.reshape([b, 2, c, t, h, w]).transpose([0, 2, 3, 1, 4, 5])
         return doubled.reshape([b, c, t * 2, h, w])
 
-    def _halve_frames(self, x: paddle.Tensor, cache: FeatureCache) -> paddle.Tensor:
-        slot = cache.claim()
-        previous = cache[slot]
-        cache[slot] = last_frames(x, 1)
+    def _halve_frames(self, x: paddle.Tensor, cache: ChunkCache) -> paddle.Tensor:
+        slot = self.time_conv.cache_slot
+        previous = cache.previous[slot]
+        cache.next[slot] = last_frames(x, 1)
         if previous is None:
             return x
         return self.time_conv(paddle.concat([previous[:, :, -1:], x], axis=2))
@@ -317,7 +319,7 @@ class WanResidualBlock(nn.Layer):
         self.conv2 = WanCausalConv3d(out_dim, out_dim, 3, padding=1)
         self.conv_shortcut = WanCausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         shortcut = self.conv_shortcut(x)
         x = self.conv1.step(self.nonlinearity(self.norm1(x)), cache)
         x = self.dropout(self.nonlinearity(self.norm2(x)))
@@ -334,7 +336,7 @@ class WanAttentionBlock(nn.Layer):
         self.to_qkv = nn.Conv2D(dim, dim * 3, 1)
         self.proj = nn.Conv2D(dim, dim, 1)
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         return x + _per_frame(self._attend, x)
 
     def _attend(self, frames: paddle.Tensor) -> paddle.Tensor:
@@ -354,7 +356,7 @@ class WanMidBlock(nn.Layer):
                                      for _ in range(num_layers + 1)])
         self.attentions = nn.LayerList([WanAttentionBlock(dim) for _ in range(num_layers)])
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         x = self.resnets[0](x, cache)
         for attention, resnet in zip(self.attentions, self.resnets[1:]):
             x = resnet(attention(x), cache)
@@ -425,7 +427,7 @@ class WanResidualDownBlock(nn.Layer):
         mode = "downsample3d" if temperal_downsample else "downsample2d"
         self.downsampler = WanResample(out_dim, mode=mode) if down_flag else None
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         shortcut = self.avg_shortcut(x)
         for resnet in self.resnets:
             x = resnet(x, cache)
@@ -446,7 +448,7 @@ class WanUpBlock(nn.Layer):
                                      for k in range(num_res_blocks + 1)])
         self.upsamplers = nn.LayerList([WanResample(out_dim, mode=upsample_mode)]) if upsample_mode else None
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None, first_chunk: bool = False
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None, first_chunk: bool = False
                 ) -> paddle.Tensor:
         for resnet in self.resnets:
             x = resnet(x, cache)
@@ -468,7 +470,7 @@ class WanResidualUpBlock(nn.Layer):
         mode = "upsample3d" if temperal_upsample else "upsample2d"
         self.upsampler = WanResample(out_dim, mode=mode, upsample_out_dim=out_dim) if up_flag else None
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None, first_chunk: bool = False
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None, first_chunk: bool = False
                 ) -> paddle.Tensor:
         shortcut = self.avg_shortcut(x, first_chunk=first_chunk) if self.avg_shortcut is not None else None
         for resnet in self.resnets:
@@ -513,8 +515,9 @@ class WanEncoder3d(nn.Layer):
         self.mid_block = WanMidBlock(dims[-1], dropout, non_linearity, num_layers=1)
         self.norm_out = WanRMSNorm(dims[-1], images=False)
         self.conv_out = WanCausalConv3d(dims[-1], z_dim, 3, padding=1)
+        self.cache_slots = number_cache_slots(self)
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None) -> paddle.Tensor:
         x = self.conv_in.step(x, cache)
         for layer in self.down_blocks:
             x = layer(x, cache)
@@ -552,8 +555,9 @@ class WanDecoder3d(nn.Layer):
                                              upsample_mode=mode, non_linearity=non_linearity))
         self.norm_out = WanRMSNorm(dims[-1], images=False)
         self.conv_out = WanCausalConv3d(dims[-1], out_channels, 3, padding=1)
+        self.cache_slots = number_cache_slots(self)
 
-    def forward(self, x: paddle.Tensor, cache: Optional[FeatureCache] = None, first_chunk: bool = False
+    def forward(self, x: paddle.Tensor, cache: Optional[ChunkCache] = None, first_chunk: bool = False
                 ) -> paddle.Tensor:
         x = self.conv_in.step(x, cache)
         x = self.mid_block(x, cache)
@@ -651,6 +655,65 @@ class VideoOnlyWeight:
         return value if self.taps is None else value[:, :, : self.taps]
 
 
+class _OneBackwardNode(PyLayer):
+    """The identity on several tensors, as one node of the backward graph: it runs, letting the backward into what
+    made them, once every one of their gradients is in (zeros for one never used)."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return tuple(tensor.clone() for tensor in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return grads
+
+
+def joined_in_backward(outputs: Sequence[Any]) -> List[Any]:
+    """A chunk's outputs (its frames and the cache it leaves), those that need a gradient joined into one node of the
+    backward, so that the chunk's backward starts once the next chunk's is through (which gives the cache's
+    gradients): chunk by chunk, last first. Paddle's recompute re-runs a chunk's pass when its backward starts: left
+    to itself, it would start each chunk's as soon as the loss gave its frames their gradient, every chunk at once,
+    so every chunk's activations would be re-made and held together. The one-shot pass is joined the same way, so
+    that its gradients are summed in the same order: the recomputed ones equal them bit for bit."""
+    outputs = list(outputs)
+    live = [k for k, out in enumerate(outputs) if isinstance(out, paddle.Tensor) and not out.stop_gradient]
+    if len(live) > 1 and paddle.is_grad_enabled():
+        for k, tensor in zip(live, _OneBackwardNode.apply(*[outputs[k] for k in live])):
+            outputs[k] = tensor
+    return outputs
+
+
+class ChunkPass:
+    """The encoder's or decoder's pass over one chunk of a clip as a function of tensors alone:
+    `forward(chunk, *previous) -> (output, *next)`, `previous` and `next` the cache's slots (`ChunkCache`; the
+    decoder's first chunk is flagged). It reads and writes nothing else, so --recompute (models/vae.py) may re-run it
+    whole in the backward, from the same cache tensors: a clip then keeps each chunk's input, output and cache, and
+    one chunk's activations at a time. Not a Layer: the parameters are its coder's."""
+
+    def __init__(self, coder: nn.Layer, flags_first_chunk: bool = False) -> None:
+        self.coder = coder
+        self.flags_first_chunk = flags_first_chunk
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Tuple[Any, ...]:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, x: paddle.Tensor, *previous: Any, **kwargs: Any) -> Tuple[Any, ...]:
+        cache = ChunkCache(previous)
+        return (self.coder(x, cache, **kwargs), *cache.next)
+
+    def parameters(self) -> List[paddle.Tensor]:
+        return self.coder.parameters()
+
+    def over(self, chunks: Sequence[paddle.Tensor]) -> paddle.Tensor:
+        """The outputs of `chunks` in turn, each given what the one before left (nothing, the first), joined in time."""
+        state, outs = (None,) * self.coder.cache_slots, []
+        for k, chunk in enumerate(chunks):
+            flags = {"first_chunk": k == 0} if self.flags_first_chunk else {}
+            out, *state = joined_in_backward(self(chunk, *state, **flags))
+            outs.append(out)
+        return paddle.concat(outs, axis=2)
+
+
 # ---- the model
 
 class CausalVideoVAE(ModelMixin, ConfigMixin):
@@ -662,12 +725,15 @@ class CausalVideoVAE(ModelMixin, ConfigMixin):
     clamp_tiled_decode = True
 
     def _init_runtime_options(self) -> None:
+        """diffusers' runtime options at their defaults, and the chunk passes over clips."""
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_min_height = 256
         self.tile_sample_min_width = 256
         self.tile_sample_stride_height = 192
         self.tile_sample_stride_width = 192
+        self.encoder_pass = ChunkPass(self.encoder)
+        self.decoder_pass = ChunkPass(self.decoder, flags_first_chunk=True)
 
     @property
     def patch_size(self) -> int:
@@ -698,27 +764,18 @@ class CausalVideoVAE(ModelMixin, ConfigMixin):
     # -- the encoder and decoder over time
 
     def run_encoder(self, x: paddle.Tensor, cached: Optional[bool] = None) -> paddle.Tensor:
-        """The encoder over a (patchified) clip. One frame takes the stateless one-frame path unless `cached`."""
+        """The encoder over a (patchified) clip, chunk by chunk (`encoder_pass`). One frame takes the stateless
+        one-frame path unless `cached`."""
         if x.shape[2] == 1 and not cached:
             return self.encoder(x)
-        cache = FeatureCache()
-        outs = []
-        for start, stop in encoder_chunks(x.shape[2]):
-            cache.rewind()
-            outs.append(self.encoder(x[:, :, start:stop], cache))
-        return paddle.concat(outs, axis=2)
+        return self.encoder_pass.over([x[:, :, start:stop] for start, stop in encoder_chunks(x.shape[2])])
 
     def run_decoder(self, x: paddle.Tensor, cached: Optional[bool] = None) -> paddle.Tensor:
-        """The decoder over post_quant_conv's output, a latent frame at a time; one frame takes the one-frame path
-        unless `cached`."""
+        """The decoder over post_quant_conv's output, a latent frame at a time (`decoder_pass`); one frame takes the
+        one-frame path unless `cached`."""
         if x.shape[2] == 1 and not cached:
             return self.decoder(x, first_chunk=True)
-        cache = FeatureCache()
-        outs = []
-        for k in range(x.shape[2]):
-            cache.rewind()
-            outs.append(self.decoder(x[:, :, k:k + 1], cache, first_chunk=k == 0))
-        return paddle.concat(outs, axis=2)
+        return self.decoder_pass.over([x[:, :, k:k + 1] for k in range(x.shape[2])])
 
     # -- encode
 
@@ -828,15 +885,16 @@ class CausalVideoVAE(ModelMixin, ConfigMixin):
                 out.append(VideoOnlyWeight(f"{name}.weight", taps=layer.time_pad))
         return out
 
-    def checkpoint_segments(self) -> List[Tuple[str, nn.Layer]]:
-        """(name, block) of the encoder's and decoder's blocks: pure functions of their input on the one-frame path,
-        so gradient checkpointing may re-run them (never on a cached, video, pass)."""
+    def checkpoint_segments(self) -> List[Tuple[str, Any]]:
+        """(name, segment) that gradient checkpointing may re-run in the backward: the encoder's and decoder's
+        blocks, pure functions of their input on the one-frame path, and their chunk passes over clips
+        (`encoder.chunk`, `decoder.chunk`: `ChunkPass`, inside which the blocks run as they are)."""
         out = []
         for coder_name, blocks_name in (("encoder", "down_blocks"), ("decoder", "up_blocks")):
             coder = getattr(self, coder_name)
             out += [(f"{coder_name}.{blocks_name}.{i}", block) for i, block in enumerate(getattr(coder, blocks_name))]
             out.append((f"{coder_name}.mid_block", coder.mid_block))
-        return out
+        return out + [("encoder.chunk", self.encoder_pass), ("decoder.chunk", self.decoder_pass)]
 
 
 # Wan 2.1's published latent statistics: diffusers' defaults.

@@ -3,12 +3,18 @@ of what it returns, and --recompute (docs/training.md "Memory")."""
 
 from __future__ import annotations
 
+import logging
 from typing import List, Mapping, Optional, Sequence
 
 import paddle
 from paddle.distributed.fleet.utils import recompute
 
 from .families import family_for_config, family_of
+
+# Paddle's recompute warns when no input of a segment needs a gradient: true of its reentrant form, not of the
+# non-reentrant one used here, which recomputes a segment whose own parameters train (a clip's first encoder chunk).
+logging.getLogger("paddle.distributed.fleet.utils.log_util").addFilter(
+    lambda record: "None of the inputs to current recompute block need grad" not in record.getMessage())
 
 
 def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
@@ -47,17 +53,34 @@ def check_reconstruction_shape(config: Mapping, input_size: Optional[Sequence[in
 
 
 class RecomputedForward:
-    """A layer's forward under Paddle's non-reentrant `recompute` when a graph is being built; `calls` counts them."""
+    """A segment's forward under Paddle's non-reentrant `recompute` when a graph is being built (an input or one of
+    its parameters needs a gradient); `calls` counts them. A segment called while another one runs (a block inside
+    a video family's clip chunk) runs as it is: the outer re-run covers it."""
 
-    def __init__(self, forward):
+    running = False  # a recomputed forward is under way (first run or re-run)
+
+    def __init__(self, forward, parameters):
         self.forward = forward
+        self.parameters = parameters
         self.calls = 0
 
     def __call__(self, *args, **kwargs):
-        if paddle.is_grad_enabled() and any(isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args):
-            self.calls += 1
-            return recompute(self.forward, *args, use_reentrant=False, **kwargs)
-        return self.forward(*args, **kwargs)  # evaluation, a frozen encoder: nothing to keep for a backward
+        if RecomputedForward.running or not self._builds_graph(args):
+            return self.forward(*args, **kwargs)  # also evaluation, a frozen encoder: nothing to keep for a backward
+        self.calls += 1
+        return recompute(self._outermost, *args, use_reentrant=False, **kwargs)
+
+    def _builds_graph(self, args) -> bool:
+        return paddle.is_grad_enabled() and (
+            any(isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args)
+            or any(not p.stop_gradient for p in self.parameters()))
+
+    def _outermost(self, *args, **kwargs):
+        RecomputedForward.running = True
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            RecomputedForward.running = False
 
 
 def enable_recompute(vae: paddle.nn.Layer) -> List[str]:
@@ -70,6 +93,6 @@ def enable_recompute(vae: paddle.nn.Layer) -> List[str]:
         raise ValueError(f"--recompute: {family.class_name} has no recompute segments here; drop --recompute")
     for name, layer in segments:
         if not isinstance(layer.__dict__.get("forward"), RecomputedForward):
-            layer.forward = RecomputedForward(layer.forward)
+            layer.forward = RecomputedForward(layer.forward, layer.parameters)
         names.append(name)
     return names

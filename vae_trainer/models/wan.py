@@ -1,13 +1,16 @@
 """The causal 3D VAEs of Wan 2.1 / 2.2 (`AutoencoderKLWan`) and Qwen-Image (`AutoencoderKLQwenImage`) as families
-(family.py), fine-tuned on images: an image is a one-frame clip. The family adds the frame axis going in
-((N, C, H, W) -> (N, C, 1, H, W)) and takes it off the posterior and the decode, so the trainer sees NCHW latents.
+(family.py): an image is a one-frame clip. The family adds the frame axis to images going in ((N, C, H, W) ->
+(N, C, 1, H, W)) and takes it off the posterior and the decode, so images have NCHW latents; clips (N, C, T, H, W)
+go through as they are, with (N, C, T', h, w) latents.
 
 - The loss sees the decoder's output before the clamp diffusers' decode applies (a clamp stops gradients).
 - The latent scale is the config's per-channel `latents_mean` / `latents_std`, the pipelines'
   `(z - latents_mean) / latents_std`: kept from the source, or measured per channel (--scaling_factor measure); there
   is no scaling_factor, so a number for --scaling_factor is refused.
-- One-frame passes are cache-free (autoencoder_kl_wan.py), so --recompute re-runs the encoder's and decoder's
-  blocks; --eval_tiled uses the classes' own (diffusers') tiling; --freeze_encoder freezes encoder and quant_conv.
+- --recompute: one-frame passes are cache-free (autoencoder_kl_wan.py), so the encoder's and decoder's blocks are
+  re-run one by one; a clip's encoder and decoder are re-run chunk by chunk, the causal cache entering and leaving
+  each chunk as tensors (`ChunkPass`), which gives the one-shot gradients exactly.
+- --eval_tiled uses the classes' own (diffusers') tiling; --freeze_encoder freezes encoder and quant_conv.
 - `video`: the trainer warns when the encoder trains. The temporal weights one frame never reaches
   (`video_only_weights`: the time_convs, the earlier-frame taps of every 3x3x3 causal conv) get no gradient, or an
   exactly zero one, so AdamW without weight decay, clipping and the EMA leave them bit-identical; weight decay and
@@ -68,12 +71,16 @@ class CausalVideoFamily(Family):
                              f"the config makes {self.class_name}'s spatial factor {vae.spatial_compression_ratio}")
         return vae
 
-    # ---- the network, on one-frame clips
+    # ---- the network, on images (one-frame clips) and clips
     def encode(self, vae: Layer, images: Tensor) -> DiagonalGaussianDistribution:
         # _encode: the moments of our port's (untiled or tiled) encode, without the output wrapper to unpack
+        if images.ndim == 5:
+            return DiagonalGaussianDistribution(vae._encode(images))
         return DiagonalGaussianDistribution(vae._encode(images.unsqueeze(2)).squeeze(2))
 
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
+        if latents.ndim == 5:
+            return vae.decode(latents, clamp=False).sample
         return vae.decode(latents.unsqueeze(2), clamp=False).sample.squeeze(2)
 
     def decoder_last_layer(self, vae: Layer) -> Tensor:
@@ -86,8 +93,8 @@ class CausalVideoFamily(Family):
         return [layer for _, layer in vae.encoder_side_modules()]
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
-        """The encoder's and decoder's blocks: pure functions of their input on the one-frame path (the trainer
-        never runs a clip through the cache, where a re-run would claim cache slots twice)."""
+        """The encoder's and decoder's blocks (pure functions of their input on the one-frame path) and their chunk
+        passes over clips (pure functions of the chunk and the cache tensors it is given)."""
         return vae.checkpoint_segments()
 
     def tiled(self, vae: Layer, tile: int):
