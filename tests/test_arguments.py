@@ -409,6 +409,9 @@ def refusal_line(argv, flag: str) -> str:
     (["--disc_weight", "0", "--disc_start", "10"], "--disc_start 10", ("--disc_weight 0", "never trains")),
     (["--disc_weight", "0", "--disc_learning_rate", "1e-3"], "--disc_learning_rate", ("--disc_weight 0",)),
     (["--disc_weight", "0", "--discriminator_path", "d"], "--discriminator_path", ("--disc_weight 0",)),
+    (["--disc_weight", "0", "--disc_weight_warmup_steps", "100"], "--disc_weight_warmup_steps 100",
+     ("--disc_weight 0",)),
+    (["--disc_weight_warmup_steps", "-1"], "--disc_weight_warmup_steps -1", (">= 0", "0: at once")),
     (["--disc_type", "vgg", "--disc_norm", "group"], "--disc_norm group", ("VGG16", "--disc_type vgg")),
     (["--relative_hinge_margin", "0.2"], "--relative_hinge_margin", ("--gen_loss relative_hinge",)),
     (["--lecam_decay", "0.9"], "--lecam_decay", ("--lecam_weight",)),
@@ -532,6 +535,7 @@ def test_the_ppdiffusers_laion400m_training_arguments_parse_in_each_entry_point(
     ["--lr_scheduler_type", "constant", "--warmup_ratio", "0"],
     ["--warmup_steps", "5", "--warmup_ratio", "0.0"],
     ["--disc_weight", "0", "--lecam_weight", "0"],                     # no LeCAM term, no discriminator
+    ["--disc_weight", "0", "--disc_weight_warmup_steps", "0"],         # no ramp, no discriminator
     ["--report_to", "none", "--image_logging_steps", "0"],             # no image grid, no VisualDL
     ["--eval_tiled", "false", "--scaling_factor", "0.2"],              # no tiling, nothing to tile
 ])

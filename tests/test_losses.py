@@ -127,7 +127,7 @@ def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
     for grad_scale in (1.0, 3e38):
         results[grad_scale] = losses.vae_objective(
             x, recon, mean, logvar, paddle.zeros([]), loss_args=args, lpips=None, discriminator=discriminator,
-            last_layer=decoder.weight, gan_active=True, grad_scale=grad_scale)
+            last_layer=decoder.weight, gan_weight=args.disc_weight, grad_scale=grad_scale)
     (loss, logs), (loss_skipped, logs_skipped) = [(results[s].value, results[s].logs) for s in (1.0, 3e38)]
     assert logs["gan/adaptive_weight_overflow"].item() == 0 and logs["gan/adaptive_weight"].item() > 0
     assert logs_skipped["gan/adaptive_weight_overflow"].item() == 1 and logs_skipped["gan/adaptive_weight"].item() == 0
@@ -151,7 +151,7 @@ def test_an_overflowing_gan_gradient_leaves_the_vae_the_gradient_of_the_loss_wit
     grad_scale = 1e36  # the scaled pixel gradient stays finite, the scaled GAN gradient does not
     recon = decoder(x)
     loss = losses.vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
-                                discriminator=discriminator, last_layer=decoder.weight, gan_active=True,
+                                discriminator=discriminator, last_layer=decoder.weight, gan_weight=args.disc_weight,
                                 grad_scale=grad_scale)
     logs = loss.logs
     assert logs["gan/adaptive_weight_overflow"].item() == 1 and np.isfinite(logs["loss/generator"].item())
@@ -195,7 +195,7 @@ def test_objective_is_ldm_objective_over_pixel_count_including_the_adaptive_weig
                                                          decoder_out.weight, args.kl_weight, args.disc_weight)
     objective = losses.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
                                      lpips=None, discriminator=discriminator, last_layer=decoder_out.weight,
-                                     gan_active=True)
+                                     gan_weight=args.disc_weight)
     loss, logs = objective.value, objective.logs
     assert (expected_weight == pytest.approx(1e4 * args.disc_weight)) == clamped  # the case is what it claims
     assert logs["gan/adaptive_weight"].item() * pixel_values == pytest.approx(expected_weight, rel=1e-4)

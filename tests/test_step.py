@@ -35,7 +35,7 @@ def make_args(tmp_path, **kw):
 
 def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e-4, precision=None, max_overflow=25,
               **loss_kw):
-    loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, **loss_kw}
+    loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
     args = make_args(tmp_path, learning_rate=learning_rate)
     vae_opt, vae_sched = build_vae_optimizer(args, model)
@@ -98,7 +98,7 @@ def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
     recon, mean, logvar = reference(x)
     vae_loss = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
                              discriminator=reference.discriminator, last_layer=family_of(reference.vae).decoder_last_layer(reference.vae),
-                             gan_active=True)
+                             gan_weight=step.loss_args.disc_weight)
     vae_loss.backward(recon)
     assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
     d_loss, _ = discriminator_objective(reference.discriminator, x, recon, "hinge")
@@ -125,6 +125,27 @@ def test_gan_is_off_before_disc_start(tmp_path):
     logs = full_step(step, images(), global_step=5)
     assert "loss/generator" in logs
     assert not unchanged(model.discriminator, before) and step.disc_scheduler.last_epoch == 1
+
+
+def test_the_gan_weight_ramps_in_linearly_from_disc_start(tmp_path):
+    """--disc_weight_warmup_steps M: at step t the GAN term weighs --disc_weight * min(1, (t - disc_start + 1) / M),
+    and that is what reaches the loss: the adaptive weight and the GAN's share of the loss scale by that fraction."""
+    model = make_model()
+    ramped = make_step(model, tmp_path, disc_start=3, disc_weight_warmup_steps=4)
+    assert [ramped.gan_weight(t) for t in range(1, 10)] == [0, 0, 0.125, 0.25, 0.375, 0.5, 0.5, 0.5, 0.5]
+    ldm = make_step(copy.deepcopy(model), tmp_path, disc_start=3, disc_weight_warmup_steps=0)  # the term at once
+    assert [ldm.gan_weight(t) for t in range(1, 5)] == [0, 0, 0.5, 0.5]
+    logs = {}
+    for name, step in (("ramped", ramped), ("ldm", ldm)):
+        paddle.seed(5)  # the same posterior sample
+        logs[name] = step.forward_backward(images(), 4, 0).logs  # step 4: 2/4 of the way
+    ramped_weight, ldm_weight = logs["ramped"]["gan/adaptive_weight"].item(), logs["ldm"]["gan/adaptive_weight"].item()
+    assert ldm_weight > 0 and ramped_weight == pytest.approx(0.5 * ldm_weight, rel=1e-6)
+    gan_part = {name: (log["loss/total"] - log["loss/nll"] - 1e-6 * log["loss/kl"]).item()
+                for name, log in logs.items()}
+    assert gan_part["ramped"] == pytest.approx(0.5 * gan_part["ldm"], rel=1e-3)
+    # The discriminator trains from disc_start whatever the ramp.
+    assert "loss/discriminator" in logs["ramped"] and any(p.grad is not None for p in model.discriminator.parameters())
 
 
 def test_learnable_logvar_is_optimized(tmp_path):

@@ -80,7 +80,7 @@ def test_each_gradnorm_branch_sends_its_configured_norm_into_the_reconstruction(
         recon.clear_gradient()
         objective = vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=gradnorm_args(**{branch: weight}),
                                   lpips=lpips, discriminator=disc, last_layer=None,
-                                  gan_active=branch == "disc_weight", grad_scale=grad_scale)
+                                  gan_weight=weight if branch == "disc_weight" else 0, grad_scale=grad_scale)
         objective.backward(recon)
         loss, logs = objective.value, objective.logs
         assert np.linalg.norm(recon.grad.numpy()) == pytest.approx(weight * grad_scale, rel=1e-4)
@@ -99,7 +99,7 @@ def test_gradnorm_branches_add_up():
         recon.clear_gradient()
         args = gradnorm_args(pixel_weight=weights[0], disc_weight=weights[1])
         vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
-                      discriminator=disc, last_layer=None, gan_active=True).backward(recon)
+                      discriminator=disc, last_layer=None, gan_weight=args.disc_weight).backward(recon)
         grads[name] = recon.grad.numpy()
     np.testing.assert_allclose(grads["both"], grads["pixel"] + grads["adv"], rtol=1e-4, atol=1e-8)
 
@@ -131,7 +131,7 @@ def test_latent_penalty_replaces_kl_with_its_own_weight():
     x = random_images()
     args = LossArguments(perceptual_weight=0.0, kl_weight=0.0, latent_penalty_weight=0.01)
     objective = vae_objective(x, x, mean, paddle.full_like(mean, math.log(0.01)), paddle.zeros([]), loss_args=args,
-                              lpips=None, discriminator=None, last_layer=None, gan_active=False)
+                              lpips=None, discriminator=None, last_layer=None, gan_weight=0)
     loss, logs = objective.value, objective.logs
     assert loss.item() == pytest.approx(0.01 * logs["loss/latent_penalty"].item(), rel=1e-6)
 
@@ -243,10 +243,11 @@ def test_recipes_set_flags_and_explicit_flags_win(tmp_path):
                                           "--no_adaptive_disc_weight"])
     assert (model_args.posterior_std, model_args.disc_type, loss_args.loss_balancing,
             loss_args.adaptive_disc_weight) == (0.3, "patch", "none", False)
-    # ldm equals the defaults, except what is given.
+    # ldm equals the defaults, except what is given and the GAN's start: LDM's term at full weight at once.
     _, _, ldm, _ = parse_arguments(BASE + ["--recipe", "ldm", "--kl_weight", "1e-5"])
     _, _, default, _ = parse_arguments(BASE + ["--kl_weight", "1e-5"])
-    assert {**vars(ldm), "recipe": None} == vars(default)
+    assert (ldm.disc_weight_warmup_steps, default.disc_weight_warmup_steps) == (0, 1000)
+    assert {**vars(ldm), "recipe": None, "disc_weight_warmup_steps": 1000} == vars(default)
     # A JSON file of flags: its keys are the explicit ones.
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"file_list": "x.filelist", "vae_config_file": MICRO, "output_dir": str(tmp_path),

@@ -39,7 +39,8 @@ BALANCED_RECIPE = {
     "disc_weight": 0.1,  # adversarial gradient norm, relative to pixel and LPIPS at 1.0
     "kl_weight": 0.0, "latent_penalty_weight": 1e-3, "pixel_loss_mask": "lowpass",
 }
-RECIPES: Dict[str, Dict[str, Any]] = {"ldm": LDM_RECIPE, "balanced": BALANCED_RECIPE}
+# --recipe ldm is LDM's GAN start too: its term at full weight at once (the default ramps it in: techniques.md, 14).
+RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE}
 
 
 def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
@@ -131,6 +132,9 @@ class LossArguments:
     disc_start: int = flag(50001, "Optimizer step at which the GAN terms switch on.", group="discriminator")
     disc_update_start: Optional[int] = flag(None, "Step at which the discriminator starts training, at or before "
                                                   "--disc_start (default: --disc_start).", group="discriminator")
+    disc_weight_warmup_steps: int = flag(1000, "The GAN weight rises linearly from 0 to --disc_weight over this many "
+                                               "steps from --disc_start, while a new discriminator learns (0: at once, "
+                                               "LDM's). docs/techniques.md, 14.", group="discriminator")
     disc_loss: Literal["hinge", "vanilla"] = flag("hinge", "Discriminator loss.", group="discriminator")
     adaptive_disc_weight: bool = flag(True, "Scale the GAN term by ||grad rec|| / ||grad gan||.", group="discriminator")
     adaptive_disc_weight_max: Optional[float] = flag(None, "Clamp of that ratio, our (mean) loss units (default: LDM's "

@@ -146,7 +146,7 @@ def _family_of_flags(f):
 DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num_layers", "disc_base_channels",
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
                        "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
-                       "adaptive_disc_weight_max")
+                       "adaptive_disc_weight_max", "disc_weight_warmup_steps")
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
@@ -272,6 +272,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("disc_update_start",),
      lambda f: f.disc_update_start is not None and f.disc_update_start not in range(f.disc_start + 1),
      "it starts the discriminator's training at or before its term enters the loss: 0 <= it <= --disc_start"),
+    (("disc_weight_warmup_steps",), lambda f: f.disc_weight_warmup_steps < 0,
+     "it is the number of steps the GAN weight takes to rise to --disc_weight: >= 0 (0: at once)"),
     (("adaptive_disc_weight_max",), lambda f: f.adaptive_disc_weight_max is not None and not (
         f.adaptive_disc_weight and f.adaptive_disc_weight_max > 0),
      "it bounds the adaptive GAN weight (--adaptive_disc_weight true): > 0, with that"),
@@ -323,7 +325,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
 # A flag given its value that does nothing is never refused as idle: ppdiffusers' commands pass e.g.
 # `--lr_scheduler_type constant --warmup_steps 0`. Any other value of these flags stays refused where idle.
 INERT_VALUES: Dict[str, Any] = {"warmup_steps": 0, "warmup_ratio": 0.0, "lecam_weight": 0.0, "image_logging_steps": 0,
-                                "subfolder": "", "eval_tiled": False, "vf_weight": 0.0}
+                                "subfolder": "", "eval_tiled": False, "vf_weight": 0.0, "disc_weight_warmup_steps": 0}
 
 
 def _shown(value: Any) -> str:

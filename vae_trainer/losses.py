@@ -180,10 +180,11 @@ class VFTerm:
 
 def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Optional[Tensor], logvar: Tensor,
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
-                  discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_active: bool,
+                  discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
                   vf: Optional[VFTerm] = None) -> VAELoss:
-    """The VAE's objective for one micro-batch. `grad_scale`: the factor (loss scale / accumulation steps) the
+    """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
+    schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
     caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W of the image the
     posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s."""
     pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
@@ -206,11 +207,11 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).
         heads = [(rec, loss_args.pixel_weight)] + ([(perceptual, loss_args.perceptual_weight)] if use_lpips else [])
         loss, logs = rec + perceptual + latent_loss, {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
-        if gan_active:
+        if gan_weight > 0:
             gan = _generator_term(x, x_hat, discriminator, loss_args)
-            heads.append((gan, loss_args.disc_weight))
+            heads.append((gan, gan_weight))
             loss = loss + gan
-            logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], loss_args.disc_weight)})
+            logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], gan_weight)})
         recon_grad = paddle.zeros(x_hat.shape, "float32")
         for head, weight in heads:
             if weight > 0:
@@ -226,9 +227,9 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
 
     nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
     recon_grad = nll_grad.astype("float32")
-    if gan_active:
+    if gan_weight > 0:
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
-                                                               loss_args, grad_scale, pixels_per_image)
+                                                               loss_args, gan_weight, grad_scale, pixels_per_image)
         recon_grad = recon_grad + gan_grad
         loss = loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
@@ -243,14 +244,14 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})
 
 
-def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, grad_scale,
+def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, gan_weight, grad_scale,
                        pixels_per_image) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """(gan on the leaf `x_hat`, its weight d, d * its scaled gradient at the reconstruction in float32, the
     adaptive weight's overflow flag or None); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = _generator_term(x, x_hat, discriminator, loss_args)
     gan_grad = paddle.grad(gan * grad_scale, x_hat)[0]  # frees the discriminator's graph
     if not loss_args.adaptive_disc_weight:
-        d_weight = paddle.full([], loss_args.disc_weight, "float32")
+        d_weight = paddle.full([], gan_weight, "float32")
         return gan, d_weight, gan_grad.astype("float32") * d_weight, None
     # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
     bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them
@@ -259,7 +260,7 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
                              max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image if bound is None else bound)
     # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
     overflow = ~paddle.isfinite(weight)
-    d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * loss_args.disc_weight
+    d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * gan_weight
     weighted_grad = gan_grad.astype("float32") * d_weight
     return gan, d_weight, paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad), overflow
 

@@ -134,9 +134,13 @@ class TrainStep:
         self._window_gan_overflows: List[paddle.Tensor] = []
         self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
-    def gan_active(self, global_step: int) -> bool:
-        """The GAN term of the VAE's loss starts at --disc_start."""
-        return self.loss_args.disc_weight > 0 and global_step >= self.loss_args.disc_start
+    def gan_weight(self, global_step: int) -> float:
+        """The GAN term's weight at `global_step`: 0 before --disc_start, then --disc_weight reached linearly over
+        --disc_weight_warmup_steps (0: at once, LDM's). A function of the step alone: resume stays exact."""
+        args = self.loss_args
+        if args.disc_weight == 0 or global_step < args.disc_start:
+            return 0.0
+        return args.disc_weight * min(1.0, (global_step - args.disc_start + 1) / max(args.disc_weight_warmup_steps, 1))
 
     def disc_trains(self, global_step: int) -> bool:
         return self.loss_args.disc_weight > 0 and global_step >= disc_update_start(self.loss_args)
@@ -144,7 +148,7 @@ class TrainStep:
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
         the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
-        model, args, gan = self.model, self.loss_args, self.gan_active(global_step)
+        model, args = self.model, self.loss_args
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms)
         model.train()
@@ -156,9 +160,10 @@ class TrainStep:
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
-                discriminator=model.discriminator, last_layer=model.family.decoder_last_layer(model.vae), gan_active=gan,
+                discriminator=model.discriminator, last_layer=model.family.decoder_last_layer(model.vae),
+                gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
-                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]), vf=self._vf_term(clean, z))
+                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]))
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
