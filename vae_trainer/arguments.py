@@ -112,6 +112,11 @@ class DataArguments:
     aspect_ratio_buckets: bool = flag(False, "Crop to the bucket of nearest aspect ratio (1:2 to 2:1, sides multiples "
                                              "of 8, about resolution^2 pixels), not a square; a batch holds one shape.")
     shuffle_buffer_size: int = flag(1000, "Training records shuffled together per loader worker.")
+    num_frames: int = flag(1, "Frames per training clip (1: images). > 1: video files are read as clips of N frames, "
+                              "a random window (Wan / Qwen-Image VAEs: 1 + 4k). docs/data.md, \"Clips\".")
+    frame_stride: int = flag(1, "Take every K-th frame of a clip's window.")
+    video_image_ratio: float = flag(0.0, "With clips: the share of training samples that are single frames (an "
+                                         "image is a one-frame clip; Open-Sora 2.0: 0.2), so image quality is kept.")
     eval_file_list: Optional[str] = flag(None, "Held-out filelist or image folder.", group="evaluation")
     eval_num_images: int = flag(64, "Number of held-out images evaluated per evaluation.", group="evaluation")
     latent_stats_num_images: Optional[int] = flag(None, "Images of a measured scale (default: --eval_num_images).")
@@ -162,6 +167,8 @@ class LossArguments:
     distmat_margin: float = flag(0.0, "VA-VAE: margin m1 of the VF loss's distance-matrix term.")
     cos_margin: float = flag(0.0, "VA-VAE: margin m2 of the VF loss's cosine term.")
     adaptive_vf: bool = flag(True, "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf||.")
+    temporal_loss_weight: float = flag(0.0, "Clips: weight of the L1 between the frame differences of input and "
+                                            "reconstruction (against flicker; 0: off).")
 
 
 @dataclass
