@@ -157,6 +157,8 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
         image_column=data_args.image_column, random_flip=data_args.random_flip,
         random_crop=data_args.random_crop, min_image_size=data_args.min_image_size,
         aspect_ratio_buckets=data_args.aspect_ratio_buckets, shuffle_buffer_size=data_args.shuffle_buffer_size,
+        num_frames=data_args.num_frames, frame_stride=data_args.frame_stride,
+        video_image_ratio=data_args.video_image_ratio,
     )
     position = (StreamPosition.from_state(data_state) if data_state
                 else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -13,11 +13,12 @@ import numpy as np
 import paddle
 
 from .buckets import bucket_shapes, nearest_bucket
-from .filelists import IMAGE, read_sources
-from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
+from .clips import crop_frames, pixel_values, read_window
+from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
+from .images import BadImage, crop, load_rgb, open_image, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position, note_bad
-from .records import MISSING, MISSING_FILE, Damaged, describe, image_bytes
+from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
 from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, assign, interleave, rng
 
 logger = logging.getLogger("vae_trainer.data")
@@ -27,8 +28,8 @@ LOGGED_PER_FILE = 3
 
 @dataclass
 class _Sample:
-    pixels: np.ndarray  # uint8 [H, W, 3]
-    bucket: int
+    pixels: np.ndarray  # uint8 [H, W, 3], a clip [T, H, W, 3]
+    bucket: tuple[int, int]  # (frames, shape index)
     epoch: int
     index: int  # record index in the shard epoch
     restored: bool  # decoded again to refill a bucket on resume (already counted)
@@ -41,16 +42,20 @@ class _EpochEnd:
 
 
 class ImageStream(RaisesInMainThread):
-    """Decoded, cropped images; iterated directly, single samples (float32 [3,H,W] in [-1, 1] and their position)."""
+    """Decoded, cropped images and clips (`num_frames` > 1: video files, a random window each, or with probability
+    `video_image_ratio` one frame; `first_windows`: each video's first window, images skipped); iterated directly,
+    single samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
-                 resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True) -> None:
+                 resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True,
+                 num_frames: int = 1, frame_stride: int = 1, video_image_ratio: float = 0.0,
+                 first_windows: bool = False) -> None:
         super().__init__()
         self.file_list = file_list
-        self.sources = read_sources(file_list, counts=record_counts)
+        self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
         if not any(source.parts for source in self.sources):
             raise RuntimeError(f"{file_list}: names no part files")
         # Every part file once, in list order: positions count skips per file by index into this list.
@@ -62,7 +67,10 @@ class ImageStream(RaisesInMainThread):
         self.random_crop, self.random_flip = random_crop, random_flip
         self.min_image_size, self.max_image_pixels = min_image_size, max_image_pixels
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
-        self.flush_each_epoch = aspect_ratio_buckets
+        self.num_frames, self.frame_stride, self.video_image_ratio = num_frames, frame_stride, video_image_ratio
+        self.first_windows = first_windows
+        # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
+        self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
         if self.resume:
             self.resume.check_resume(world_size, seed, shuffle_buffer_size)
@@ -104,7 +112,7 @@ class ImageStream(RaisesInMainThread):
         for item in self.samples(shard, num_shards, start):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
-                yield {"pixel_values": to_float(item.pixels), "position": position}
+                yield {"pixel_values": pixel_values(item.pixels, item.pixels.ndim == 4), "position": position}
 
     def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
@@ -133,17 +141,35 @@ class ImageStream(RaisesInMainThread):
     def _records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
+    def _video(self, payload) -> str | bytes | None:
+        """What of a record is read as a clip (--num_frames > 1): a video file's path or a tar sample's video."""
+        if self.num_frames == 1:
+            return None
+        if isinstance(payload, TarSample):
+            return payload.video
+        return payload if isinstance(payload, str) and payload.lower().endswith(VIDEO_SUFFIXES) else None
+
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
-        """(bucket, uint8 crop) of one record, or None if unusable (then counted and logged if `count`)."""
-        payload = record.payload
+        """((frames, shape index), uint8 crop [H, W, 3] or clip [T, H, W, 3]) of one record, or None if unusable
+        (then counted and logged if `count`)."""
+        payload, draws, video = record.payload, rng(self.seed, PER_SAMPLE, *keys), None
         try:
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
                 raise BadImage(payload.reason, payload.detail + ("; the records before it are used" if corrupt else ""))
-            image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
+            video = self._video(payload)
+            if video is not None:
+                frames = read_window(video, self.num_frames, self.frame_stride, draws, self.first_windows,
+                                     self.video_image_ratio, self.min_image_size, self.max_image_pixels)
+                image = frames[0]
+            elif self.first_windows and self.num_frames > 1:
+                raise BadImage("not_video", "an image (clips are evaluated on videos only)")
+            else:
+                image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
             bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
-            image = load_rgb(image, cover=size if self.draft_decode else None)
+            if video is None:
+                image = load_rgb(image, cover=size if self.draft_decode else None)
         except BadImage as bad:
             if count:
                 self._log_skip(record, bad)
@@ -152,7 +178,9 @@ class ImageStream(RaisesInMainThread):
                 if keys[1] == 0 and not record.repeat:  # the shard's first read of it (epoch 0, a first pass)
                     note_bad(self.bad_records, part, None if record.part.kind == IMAGE else record.number)
             return None
-        return bucket, crop(image, size, rng(self.seed, PER_SAMPLE, *keys), self.random_flip, self.random_crop)
+        if video is not None and len(frames) > 1:
+            return (len(frames), bucket), crop_frames(frames, size, draws, self.random_flip, self.random_crop)
+        return (1, bucket), crop(image, size, draws, self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
@@ -170,7 +198,8 @@ class ImageStream(RaisesInMainThread):
 
 
 class TrainBatches(RaisesInMainThread):
-    """Batches of one bucket shape each; with buckets, the partly filled ones are flushed at each shard epoch's end."""
+    """Batches of one bucket (shape and frame count) each: [B, 3, H, W] or clips [B, 3, T, H, W]; with several
+    buckets, the partly filled ones are flushed at each shard epoch's end."""
 
     def __init__(self, stream: ImageStream, batch_size: int) -> None:
         super().__init__()
@@ -180,10 +209,10 @@ class TrainBatches(RaisesInMainThread):
 
     def _items(self) -> Iterator[dict]:
         shard, num_shards, start = self.stream.worker_shard()
-        waiting: list[list[_Sample]] = [[] for _ in self.stream.buckets]  # per bucket
+        waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
         for item in self.stream.samples(shard, num_shards, start):
             if isinstance(item, _EpochEnd):
-                ready, consumed = range(len(waiting)) if self.stream.flush_each_epoch else [], item.records
+                ready, consumed = sorted(waiting) if self.stream.flush_each_epoch else [], item.records
             else:
                 waiting[item.bucket].append(item)
                 full = len(waiting[item.bucket]) == self.batch_size
@@ -191,8 +220,9 @@ class TrainBatches(RaisesInMainThread):
             for bucket in ready:
                 if waiting[bucket]:
                     batch, waiting[bucket] = waiting[bucket], []
-                    pending = sorted(sample.index for samples in waiting for sample in samples)
-                    yield {"pixel_values": to_float(np.stack([sample.pixels for sample in batch])),
+                    pending = sorted(sample.index for samples in waiting.values() for sample in samples)
+                    pixels = np.stack([sample.pixels for sample in batch])
+                    yield {"pixel_values": pixel_values(pixels, pixels.ndim == 5),
                            "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
 
 
@@ -220,7 +250,7 @@ class _EvalShare(RaisesInMainThread):
             decoded = self.stream._decode(record, (0, 0, index)) if owner == self.rank else None
             if decoded is not None:
                 self.usable += 1
-                yield {"pixel_values": to_float(decoded[1])}
+                yield {"pixel_values": pixel_values(decoded[1], decoded[1].ndim == 4)}
 
 
 def _gather(values: list[int], world_size: int) -> list[list[int]]:
@@ -233,13 +263,16 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
 
 
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
-                          num_images: int | None, sample: RecordSample | None = None) -> Iterator[dict]:
+                          num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
+                          frame_stride: int = 1) -> Iterator[dict]:
     """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
-    `sample`'s random order, at full decode size, centre-cropped, unflipped. Collective, in rounds: the next
+    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips [B, 3, T, H, W],
+    each video's first window (images and shorter videos skipped). Collective, in rounds: the next
     `num_images` - usable records are dealt to the ranks, which gather their usable counts and failure flags (a
     failing rank still joins: the others stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
-                         draft_decode=False, record_counts=False)  # now: a bad --data is a start-up error
+                         draft_decode=False, record_counts=False, num_frames=num_frames, frame_stride=frame_stride,
+                         first_windows=True)  # now: a bad --data is a start-up error
     return _eval_rounds(stream, batch_size, rank, world_size, num_images, sample)
 
 

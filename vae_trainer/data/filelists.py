@@ -20,7 +20,8 @@ FILELIST_SUFFIX = ".filelist"
 COUNTS_SUFFIX = ".counts"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 PIPE_PREFIX = "pipe:"
-LINES, TAR, IMAGE = "lines", "tar", "image"  # a LAION part file, a WebDataset shard, one image file
+LINES, TAR, IMAGE = "lines", "tar", "image"  # a LAION part file, a WebDataset shard, one image (or video) file
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v")  # read as clips with --num_frames > 1
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,9 @@ def image_suffixes() -> set[str]:
     return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
 
 
-def image_files(root: str) -> list[Path]:
-    """Every image file under `root` (recursive, hidden files skipped), sorted by relative path."""
-    suffixes, base = image_suffixes(), Path(root)
+def image_files(root: str, videos: bool = False) -> list[Path]:
+    """Every image (and video) file under `root` (recursive, hidden files skipped), sorted by relative path."""
+    suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(root)
     found = (path for path in base.rglob("*")
              if path.suffix.lower() in suffixes and not path.name.startswith(".") and path.is_file())
     return sorted(found, key=lambda path: path.relative_to(base).as_posix())
@@ -109,8 +110,9 @@ def counts_path(filelist: str) -> str:
     return filelist + COUNTS_SUFFIX
 
 
-def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> Source:
-    """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file."""
+def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
+    """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file; `videos`:
+    a video file is a one-record part, as an image file."""
     filelist = os.path.normpath(os.path.abspath(filelist))
     parts, sizes = [], []
     for line_number, text in _entries(filelist):
@@ -120,7 +122,8 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True) -> So
             if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
                 parts.append(Part(path, TAR))
             else:
-                is_image = Path(path).suffix.lower() in image_suffixes()
+                is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(
+                    VIDEO_SUFFIXES)
                 parts.append(Part(path, IMAGE, 1) if is_image else Part(path, LINES))
     return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
@@ -152,7 +155,7 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
     return counted
 
 
-def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool) -> Source:
+def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool, videos: bool) -> Source:
     path = _resolve(name, list_file)
     if is_tar_spec(name):
         shards = _expand(path)
@@ -160,19 +163,20 @@ def _source(name: str, weight: float, named_at: str, list_file: str | None, coun
             _checked_size(shard, named_at)
         return Source(path, weight, [Part(shard, TAR) for shard in shards])
     if os.path.isdir(path):
-        files = image_files(path)
+        files = image_files(path, videos)
         if not files:
-            raise FileNotFoundError(f"{path}: no image files found")
+            raise FileNotFoundError(f"{path}: no image {'or video ' if videos else ''}files found")
         return Source(path, weight, [Part(str(file), IMAGE, 1) for file in files])
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: not found (named at {named_at})")
-    return read_filelist(path, weight, counts)
+    return read_filelist(path, weight, counts, videos)
 
 
-def read_sources(file_list: str, counts: bool = True) -> list[Source]:
-    """All sources named by `file_list`; errors name the path and the list file:line that named it."""
+def read_sources(file_list: str, counts: bool = True, videos: bool = False) -> list[Source]:
+    """All sources named by `file_list` (`videos`: video files too, --num_frames > 1); errors name the path and the
+    list file:line that named it."""
     if os.path.isdir(file_list) or is_tar_spec(file_list) or not is_filelist_list(file_list):
-        return [_source(file_list, 1.0, "--file_list", None, counts)]
+        return [_source(file_list, 1.0, "--file_list", None, counts, videos)]
     sources = []
     for line_number, text in _entries(file_list):
         fields, named_at = text.split(), f"{file_list}:{line_number}"
@@ -184,5 +188,5 @@ def read_sources(file_list: str, counts: bool = True) -> list[Source]:
             weight = math.nan
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"{named_at}: weight must be a finite number > 0, got {fields[1]!r}")
-        sources.append(_source(fields[0], weight, named_at, file_list, counts))
+        sources.append(_source(fields[0], weight, named_at, file_list, counts, videos))
     return sources

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Union
 
-from .filelists import LINES, PIPE_PREFIX, TAR, Part
+from .filelists import LINES, PIPE_PREFIX, TAR, VIDEO_SUFFIXES, Part
 from .images import BadImage, decode_base64
 
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")  # by preference
+TAR_VIDEO_EXTENSIONS = tuple(suffix[1:] for suffix in VIDEO_SUFFIXES)
 MISSING_FILE = "missing_file"
 _READ_SIZE = 1 << 20
 
@@ -28,6 +29,7 @@ _READ_SIZE = 1 << 20
 class TarSample:
     key: str
     image: bytes | None  # None: no image member
+    video: bytes | None = None  # its video member (read as a clip with --num_frames > 1)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def _split_key(name: str) -> tuple[str, str] | None:
 
 def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
     """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read."""
-    number, key, image, rank = -1, None, None, len(TAR_IMAGE_EXTENSIONS)
+    number, key, image, rank, video = -1, None, None, len(TAR_IMAGE_EXTENSIONS), None
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
         split = _split_key(member.name) if member.isreg() else None
@@ -79,12 +81,14 @@ def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]
             continue
         if split[0] != key:
             if key is not None:
-                yield TarSample(key, image) if number >= start else None
-            number, key, image, rank = number + 1, split[0], None, len(TAR_IMAGE_EXTENSIONS)
+                yield TarSample(key, image, video) if number >= start else None
+            number, key, image, rank, video = number + 1, split[0], None, len(TAR_IMAGE_EXTENSIONS), None
         if number >= start and split[1] in TAR_IMAGE_EXTENSIONS[:rank]:
             image, rank = tar.extractfile(member).read(), TAR_IMAGE_EXTENSIONS.index(split[1])
+        elif number >= start and split[1] in TAR_VIDEO_EXTENSIONS and video is None:
+            video = tar.extractfile(member).read()
     if key is not None:
-        yield TarSample(key, image) if number >= start else None
+        yield TarSample(key, image, video) if number >= start else None
 
 
 def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
