@@ -101,8 +101,8 @@ class EvalProtocol:
                            f"{size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, no flip")
         if self.num_frames > 1:
             n, k = self.num_frames, self.frame_stride
-            items["clips"] = (f"each held-out video's first window of {n} frames, every {k}-th (frames 0, {k}, ..., "
-                              f"{(n - 1) * k}), each frame cropped as images are; image files skipped; psnr, ssim, "
+            items["clips"] = (f"each held-out video's first window: frames 0, {k}, ..., {(n - 1) * k} (--num_frames {n}, "
+                              f"--frame_stride {k}), each cropped as images are; image files skipped; psnr, ssim, "
                               "lpips: means over every frame of every clip; no equivariance diagnostics, no rFID/rFVD")
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
