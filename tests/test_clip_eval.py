@@ -207,3 +207,11 @@ def test_eval_vae_refuses_clips_it_cannot_measure(wan, tmp_path, capsys, flags, 
         load_script("eval_vae").main(argv)
     assert words in f"{stopped.value.code}{capsys.readouterr().err}"  # a start-up error, or argparse's
     assert not os.listdir(tmp_path)
+
+
+def test_training_refuses_rfid_weights_with_clips():
+    from vae_trainer.build import build_evaluator
+
+    data_args = SimpleNamespace(num_frames=5, inception_weights="weights/fid_inception_v3.pdparams")
+    with pytest.raises(ValueError, match="--inception_weights: rFID is defined on images .* rFVD is not provided"):
+        build_evaluator(data_args, None, None)

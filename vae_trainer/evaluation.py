@@ -45,6 +45,11 @@ METRIC_DEFINITIONS = {
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
+    "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
+               "frame pairs of every clip (0: the same error in every frame)",
+    "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
+    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + 4}, ...: place {p} in the later groups of 4 frames that "
+       "one latent frame codes" for p in range(1, 5)},
     "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
                                "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
     "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
@@ -52,11 +57,6 @@ METRIC_DEFINITIONS = {
                                    f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
                                    "Nyquist), summed over images and channels before dividing",
     "vf_alignment_cka": CKA_DEFINITION,
-    "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
-               "frame pairs of every clip (0: the same error in every frame)",
-    "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
-    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + 4}, ...: place {p} in the later groups of 4 frames that "
-       "one latent frame codes" for p in range(1, 5)},
 }
 
 CLIPS_NO_RFID = ("{flag}: rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided "
