@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
                         help="the encoder sees the images resized to HxW (a VAE trained with --input_size)")
-    parser.add_argument("--num_images", type=int, default=1000, help="total over all processes (clips with --num_frames)")
+    parser.add_argument("--num_images", type=int, default=1000,
+                        help="total over all processes (clips with --num_frames)")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="per process (default: as many images as hold the pixels of 8 images of 256 px, 1 to "
                              "8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px); the numbers do not depend "
@@ -94,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "given: add it, or drop it")
         if args.num_frames > 1 and args.inception_weights:
             raise ValueError(CLIPS_NO_RFID.format(flag="--inception_weights"))
+        if args.num_frames > 1 and args.input_size:
+            raise ValueError("--input_size: the encoder's resize is defined on images; clips are evaluated at "
+                             "--resolution: drop it")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:

@@ -27,7 +27,8 @@ from vae_trainer.train_logging import TrainMonitor
 SIZE, FRAMES = 16, 9
 # Wan 2.1's layout, tiny: spatial factor 4, one temporal downsample (5 frames -> 2 latent frames, 9 -> 3).
 TINY_WAN = dict(_class_name="AutoencoderKLWan", base_dim=8, z_dim=4, dim_mult=[1, 2, 2], num_res_blocks=1,
-                temperal_downsample=[False, True], scale_factor_spatial=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+                temperal_downsample=[False, True], scale_factor_spatial=4, latents_mean=[0.0] * 4,
+                latents_std=[1.0] * 4)
 CLIP_KEYS = {"psnr", "ssim", "flicker", *(f"psnr_position_{p}" for p in range(5))}
 
 
@@ -202,6 +203,7 @@ def test_eval_vae_on_clips_writes_the_clip_metrics_and_protocol(wan, tmp_path, m
                             "groups of 4: it takes 1 + 4k frames"),
     (["--frame_stride", "2"], "--frame_stride 2: it applies to clips"),
     (["--num_frames", "5", "--inception_weights", "x.pdparams"], "rFVD is not provided"),
+    (["--num_frames", "5", "--input_size", "8", "8"], "--input_size: the encoder's resize is defined on images"),
 ])
 def test_eval_vae_refuses_clips_it_cannot_measure(wan, tmp_path, capsys, flags, words):
     argv = ["--vae", wan[1], "--data", "clips_dir", "--resolution", str(SIZE), "--output_dir", str(tmp_path)] + flags

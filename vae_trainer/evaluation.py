@@ -1,5 +1,6 @@
 """Evaluate an autoencoder (through its family, models/family.py) on held-out NCHW [-1, 1] images or NCTHW clips
-(docs/measuring.md): the protocol stated with each result, the one pass over the images (every rank runs it on its share), eval tiling, and in-training evaluation."""
+(docs/measuring.md): the protocol stated with each result, the one pass over the images (every rank runs it on its
+share), eval tiling, and in-training evaluation."""
 
 from __future__ import annotations
 
@@ -101,9 +102,10 @@ class EvalProtocol:
                            f"{size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, no flip")
         if self.num_frames > 1:
             n, k = self.num_frames, self.frame_stride
-            items["clips"] = (f"each held-out video's first window: frames 0, {k}, ..., {(n - 1) * k} (--num_frames {n}, "
-                              f"--frame_stride {k}), each cropped as images are; image files skipped; psnr, ssim, "
-                              "lpips: means over every frame of every clip; no equivariance diagnostics, no rFID/rFVD")
+            items["clips"] = (f"each held-out video's first window: frames 0, {k}, ..., {(n - 1) * k} "
+                              f"(--num_frames {n}, --frame_stride {k}), each cropped as images are; image files "
+                              "skipped; psnr, ssim, lpips: means over every frame of every clip; no equivariance "
+                              "diagnostics, no rFID/rFVD")
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
@@ -446,8 +448,8 @@ class TrainingEvaluator:
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text
-        logger.info("eval at step %d on %d images%s: %s%s", step, result.num_images,
-                    " (EMA weights)" if ema is not None else "",
+        logger.info("eval at step %d on %d %s%s: %s%s", step, result.num_images,
+                    "clips" if self.frames["num_frames"] > 1 else "images", " (EMA weights)" if ema is not None else "",
                     ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), stated)
         better = False
         if self.metric is not None and self.metric in result.metrics:
