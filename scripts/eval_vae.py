@@ -2,6 +2,7 @@
 
     python scripts/eval_vae.py --vae out/vae --data data/filelist --resolution 256 --num_images 1000 \\
         --output_dir eval_out [--inception_weights weights/fid_inception_v3.pdparams]
+    python scripts/eval_vae.py --vae wan_vae --data DIR_OF_CLIPS --num_frames 17 [--frame_stride 2] ...
 
 Prints the protocol once and a table, and writes metrics.json (the numbers, the protocol, the settings) and
 reconstructions.png to --output_dir. Data parallel under `python -m paddle.distributed.launch`: each process
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+from types import SimpleNamespace
 from typing import Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,9 +34,9 @@ from PIL import Image  # noqa: E402
 
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
-from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae, protocol_of,  # noqa: E402
-                                    result_record)
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
+from vae_trainer.evaluation import (CLIPS_NO_RFID, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
+                                    protocol_of, result_record)
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags, refuse  # noqa: E402
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
@@ -56,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--input_size", type=int, nargs=2, default=None, metavar=("H", "W"),
                         help="the encoder sees the images resized to HxW (a VAE trained with --input_size)")
-    parser.add_argument("--num_images", type=int, default=1000, help="total over all processes")
+    parser.add_argument("--num_images", type=int, default=1000,
+                        help="total over all processes (clips with --num_frames)")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="per process (default: as many images as hold the pixels of 8 images of 256 px, 1 to "
                              "8: 8 up to 256 px, 2 from 419 to 512 px, 1 above 512 px); the numbers do not depend "
@@ -79,18 +82,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vf_input_convention", choices=INPUT_CONVENTIONS, default=None,
                         help="what the DINOv2 sees, as the training's flag: imagenet (the default) or vavae "
                              "(VA-VAE's [-1, 1] images, not normalised)")
-    parser.add_argument("--grid_images", type=int, default=8)
+    parser.add_argument("--num_frames", type=int, default=1,
+                        help="> 1: evaluate clips, each video's first window of N frames (a video VAE; Wan / "
+                             "Qwen-Image: 1 + 4k); adds flicker and psnr_position_0..4")
+    parser.add_argument("--frame_stride", type=int, default=1, help="with --num_frames: every K-th frame")
+    parser.add_argument("--grid_images", type=int, default=8, help="images (clips: frame strips) in the grid")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     try:
         if args.vf_input_convention and not args.vf_model_path:
             raise ValueError("--vf_input_convention: it sets what the DINOv2 of --vf_model_path sees, which is not "
                              "given: add it, or drop it")
+        if args.num_frames > 1 and args.inception_weights:
+            raise ValueError(CLIPS_NO_RFID.format(flag="--inception_weights"))
+        if args.num_frames > 1 and args.input_size:
+            raise ValueError("--input_size: the encoder's resize is defined on images; clips are evaluated at "
+                             "--resolution: drop it")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def check_clip_flags(args: argparse.Namespace, family) -> None:
+    """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family: training's refusals."""
+    flags = SimpleNamespace(num_frames=args.num_frames, frame_stride=args.frame_stride, video=family.video,
+                            family=family, video_image_ratio=0, temporal_loss_weight=0, equivariance_prob=0,
+                            vf_model_path=args.vf_model_path)
+    given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
+    refuse(flags, given)
 
 
 def load_vae(args: argparse.Namespace):
@@ -153,11 +174,13 @@ def main(argv: list[str] | None = None) -> EvalResult:
         vae = load_vae(args)
         check_reconstruction_shape(vae.config, args.input_size, args.resolution)
         check_tiling_flags(args, args, vae.config, "the VAE's config")
+        check_clip_flags(args, family_of(vae))
         if args.sample_posterior and family_of(vae).deterministic:
             raise ValueError(f"--sample_posterior: {type(vae).__name__} encodes deterministically, it has no "
                              "posterior to sample; drop it")
+        frames = {"num_frames": args.num_frames, "frame_stride": args.frame_stride}
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
-                                           args.num_images)
+                                           args.num_images, **(frames if args.num_frames > 1 else {}))
         convention = args.vf_input_convention or "imagenet"
         vf_model = load_dinov2(args.vf_model_path, convention) if args.vf_model_path else None
     result = evaluate_vae(vae, dataloader, lpips=load_lpips(args), inception=load_inception(args),
@@ -165,7 +188,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
                           input_size=args.input_size, tiling=tiling, vf_model=vf_model)
     if rank() == 0:
         protocol = protocol_of(vae, result, resolution=args.resolution, sample_posterior=args.sample_posterior,
-                               seed=args.seed, input_size=args.input_size, tiling=tiling)
+                               seed=args.seed, input_size=args.input_size, tiling=tiling, **frames)
         family = family_of(vae)
         normalisation = family.held_normalisation(vae)
         table = format_table(result, normalisation, family.scale_keys)

@@ -1,5 +1,6 @@
-"""Evaluate an autoencoder (through its family, models/family.py) on held-out NCHW [-1, 1] images (docs/measuring.md): the protocol stated with each
-result, the one pass over the images (every rank runs it on its share), eval tiling, and in-training evaluation."""
+"""Evaluate an autoencoder (through its family, models/family.py) on held-out NCHW [-1, 1] images or NCTHW clips
+(docs/measuring.md): the protocol stated with each result, the one pass over the images (every rank runs it on its
+share), eval tiling, and in-training evaluation."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
 from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
                                  FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
-                                 equivariance_pairs, frechet_distance, high_frequency_share, psnr, spectrum_energies,
-                                 ssim, to_unit_range)
+                                 equivariance_pairs, flicker, fold_frames, frame_positions, frechet_distance,
+                                 high_frequency_share, psnr, spectrum_energies, ssim, to_unit_range)
 from vae_trainer.models.families import family_of
 from vae_trainer.models.kl import KL
 from vae_trainer.models.vae import encoder_input
@@ -45,6 +46,11 @@ METRIC_DEFINITIONS = {
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
+    "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
+               "frame pairs of every clip (0: the same error in every frame)",
+    "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
+    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + 4}, ...: place {p} in the later groups of 4 frames that "
+       "one latent frame codes" for p in range(1, 5)},
     "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
                                "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
     "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
@@ -53,6 +59,9 @@ METRIC_DEFINITIONS = {
                                    "Nyquist), summed over images and channels before dividing",
     "vf_alignment_cka": CKA_DEFINITION,
 }
+
+CLIPS_NO_RFID = ("{flag}: rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided "
+                 "(it needs I3D weights, which nothing here downloads): drop it")
 
 
 def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
@@ -84,11 +93,19 @@ class EvalProtocol:
     family_items: tuple[tuple[str, str], ...] = ()  # the family's own (name, text) items (Family.protocol_items)
     deterministic: bool = False  # the encoder gives a latent, not a posterior (DC-AE)
     tiling_method: str = KL.tiling_method  # the family's, stated with the tile size
+    num_frames: int = 1  # > 1: clips (--num_frames), every --frame_stride-th frame
+    frame_stride: int = 1
 
     def describe(self) -> dict[str, str]:
         size, items = self.resolution, {}
         items["images"] = (f"decoded at full size (no JPEG draft mode) to 8-bit sRGB, shorter side resized to "
                            f"{size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, no flip")
+        if self.num_frames > 1:
+            n, k = self.num_frames, self.frame_stride
+            items["clips"] = (f"each held-out video's first window: frames 0, {k}, ..., {(n - 1) * k} "
+                              f"(--num_frames {n}, --frame_stride {k}), each cropped as images are; image files "
+                              "skipped; psnr, ssim, lpips: means over every frame of every clip; no equivariance "
+                              "diagnostics, no rFID/rFVD")
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
@@ -138,7 +155,12 @@ class EvalResult:
 
 def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray,
               max_images: int = 8) -> np.ndarray:
-    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions."""
+    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions; of
+    NCTHW clips, frame strips: each clip's frames in a row, its reconstruction's below."""
+    if inputs.ndim == 5:
+        pairs = zip(inputs[:max(1, max_images)], recons[:max(1, max_images)])
+        return np.concatenate([make_grid(clip.transpose([1, 0, 2, 3]), recon.transpose([1, 0, 2, 3]), clip.shape[1])
+                               for clip, recon in pairs])
     rows = []
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
         if isinstance(images, paddle.Tensor):
@@ -221,7 +243,9 @@ class _Pass:
         self.add_latents(posterior)
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
-        """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]."""
+        """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]; of clips, the
+        per-frame metrics over every frame (T folded into the batch) and the temporal ones."""
+        clips = pixels.ndim == 5
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.posterior(pixels)
             latent = mode = posterior.mode()
@@ -229,12 +253,24 @@ class _Pass:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
                 latent = posterior.mean + posterior.std * noise.astype(posterior.mean.dtype)
             recons = self.family.decode(self.vae, latent)
-            equivariance = equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels, mode,
-                                              scale=not self.fixed_output)
+            equivariance = {} if clips else equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels,
+                                                                mode, scale=not self.fixed_output)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
+        missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
+        if missing > 0:
+            self.grid.append((pixels[:missing].numpy(), recons[:missing].numpy()))
+        if clips:
+            self.metrics.update("flicker", flicker(to_unit_range(pixels), to_unit_range(recons)))
+            pixels, recons, mode = fold_frames(pixels), fold_frames(recons), fold_frames(mode)
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
-        self.metrics.update("psnr", psnr(unit_pixels, unit_recons))
+        frame_psnr = psnr(unit_pixels, unit_recons)
+        self.metrics.update("psnr", frame_psnr)
+        if clips:  # frames t of a clip are at b*T + t
+            by_clip = frame_psnr.numpy().reshape([posterior.mean.shape[0], -1])
+            places = np.array(frame_positions(by_clip.shape[1]))
+            for place in sorted(set(places)):
+                self.metrics.update(f"psnr_position_{place}", by_clip[:, places == place])
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
@@ -247,9 +283,6 @@ class _Pass:
         if self.features is not None:
             self.features[0].update(self.inception(pixels))
             self.features[1].update(self.inception(recons))
-        missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
-        if missing > 0:
-            self.grid.append((pixels[:missing].numpy(), recons[:missing].numpy()))
 
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
@@ -344,6 +377,7 @@ class TrainingEvaluator:
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
         self.tiling = (data_args.eval_tile_size or DEFAULT_TILE_SIZE) if data_args.eval_tiled else None  # px
+        self.frames = {name: getattr(data_args, name, 1) for name in ("num_frames", "frame_stride")}  # clips: > 1
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
         if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
@@ -376,7 +410,8 @@ class TrainingEvaluator:
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution, self.batch_size,
-                                       rank(), world_size(), self.data_args.eval_num_images)
+                                       rank(), world_size(), self.data_args.eval_num_images,
+                                       **(self.frames if self.frames["num_frames"] > 1 else {}))  # clips: first windows
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
@@ -409,12 +444,12 @@ class TrainingEvaluator:
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
         protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
-                               tiling=self.tiling)
+                               tiling=self.tiling, **self.frames)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text
-        logger.info("eval at step %d on %d images%s: %s%s", step, result.num_images,
-                    " (EMA weights)" if ema is not None else "",
+        logger.info("eval at step %d on %d %s%s: %s%s", step, result.num_images,
+                    "clips" if self.frames["num_frames"] > 1 else "images", " (EMA weights)" if ema is not None else "",
                     ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), stated)
         better = False
         if self.metric is not None and self.metric in result.metrics:

@@ -1,6 +1,7 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), the Frechet distance, the latent diagnostics
-(docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never means, and their
-`compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet
+distance, the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep
+sums, never means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric
+names)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
                     "latent_high_frequency_share": False, "vf_alignment_cka": True}  # alignment.py
 DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
 HALF_NYQUIST = 0.25  # cycles per sample
+GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
 
 SSIM_WINDOW_SIZE = 11
 SSIM_SIGMA = 1.5
@@ -40,6 +42,25 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     squared_error = (x.astype("float32") - y.astype("float32")) ** 2
     mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / mse)
+
+
+def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
+    """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t)."""
+    b, c, t, h, w = clips.shape
+    return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
+
+
+def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
+    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W]; 0 when the
+    error is the same in every frame."""
+    error = x.astype("float32") - y.astype("float32")
+    change = (error[:, :, 1:] - error[:, :, :-1]).abs()
+    return change.reshape([change.shape[0], -1]).mean(axis=1)
+
+
+def frame_positions(num_frames: int) -> list[int]:
+    """Each frame's place in the causal layout: 0 for the first frame, 1..4 within each later group of 4."""
+    return [0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, num_frames)]
 
 
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
@@ -177,13 +198,13 @@ class LatentStatistics:
         self._sum = self._squared_sum = 0.0  # per channel from the first batch on
 
     def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
-        """Add a batch of latents [B, C, h, w] (posterior means when `variances` are given)."""
+        """Add a batch of latents [B, C, h, w] or [B, C, t, h, w] (posterior means when `variances` are given)."""
         per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
         self._count += per_channel.shape[1]
         self._sum += per_channel.sum(axis=1)
         self._squared_sum += (per_channel**2).sum(axis=1)
         if variances is not None:
-            self._squared_sum += _to_numpy64(variances).sum(axis=(0, 2, 3))
+            self._squared_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
 
     def _reduced(self) -> tuple[float, np.ndarray, np.ndarray]:
         count = all_reduce_sum(np.array([self._count]))[0]

@@ -1,6 +1,6 @@
-"""Training telemetry of both drivers: VisualDL scalars and image grids, throughput, the skipped-data summary.
-Micro-step scalars are summed on the device; a logging step reads them to the host at once. Only rank 0 writes.
-Tags: docs/measuring.md; the skip counts and summary: docs/data.md."""
+"""Training telemetry of both drivers: VisualDL scalars and image grids (frame strips of clips), throughput, the
+skipped-data summary. Micro-step scalars are summed on the device; a logging step reads them to the host at once.
+Only rank 0 writes. Tags: docs/measuring.md; the skip counts and summary: docs/data.md."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class TrainMonitor:
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._data_seconds = 0.0
+        self._frames = np.zeros(2)  # the window's samples and frames on this rank (clips [B, C, T, H, W]: B * T)
         self.data_position = None  # this rank's data.position.StreamPosition: its skip counts are logged
         self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)
 
@@ -66,6 +67,8 @@ class TrainMonitor:
                 watchdog.doing("in the training step (forward, backward, or the optimizer step's collectives)")
                 if batch is None:
                     return
+                shape = list(getattr(batch.get("pixel_values") if isinstance(batch, dict) else batch, "shape", [0]))
+                self._frames += [shape[0], shape[0] * (shape[2] if len(shape) == 5 else 1)]
                 yield batch
         finally:
             getattr(batches, "close", lambda: None)()
@@ -97,6 +100,10 @@ class TrainMonitor:
         scalars.update({"perf/images_per_second": self.global_batch_size / per_step, "perf/seconds_per_step": per_step,
                         "perf/data_seconds_per_step": data, "perf/compute_seconds_per_step": per_step - data,
                         "perf/peak_memory_gb": peak_memory_gb()})
+        samples, frames = self._frames
+        if frames > samples:  # clips came: images_per_second counts samples, scaled by this rank's frames per sample
+            scalars["perf/frames_per_second"] = scalars["perf/images_per_second"] * frames / samples
+        self._frames = np.zeros(2)
         if self.data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
             self._skipped = (*self._skip_counts(), step)
             scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
