@@ -162,10 +162,14 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
     return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
 
 
-def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -> Tensor:
+def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
+                        latent: Optional[Tensor] = None) -> Tensor:
     """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W
-    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched."""
-    return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
+    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched. `latent`:
+    the decoded latent, taken as an input too (a backward through the decoder): paddle.grad stops the paths W is not
+    on, and the Wan port's clip decoder joins the chunks' tensors in one backward node that must not lose any."""
+    return paddle.grad(recon, [last_layer] + ([latent] if latent is not None else []), grad_outputs=recon_grad,
+                       retain_graph=True)[0]
 
 
 def discriminate(discriminator: paddle.nn.Layer, images: Tensor) -> Tensor:
@@ -212,13 +216,14 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
-                  vf: Optional[VFTerm] = None, lpips_rows: Optional[np.ndarray] = None) -> VAELoss:
+                  vf: Optional[VFTerm] = None, lpips_rows: Optional[np.ndarray] = None,
+                  latent: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
     schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
     caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W (clips: C*T*H*W) of
     what the posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s. Clips
     [B, C, T, H, W]: pixel loss, LPIPS (on the rows `lpips_rows` of `frames(x)` if given) and a 2-D discriminator
-    per frame, plus the temporal term (a reconstruction head, in the nll)."""
+    per frame, plus the temporal term (a reconstruction head, in the nll); `latent`: see `last_layer_gradient`."""
     pixels_per_image = float(x.shape[1] * x.shape[-2] * x.shape[-1])  # per frame: the adaptive weight's units
     encoded_pixels = encoded_pixels or float(np.prod(x.shape[1:]))
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
@@ -270,7 +275,8 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     recon_grad = nll_grad.astype("float32")
     if gan_weight > 0:
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
-                                                               loss_args, gan_weight, grad_scale, pixels_per_image)
+                                                               loss_args, gan_weight, grad_scale, pixels_per_image,
+                                                               latent)
         recon_grad = recon_grad + gan_grad
         loss = loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
@@ -286,7 +292,7 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
 
 
 def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, gan_weight, grad_scale,
-                       pixels_per_image) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+                       pixels_per_image, latent=None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """(gan on the leaf `x_hat`, its weight d, d * its scaled gradient at the reconstruction in float32, the
     adaptive weight's overflow flag or None); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = _generator_term(x, x_hat, discriminator, loss_args)
@@ -296,8 +302,9 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
         return gan, d_weight, gan_grad.astype("float32") * d_weight, None
     # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
     bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them
-    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer),
-                             last_layer_gradient(recon, gan_grad, last_layer), eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
+    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer, latent),
+                             last_layer_gradient(recon, gan_grad, last_layer, latent),
+                             eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
                              max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image if bound is None else bound)
     # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
     overflow = ~paddle.isfinite(weight)

@@ -165,7 +165,8 @@ class TrainStep:
                 gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
-                lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames))
+                lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
+                latent=z if clean.ndim == 5 else None)
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
