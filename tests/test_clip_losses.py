@@ -5,11 +5,16 @@ KL per C*T*H*W, the 3-D PatchGAN (`--disc_type patchgan3d`), and decoder-only tr
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 import paddle
 import pytest
+from conftest import REPO
 from test_wan_clips import build
 
+from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import (discriminator_objective, frames, generator_loss, kl_loss, lpips_subset,
                                 temporal_loss, vae_objective)
@@ -224,3 +229,19 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     assert "loss/temporal" not in micro.logs and micro.reconstructions.shape == [1, 3, SIZE, SIZE]
     assert np.isfinite(micro.logs["loss/total"].item()) and "loss/discriminator" in micro.logs
     assert not step.optimizer_step(6).stop
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--disc_type", "patchgan3d"], "--disc_type patchgan3d: a 3-D discriminator over one-frame samples is a 2-D one"),
+    (["--lpips_num_frames", "2"], "--lpips_num_frames 2: it applies to clips"),
+    (["--num_frames", "5", "--lpips_num_frames", "6"], "--lpips_num_frames 6: it is a number of frames per clip"),
+    (["--num_frames", "5", "--lpips_num_frames", "2", "--perceptual_weight", "0"],
+     "--lpips_num_frames 2: --perceptual_weight 0 turns LPIPS off"),
+])
+def test_clip_flags_that_cannot_work_are_refused(flags, message, tmp_path):
+    argv = ["--file_list", "x", "--vae_config_file", os.path.join(REPO, "configs", "wan21_vae.json"),
+            "--max_steps", "1", "--output_dir", str(tmp_path), "--resolution", "64"] + flags
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_arguments(argv)
+    if "--num_frames" in flags:  # the same run without the refused flag is taken
+        parse_arguments(argv[:argv.index(flags[-2])] + argv[argv.index(flags[-2]) + 2:])
