@@ -19,7 +19,8 @@ from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import (discriminator_objective, frames, generator_loss, kl_loss, lpips_subset,
                                 temporal_loss, vae_objective)
 from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
-from vae_trainer.models.discriminator import build_discriminator
+from vae_trainer.models.discriminator import build_discriminator, init_discriminator_from, save_discriminator
+from vae_trainer.models.vae import enable_recompute
 from vae_trainer.models.lpips import LPIPS
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
@@ -164,6 +165,43 @@ def test_the_gan_gradient_reaches_the_vae_through_the_adaptive_weight(disc_type,
     expected = nll_grad.numpy() + 0.5 * weight * gan_grad.numpy()
     np.testing.assert_allclose(loss.recon_grad.numpy(), expected, rtol=1e-4, atol=1e-8)
     assert np.abs(gan_grad.numpy()).max() > 0
+
+
+def test_the_adaptive_weight_on_clips_is_the_same_under_recompute():
+    """--recompute re-runs each chunk's decoder pass in the backward; the adaptive weight's gradients (taken with
+    the latent as an input) and the VAE's are those of the one-shot pass."""
+    x, results = rand(1, 3, T, SIZE, SIZE, seed=1), []
+    for recompute in (False, True):
+        vae = build("wan21")
+        if recompute:
+            enable_recompute(vae)
+        paddle.seed(0)
+        disc = build_discriminator("patchgan3d", "group", num_layers=2, base_channels=8)
+        model = VAEWithDiscriminator(vae, disc, freeze_encoder=True)
+        recon, mean, logvar, z = model(x, sample_posterior=False, return_latent=True)
+        loss = vae_objective(x, recon, mean, logvar, paddle.zeros([]), loss_args=LossArguments(perceptual_weight=0.0),
+                             lpips=None, discriminator=disc, last_layer=model.family.decoder_last_layer(vae),
+                             gan_weight=0.5, latent=z)
+        loss.backward(recon)
+        results.append([loss.logs["gan/adaptive_weight"].numpy()] +
+                       [p.grad.numpy() for p in vae.parameters() if not p.stop_gradient])
+    assert all(np.array_equal(a, b) for a, b in zip(*results)) and len(results[0]) > 10
+
+
+def test_a_patchgan3d_is_saved_and_read_back_by_discriminator_path(tmp_path):
+    config = {"disc_type": "patchgan3d", "norm": "batch", "num_layers": 2, "base_channels": 8}
+    paddle.seed(0)
+    saved = build_discriminator(**config)
+    save_discriminator(saved, config, str(tmp_path))
+    paddle.seed(1)
+    loaded = build_discriminator(**config)
+    init_discriminator_from(loaded, config, str(tmp_path))
+    clip = rand(B, 3, T, SIZE, SIZE, seed=1)
+    saved.eval(), loaded.eval()
+    assert np.array_equal(saved(clip).numpy(), loaded(clip).numpy())
+    with pytest.raises(ValueError, match="--disc_num_layers 2 .this run: 3."):
+        init_discriminator_from(build_discriminator(**{**config, "num_layers": 3}), {**config, "num_layers": 3},
+                                str(tmp_path))
 
 
 def pan(frames_: int, shift: int, seed: int) -> np.ndarray:
