@@ -84,8 +84,9 @@ class ModelArguments:
         None, "Exported latent scale: keep, measure or a number. Default: keep when the encoder's weights are "
               "loaded (and not re-initialised by --ignore_keys), measure otherwise.")
     discriminator_path: Optional[str] = flag(None, "A trained discriminator to start from.", group="discriminator")
-    disc_type: Literal["patch", "vgg", "dino"] = flag(
-        "patch", "PatchGAN, frozen VGG16 features, or RAE's heads on a frozen DINO ViT-S/8.", group="discriminator")
+    disc_type: Literal["patch", "patchgan3d", "vgg", "dino"] = flag(
+        "patch", "PatchGAN, a 3-D PatchGAN over clips, frozen VGG16 features, or RAE's heads on a frozen DINO ViT-S/8 "
+                 "(2-D ones score a clip frame by frame).", group="discriminator")
     disc_backbone_path: Optional[str] = flag(None, "--disc_type dino: the DINO ViT-S/8 (dino_vits8 state dict or a "
                                                    "transformers ViTModel folder).", group="discriminator")
     disc_norm: Literal[NORM_TYPES] = flag("batch", "PatchGAN normalisation.", group="discriminator")
@@ -169,6 +170,8 @@ class LossArguments:
     adaptive_vf: bool = flag(True, "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf||.")
     temporal_loss_weight: float = flag(0.0, "Clips: weight of the L1 between the frame differences of input and "
                                             "reconstruction (against flicker; 0: off).")
+    lpips_num_frames: int = flag(0, "Clips: LPIPS on K frames of each clip, drawn from (seed, step, micro-batch) (0: "
+                                    "every frame).")
 
 
 @dataclass

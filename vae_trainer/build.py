@@ -22,7 +22,7 @@ from .ema import EMA_NAME, build_ema
 from .evaluation import CLIPS_NO_RFID, TrainingEvaluator
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.discriminator import build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
+from .models.discriminator import PATCH_TYPES, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -78,13 +78,13 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
                        "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels}
-        if model_args.disc_type != "patch":  # its frozen backbone: the LPIPS file's VGG16, or the DINO ViT-S/8
+        if model_args.disc_type not in PATCH_TYPES:  # its frozen backbone: the LPIPS file's VGG16, or the DINO ViT-S/8
             disc_config["weights_path"] = model_args.lpips_weights if model_args.disc_type == "vgg" else \
                 model_args.disc_backbone_path
         discriminator = build_discriminator(**disc_config)
         if model_args.discriminator_path:  # before SyncBatchNorm conversion, which carries the weights over
             init_discriminator_from(discriminator, disc_config, model_args.discriminator_path)
-        if world_size() > 1 and model_args.disc_type == "patch" and model_args.disc_norm == "batch":
+        if world_size() > 1 and model_args.disc_type in PATCH_TYPES and model_args.disc_norm == "batch":
             discriminator = convert_batchnorm_to_sync(discriminator)
         vf_model = (load_dinov2(model_args.vf_model_path, model_args.vf_input_convention) if model_args.vf_model_path
                     else None)

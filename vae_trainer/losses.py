@@ -1,13 +1,14 @@
-"""The VAE objective (`vae_objective`), the discriminator's (`discriminator_objective`) and their parts.
+"""The VAE objective (`vae_objective`), the discriminator's (`discriminator_objective`) and their parts, on images
+[B, C, H, W] and clips [B, C, T, H, W] (per-frame terms on the clip's frames, `frames`; a temporal term).
 
-The heads (pixel loss, LPIPS, discriminator) run on a leaf copy of the reconstruction: their gradients there are
-taken once and enter the VAE's backward at the reconstruction (`VAELoss.backward`). docs/training.md.
+The heads (pixel loss, LPIPS, temporal term, discriminator) run on a leaf copy of the reconstruction: their gradients
+there are taken once and enter the VAE's backward at the reconstruction (`VAELoss.backward`). docs/training.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -30,6 +31,30 @@ _BLUR = (np.outer(_GAUSSIAN, _GAUSSIAN) / np.outer(_GAUSSIAN, _GAUSSIAN).sum()).
 # Floor of the edge energy's normaliser: without it, faint noise of an image with no real edge would be
 # stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
 _MIN_EDGE_ENERGY = 1.0
+_LPIPS_STREAM = 0x4C504653  # "LPFS": the LPIPS frame subsets' draws, apart from any other use of the seed
+
+
+def frames(images: Tensor) -> Tensor:
+    """Clips [B, C, T, H, W] as their frames [(B T), C, H, W]; images [B, C, H, W] as they are."""
+    if images.ndim == 4:
+        return images
+    b, c, t, h, w = images.shape
+    return images.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
+
+
+def temporal_loss(x: Tensor, recon: Tensor) -> Tensor:
+    """mean |(x[t+1] - x[t]) - (recon[t+1] - recon[t])| over the consecutive frames of clips [B, C, T, H, W]."""
+    x, recon = x.astype("float32"), recon.astype("float32")
+    return ((x[:, :, 1:] - x[:, :, :-1]) - (recon[:, :, 1:] - recon[:, :, :-1])).abs().mean()
+
+
+def lpips_subset(seed: int, step: int, micro_batch: int, shape: Sequence[int], k: int) -> Optional[np.ndarray]:
+    """The rows of `frames(x)` LPIPS scores for a batch of `shape`: K frames of each clip, drawn from (seed, step,
+    micro-batch) alone (both drivers and a resume draw the same), or None: every frame (K = 0, images)."""
+    if len(shape) == 4 or not 0 < k < shape[2]:
+        return None
+    rng, t = np.random.default_rng([_LPIPS_STREAM, seed, step, micro_batch]), shape[2]
+    return np.concatenate([clip * t + np.sort(rng.choice(t, k, replace=False)) for clip in range(shape[0])])
 
 
 def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
@@ -137,18 +162,27 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
     return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
 
 
-def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor) -> Tensor:
+def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
+                        latent: Optional[Tensor] = None) -> Tensor:
     """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W
-    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched."""
-    return paddle.grad(recon, last_layer, grad_outputs=recon_grad, retain_graph=True)[0]
+    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched. `latent`:
+    the decoded latent, taken as an input too (a backward through the decoder): paddle.grad stops the paths W is not
+    on, and the Wan port's clip decoder joins the chunks' tensors in one backward node that must not lose any."""
+    return paddle.grad(recon, [last_layer] + ([latent] if latent is not None else []), grad_outputs=recon_grad,
+                       retain_graph=True)[0]
+
+
+def discriminate(discriminator: paddle.nn.Layer, images: Tensor) -> Tensor:
+    """Logits of images or clips: a 2-D discriminator scores a clip's frames, a 3-D one (`takes_clips`) the clip."""
+    return discriminator(images if getattr(discriminator, "takes_clips", False) else frames(images))
 
 
 def _generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:
     """The adversarial loss of `recon`; only its gradient at `recon` is taken (`paddle.grad`: the discriminator's
     `.grad` stays untouched)."""
     kind = loss_args.gen_loss or loss_args.disc_loss
-    logits_fake = discriminator(recon)
-    logits_real = discriminator(x.detach()) if kind == "relative_hinge" else None  # no VAE forward
+    logits_fake = discriminate(discriminator, recon)
+    logits_real = discriminate(discriminator, x.detach()) if kind == "relative_hinge" else None  # no VAE forward
     return generator_loss(logits_fake, kind, logits_real, loss_args.relative_hinge_margin)
 
 
@@ -182,18 +216,29 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
-                  vf: Optional[VFTerm] = None) -> VAELoss:
+                  vf: Optional[VFTerm] = None, lpips_rows: Optional[np.ndarray] = None,
+                  latent: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
     schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
-    caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W of the image the
-    posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s."""
-    pixels_per_image = float(x.shape[1] * x.shape[2] * x.shape[3])
-    encoded_pixels = encoded_pixels or pixels_per_image
+    caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W (clips: C*T*H*W) of
+    what the posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s. Clips
+    [B, C, T, H, W]: pixel loss, LPIPS (on the rows `lpips_rows` of `frames(x)` if given) and a 2-D discriminator
+    per frame, plus the temporal term (a reconstruction head, in the nll); `latent`: see `last_layer_gradient`."""
+    pixels_per_image = float(x.shape[1] * x.shape[-2] * x.shape[-1])  # per frame: the adaptive weight's units
+    encoded_pixels = encoded_pixels or float(np.prod(x.shape[1:]))
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
     x_hat.stop_gradient = False
-    rec = pixel_term(x, x_hat, loss_args)
+    frame_x, frame_hat = frames(x), frames(x_hat)
+    rec = pixel_term(frame_x, frame_hat, loss_args)
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
-    perceptual = lpips(x, x_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
+    if use_lpips and lpips_rows is not None:
+        rows = paddle.to_tensor(lpips_rows)
+        frame_x, frame_hat = paddle.gather(frame_x, rows), paddle.gather(frame_hat, rows)
+    perceptual = lpips(frame_x, frame_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
+    temporal_weight = loss_args.temporal_loss_weight if x.ndim == 5 else 0.0  # none between an image's frames
+    temporal = temporal_loss(x, x_hat) if temporal_weight > 0 else paddle.zeros([], "float32")
+    head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}
+    head_logs.update({"loss/temporal": temporal} if temporal_weight > 0 else {})
     if posterior_logvar is None:  # a deterministic latent: no posterior, no KL term
         latent_loss, latent_logs = paddle.zeros([], "float32"), {}
     else:
@@ -206,7 +251,8 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).
         heads = [(rec, loss_args.pixel_weight)] + ([(perceptual, loss_args.perceptual_weight)] if use_lpips else [])
-        loss, logs = rec + perceptual + latent_loss, {"loss/pixel": rec, "loss/perceptual": perceptual, **latent_logs}
+        heads += [(temporal, temporal_weight)] if temporal_weight > 0 else []
+        loss, logs = rec + perceptual + temporal + latent_loss, {**head_logs, **latent_logs}
         if gan_weight > 0:
             gan = _generator_term(x, x_hat, discriminator, loss_args)
             heads.append((gan, gan_weight))
@@ -219,17 +265,18 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
                 recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
         logs["loss/total"] = loss
         return VAELoss(loss.detach(), latent_loss, recon_grad, {k: v.detach() for k, v in logs.items()})
-    weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual
+    weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual + temporal_weight * temporal
     nll = weighted / logvar.detach().exp() + logvar.detach()
     direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
     loss = direct.detach()
-    logs = {"loss/pixel": rec, "loss/perceptual": perceptual, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
+    logs = {**head_logs, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
 
     nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
     recon_grad = nll_grad.astype("float32")
     if gan_weight > 0:
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
-                                                               loss_args, gan_weight, grad_scale, pixels_per_image)
+                                                               loss_args, gan_weight, grad_scale, pixels_per_image,
+                                                               latent)
         recon_grad = recon_grad + gan_grad
         loss = loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
@@ -245,7 +292,7 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
 
 
 def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, gan_weight, grad_scale,
-                       pixels_per_image) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+                       pixels_per_image, latent=None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """(gan on the leaf `x_hat`, its weight d, d * its scaled gradient at the reconstruction in float32, the
     adaptive weight's overflow flag or None); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = _generator_term(x, x_hat, discriminator, loss_args)
@@ -255,8 +302,9 @@ def _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, los
         return gan, d_weight, gan_grad.astype("float32") * d_weight, None
     # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
     bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them
-    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer),
-                             last_layer_gradient(recon, gan_grad, last_layer), eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
+    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer, latent),
+                             last_layer_gradient(recon, gan_grad, last_layer, latent),
+                             eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
                              max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image if bound is None else bound)
     # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
     overflow = ~paddle.isfinite(weight)
@@ -288,8 +336,8 @@ def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Te
                             lecam_decay: float = 0.99) -> Tuple[Tensor, Dict[str, Tensor]]:
     """The discriminator's loss on real images and detached reconstructions, and its logs; with `lecam_weight`
     > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then updates that EMA."""
-    logits_real = discriminator(x.detach())
-    logits_fake = discriminator(recon.detach())
+    logits_real = discriminate(discriminator, x.detach())
+    logits_fake = discriminate(discriminator, recon.detach())
     loss = discriminator_loss(logits_real, logits_fake, kind)
     logs = {"gan/logits_real": logits_real.astype("float32").mean(),
             "gan/logits_fake": logits_fake.astype("float32").mean()}

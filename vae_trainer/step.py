@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -15,7 +16,7 @@ from .distributed import average_over_ranks, sum_over_ranks, sync_gradients, wor
 from .ema import ema_weights
 from .equivariance import draw, parse_transforms
 from .alignment import to_token_grid
-from .losses import VFTerm, discriminator_objective, vae_objective
+from .losses import VFTerm, discriminator_objective, lpips_subset, vae_objective
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
@@ -98,7 +99,7 @@ class MicroBatch:
     """What `forward_backward` returns for one micro-batch."""
 
     logs: Dict[str, paddle.Tensor]  # detached device scalars, averaged over the logging window
-    inputs: paddle.Tensor  # what the objective compared: x, or tau(x) under an EQ-VAE transform
+    inputs: paddle.Tensor  # what the objective compared: x ([B, C, T, H, W] for clips), or tau(x) under EQ-VAE
     reconstructions: paddle.Tensor  # decode(z) or decode(tau(z)), detached
     clean_inputs: paddle.Tensor  # x itself (what the EMA's image logging reconstructs)
 
@@ -163,7 +164,9 @@ class TrainStep:
                 discriminator=model.discriminator, last_layer=model.family.decoder_last_layer(model.vae),
                 gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
-                encoded_pixels=float(clean.shape[1] * clean.shape[2] * clean.shape[3]))
+                encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
+                lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
+                latent=z if clean.ndim == 5 else None)
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])

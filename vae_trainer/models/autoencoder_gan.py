@@ -137,6 +137,9 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         else:
             mean, logvar = posterior.mean, posterior.logvar
             z = posterior.sample() if sample_posterior else posterior.mode()
+        if z.ndim == 5 and z.stop_gradient and paddle.is_grad_enabled():  # a frozen encoder's clip latent: a
+            z = z.detach()  # leaf the adaptive GAN weight's gradient can reach (losses.last_layer_gradient)
+            z.stop_gradient = False
         decoded = self.family.decode(self.vae, latent_transform(z) if latent_transform is not None else z)
         return (decoded, mean, logvar, z) if return_latent else (decoded, mean, logvar)
 

@@ -1,6 +1,6 @@
-"""GAN discriminators (the PatchGAN of pix2pix / taming-transformers, one on VGG16 features, RAE's on a DINO ViT:
-dino_discriminator.py): saving one as OUTPUT_DIR/discriminator, reading one back (--discriminator_path), BatchNorm ->
-SyncBatchNorm on several GPUs."""
+"""GAN discriminators (the PatchGAN of pix2pix / taming-transformers, its 3-D form over clips, one on VGG16 features,
+RAE's on a DINO ViT: dino_discriminator.py): saving one as OUTPUT_DIR/discriminator, reading one back
+(--discriminator_path), BatchNorm -> SyncBatchNorm on several GPUs."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from .dino_discriminator import DinoDiscriminator
 from .lpips import LPIPS_CHANNELS, load_vgg16_features
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
+PATCH_TYPES = ("patch", "patchgan3d")  # the PatchGANs: --disc_norm, --disc_num_layers apply
 CONFIG_NAME = "config.json"
 _LEAKY_SLOPE = 0.2
 
 
 def _init_weights(layer: nn.Layer) -> nn.Layer:
     """taming-transformers' weights_init: conv N(0, 0.02), norm scale N(1, 0.02), biases 0."""
-    nn.initializer.Normal(1.0 if isinstance(layer, (nn.BatchNorm2D, nn.GroupNorm)) else 0.0, 0.02)(layer.weight)
+    is_norm = isinstance(layer, (nn.layer.norm._BatchNormBase, nn.GroupNorm))
+    nn.initializer.Normal(1.0 if is_norm else 0.0, 0.02)(layer.weight)
     if layer.bias is not None:
         nn.initializer.Constant(0.0)(layer.bias)
     return layer
@@ -31,6 +33,10 @@ def _init_weights(layer: nn.Layer) -> nn.Layer:
 
 class PatchDiscriminator(nn.Layer):
     """PatchGAN: `num_layers` stride-2 convs, one stride-1 conv, then a 1-channel conv of patch logits."""
+
+    takes_clips = False  # a 2-D discriminator scores a clip's frames one by one (losses.discriminate)
+    _conv_layer, _batch_norm = nn.Conv2D, nn.BatchNorm2D
+    kernel, strided = 4, 2  # conv kernel size; the stride of a strided layer
 
     def __init__(self, in_channels: int = 3, base_channels: int = 64, num_layers: int = 3, norm: str = "batch") -> None:
         super().__init__()
@@ -40,25 +46,38 @@ class PatchDiscriminator(nn.Layer):
         layers = []
         for n in range(num_layers + 1):
             has_norm = n > 0 and norm != "none"  # a bias in front of a normalisation would be cancelled by it
-            stride = 2 if n < num_layers or n == 0 else 1
+            stride = self.strided if n < num_layers or n == 0 else 1
             layers.append(self._conv(widths[n], widths[n + 1], stride, not has_norm, norm == "spectral_group"))
             if has_norm:
                 width = widths[n + 1]  # gcd keeps GroupNorm valid for narrow test-sized discriminators
-                norm_layer = nn.BatchNorm2D(width) if norm == "batch" else nn.GroupNorm(math.gcd(32, width), width)
+                norm_layer = self._batch_norm(width) if norm == "batch" else nn.GroupNorm(math.gcd(32, width), width)
                 layers.append(_init_weights(norm_layer))
             layers.append(nn.LeakyReLU(_LEAKY_SLOPE))
         layers.append(self._conv(widths[-1], 1, 1, True, norm == "spectral_group"))
         self.main = nn.Sequential(*layers)
 
-    @staticmethod
-    def _conv(in_channels: int, out_channels: int, stride: int, bias: bool, spectral: bool) -> nn.Layer:
-        conv = _init_weights(nn.Conv2D(in_channels, out_channels, 4, stride, 1, bias_attr=None if bias else False))
+    def _conv(self, in_channels: int, out_channels: int, stride, bias: bool, spectral: bool) -> nn.Layer:
+        conv = self._conv_layer(in_channels, out_channels, self.kernel, stride, 1, bias_attr=None if bias else False)
+        conv = _init_weights(conv)
         # Initialised before wrapping: spectral_norm re-registers the weight as `weight_orig`.
         return nn.utils.spectral_norm(conv) if spectral else conv
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         """Patch logits [B, 1, h, w] of images [B, C, H, W]."""
         return self.main(x)
+
+
+class PatchDiscriminator3D(PatchDiscriminator):
+    """`--disc_type patchgan3d`: the PatchGAN's layers and widths over a whole clip, its convs 3-D with a temporal
+    kernel of 3 (padded 1, never strided: short clips keep their frames), so it sees motion as well as texture."""
+
+    takes_clips = True
+    _conv_layer, _batch_norm = nn.Conv3D, nn.BatchNorm3D
+    kernel, strided = (3, 4, 4), (1, 2, 2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Patch logits [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips."""
+        return self.main(x.unsqueeze(2) if x.ndim == 4 else x)
 
 
 class VGGFeatureDiscriminator(nn.Layer):
@@ -81,15 +100,17 @@ class VGGFeatureDiscriminator(nn.Layer):
 
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
                         base_channels: int = 64, weights_path: str | None = None) -> nn.Layer:
-    """"patch" (PatchGAN), "vgg" (heads of width base_channels on the VGG16 of the LPIPS file `weights_path`) or
-    "dino" (RAE's heads on the DINO ViT of `weights_path`)."""
+    """"patch" (PatchGAN), "patchgan3d" (its 3-D form over clips), "vgg" (heads of width base_channels on the VGG16
+    of the LPIPS file `weights_path`) or "dino" (RAE's heads on the DINO ViT of `weights_path`)."""
     if disc_type == "patch":
         return PatchDiscriminator(3, base_channels, num_layers, norm)
+    if disc_type == "patchgan3d":
+        return PatchDiscriminator3D(3, base_channels, num_layers, norm)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
     if disc_type == "dino":
         return DinoDiscriminator(weights_path)
-    raise ValueError(f"disc_type must be 'patch', 'vgg' or 'dino', got {disc_type!r}")
+    raise ValueError(f"disc_type must be 'patch', 'patchgan3d', 'vgg' or 'dino', got {disc_type!r}")
 
 
 def save_discriminator(disc: nn.Layer, config: dict, out_dir: str) -> None:
@@ -117,7 +138,7 @@ def init_discriminator_from(disc: nn.Layer, config: dict, path: str) -> None:
         raise FileNotFoundError(
             f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
             f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
-    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers"] if config["disc_type"] == "patch" else [])
+    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers"] if config["disc_type"] in PATCH_TYPES else [])
     differing = [f"--disc_{key.removeprefix('disc_')} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
                  for key in must_agree if saved_config.get(key) != config.get(key)]
     if differing:
