@@ -156,7 +156,8 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
     batch_size = eval_batch_size(resolution, args.batch_size)  # fits wherever the run's images fit
     return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
                               export_config.get("input_size"), export_config.get("posterior_std", 0.0),
-                              sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"))
+                              sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"),
+                              **({} if args.data else export_config.get("latent_stats_frames", {})))  # a clip run's
 
 
 @exit_on_user_error

@@ -333,13 +333,13 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
                        input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
-                       sample_seed: int | None = None) -> tuple[EvalResult, str]:
+                       sample_seed: int | None = None, **frames: int) -> tuple[EvalResult, str]:
     """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data` (with
     `sample_seed`: of a random sample of all of them), and the sentence saying where they come from
-    (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule."""
-    sample = RecordSample(read_sources(data), sample_seed) if sample_seed is not None else None
+    (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule. `frames`: a clip run's (its clips')."""
+    sample = RecordSample(read_sources(data, videos=bool(frames)), sample_seed) if sample_seed is not None else None
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
-                                   num_images, sample)
+                                   num_images, sample, **frames)
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
     images = (f"a random sample (seed {sample_seed}) of {stats.num_images} of the {sample.total} images" if sample
@@ -377,7 +377,8 @@ class TrainingEvaluator:
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
         self.tiling = (data_args.eval_tile_size or DEFAULT_TILE_SIZE) if data_args.eval_tiled else None  # px
-        self.frames = {name: getattr(data_args, name, 1) for name in ("num_frames", "frame_stride")}  # clips: > 1
+        self.frames = {name: getattr(data_args, name, 1) for name in ("num_frames", "frame_stride")}
+        self.clip_frames = self.frames if self.frames["num_frames"] > 1 else {}  # the loaders' clip arguments
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
         if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
@@ -411,7 +412,7 @@ class TrainingEvaluator:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution, self.batch_size,
                                        rank(), world_size(), self.data_args.eval_num_images,
-                                       **(self.frames if self.frames["num_frames"] > 1 else {}))  # clips: first windows
+                                       **self.clip_frames)  # clips: their first windows
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
@@ -429,8 +430,8 @@ class TrainingEvaluator:
         if self.evaluated_at(step, ema):
             return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
         path, num_images, seed = self.latent_stats_data
-        return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size,
-                                  num_images, self.input_size, self.posterior_std, self.tiling, seed)
+        return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size, num_images,
+                                  self.input_size, self.posterior_std, self.tiling, seed, **self.clip_frames)
 
     def run(self, step: int, vae, ema, monitor, trainer_state) -> bool:
         """Evaluate, log, and update the best metric in `trainer_state`; True if this step is the new best."""

@@ -32,7 +32,7 @@ def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
         # Absolute (the checkpoint may be exported from elsewhere); a `pipe:COMMAND` as given.
         stored = data if not data or data.startswith(PIPE_PREFIX) else os.path.abspath(data)
         export.update(latent_stats_data=stored or None, latent_stats_num_images=num_images,
-                      latent_stats_sample_seed=seed)
+                      latent_stats_sample_seed=seed, latent_stats_frames=evaluator.clip_frames)
     return {
         VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items()  # the class too: it names the family
                           if not k.startswith("_") or k == "_class_name"},
