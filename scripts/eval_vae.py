@@ -34,9 +34,10 @@ from PIL import Image  # noqa: E402
 
 from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
-from vae_trainer.evaluation import (CLIPS_NO_RFID, EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
+from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     protocol_of, result_record)
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags, refuse  # noqa: E402
+from vae_trainer.flag_checks import (CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID, DEFAULT_TILE_SIZE, check_tiling_flags,  # noqa: E402
+                                     refuse)
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
@@ -94,10 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise ValueError("--vf_input_convention: it sets what the DINOv2 of --vf_model_path sees, which is not "
                              "given: add it, or drop it")
         if args.num_frames > 1 and args.inception_weights:
-            raise ValueError(CLIPS_NO_RFID.format(flag="--inception_weights"))
+            raise ValueError(f"--inception_weights: {CLIPS_NO_RFID}")
         if args.num_frames > 1 and args.input_size:
-            raise ValueError("--input_size: the encoder's resize is defined on images; clips are evaluated at "
-                             "--resolution: drop it")
+            raise ValueError(f"--input_size: {CLIPS_NO_INPUT_SIZE}")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:

@@ -203,7 +203,7 @@ def test_eval_vae_on_clips_writes_the_clip_metrics_and_protocol(wan, tmp_path, m
                             "groups of 4: it takes 1 + 4k frames"),
     (["--frame_stride", "2"], "--frame_stride 2: it applies to clips"),
     (["--num_frames", "5", "--inception_weights", "x.pdparams"], "rFVD is not provided"),
-    (["--num_frames", "5", "--input_size", "8", "8"], "--input_size: the encoder's resize is defined on images"),
+    (["--num_frames", "5", "--input_size", "8", "8"], "--input_size: the encoder's input size is for images"),
 ])
 def test_eval_vae_refuses_clips_it_cannot_measure(wan, tmp_path, capsys, flags, words):
     argv = ["--vae", wan[1], "--data", "clips_dir", "--resolution", str(SIZE), "--output_dir", str(tmp_path)] + flags
@@ -214,9 +214,14 @@ def test_eval_vae_refuses_clips_it_cannot_measure(wan, tmp_path, capsys, flags, 
     assert not os.listdir(tmp_path)
 
 
-def test_training_refuses_rfid_weights_with_clips():
-    from vae_trainer.build import build_evaluator
+def test_training_refuses_rfid_weights_and_input_size_with_clips_and_flicker_on_images(tmp_path):
+    from vae_trainer.argument_parser import parse_arguments
 
-    data_args = SimpleNamespace(num_frames=5, inception_weights="weights/fid_inception_v3.pdparams")
-    with pytest.raises(ValueError, match="--inception_weights: rFID is defined on images .* rFVD is not provided"):
-        build_evaluator(data_args, None, None)
+    base = ["--vae_config_file", "configs/wan_tiny.json", "--file_list", str(tmp_path), "--max_steps", "1",
+            "--device", "cpu", "--output_dir", str(tmp_path / "out")]
+    for flags, words in ((["--num_frames", "5", "--inception_weights", "x.pdparams"], "rFVD is not provided"),
+                         (["--num_frames", "5", "--input_size", "32", "32"], "clips are encoded at --resolution"),
+                         (["--eval_file_list", str(tmp_path), "--eval_steps", "1", "--metric_for_best_model",
+                           "flicker"], "flicker is measured on clips")):
+        with pytest.raises(ValueError, match=words):
+            parse_arguments(base + flags)

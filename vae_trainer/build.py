@@ -19,7 +19,7 @@ from .data.position import StreamPosition
 from .disk import warn_if_short
 from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
-from .evaluation import CLIPS_NO_RFID, TrainingEvaluator
+from .evaluation import TrainingEvaluator
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import PATCH_TYPES, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
@@ -140,8 +140,6 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
 def build_evaluator(data_args, training_args, networks: Networks):
     """The in-training evaluator, the same on every rank: LPIPS (the training one, or loaded if rank 0 has its
     weights) and optional rFID."""
-    if data_args.num_frames > 1 and data_args.inception_weights:
-        raise ValueError(CLIPS_NO_RFID.format(flag="--inception_weights"))
     load_lpips = networks.lpips is None and from_rank_0(os.path.isfile(networks.lpips_weights or DEFAULT_LPIPS_WEIGHTS))
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
         lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips

@@ -60,9 +60,6 @@ METRIC_DEFINITIONS = {
     "vf_alignment_cka": CKA_DEFINITION,
 }
 
-CLIPS_NO_RFID = ("{flag}: rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided "
-                 "(it needs I3D weights, which nothing here downloads): drop it")
-
 
 def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
                     flag: str = "--per_device_eval_batch_size") -> int:

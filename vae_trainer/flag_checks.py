@@ -16,6 +16,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 
 DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
+CLIPS_NO_RFID = ("rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided (it needs "
+                 "I3D weights, which nothing here downloads): drop it")
+CLIPS_NO_INPUT_SIZE = "the encoder's input size is for images; clips are encoded at --resolution: drop it"
 
 
 def downsampling_factor(config: Mapping[str, Any]) -> int:
@@ -270,6 +273,10 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
     (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
+    (("metric_for_best_model",), lambda f: f.metric == "flicker" and f.num_frames == 1,
+     "flicker is measured on clips: add --num_frames N (> 1), or pick another metric"),
+    (("inception_weights",), lambda f: f.inception_weights and f.num_frames > 1, CLIPS_NO_RFID),
+    (("input_size",), lambda f: f.input_size is not None and f.num_frames > 1, CLIPS_NO_INPUT_SIZE),
     # Flags that would do nothing with the other flags.
     (("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf", "vf_input_convention"), lambda f: not f.vf_model_path,
      "it shapes the VF loss of --vf_model_path, which is not given: add it, or drop it"),
