@@ -5,6 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 DEMO_OUT ?= outputs/demo
+CLIP_DEMO_OUT ?= outputs/demo_clips
 # The Paddle wheel, one pip requirement: CPU by default; on a GPU machine e.g. PADDLE=paddlepaddle-gpu==3.3.1
 # (with PIP_EXTRA_INDEX_URL set to Paddle's package index for your CUDA version), or a wheel's URL or path.
 # One stamp per requirement, named by its checksum (a URL's ':' and '/' cannot be in a make target), so
@@ -16,7 +17,7 @@ OTHER_PADDLE := $(filter-out $(firstword $(subst ==, ,$(PADDLE))),paddlepaddle p
 
 TEST_STAMP := $(VENV)/.test-installed
 
-.PHONY: setup demo test clean-demo
+.PHONY: setup demo demo-clips test clean-demo
 
 setup: $(STAMP) weights/lpips_vgg16.pdparams data/demo/.done
 
@@ -54,6 +55,10 @@ data/demo/.done: scripts/prepare_demo_data.py scripts/make_parts.py scripts/writ
 demo: setup
 	bash scripts/run_demo.sh $(DEMO_OUT)
 
+# Fine-tune a video VAE's decoder on clips made from the demo photos (docs/fine-tuning.md, "Fine-tuning on clips").
+demo-clips: setup
+	bash scripts/run_clip_demo.sh $(CLIP_DEMO_OUT)
+
 # VAE_TRAINER_REQUIRE_TEST_EXTRAS: a test extra that failed to install fails its tests instead of skipping them.
 # TEST_WORKERS pytest-xdist processes share the test files out (one file stays on one worker); 0 runs them in this process.
 TEST_WORKERS ?= 2
@@ -61,4 +66,4 @@ test: setup $(TEST_STAMP) $(FLUX2_STAMP)
 	VAE_TRAINER_REQUIRE_TEST_EXTRAS=1 $(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 clean-demo:
-	rm -rf $(DEMO_OUT)
+	rm -rf $(DEMO_OUT) $(CLIP_DEMO_OUT)

@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_clip_flags(args: argparse.Namespace, family) -> None:
     """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family: training's refusals."""
     flags = SimpleNamespace(num_frames=args.num_frames, frame_stride=args.frame_stride, video=family.video,
-                            family=family, video_image_ratio=0, temporal_loss_weight=0, equivariance_prob=0,
+                            family=family, family_known=True, video_image_ratio=0, temporal_loss_weight=0, equivariance_prob=0,
                             vf_model_path=args.vf_model_path)
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
     refuse(flags, given)

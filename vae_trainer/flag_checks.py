@@ -127,6 +127,8 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
     f.family = _family_of_flags(f)
     f.deterministic, f.frozen_latent, f.video = f.family.deterministic, f.family.encoder_never_trains, f.family.video
+    # A config read, or an LDM single file (AutoencoderKL's); else a folder not there (yet): its error comes later.
+    f.family_known = vae_config(f)[1] is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     return f
 
 
@@ -214,7 +216,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("learn_logvar",), lambda f: f.learn_logvar and f.loss_balancing == "gradnorm",
      "it has no effect under --loss_balancing gradnorm (the nll is not used): drop it"),
     (("num_frames", "frame_stride"), lambda f: min(f.num_frames, f.frame_stride) < 1, "it must be >= 1"),
-    (("num_frames",), lambda f: f.num_frames > 1 and not f.video,
+    (("num_frames",), lambda f: f.num_frames > 1 and not f.video and f.family_known,
      f"{FAMILY} encodes images: clips need a video VAE (AutoencoderKLWan, AutoencoderKLQwenImage); drop it"),
     (("num_frames",), lambda f: f.num_frames > 1 and f.video and f.num_frames % 4 != 1,
      f"{FAMILY}'s causal layout codes the first frame alone, then groups of 4: it takes 1 + 4k frames (5, 9, 13, 17)"),
