@@ -1,8 +1,6 @@
 """Latents aligned with a frozen vision foundation model: the token grid matching, VA-VAE's VF loss and the
 `vf_alignment_cka` diagnostic (linear CKA). Formulas and the recipe: docs/techniques.md, section 12."""
 
-from __future__ import annotations
-
 import numpy as np
 import paddle
 import paddle.nn.functional as F

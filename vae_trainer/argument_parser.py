@@ -3,8 +3,6 @@ arguments.py, --recipe under the flags given, then `validate`) with PaddleNLP's 
 by concern (the refused PaddleNLP flags parsed but hidden), `Literal` fields as choices, the ppdiffusers aliases.
 """
 
-from __future__ import annotations
-
 import argparse
 import copy
 import dataclasses

@@ -50,12 +50,12 @@ def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, 
         if not match or not os.path.isdir(path):
             continue
         problem = checkpoint_problem(path) if complete else None
-        if problem and path not in _reported:
+        if not problem:
+            found.append((int(match.group(1)), path))
+        elif path not in _reported:
             _reported.add(path)
             logger.warning("skipping %s: an incomplete checkpoint (%s), e.g. left by a node crash during its save",
                            path, problem)
-        if not problem:
-            found.append((int(match.group(1)), path))
     return sorted(found)
 
 
@@ -145,8 +145,8 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
     """This rank's share of a checkpoint; also verifies that all ranks hold the same weights."""
-    fingerprint = assert_parameters_in_sync(model)
-    return {"rng": rng_state(), "data": position.state_dict(), "parameter_fingerprint": fingerprint}
+    return {"rng": rng_state(), "data": position.state_dict(),
+            "parameter_fingerprint": assert_parameters_in_sync(model)}
 
 
 def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, stateful: Dict[str, Any], trainer_state,
@@ -200,8 +200,7 @@ def tensor_bytes(state: Any) -> int:
 
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
-    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the EMA of the trained VAE
-    weights."""
+    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the trained weights' EMA."""
     weights = tensor_bytes(model.state_dict())
     trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
     return weights + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema is not None else 0)
@@ -212,8 +211,7 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
     if not save_total_limit or save_total_limit <= 0:
         return
     keep = os.path.abspath(keep) if keep else None
-    found = [path for _, path in list_checkpoints(output_dir)]
-    for path in found[:-save_total_limit]:
+    for _, path in list_checkpoints(output_dir)[:-save_total_limit]:
         if os.path.abspath(path) != keep:
             delete_folder(path)
             logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
@@ -262,11 +260,6 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
                        "to %s (delete it when no longer needed)", resume, output_dir,
                        ", ".join(os.path.basename(path) for path in later), branch)
         return moved
-
-
-def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
-    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself."""
-    return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
 
 
 def checkpoint_step(checkpoint: str) -> Optional[int]:
@@ -333,10 +326,9 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 def read_model_state(file: str) -> Dict[str, Any]:
     """A checkpoint's model_state.pdparams, half-precision (O2) weights replaced by the optimizers' float32 masters."""
     state = paddle.load(file)
-    half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
+    half, masters = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES], {}
     if not half:
         return state
-    masters: Dict[str, Any] = {}
     for name in ("optimizer.pdopt", "disc_optimizer.pdopt"):
         optimizer_file = os.path.join(os.path.dirname(file), name)
         if os.path.isfile(optimizer_file):

@@ -2,8 +2,6 @@
 weights alone, swapped into the VAE for evaluation, image logging and export, and loaded from a checkpoint. The
 step updates it."""
 
-from __future__ import annotations
-
 import contextlib
 from typing import Iterator, List, Optional, Sequence
 

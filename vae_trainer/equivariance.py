@@ -1,8 +1,6 @@
 """EQ-VAE's spatial transforms of a latent and its image alike (a downscale or a quarter turn), drawn from (seed,
 step, micro-batch) alone; also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence, Tuple

@@ -3,8 +3,6 @@ and with --use_ema vae_raw (the raw ones), each for both libraries with its late
 and what every checkpoint holds so that scripts/export_vae.py writes the same folder from it (`checkpoint_configs`).
 """
 
-from __future__ import annotations
-
 import json
 import os
 from typing import Any, Dict, Optional, Tuple

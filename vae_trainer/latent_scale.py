@@ -1,17 +1,16 @@
 """The latent scale (`scaling_factor` / `shift_factor`, or what the family normalises by: FLUX.2's bn statistics) at
 loading and at export, and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a
 fresh encoder has it measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); the family
-(models/family.py) says which config keys hold it and how a measurement sets it. docs/fine-tuning.md "The latent scale".
-"""
+(models/family.py) says which config keys hold it and how a measurement sets it (docs/fine-tuning.md, "The latent
+scale")."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .checkpoint import checkpoint_export_config, checkpoint_vae_config
+from .checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
 
 if TYPE_CHECKING:
     from paddle.nn import Layer
@@ -79,13 +78,12 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
     if init_from_ckpt:  # a checkpoint's run's factor (not one measured at export), or the config.json beside a file
         name, entries, origin = f"the --init_from_ckpt weights {init_from_ckpt}", {}, ""
         exported, run_config = checkpoint_export_config(init_from_ckpt), checkpoint_vae_config(init_from_ckpt)
-        folder = init_from_ckpt if os.path.isdir(init_from_ckpt) else os.path.dirname(init_from_ckpt)
+        beside = checkpoint_vae_config(init_from_ckpt, "config.json")
         if exported is not None and exported.get("scaling_factor") != "measure" and run_config is not None:
             entries, origin = _stated(run_config), f"kept from the checkpoint {init_from_ckpt} (its run's factor)"
             if exported.get("scaling_factor") != "keep":
                 entries["scaling_factor"] = float(exported.get("scaling_factor"))
-        elif exported is None and os.path.isfile(os.path.join(folder, "config.json")):
-            beside = os.path.join(folder, "config.json")
+        elif exported is None and beside:
             entries, origin = _stated(beside), f"kept from {beside}, beside {init_from_ckpt}"
         sources.append((name, entries, origin))
     if pretrained:  # a single file holds tensors only
@@ -102,8 +100,7 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
 
 def _stated(path: str) -> Dict[str, Any]:
     """The latent-scale entries a config JSON (or a folder's config.json) states; a null one states "no shift"."""
-    with open(os.path.join(path, "config.json") if os.path.isdir(path) else path) as handle:
-        config = json.load(handle)
+    config = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
     return {key: config[key] for key in LATENT_SCALE_KEYS if key in config}
 
 
@@ -127,8 +124,7 @@ def origin_of(vae: Layer) -> str:
 
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]], family=None) -> bool:
-    """Do --ignore_keys leave some weight that defines the latent (the family's, by default any family's)
-    freshly initialised?"""
+    """Do --ignore_keys leave a weight that defines the latent (the family's, else any family's) freshly initialised?"""
     prefixes = family.encoder_prefixes if family is not None else ("encoder.", "quant_conv.", "bn.")
     return any(prefix.startswith(name) or name.startswith(prefix) for prefix in ignore_keys or () for name in prefixes)
 

@@ -1,8 +1,6 @@
 """The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step: `start` builds
 a `Run` (resume, save, each optimizer step's bookkeeping, export); `main` is both entry points' main."""
 
-from __future__ import annotations
-
 import logging
 import os
 import sys
@@ -56,8 +54,9 @@ class Run:
                 ckpt.load_stateful(resume, stateful(self.step))
                 state = TrainerState.load_from_json(os.path.join(resume, ckpt.TRAINER_STATE_NAME))
                 rank_state = ckpt.load_rank_state(resume)
-            if ckpt.is_checkpoint_of(self.args.output_dir, resume, state.global_step):
-                self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
+            saved = os.path.realpath(ckpt.checkpoint_path(self.args.output_dir, state.global_step))
+            if os.path.realpath(resume) == saved:  # this very state: the final save must not rewrite it
+                self.saved_at = state.global_step
             logger.info("resuming from %s at step %d", resume, state.global_step)
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,

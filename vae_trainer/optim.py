@@ -2,8 +2,6 @@
 without decay on biases and norms, PaddleNLP's schedules (the discriminator's counted from --disc_start).
 """
 
-from __future__ import annotations
-
 from typing import Sequence
 
 import paddle

@@ -2,8 +2,6 @@
 (GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it.
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 from dataclasses import dataclass, field

@@ -2,8 +2,6 @@
 `--save_steps` timing around the plain loop's step and bookkeeping (`loop.Run`). The Trainer steps its `optimizer`
 and `lr_scheduler` itself after each optimizer step: they do nothing here, `TrainStep.optimizer_step` did it."""
 
-from __future__ import annotations
-
 import copy
 from types import SimpleNamespace
 from typing import Dict, Optional

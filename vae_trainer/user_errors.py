@@ -3,8 +3,6 @@
 Raised later, while training, the same errors keep their traceback (bugs to report, not input to fix).
 """
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import sys
