@@ -1,6 +1,5 @@
 """Mixed precision (docs/training.md): autocast, fp16 loss scaling (one scaler per network), O2 decoration
-(GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it.
-"""
+(GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it."""
 
 import contextlib
 import logging
@@ -50,8 +49,7 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
-    """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator (disabled
-    without --fp16, and on CPU)."""
+    """The run's autocast (dtype None: float32) and the fp16 loss scalers of both networks (disabled without --fp16)."""
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
