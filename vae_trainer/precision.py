@@ -100,10 +100,8 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
             if layer is model or not layer.parameters(include_sublayers=False):
                 layer._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
-    if not args.fp16:
-        return Precision(dtype=dtype, level=args.fp16_opt_level)
-    return Precision(dtype, args.fp16_opt_level, LossScaler(args.scale_loss, args.min_loss_scale),
-                     LossScaler(args.scale_loss, args.min_loss_scale))
+    scalers = [LossScaler(args.scale_loss, args.min_loss_scale) for _ in range(2)] if args.fp16 else []
+    return Precision(dtype, args.fp16_opt_level, *scalers)
 
 
 def uses_master_weights(args) -> bool:
