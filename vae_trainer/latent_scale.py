@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
+from .models.families import family_of
 
 if TYPE_CHECKING:
     from paddle.nn import Layer
@@ -27,19 +28,16 @@ EXPORT_ORIGIN_KEY = "latent_scale_origin"
 def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
-    from .models.families import family_of
-
     family = family_of(vae)
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
     for name, entries, kept_origin in sources:
         for key, value in entries.items():
-            if key not in family.scale_keys and value is not None:  # e.g. FLUX.2's: its bn statistics
-                logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
-                               "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
-            elif key not in family.scale_keys:
-                continue
+            if key not in family.scale_keys:
+                if value is not None:  # e.g. FLUX.2's: its bn statistics
+                    logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
+                                   "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
             elif key not in chosen:
                 chosen[key] = (name, value, kept_origin)
             elif chosen[key][1] != value:
@@ -161,8 +159,6 @@ def scaling_factor_mode(model_args) -> Mode:
 def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
     """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor) and whether its encoder
     trains (`encoder_frozen`: --freeze_encoder, or --trainable_modules that leave it out)."""
-    from .models.families import family_of
-
     mode, family = scaling_factor_mode(model_args), family_of(vae)
     if "scaling_factor" not in family.scale_keys and mode not in ("keep", "measure"):
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
@@ -189,8 +185,6 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
-    from .models.families import family_of
-
     family = family_of(vae)
     if mode == "measure":
         if stats is None:

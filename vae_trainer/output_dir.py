@@ -110,8 +110,7 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
     for flag, given in reads.items():
         if not given or given.startswith(PIPE_PREFIX):
             continue
-        members = _file_list_members(given) if flag.endswith("file_list") else [given]
-        for member in members:
+        for member in _file_list_members(given) if flag.endswith("file_list") else [given]:
             folder, name = os.path.split(os.path.abspath(member))
             real = os.path.join(real_folder(folder), name)
             real = os.path.realpath(real) if os.path.islink(real) else real
