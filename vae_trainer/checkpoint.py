@@ -81,7 +81,8 @@ def write_manifest(folder: str, ranks: int = 1) -> None:
     names = set(os.listdir(folder)) - {MANIFEST_NAME} | {f"rank_state_{r}.pdparams" for r in range(ranks)}
     files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(names)
              if not os.path.isdir(os.path.join(folder, name))}
-    replace_file(os.path.join(folder, MANIFEST_NAME), json.dumps({"files": files}, indent=2, sort_keys=True))
+    Path(folder, MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=2, sort_keys=True))
+    fsync_path(os.path.join(folder, MANIFEST_NAME))
 
 
 def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
