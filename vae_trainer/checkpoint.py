@@ -33,9 +33,6 @@ _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 _RANK_STATE_RE = re.compile(r"^rank_state_(\d+)\.pdparams$")
 _reported: set = set()  # incomplete checkpoints already warned about
-# The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR", and "no resume".
-LATEST = ("latest", "true", "True")
-_NO_RESUME = (None, "", "none", "None", "false", "False")
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:
@@ -86,14 +83,14 @@ def write_manifest(folder: str, ranks: int = 1) -> None:
 
 
 def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
-    return resume_from_checkpoint not in _NO_RESUME
+    return resume_from_checkpoint not in (None, "", "none", "None", "false", "False")
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
     """--resume_from_checkpoint as a checkpoint folder or None ('latest': rank 0's; a path: checked on all ranks)."""
     if not resume_requested(resume_from_checkpoint):
         return None
-    if resume_from_checkpoint not in LATEST:
+    if resume_from_checkpoint not in ("latest", "true", "True"):  # a path
         with all_ranks_agree("checking --resume_from_checkpoint"):
             unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
             problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
@@ -201,9 +198,8 @@ def tensor_bytes(state: Any) -> int:
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
     """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the trained weights' EMA."""
-    weights = tensor_bytes(model.state_dict())
     trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
-    return weights + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema is not None else 0)
+    return tensor_bytes(model.state_dict()) + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema else 0)
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:

@@ -25,7 +25,6 @@ EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)  # what a run w
 # What an export killed mid-way leaves (disk.written_atomically).
 EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
 LOG_FILES_NAME = "visualdl_records.txt"  # the VisualDL record files our runs wrote, relative to OUTPUT_DIR
-_RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
 
 
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
@@ -163,4 +162,4 @@ def _noted_log_files(output_dir: str) -> List[str]:
     listing = Path(output_dir, LOG_FILES_NAME)
     lines = listing.read_text().split("\n") if listing.is_file() else []
     paths = [os.path.normpath(os.path.join(output_dir, line.strip())) for line in lines if line.strip()]
-    return [path for path in paths if os.path.basename(path).startswith(_RECORD_PREFIX)]
+    return [path for path in paths if os.path.basename(path).startswith("vdlrecords.")]  # VisualDL's names

@@ -116,10 +116,7 @@ def half_dtype(layer: paddle.nn.Layer) -> Optional[str]:
 
 def half_precision_autocast(layer: paddle.nn.Layer):
     """O2 autocast for a forward of `layer` outside the step if its weights are half precision, else nothing."""
-    dtype = half_dtype(layer)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return paddle.amp.auto_cast(enable=True, level="O2", dtype=dtype)
+    return Precision(half_dtype(layer), "O2").autocast()
 
 
 def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
