@@ -44,16 +44,14 @@ def build_disc_optimizer(args, model, disc_start: int):
 
 @paddle.no_grad()
 def grad_norm(parameters: Sequence[paddle.Tensor]) -> paddle.Tensor:
-    """Global L2 norm of the gradients (0-d float32, on the device), squares summed in float32 (unlike
-    `paddle.nn.utils.clip_grad_norm_`) so fp16 gradients do not overflow it."""
+    """Global L2 norm of the gradients (0-d float32, on the device); squares summed in float32: fp16 cannot overflow."""
     squares = [p.grad.astype("float32").square().sum() for p in parameters if p.grad is not None]
     return paddle.stack(squares).sum().sqrt() if squares else paddle.zeros([], "float32")
 
 
 @paddle.no_grad()
 def clip_grads(parameters: Sequence[paddle.Tensor], norm: paddle.Tensor, max_norm: float) -> None:
-    """Scale the gradients in place to a global norm (`norm`, from `grad_norm`) of at most `max_norm` (<= 0: no
-    clipping), `paddle.nn.ClipGradByGlobalNorm`'s rule."""
+    """Scale the gradients in place to a global norm (`norm`, `grad_norm`'s) of at most `max_norm` (<= 0: no clip)."""
     if max_norm <= 0:
         return
     scale = max_norm / paddle.clip(norm, min=max_norm)
