@@ -277,10 +277,9 @@ def eval_line_step(line: str) -> Optional[int]:
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
     """Load the weights into `model`, cast to its dtypes (the Trainer loads O2 weights before decorating for O2)."""
-    state = paddle.load(os.path.join(path, MODEL_NAME))
     current = model.state_dict()
     state = {k: v.astype(current[k].dtype) if k in current and v.dtype != current[k].dtype else v
-             for k, v in state.items()}
+             for k, v in paddle.load(os.path.join(path, MODEL_NAME)).items()}
     missing, unexpected = model.set_state_dict(state)
     if missing or unexpected:
         raise RuntimeError(f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})")
