@@ -59,7 +59,7 @@ def all_ranks_agree(what: str, explain: Optional[Callable[[Exception], Exception
         f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
     gathered: list = []
     dist.all_gather_object(gathered, None if error is None else (type(error) if user else RuntimeError, reason))
-    ranks: dict = {}  # reason -> the ranks that gave it
+    ranks: dict = {}
     for r, item in enumerate(gathered):
         if item is not None:
             ranks.setdefault(item[1], []).append(str(r))

@@ -1,20 +1,16 @@
 """The latent scale (`scaling_factor` / `shift_factor`, or what the family normalises by: FLUX.2's bn statistics) at
-loading and at export, and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a
-fresh encoder has it measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); the family
-(models/family.py) says which config keys hold it and how a measurement sets it (docs/fine-tuning.md, "The latent
-scale")."""
-
-from __future__ import annotations
+loading and at export, and `vae/latent_stats.json` (docs/fine-tuning.md, "The latent scale"). Loaded encoder weights
+keep their source's scale (`settle`), a fresh encoder has it measured at export, `--scaling_factor keep|measure|N`
+wins (`decide`); the family (models/family.py) says which config keys hold it and how a measurement sets it."""
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from paddle.nn import Layer
 
 from .checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
 from .models.families import family_of
-
-if TYPE_CHECKING:
-    from paddle.nn import Layer
 
 logger = logging.getLogger("vae_trainer")
 

@@ -1,23 +1,19 @@
 """--output_dir: refuse (or with --overwrite_output_dir clear) one that holds an earlier run, never deleting what
 the run reads or what is not ours; refuse one the ranks do not share (docs/training.md)."""
 
-from __future__ import annotations
-
 import functools
 import logging
 import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
 from .data.filelists import PIPE_PREFIX, read_sources
 from .disk import delete_folder
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
-
-if TYPE_CHECKING:
-    from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 
 logger = logging.getLogger(__name__)
 
