@@ -193,14 +193,13 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
     scale = family.scale_record(vae, updates)
-    record: Dict[str, Any] = {
-        **scale, "latents_mean": None if stats is None else stats.latent_mean,
-        "latents_std": None if stats is None else stats.latent_std,
-        "source": source, "weights": weights, "measured": None}
+    record: Dict[str, Any] = {**scale, "latents_mean": None, "latents_std": None, "source": source, "weights": weights,
+                              "measured": None}
     if stats is None:
         record["note"] = f"not measured: the {family.scale_name} is {source}; {unmeasured}"
     else:
-        record["measured"] = {"from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)}
+        record.update(latents_mean=stats.latent_mean, latents_std=stats.latent_std, measured={
+            "from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)})
         if "scaling_factor" in family.scale_keys:
             logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
                         "%.5g, shift_factor %.5g", stats.num_images, measured_on,
