@@ -123,11 +123,9 @@ def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
     """After O2 training: `layer` back in float32 with the optimizers' float32 master weights (no-op if float32)."""
     if half_dtype(layer) is None:
         return
-    masters = {}
-    for optimizer in optimizers:
-        masters.update(optimizer.state_dict().get("master_weights", {}))
+    masters = [optimizer.state_dict().get("master_weights", {}) for optimizer in optimizers]
     names = {param.name: key for key, param in layer.named_parameters()}
     layer.to(dtype="float32")  # in place: the same parameter objects, now float32
-    state = {names[name]: master for name, master in masters.items() if name in names}
+    state = {names[name]: master for found in masters for name, master in found.items() if name in names}
     layer.set_state_dict(state)
     logger.info("O2: model cast to float32 with the optimizers' master weights (%d tensors)", len(state))
