@@ -1,8 +1,6 @@
 """Latents aligned with a frozen vision foundation model: the token grid matching, VA-VAE's VF loss and the
 `vf_alignment_cka` diagnostic (linear CKA). Formulas and the recipe: docs/techniques.md, section 12."""
 
-from __future__ import annotations
-
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -18,8 +16,7 @@ DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foun
 
 def to_token_grid(latents: Tensor, grid: tuple[int, int]) -> Tensor:
     """[B, C, h, w] latents area-averaged to the token grid, as [B, grid_h * grid_w, C] tokens."""
-    pooled = F.adaptive_avg_pool2d(latents.astype("float32"), list(grid))
-    return pooled.flatten(2).transpose([0, 2, 1])
+    return F.adaptive_avg_pool2d(latents.astype("float32"), list(grid)).flatten(2).transpose([0, 2, 1])
 
 
 def vf_loss(projected: Tensor, features: Tensor, distmat_margin: float = 0.0,
@@ -30,9 +27,7 @@ def vf_loss(projected: Tensor, features: Tensor, distmat_margin: float = 0.0,
     p = F.normalize(projected.astype("float32"), axis=-1)
     f = F.normalize(features.astype("float32"), axis=-1)
     distances = (paddle.matmul(p, p, transpose_y=True) - paddle.matmul(f, f, transpose_y=True)).abs()
-    mdms = F.relu(distances - distmat_margin).mean()
-    mcos = F.relu(1.0 - cos_margin - (p * f).sum(axis=-1)).mean()
-    return mdms, mcos
+    return F.relu(distances - distmat_margin).mean(), F.relu(1.0 - cos_margin - (p * f).sum(axis=-1)).mean()
 
 
 class CKAAccumulator:

@@ -1,9 +1,6 @@
 """The command line of both entry points: `parse_arguments` (flags or one JSON file -> the four dataclasses of
 arguments.py, --recipe under the flags given, then `validate`) with PaddleNLP's `PdArgumentParser`, --help grouped
-by concern (the refused PaddleNLP flags parsed but hidden), `Literal` fields as choices, the ppdiffusers aliases.
-"""
-
-from __future__ import annotations
+by concern (the refused PaddleNLP flags parsed but hidden), `Literal` fields as choices, the ppdiffusers aliases."""
 
 import argparse
 import copy
@@ -18,14 +15,10 @@ from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_
                         DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
 from .flag_checks import check_eval_batch_size, check_sizes, flag_values, refuse
 
-GROUPS = {
-    "data": "data: training images and preprocessing",
-    "model": "model: the VAE to train",
-    "loss": "loss: the VAE objective",
-    "discriminator": "discriminator: the adversarial term and its network",
-    "evaluation": "evaluation: held-out metrics during training",
-    "training": "training: run-time options of both entry points",
-}
+GROUPS = {"data": "data: training images and preprocessing", "model": "model: the VAE to train",
+          "loss": "loss: the VAE objective", "discriminator": "discriminator: the adversarial term and its network",
+          "evaluation": "evaluation: held-out metrics during training",
+          "training": "training: run-time options of both entry points"}
 PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
                    "(every other PaddleNLP flag is refused)")
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
@@ -85,8 +78,7 @@ def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
 
 
 def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
-    """Parse flags (or a single .json file of them) into the four argument dataclasses; apply --recipe to the
-    fields not given; `validate`."""
+    """Flags (or one .json file of them) as the four argument dataclasses, --recipe under those not given, validated."""
     parser = VAEArgumentParser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if len(argv) == 1 and argv[0].endswith(".json"):

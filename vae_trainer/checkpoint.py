@@ -33,9 +33,6 @@ _CHECKPOINT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
 _UNFINISHED_RE = re.compile(rf"^{PREFIX}-\d+\.(tmp|old)$")  # interrupted saves and deletions
 _RANK_STATE_RE = re.compile(r"^rank_state_(\d+)\.pdparams$")
 _reported: set = set()  # incomplete checkpoints already warned about
-# The values of --resume_from_checkpoint that mean "the newest checkpoint of OUTPUT_DIR", and "no resume".
-LATEST = ("latest", "true", "True")
-_NO_RESUME = (None, "", "none", "None", "false", "False")
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:
@@ -50,12 +47,12 @@ def list_checkpoints(output_dir: str, complete: bool = True) -> List[Tuple[int, 
         if not match or not os.path.isdir(path):
             continue
         problem = checkpoint_problem(path) if complete else None
-        if problem and path not in _reported:
+        if not problem:
+            found.append((int(match.group(1)), path))
+        elif path not in _reported:
             _reported.add(path)
             logger.warning("skipping %s: an incomplete checkpoint (%s), e.g. left by a node crash during its save",
                            path, problem)
-        if not problem:
-            found.append((int(match.group(1)), path))
     return sorted(found)
 
 
@@ -86,14 +83,14 @@ def write_manifest(folder: str, ranks: int = 1) -> None:
 
 
 def resume_requested(resume_from_checkpoint: Optional[str]) -> bool:
-    return resume_from_checkpoint not in _NO_RESUME
+    return resume_from_checkpoint not in (None, "", "none", "None", "false", "False")
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
     """--resume_from_checkpoint as a checkpoint folder or None ('latest': rank 0's; a path: checked on all ranks)."""
     if not resume_requested(resume_from_checkpoint):
         return None
-    if resume_from_checkpoint not in LATEST:
+    if resume_from_checkpoint not in ("latest", "true", "True"):  # a path
         with all_ranks_agree("checking --resume_from_checkpoint"):
             unfinished = _UNFINISHED_RE.match(os.path.basename(os.path.normpath(resume_from_checkpoint)))
             problem = "an unfinished save or deletion" if unfinished else checkpoint_problem(resume_from_checkpoint)
@@ -145,8 +142,8 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
     """This rank's share of a checkpoint; also verifies that all ranks hold the same weights."""
-    fingerprint = assert_parameters_in_sync(model)
-    return {"rng": rng_state(), "data": position.state_dict(), "parameter_fingerprint": fingerprint}
+    return {"rng": rng_state(), "data": position.state_dict(),
+            "parameter_fingerprint": assert_parameters_in_sync(model)}
 
 
 def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, stateful: Dict[str, Any], trainer_state,
@@ -200,11 +197,9 @@ def tensor_bytes(state: Any) -> int:
 
 
 def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
-    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the EMA of the trained VAE
-    weights."""
-    weights = tensor_bytes(model.state_dict())
+    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the trained weights' EMA."""
     trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
-    return weights + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema is not None else 0)
+    return tensor_bytes(model.state_dict()) + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema else 0)
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:
@@ -212,8 +207,7 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
     if not save_total_limit or save_total_limit <= 0:
         return
     keep = os.path.abspath(keep) if keep else None
-    found = [path for _, path in list_checkpoints(output_dir)]
-    for path in found[:-save_total_limit]:
+    for _, path in list_checkpoints(output_dir)[:-save_total_limit]:
         if os.path.abspath(path) != keep:
             delete_folder(path)
             logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
@@ -264,11 +258,6 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
         return moved
 
 
-def is_checkpoint_of(output_dir: str, checkpoint: str, step: int) -> bool:
-    """Whether `checkpoint` is OUTPUT_DIR/checkpoint-`step` itself."""
-    return os.path.realpath(checkpoint) == os.path.realpath(checkpoint_path(output_dir, step))
-
-
 def checkpoint_step(checkpoint: str) -> Optional[int]:
     """The step a checkpoint folder was saved at (its trainer_state.json, else its name), or None."""
     try:
@@ -288,10 +277,9 @@ def eval_line_step(line: str) -> Optional[int]:
 
 def load_model_state(path: str, model: paddle.nn.Layer) -> None:
     """Load the weights into `model`, cast to its dtypes (the Trainer loads O2 weights before decorating for O2)."""
-    state = paddle.load(os.path.join(path, MODEL_NAME))
     current = model.state_dict()
     state = {k: v.astype(current[k].dtype) if k in current and v.dtype != current[k].dtype else v
-             for k, v in state.items()}
+             for k, v in paddle.load(os.path.join(path, MODEL_NAME)).items()}
     missing, unexpected = model.set_state_dict(state)
     if missing or unexpected:
         raise RuntimeError(f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})")
@@ -333,10 +321,9 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 def read_model_state(file: str) -> Dict[str, Any]:
     """A checkpoint's model_state.pdparams, half-precision (O2) weights replaced by the optimizers' float32 masters."""
     state = paddle.load(file)
-    half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
+    half, masters = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES], {}
     if not half:
         return state
-    masters: Dict[str, Any] = {}
     for name in ("optimizer.pdopt", "disc_optimizer.pdopt"):
         optimizer_file = os.path.join(os.path.dirname(file), name)
         if os.path.isfile(optimizer_file):

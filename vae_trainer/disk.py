@@ -1,5 +1,4 @@
-"""Full disks (no space, quota, read-only, I/O error: `OutOfSpace`) and durable, atomic folder writes
-(docs/reliability.md)."""
+"""Full disks (no space, quota, read-only, I/O error: `OutOfSpace`); durable, atomic writes (docs/reliability.md)."""
 
 import contextlib
 import errno
@@ -48,8 +47,7 @@ def gib(size: int) -> str:
 
 def failed_write(error: BaseException, what: str, folder: str, partial: str, needed: int,
                  last_good: Optional[str]) -> OutOfSpace:
-    """Remove `partial` (what the failed write of `what` left) and describe the failure: what the write needs, what
-    is free, the last good checkpoint, the command that continues."""
+    """Remove `partial`, left by the failed write of `what`: an error saying what it needs, what is free, what next."""
     shutil.rmtree(partial, ignore_errors=True)
     kept = f"{last_good} (the last complete checkpoint) is intact" if last_good else "no earlier checkpoint exists"
     reason = str(error)
@@ -72,9 +70,8 @@ def written_atomically(path: str) -> Iterator[str]:
     except Exception as error:  # OSError, or safetensors' SafetensorError for the same failures
         if not is_disk_error(error):
             raise
-        needed = folder_bytes(path) or folder_bytes(partial)
-        raise failed_write(error, os.path.basename(path) + "/", os.path.dirname(path) or ".", partial, needed,
-                           None) from None
+        raise failed_write(error, os.path.basename(path) + "/", os.path.dirname(path) or ".", partial,
+                           folder_bytes(path) or folder_bytes(partial), None) from None
     for root, folders, names in os.walk(partial, topdown=False):  # on the disk before the rename makes it the export
         for name in names + folders:
             fsync_path(os.path.join(root, name))
@@ -101,8 +98,7 @@ def delete_folder(path: str) -> None:
 
 
 def replace_file(path: str, text: str) -> None:
-    """Write `text` to `path` durably: a fsynced `path`.tmp renamed over it, then its folder fsynced (a crash leaves
-    the old content or the new, never an empty file)."""
+    """Write `text` to `path` durably (a fsynced .tmp renamed over it): a crash leaves the old content or the new."""
     with open(path + ".tmp", "w") as handle:
         handle.write(text)
     fsync_path(path + ".tmp")

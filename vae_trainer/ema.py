@@ -1,8 +1,5 @@
-"""The EMA of the VAE weights (--use_ema): built with float32 averages (ppdiffusers' EMAModel) of the trainable
-weights alone, swapped into the VAE for evaluation, image logging and export, and loaded from a checkpoint. The
-step updates it."""
-
-from __future__ import annotations
+"""The EMA of the VAE's trainable weights (--use_ema): ppdiffusers' EMAModel with float32 averages, updated by the
+step, swapped into the VAE for evaluation, image logging and export, and loaded from a checkpoint."""
 
 import contextlib
 from typing import Iterator, List, Optional, Sequence
@@ -45,8 +42,7 @@ class TrainableEMA(EMAModel):
         return {**super().state_dict(), NAMES_KEY: self.names}
 
     def load_state_dict(self, state: dict) -> None:
-        """A state of `state_dict`, or of an EMA of every weight (checkpoints written before: a frozen weight's
-        average, its own value, is dropped)."""
+        """A state of `state_dict`, or an older one averaging every weight (the frozen weights' averages dropped)."""
         names = state.get(NAMES_KEY, self.every)
         if len(names) != len(state["shadow_params"]) or not set(self.names) <= set(names):
             raise ValueError(f"the checkpoint's EMA does not average this VAE's trained weights (it has "

@@ -1,8 +1,6 @@
 """EQ-VAE's spatial transforms of a latent and its image alike (a downscale or a quarter turn), drawn from (seed,
 step, micro-batch) alone; also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence, Tuple
@@ -52,9 +50,8 @@ class Transform:
         with paddle.amp.auto_cast(enable=False):
             if self.kind == "rotate":
                 return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
-            h, w = latent_size
-            factors = (images.shape[2] // h, images.shape[3] // w)
-            new_h, new_w = self.latent_size(h, w, factors)
+            factors = (images.shape[2] // latent_size[0], images.shape[3] // latent_size[1])
+            new_h, new_w = self.latent_size(*latent_size, factors)
             return resize(images, (new_h * factors[0], new_w * factors[1]))
 
 

@@ -1,9 +1,6 @@
 """What a run hands to its users at its end (`save_final_models`): OUTPUT_DIR/vae (the EMA weights with --use_ema)
 and with --use_ema vae_raw (the raw ones), each for both libraries with its latent_stats.json, and discriminator/;
-and what every checkpoint holds so that scripts/export_vae.py writes the same folder from it (`checkpoint_configs`).
-"""
-
-from __future__ import annotations
+and what every checkpoint holds so that scripts/export_vae.py writes the same folder from it (`checkpoint_configs`)."""
 
 import json
 import os
@@ -33,12 +30,9 @@ def checkpoint_configs(networks, evaluator=None) -> Dict[str, dict]:
         stored = data if not data or data.startswith(PIPE_PREFIX) else os.path.abspath(data)
         export.update(latent_stats_data=stored or None, latent_stats_num_images=num_images,
                       latent_stats_sample_seed=seed, latent_stats_frames=evaluator.clip_frames)
-    return {
-        VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items()  # the class too: it names the family
-                          if not k.startswith("_") or k == "_class_name"},
-        DISCRIMINATOR_CONFIG_NAME: networks.discriminator_config,
-        EXPORT_CONFIG_NAME: export,
-    }
+    return {VAE_CONFIG_NAME: {k: v for k, v in dict(model.vae.config).items()  # the class too: it names the family
+                              if not k.startswith("_") or k == "_class_name"},
+            DISCRIMINATOR_CONFIG_NAME: networks.discriminator_config, EXPORT_CONFIG_NAME: export}
 
 
 def export_vae_folder(vae, out_dir: str, ema=None, posterior_std: float = 0.0,

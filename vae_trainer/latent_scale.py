@@ -1,20 +1,16 @@
 """The latent scale (`scaling_factor` / `shift_factor`, or what the family normalises by: FLUX.2's bn statistics) at
-loading and at export, and `vae/latent_stats.json`. Loaded encoder weights keep their source's scale (`settle`), a
-fresh encoder has it measured at export, `--scaling_factor keep|measure|<number>` wins (`decide`); the family
-(models/family.py) says which config keys hold it and how a measurement sets it. docs/fine-tuning.md "The latent scale".
-"""
+loading and at export, and `vae/latent_stats.json` (docs/fine-tuning.md, "The latent scale"). Loaded encoder weights
+keep their source's scale (`settle`), a fresh encoder has it measured at export, `--scaling_factor keep|measure|N`
+wins (`decide`); the family (models/family.py) says which config keys hold it and how a measurement sets it."""
 
-from __future__ import annotations
-
-import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .checkpoint import checkpoint_export_config, checkpoint_vae_config
+from paddle.nn import Layer
 
-if TYPE_CHECKING:
-    from paddle.nn import Layer
+from .checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
+from .models.families import family_of
 
 logger = logging.getLogger("vae_trainer")
 
@@ -28,19 +24,16 @@ EXPORT_ORIGIN_KEY = "latent_scale_origin"
 def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[str] = None,
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
-    from .models.families import family_of
-
     family = family_of(vae)
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
     for name, entries, kept_origin in sources:
         for key, value in entries.items():
-            if key not in family.scale_keys and value is not None:  # e.g. FLUX.2's: its bn statistics
-                logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
-                               "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
-            elif key not in family.scale_keys:
-                continue
+            if key not in family.scale_keys:
+                if value is not None:  # e.g. FLUX.2's: its bn statistics
+                    logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
+                                   "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
             elif key not in chosen:
                 chosen[key] = (name, value, kept_origin)
             elif chosen[key][1] != value:
@@ -79,13 +72,12 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
     if init_from_ckpt:  # a checkpoint's run's factor (not one measured at export), or the config.json beside a file
         name, entries, origin = f"the --init_from_ckpt weights {init_from_ckpt}", {}, ""
         exported, run_config = checkpoint_export_config(init_from_ckpt), checkpoint_vae_config(init_from_ckpt)
-        folder = init_from_ckpt if os.path.isdir(init_from_ckpt) else os.path.dirname(init_from_ckpt)
+        beside = checkpoint_vae_config(init_from_ckpt, "config.json")
         if exported is not None and exported.get("scaling_factor") != "measure" and run_config is not None:
             entries, origin = _stated(run_config), f"kept from the checkpoint {init_from_ckpt} (its run's factor)"
             if exported.get("scaling_factor") != "keep":
                 entries["scaling_factor"] = float(exported.get("scaling_factor"))
-        elif exported is None and os.path.isfile(os.path.join(folder, "config.json")):
-            beside = os.path.join(folder, "config.json")
+        elif exported is None and beside:
             entries, origin = _stated(beside), f"kept from {beside}, beside {init_from_ckpt}"
         sources.append((name, entries, origin))
     if pretrained:  # a single file holds tensors only
@@ -102,8 +94,7 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
 
 def _stated(path: str) -> Dict[str, Any]:
     """The latent-scale entries a config JSON (or a folder's config.json) states; a null one states "no shift"."""
-    with open(os.path.join(path, "config.json") if os.path.isdir(path) else path) as handle:
-        config = json.load(handle)
+    config = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
     return {key: config[key] for key in LATENT_SCALE_KEYS if key in config}
 
 
@@ -127,8 +118,7 @@ def origin_of(vae: Layer) -> str:
 
 
 def reinitialises_encoder(ignore_keys: Optional[Sequence[str]], family=None) -> bool:
-    """Do --ignore_keys leave some weight that defines the latent (the family's, by default any family's)
-    freshly initialised?"""
+    """Do --ignore_keys leave a weight that defines the latent (the family's, else any family's) freshly initialised?"""
     prefixes = family.encoder_prefixes if family is not None else ("encoder.", "quant_conv.", "bn.")
     return any(prefix.startswith(name) or name.startswith(prefix) for prefix in ignore_keys or () for name in prefixes)
 
@@ -165,8 +155,6 @@ def scaling_factor_mode(model_args) -> Mode:
 def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
     """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor) and whether its encoder
     trains (`encoder_frozen`: --freeze_encoder, or --trainable_modules that leave it out)."""
-    from .models.families import family_of
-
     mode, family = scaling_factor_mode(model_args), family_of(vae)
     if "scaling_factor" not in family.scale_keys and mode not in ("keep", "measure"):
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
@@ -193,8 +181,6 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
            unmeasured: str = "scripts/eval_vae.py measures the statistics of any VAE folder",
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
-    from .models.families import family_of
-
     family = family_of(vae)
     if mode == "measure":
         if stats is None:
@@ -207,14 +193,13 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
     scale = family.scale_record(vae, updates)
-    record: Dict[str, Any] = {
-        **scale, "latents_mean": None if stats is None else stats.latent_mean,
-        "latents_std": None if stats is None else stats.latent_std,
-        "source": source, "weights": weights, "measured": None}
+    record: Dict[str, Any] = {**scale, "latents_mean": None, "latents_std": None, "source": source, "weights": weights,
+                              "measured": None}
     if stats is None:
         record["note"] = f"not measured: the {family.scale_name} is {source}; {unmeasured}"
     else:
-        record["measured"] = {"from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)}
+        record.update(latents_mean=stats.latent_mean, latents_std=stats.latent_std, measured={
+            "from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)})
         if "scaling_factor" in family.scale_keys:
             logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
                         "%.5g, shift_factor %.5g", stats.num_images, measured_on,

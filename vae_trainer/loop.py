@@ -1,8 +1,6 @@
 """The plain training loop (train_vae_no_trainer.py), and what both drivers share around the step: `start` builds
 a `Run` (resume, save, each optimizer step's bookkeeping, export); `main` is both entry points' main."""
 
-from __future__ import annotations
-
 import logging
 import os
 import sys
@@ -56,8 +54,9 @@ class Run:
                 ckpt.load_stateful(resume, stateful(self.step))
                 state = TrainerState.load_from_json(os.path.join(resume, ckpt.TRAINER_STATE_NAME))
                 rank_state = ckpt.load_rank_state(resume)
-            if ckpt.is_checkpoint_of(self.args.output_dir, resume, state.global_step):
-                self.saved_at = state.global_step  # it is this very state: the final save must not rewrite it
+            saved = os.path.realpath(ckpt.checkpoint_path(self.args.output_dir, state.global_step))
+            if os.path.realpath(resume) == saved:  # this very state: the final save must not rewrite it
+                self.saved_at = state.global_step
             logger.info("resuming from %s at step %d", resume, state.global_step)
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,
@@ -68,6 +67,13 @@ class Run:
             ckpt.set_rng_state(rank_state["rng"])
         watchdog.start(self.args.stall_timeout, rank())
         return state
+
+    def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> MicroBatch:
+        """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted."""
+        micro = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
+        self.position.update(batch["position"])
+        self.monitor.micro_step_end(micro.logs)
+        return micro
 
     def save(self, state: TrainerState) -> str:
         """checkpoint-N of `state.global_step` (kept as is if already written); returns its path."""
@@ -103,8 +109,7 @@ class Run:
 
     @contextmanager
     def training(self, state: Callable[[], TrainerState]) -> Iterator[None]:
-        """Around training: a checkpoint at the end, also at a non-finite stop (then an exit naming it: the last good
-        step's weights)."""
+        """Around training: a checkpoint at the end, also at a non-finite stop (then exit naming the last good one)."""
         try:
             yield
         except NonFiniteError as error:
@@ -130,8 +135,7 @@ class Run:
 
 
 def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
-    """Both drivers' start-up: the process, OUTPUT_DIR, networks, optimization, evaluation and telemetry;
-    returns the run and the checkpoint to resume from (None: a new run)."""
+    """Both drivers' start-up (process, OUTPUT_DIR, networks, optimization, evaluation): the run, the resume or None."""
     watchdog.start(args.stall_timeout, rank(), "starting up")  # stopped by the entry point (exit_on_user_error)
     with start_up():  # bad files or flags: `UserError`, one line from the entry point
         init_process(args)
@@ -160,17 +164,13 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     """Train until --max_steps; return the paths of the exported VAE, discriminator and logs."""
     run, resume = start(model_args, data_args, loss_args, args)
     state = run.begin(resume)
-    step = run.step
     with run.training(lambda: state), tqdm(total=args.max_steps, initial=state.global_step, desc="train",
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
-                batch = next(run.batches)
-                micro = step.forward_backward(batch["pixel_values"], state.global_step, micro_batch)
-                run.position.update(batch["position"])
-                run.monitor.micro_step_end(micro.logs)
+                micro = run.micro_step(next(run.batches), state.global_step, micro_batch)
             # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
-            report = step.optimizer_step(state.global_step)
+            report = run.step.optimizer_step(state.global_step)
             state.global_step += 1
             progress.update(1)
             scalars = run.after_step(state, report, micro)

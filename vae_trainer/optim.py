@@ -1,8 +1,5 @@
 """Optimizers, LR schedules and gradient clipping of the VAE and the discriminator (docs/training.md): AdamW
-without decay on biases and norms, PaddleNLP's schedules (the discriminator's counted from --disc_start).
-"""
-
-from __future__ import annotations
+without decay on biases and norms, PaddleNLP's schedules (the discriminator's counted from --disc_start)."""
 
 from typing import Sequence
 
@@ -21,19 +18,17 @@ def build_scheduler(args, learning_rate: float, num_training_steps: int) -> padd
 
 
 def _build(args, model, discriminator: bool, learning_rate: float, num_training_steps: int):
-    """(AdamW, schedule) over the discriminator's parameters or the rest, decaying all but biases and norms;
-    --scale_lr multiplies the LR by per-device batch x accumulation x processes (LDM's rule)."""
-    if args.scale_lr:
+    """(AdamW, schedule) of the discriminator's parameters or of the rest, no decay on biases and norms."""
+    if args.scale_lr:  # LDM's rule: x per-device batch x accumulation x processes
         batch = args.per_device_train_batch_size
         learning_rate = learning_rate * batch * args.gradient_accumulation_steps * world_size()
     scheduler = build_scheduler(args, learning_rate, num_training_steps)
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.") == discriminator]
     no_decay = {p.name for n, p in named if "bias" in n or "norm" in n}
-    optimizer = paddle.optimizer.AdamW(
+    return paddle.optimizer.AdamW(
         learning_rate=scheduler, parameters=[p for _, p in named if not p.stop_gradient], beta1=args.adam_beta1,
         beta2=args.adam_beta2, epsilon=args.adam_epsilon, weight_decay=args.weight_decay,
-        apply_decay_param_fun=lambda name: name not in no_decay, multi_precision=uses_master_weights(args))
-    return optimizer, scheduler
+        apply_decay_param_fun=lambda name: name not in no_decay, multi_precision=uses_master_weights(args)), scheduler
 
 
 def build_vae_optimizer(args, model):
@@ -49,16 +44,14 @@ def build_disc_optimizer(args, model, disc_start: int):
 
 @paddle.no_grad()
 def grad_norm(parameters: Sequence[paddle.Tensor]) -> paddle.Tensor:
-    """Global L2 norm of the gradients (0-d float32, on the device), squares summed in float32 (unlike
-    `paddle.nn.utils.clip_grad_norm_`) so fp16 gradients do not overflow it."""
+    """Global L2 norm of the gradients (0-d float32, on the device); squares summed in float32: fp16 cannot overflow."""
     squares = [p.grad.astype("float32").square().sum() for p in parameters if p.grad is not None]
     return paddle.stack(squares).sum().sqrt() if squares else paddle.zeros([], "float32")
 
 
 @paddle.no_grad()
 def clip_grads(parameters: Sequence[paddle.Tensor], norm: paddle.Tensor, max_norm: float) -> None:
-    """Scale the gradients in place to a global norm (`norm`, from `grad_norm`) of at most `max_norm` (<= 0: no
-    clipping), `paddle.nn.ClipGradByGlobalNorm`'s rule."""
+    """Scale the gradients in place to a global norm (`norm`, `grad_norm`'s) of at most `max_norm` (<= 0: no clip)."""
     if max_norm <= 0:
         return
     scale = max_norm / paddle.clip(norm, min=max_norm)

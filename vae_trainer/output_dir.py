@@ -1,23 +1,19 @@
 """--output_dir: refuse (or with --overwrite_output_dir clear) one that holds an earlier run, never deleting what
 the run reads or what is not ours; refuse one the ranks do not share (docs/training.md)."""
 
-from __future__ import annotations
-
 import functools
 import logging
 import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
 from .data.filelists import PIPE_PREFIX, read_sources
 from .disk import delete_folder
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
-
-if TYPE_CHECKING:
-    from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +21,6 @@ EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)  # what a run w
 # What an export killed mid-way leaves (disk.written_atomically).
 EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
 LOG_FILES_NAME = "visualdl_records.txt"  # the VisualDL record files our runs wrote, relative to OUTPUT_DIR
-_RECORD_PREFIX = "vdlrecords."  # what VisualDL names its record files
 
 
 def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Optional[str]]] = None) -> None:
@@ -110,8 +105,7 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
     for flag, given in reads.items():
         if not given or given.startswith(PIPE_PREFIX):
             continue
-        members = _file_list_members(given) if flag.endswith("file_list") else [given]
-        for member in members:
+        for member in _file_list_members(given) if flag.endswith("file_list") else [given]:
             folder, name = os.path.split(os.path.abspath(member))
             real = os.path.join(real_folder(folder), name)
             real = os.path.realpath(real) if os.path.islink(real) else real
@@ -164,4 +158,4 @@ def _noted_log_files(output_dir: str) -> List[str]:
     listing = Path(output_dir, LOG_FILES_NAME)
     lines = listing.read_text().split("\n") if listing.is_file() else []
     paths = [os.path.normpath(os.path.join(output_dir, line.strip())) for line in lines if line.strip()]
-    return [path for path in paths if os.path.basename(path).startswith(_RECORD_PREFIX)]
+    return [path for path in paths if os.path.basename(path).startswith("vdlrecords.")]  # VisualDL's names

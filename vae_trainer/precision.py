@@ -1,8 +1,5 @@
 """Mixed precision (docs/training.md): autocast, fp16 loss scaling (one scaler per network), O2 decoration
-(GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it.
-"""
-
-from __future__ import annotations
+(GPU only: on CPU the flags train in float32), O2 weights back to float32 after training or autocast outside it."""
 
 import contextlib
 import logging
@@ -52,8 +49,7 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
-    """The run's autocast (dtype None: float32) and the fp16 loss scalers of the VAE and the discriminator (disabled
-    without --fp16, and on CPU)."""
+    """The run's autocast (dtype None: float32) and the fp16 loss scalers of both networks (disabled without --fp16)."""
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
@@ -104,10 +100,8 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
             if layer is model or not layer.parameters(include_sublayers=False):
                 layer._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
-    if not args.fp16:
-        return Precision(dtype=dtype, level=args.fp16_opt_level)
-    return Precision(dtype, args.fp16_opt_level, LossScaler(args.scale_loss, args.min_loss_scale),
-                     LossScaler(args.scale_loss, args.min_loss_scale))
+    scalers = [LossScaler(args.scale_loss, args.min_loss_scale) for _ in range(2)] if args.fp16 else []
+    return Precision(dtype, args.fp16_opt_level, *scalers)
 
 
 def uses_master_weights(args) -> bool:
@@ -122,21 +116,16 @@ def half_dtype(layer: paddle.nn.Layer) -> Optional[str]:
 
 def half_precision_autocast(layer: paddle.nn.Layer):
     """O2 autocast for a forward of `layer` outside the step if its weights are half precision, else nothing."""
-    dtype = half_dtype(layer)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return paddle.amp.auto_cast(enable=True, level="O2", dtype=dtype)
+    return Precision(half_dtype(layer), "O2").autocast()
 
 
 def restore_float32(layer: paddle.nn.Layer, optimizers: Iterable) -> None:
     """After O2 training: `layer` back in float32 with the optimizers' float32 master weights (no-op if float32)."""
     if half_dtype(layer) is None:
         return
-    masters = {}
-    for optimizer in optimizers:
-        masters.update(optimizer.state_dict().get("master_weights", {}))
+    masters = [optimizer.state_dict().get("master_weights", {}) for optimizer in optimizers]
     names = {param.name: key for key, param in layer.named_parameters()}
     layer.to(dtype="float32")  # in place: the same parameter objects, now float32
-    state = {names[name]: master for name, master in masters.items() if name in names}
+    state = {names[name]: master for found in masters for name, master in found.items() if name in names}
     layer.set_state_dict(state)
     logger.info("O2: model cast to float32 with the optimizers' master weights (%d tensors)", len(state))

@@ -38,8 +38,7 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
     if v2 is not None:
         quota, period = (v2.split() + ["", ""])[:2]
     else:
-        quota = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us"))
-        period = _read(os.path.join(root, "cpu", "cpu.cfs_period_us"))
+        quota, period = (_read(os.path.join(root, "cpu", f"cpu.cfs_{name}_us")) for name in ("quota", "period"))
     if not (quota and period and quota.isdigit() and period.isdigit()) or int(period) == 0:
         return None  # "max" / "-1": no quota
     return int(quota) / int(period)

@@ -2,8 +2,6 @@
 `--save_steps` timing around the plain loop's step and bookkeeping (`loop.Run`). The Trainer steps its `optimizer`
 and `lr_scheduler` itself after each optimizer step: they do nothing here, `TrainStep.optimizer_step` did it."""
 
-from __future__ import annotations
-
 import copy
 from types import SimpleNamespace
 from typing import Dict, Optional
@@ -24,10 +22,8 @@ class VAETrainer(Trainer, TrainerCallback):
         args.report_to, args.fp16, args.bf16 = [], False, False
         args.ignore_data_skip = True  # the stream resumes at its saved position instead of replaying
         super().__init__(model=run.networks.model, args=args)
-        self.run = run
-        self.micro_steps = 0
-        self.micro = None  # the last micro-batch's MicroBatch
-        self.step_report = None  # the last optimizer step's StepReport
+        self.run, self.micro_steps = run, 0
+        self.micro = self.step_report = None  # the last micro-batch's MicroBatch, optimizer step's StepReport
         self.add_callback(self)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -52,13 +48,10 @@ class VAETrainer(Trainer, TrainerCallback):
 
     def training_step(self, model, inputs):
         micro_batch = self.micro_steps % self.args.gradient_accumulation_steps
-        step = self.run.step
-        self.micro = step.forward_backward(inputs["pixel_values"], self.state.global_step, micro_batch)
-        self.run.position.update(inputs["position"])
-        self.run.monitor.micro_step_end(self.micro.logs)
+        self.micro = self.run.micro_step(inputs, self.state.global_step, micro_batch)
         self.micro_steps += 1
         if micro_batch == self.args.gradient_accumulation_steps - 1:
-            self.step_report = step.optimizer_step(self.state.global_step)
+            self.step_report = self.run.step.optimizer_step(self.state.global_step)
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
         loss = self.micro.logs["loss/total"] / self.args.gradient_accumulation_steps
         return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss))
@@ -67,10 +60,9 @@ class VAETrainer(Trainer, TrainerCallback):
         return self.run.save(self.state)
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
-        pass  # Run.begin loaded the checkpoint
+        pass  # Run.begin loaded the checkpoint, optimizers and schedules included
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        pass
+    _load_optimizer_and_scheduler = _load_from_checkpoint
 
 
 def train(model_args, data_args, loss_args, args) -> Dict[str, str]:

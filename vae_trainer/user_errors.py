@@ -1,9 +1,5 @@
 """Mistakes a user can fix at start-up (a wrong flag, a missing or unsuitable file): one `error:` line, exit 1.
-
-Raised later, while training, the same errors keep their traceback (bugs to report, not input to fix).
-"""
-
-from __future__ import annotations
+Raised later, while training, the same errors keep their traceback (bugs to report, not input to fix)."""
 
 import contextlib
 import functools

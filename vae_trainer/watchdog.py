@@ -22,10 +22,9 @@ DEFAULT_STALL_TIMEOUT = 1800  # seconds: PyTorch's default collective timeout; a
 class _Watchdog(threading.Thread):
     def __init__(self, timeout: float, rank: int, activity: str) -> None:
         super().__init__(name="stall-watchdog", daemon=True)
-        self.timeout, self.rank, self.activity = timeout, rank, activity
+        self.timeout, self.rank, self.activity, self.stopped = timeout, rank, activity, threading.Event()
         self.last_time, self.last_wall, self.last_done = time.monotonic(), time.time(), "the start"
         self.last_step: Optional[int] = None
-        self.stopped = threading.Event()
 
     def run(self) -> None:
         while time.monotonic() - self.last_time <= self.timeout:
