@@ -12,6 +12,7 @@ decodes its share of the same images, rank 0 prints and writes. Flags and protoc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -106,10 +107,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_clip_flags(args: argparse.Namespace, family) -> None:
-    """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family: training's refusals."""
-    flags = SimpleNamespace(num_frames=args.num_frames, frame_stride=args.frame_stride, video=family.video,
-                            family=family, family_known=True, video_image_ratio=0, temporal_loss_weight=0, equivariance_prob=0,
-                            vf_model_path=args.vf_model_path)
+    """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family: training's refusals,
+    the training flags eval_vae.py does not have at their defaults."""
+    from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments
+
+    defaults = {f.name: f.default for cls in (ModelArguments, DataArguments, LossArguments)
+                for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    flags = SimpleNamespace(**{**defaults, "num_frames": args.num_frames, "frame_stride": args.frame_stride,
+                               "vf_model_path": args.vf_model_path, "eval_steps": None, "family": family,
+                               "family_known": True, "video": family.video,
+                               "frozen_latent": family.encoder_never_trains})
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
     refuse(flags, given)
 

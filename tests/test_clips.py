@@ -26,9 +26,27 @@ RES = 32
 DEMO = "data/demo/train"
 
 
+class Pipe(io.RawIOBase):
+    """A write-only sink that cannot seek (a recorder's, or ffmpeg's to stdout): a webm written to it has neither a
+    frame count nor a duration."""
+
+    def __init__(self):
+        super().__init__()
+        self.data = bytearray()
+
+    def writable(self):
+        return True
+
+    def write(self, chunk):
+        self.data += bytes(chunk)
+        return len(chunk)
+
+
 def numbered(path, frames=20, keyframe_interval=4, codec="libx264", options=None):
-    """A clip whose frame i is solid red 12 * i (crf 0: ids survive the YUV round trip within +-2)."""
-    with av.open(str(path), "w", options=options or {}) as container:
+    """A clip whose frame i is solid red 12 * i (crf 0: ids survive the YUV round trip within +-2); `path` may be a
+    Pipe (webm)."""
+    target = path if isinstance(path, Pipe) else str(path)
+    with av.open(target, "w", format="webm" if target is path else None, options=options or {}) as container:
         stream = container.add_stream(codec, rate=24)
         stream.width = stream.height = RES
         stream.pix_fmt = "yuv420p"
@@ -122,6 +140,22 @@ def test_windows_hold_the_frames_of_their_stride_and_seek_from_a_keyframe(tmp_pa
     assert ids(read_window(path, 20, 1, np.random.default_rng(0))) == list(range(20))  # the whole file
     if suffix == "mp4":  # keyframes every 4 frames: a window decodes its span plus at most 3 frames before it
         assert counter.decoded <= 14 * (9 + 3) + 1 + 20
+
+
+def test_a_webm_written_to_a_pipe_has_its_frames_counted(tmp_path):
+    pipe = Pipe()
+    numbered(pipe, codec="libvpx-vp9")
+    path = tmp_path / "piped.webm"
+    path.write_bytes(pipe.data)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        assert (stream.frames, stream.duration, container.duration) == (0, None, None)
+    starts = set()
+    for seed in range(8):
+        got = ids(read_window(str(path), 5, 2, np.random.default_rng(seed)))
+        starts.add(got[0])
+        assert got == list(range(got[0], got[0] + 9, 2)) and 0 <= got[0] <= 11, got
+    assert len(starts) >= 4 and ids(read_window(str(path), 5, 1, np.random.default_rng(0), first=True)) == [0, 1, 2, 3, 4]
 
 
 class StartAt:
@@ -240,6 +274,14 @@ def test_tar_shards_of_video_members_and_a_list_of_video_files(tmp_path):
     stream = ImageStream(str(shard), RES, num_frames=5, infinite=False, shuffle=False)
     shapes = [sample["pixel_values"].shape for sample in stream]
     assert shapes == [(3, 5, RES, RES), (3, RES, RES), (3, 5, RES, RES)] and stream.skip_stats() == {"not_video": 1}
+    # An image run reads the shard's images and never holds its video members (they may be large).
+    from vae_trainer.data.filelists import read_sources
+    from vae_trainer.data.records import iterate_records
+
+    for videos in (False, True):
+        [part] = read_sources(str(shard), videos=videos)[0].parts
+        held = [sample.video for sample in iterate_records(part) if sample.video is not None]
+        assert held == ([mp4, mp4[:100], mp4] if videos else [])
     listed = tmp_path / "videos.txt"
     listed.write_text(f"n.mp4\n{shard}\n")
     stream = ImageStream(str(listed), RES, num_frames=9, infinite=False, shuffle=False)

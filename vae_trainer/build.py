@@ -119,7 +119,7 @@ def stateful(step: TrainStep) -> Dict[str, Any]:
             **step.precision.stateful(), "nonfinite_guard.pdparams": step.guard, **ema}
 
 
-def build_optimization(networks: Networks, loss_args, training_args) -> TrainStep:
+def build_optimization(networks: Networks, loss_args, training_args, clips: bool = False) -> TrainStep:
     """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
     copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
@@ -134,7 +134,7 @@ def build_optimization(networks: Networks, loss_args, training_args) -> TrainSte
     return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
-                     vf_model=networks.vf_model if model.vf_projection is not None else None)
+                     vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):

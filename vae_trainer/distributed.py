@@ -125,10 +125,16 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
     return preemption.PREEMPTED_EXIT_CODE
 
 
-def sync_gradients(parameters: Iterable[paddle.Tensor]) -> None:
-    """Average the gradients of `parameters` over all ranks."""
+def sync_gradients(parameters: Iterable[paddle.Tensor], fill_missing: bool = False) -> None:
+    """Average the gradients of `parameters` over all ranks. `fill_missing`: one with no gradient on this rank takes
+    part as zeros (clips: a Wan time_conv has none after one-frame batches while another rank decoded a clip; the
+    fused all-reduce skips gradient-less parameters, and the ranks would send buffers of different sizes)."""
     if world_size() > 1:
-        fused_allreduce_gradients([p for p in parameters if not p.stop_gradient], None)
+        trained = [p for p in parameters if not p.stop_gradient]
+        for p in trained if fill_missing else []:
+            if p.grad is None:
+                p.grad = paddle.zeros_like(p)
+        fused_allreduce_gradients(trained, None)
 
 
 def sum_over_ranks(value: paddle.Tensor) -> paddle.Tensor:

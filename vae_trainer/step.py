@@ -128,6 +128,7 @@ class TrainStep:
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
     seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
     vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
+    clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
@@ -199,7 +200,7 @@ class TrainStep:
         scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
                                       "train/disc_learning_rate": self.disc_optimizer.get_lr()}
 
-        sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
+        sync_gradients(vae_params + disc_params, fill_missing=self.clips)                 # 1. all-reduce
         precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
         if gan:
             precision.disc_scaler.unscale_(self.disc_optimizer)

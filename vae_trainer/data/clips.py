@@ -38,6 +38,9 @@ def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.rando
         if not known:  # (webm, mkv: the header has a duration, not a frame count)
             seconds = stream.duration * stream.time_base if stream.duration else (container.duration or 0) / av.time_base
             count = int(round(seconds * rate))
+        if not count:  # no duration either (written to a pipe: a recorder, ffmpeg to stdout): count its packets
+            count = sum(1 for packet in container.demux(stream) if packet.size)
+            container.seek(stream.start_time or 0, stream=stream, backward=True)
         single = single_ratio > 0 and rng.random() < single_ratio
         span = 1 if single else (num_frames - 1) * stride + 1
         if count < span:

@@ -21,6 +21,7 @@ COUNTS_SUFFIX = ".counts"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 PIPE_PREFIX = "pipe:"
 LINES, TAR, IMAGE = "lines", "tar", "image"  # a LAION part file, a WebDataset shard, one image (or video) file
+CLIP_TAR = "clip_tar"  # a WebDataset shard whose video members are read too (--num_frames > 1)
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v")  # read as clips with --num_frames > 1
 
 
@@ -120,7 +121,7 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, video
             path = _resolve(name, filelist)
             sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
             if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
-                parts.append(Part(path, TAR))
+                parts.append(Part(path, CLIP_TAR if videos else TAR))
             else:
                 is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(
                     VIDEO_SUFFIXES)
@@ -161,7 +162,7 @@ def _source(name: str, weight: float, named_at: str, list_file: str | None, coun
         shards = _expand(path)
         for shard in shards:
             _checked_size(shard, named_at)
-        return Source(path, weight, [Part(shard, TAR) for shard in shards])
+        return Source(path, weight, [Part(shard, CLIP_TAR if videos else TAR) for shard in shards])
     if os.path.isdir(path):
         files = image_files(path, videos)
         if not files:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Union
 
-from .filelists import LINES, PIPE_PREFIX, TAR, VIDEO_SUFFIXES, Part
+from .filelists import CLIP_TAR, LINES, PIPE_PREFIX, TAR, VIDEO_SUFFIXES, Part
 from .images import BadImage, decode_base64
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -71,8 +71,9 @@ def _split_key(name: str) -> tuple[str, str] | None:
     return (f"{folder}/{stem}" if folder else stem), extension.lower()
 
 
-def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]:
-    """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read."""
+def _tar_members(tar: tarfile.TarFile, start: int, videos: bool) -> Iterator[TarSample | None]:
+    """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read, nor video
+    members unless `videos`."""
     number, key, image, rank, video = -1, None, None, len(TAR_IMAGE_EXTENSIONS), None
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
@@ -85,13 +86,13 @@ def _tar_members(tar: tarfile.TarFile, start: int) -> Iterator[TarSample | None]
             number, key, image, rank, video = number + 1, split[0], None, len(TAR_IMAGE_EXTENSIONS), None
         if number >= start and split[1] in TAR_IMAGE_EXTENSIONS[:rank]:
             image, rank = tar.extractfile(member).read(), TAR_IMAGE_EXTENSIONS.index(split[1])
-        elif number >= start and split[1] in TAR_VIDEO_EXTENSIONS and video is None:
+        elif videos and number >= start and split[1] in TAR_VIDEO_EXTENSIONS and video is None:
             video = tar.extractfile(member).read()
     if key is not None:
         yield TarSample(key, image, video) if number >= start else None
 
 
-def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
+def _tar_records(path: str, start: int, videos: bool = False) -> Iterator[Payload | None]:
     """The samples of a local tar or a ``pipe:`` command's output (a failed exit status damages the part); a command
     still running when the reader stops is killed with its process group."""
     command = path[len(PIPE_PREFIX):] if path.startswith(PIPE_PREFIX) else None
@@ -102,7 +103,7 @@ def _tar_records(path: str, start: int) -> Iterator[Payload | None]:
                                        start_new_session=True)
         with process.stdout if process else open_part(path) as stream:
             with tarfile.open(fileobj=stream, mode="r|*") as tar:
-                yield from _tar_members(tar, start)
+                yield from _tar_members(tar, start, videos)
             while process and stream.read(_READ_SIZE):  # the tar's end padding, so the writer can finish
                 pass
         status = process.wait() if process else 0
@@ -125,8 +126,8 @@ def iterate_records(part: Part, start: int = 0) -> Iterator[Payload | None]:
     """Every record of `part` in order: None for those before `start` (not read), then the payloads."""
     if part.kind == LINES:
         return _line_records(part.path, start)
-    if part.kind == TAR:
-        return _tar_records(part.path, start)
+    if part.kind in (TAR, CLIP_TAR):
+        return _tar_records(part.path, start, part.kind == CLIP_TAR)
     return iter([part.path if start == 0 else None])
 
 
