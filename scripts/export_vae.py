@@ -66,7 +66,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--scaling_factor", default=None,
                         help="keep | measure | a number > 0 (default: what the run used)")
     parser.add_argument("--data", default=None,
-                        help="images to measure the latent statistics on, a filelist or a folder (default: the run's)")
+                        help="images to measure the latent statistics on (a clip run's: videos, as its --num_frames), a "
+                             "filelist or a folder (default: the run's)")
     parser.add_argument("--num_images", type=int, default=None, help="images measured (default: the run's, else 64)")
     parser.add_argument("--resolution", type=int, default=None, help="crop size (default: the run's --resolution)")
     parser.add_argument("--batch_size", type=int, default=None,
@@ -157,7 +158,7 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
     return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
                               export_config.get("input_size"), export_config.get("posterior_std", 0.0),
                               sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"),
-                              **({} if args.data else export_config.get("latent_stats_frames", {})))  # a clip run's
+                              **export_config.get("latent_stats_frames", {}))  # a clip run's: its clips (--data too)
 
 
 @exit_on_user_error

@@ -124,12 +124,18 @@ def test_the_training_evaluator_measures_clips_into_eval_metrics_and_visualdl(wa
         yield {"pixel_values": clips[2:]}
 
     monkeypatch.setattr(evaluation, "build_eval_dataloader", clip_loader)
-    data_args = SimpleNamespace(resolution=SIZE, eval_file_list="held_out_clips", eval_num_images=3,
+    held_out = tmp_path / "held_out"  # (read by the stand-in loader above; the evaluator checks it names videos)
+    held_out.mkdir()
+    (held_out / "still.png").write_bytes(b"")
+    data_args = SimpleNamespace(resolution=SIZE, eval_file_list=str(held_out), eval_num_images=3,
                                 latent_stats_num_images=None, file_list="train", eval_tiled=False, eval_tile_size=None,
                                 num_frames=5, frame_stride=2)
     args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_steps=2, per_device_eval_batch_size=2,
                                 num_logged_images=2, report_to=["visualdl"])
     monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
+    with pytest.raises(ValueError, match="names no video file, and --num_frames 5 evaluates clips"):
+        TrainingEvaluator(data_args, args, lpips=FrameMeanError())  # a start-up error, not one at the first evaluation
+    (held_out / "clip.mp4").write_bytes(b"")
     evaluator = TrainingEvaluator(data_args, args, lpips=FrameMeanError())
     evaluator.run(2, wan[0], None, monitor, SimpleNamespace(log_history=[], best_metric=None))
     monitor.close()
@@ -222,6 +228,8 @@ def test_training_refuses_rfid_weights_and_input_size_with_clips_and_flicker_on_
     for flags, words in ((["--num_frames", "5", "--inception_weights", "x.pdparams"], "rFVD is not provided"),
                          (["--num_frames", "5", "--input_size", "32", "32"], "clips are encoded at --resolution"),
                          (["--eval_file_list", str(tmp_path), "--eval_steps", "1", "--metric_for_best_model",
-                           "flicker"], "flicker is measured on clips")):
+                           "flicker"], "flicker is measured on clips"),
+                         (["--num_frames", "5", "--video_image_ratio", "1", "--temporal_loss_weight", "0.5"],
+                          "--temporal_loss_weight 0.5: --video_image_ratio 1 makes every sample a single frame")):
         with pytest.raises(ValueError, match=words):
             parse_arguments(base + flags)

@@ -33,7 +33,7 @@ from .precision import setup_precision, uses_master_weights
 from .step import NonFiniteGuard, TrainStep, disc_update_start
 
 logger = logging.getLogger("vae_trainer")
-VIDEO_ENCODER_TRAINED = "%s: its encoder is being trained on still images. Its latents encode video too (an image " \
+VIDEO_ENCODER_TRAINED = "%s: its encoder is being trained on %s. Its latents encode video too (an image " \
     "is a one-frame clip)"
 LOADED_LATENTS_CHANGE = (", and a diffusion model was trained on them: training the encoder changes them, for video "
                          "as well. To keep them, fine-tune the decoder only (--freeze_encoder); docs/fine-tuning.md, "
@@ -63,7 +63,8 @@ def init_process(training_args) -> None:
     init_distributed()
 
 
-def build_networks(model_args, loss_args, training_args, resolution: Optional[int] = None) -> Networks:
+def build_networks(model_args, loss_args, training_args, resolution: Optional[int] = None,
+                   clips: bool = False) -> Networks:
     """The VAE (+ discriminator + log-variance) container and the frozen LPIPS, identical on every rank;
     `resolution` (--resolution) is checked against what the decoder returns (--input_size)."""
     set_seed(training_args.seed)
@@ -95,7 +96,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                                      trainable_modules=model_args.trainable_modules)
         model.refuse_frozen_readers(loss_args)
         if model.family.video and not model.encoder_frozen:
-            warn_video_encoder_trained(model.family.class_name, model_args)
+            warn_video_encoder_trained(model.family.class_name, model_args, clips)
         # Checked against the VAE's family (FLUX.2: keep or measure) and whether its encoder trains.
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
@@ -103,12 +104,13 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
 
 
-def warn_video_encoder_trained(class_name: str, model_args) -> None:
-    """Said once per job (by rank 0) at start when a video VAE's encoder trains on images: what that does to loaded
-    latents, or to a fresh VAE's."""
-    if rank() == 0:
-        loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
-        logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name)
+def warn_video_encoder_trained(class_name: str, model_args, clips: bool = False) -> None:
+    """Said once per job (by rank 0) at start when a video VAE's encoder trains: what that does to loaded latents,
+    or, on images, to a fresh VAE's (`clips`: --num_frames > 1; a fresh VAE trained on clips gets no warning)."""
+    loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+    if rank() == 0 and (loaded or not clips):
+        logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name,
+                       "clips" if clips else "still images")
 
 
 def stateful(step: TrainStep) -> Dict[str, Any]:

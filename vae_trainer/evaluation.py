@@ -20,7 +20,7 @@ from vae_trainer import watchdog
 from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, to_token_grid
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
-from vae_trainer.data.filelists import read_sources
+from vae_trainer.data.filelists import CLIP_TAR, VIDEO_SUFFIXES, read_sources
 from vae_trainer.data.images import RESAMPLING
 from vae_trainer.data.sharding import RecordSample
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
@@ -360,6 +360,12 @@ def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
 
 
+def names_videos(data: str) -> bool:
+    """Does `data` name a video file, or a WebDataset shard (which may hold some)?"""
+    return any(part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
+               for source in read_sources(data, counts=False, videos=True) for part in source.parts)
+
+
 class TrainingEvaluator:
     """Evaluation during training, the same in both drivers: logs, appends to eval_metrics.jsonl, tracks
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
@@ -384,6 +390,9 @@ class TrainingEvaluator:
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
                              f"({ranks}): every rank evaluates its share")
+        if self.enabled and self.clip_frames and not names_videos(data_args.eval_file_list):
+            raise ValueError(f"--eval_file_list {data_args.eval_file_list} names no video file, and --num_frames "
+                             f"{self.frames['num_frames']} evaluates clips (images are skipped): give held-out videos")
         wanted = data_args.latent_stats_num_images
         if wanted is not None and wanted < max(1, ranks):
             raise ValueError(f"--latent_stats_num_images {wanted} must be at least 1 and at least the number of ranks "

@@ -152,6 +152,7 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
                        "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
                        "adaptive_disc_weight_max", "disc_weight_warmup_steps")
+ALL_SINGLE_FRAMES = "--video_image_ratio 1 makes every sample a single frame, and it applies to clips: drop one"
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
@@ -204,11 +205,11 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
      f"{FAMILY}'s encoder is deterministic: there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),
-    (("weight_decay",), lambda f: f.video and f.loads_weights and f.weight_decay > 0,
+    (("weight_decay",), lambda f: f.video and f.num_frames == 1 and f.loads_weights and f.weight_decay > 0,
      "it would shrink the loaded temporal weights of this video VAE that images never train (earlier-frame kernel "
      "taps get a zero gradient, and decay alone would move them), changing its video decoding: drop it (it is the "
      "discriminator's decay too)"),
-    (("fp16_opt_level",), lambda f: f.video and f.loads_weights and f.fp16_opt_level == "O2",
+    (("fp16_opt_level",), lambda f: f.video and f.num_frames == 1 and f.loads_weights and f.fp16_opt_level == "O2",
      "O2 keeps the weights in half precision, so the temporal weights of this video VAE that images never train would "
      "come back rounded: use O1 (float32 weights, half-precision compute)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),
@@ -227,6 +228,10 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("disc_type",), lambda f: f.num_frames == 1 and f.disc_type == "patchgan3d",
      "a 3-D discriminator over one-frame samples is a 2-D one: use --disc_type patch, or add --num_frames N (> 1)"),
     (("video_image_ratio",), lambda f: not 0 <= f.video_image_ratio <= 1, "it is a share in [0, 1]"),
+    (("frame_stride", "temporal_loss_weight", "lpips_num_frames"), lambda f: f.num_frames > 1 and f.video_image_ratio
+     == 1 and (f.frame_stride != 1 or f.temporal_loss_weight or f.lpips_num_frames), ALL_SINGLE_FRAMES),
+    (("disc_type",), lambda f: f.num_frames > 1 and f.video_image_ratio == 1 and f.disc_type == "patchgan3d",
+     ALL_SINGLE_FRAMES),
     (("temporal_loss_weight",), lambda f: f.temporal_loss_weight < 0, "it must be >= 0 (0: off)"),
     (("lpips_num_frames",), lambda f: not 0 <= f.lpips_num_frames <= f.num_frames,
      "it is a number of frames per clip: 0 (every frame) to --num_frames"),
