@@ -3,6 +3,7 @@ accepted forms are in docs/data.md ("What --file_list takes", "Record counts")."
 
 from __future__ import annotations
 
+import csv
 import functools
 import logging
 import math
@@ -18,6 +19,7 @@ logger = logging.getLogger("vae_trainer.data")
 FILELIST_LIST_SUFFIX = ".filelist.list"
 FILELIST_SUFFIX = ".filelist"
 COUNTS_SUFFIX = ".counts"
+CSV_SUFFIX = ".csv"  # a filelist as a table: the path in the first column
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 PIPE_PREFIX = "pipe:"
 LINES, TAR, IMAGE = "lines", "tar", "image"  # a LAION part file, a WebDataset shard, one image (or video) file
@@ -49,7 +51,11 @@ def _entries(list_file: str) -> list[tuple[int, str]]:
         raise FileNotFoundError(f"{list_file}: file list not found")
     with open(list_file, encoding="utf-8") as handle:
         lines = [(number, line.strip()) for number, line in enumerate(handle, start=1)]
-    return [(number, text) for number, text in lines if text and not text.startswith("#")]
+    entries = [(number, text) for number, text in lines if text and not text.startswith("#")]
+    if list_file.lower().endswith(CSV_SUFFIX):  # a table of paths: its first column, under a header (no suffix)
+        entries = [(number, next(csv.reader([text]))[0].strip()) for number, text in entries]
+        return entries[1:] if entries and not Path(entries[0][1]).suffix else entries
+    return entries
 
 
 def _resolve(path: str, list_file: str | None) -> str:
@@ -90,7 +96,7 @@ def image_files(root: str, videos: bool = False) -> list[Path]:
 
 def is_filelist_list(file_list: str) -> bool:
     """True for a list of filelists: by its suffix, else by its first entry (a weight, or a ``.filelist``)."""
-    if file_list.endswith((FILELIST_LIST_SUFFIX, FILELIST_SUFFIX)):
+    if file_list.lower().endswith((FILELIST_LIST_SUFFIX, FILELIST_SUFFIX, CSV_SUFFIX)):
         return file_list.endswith(FILELIST_LIST_SUFFIX)
     entries = _entries(file_list)
     fields = entries[0][1].split() if entries else [""]
