@@ -16,6 +16,7 @@ import paddle.nn.functional as F
 
 from .alignment import vf_loss
 from .distributed import sum_over_ranks, world_size
+from .metrics import fold_frames as frames  # clips [B, C, T, H, W] as their frames [(B T), C, H, W]
 
 Tensor = paddle.Tensor
 
@@ -32,14 +33,6 @@ _BLUR = (np.outer(_GAUSSIAN, _GAUSSIAN) / np.outer(_GAUSSIAN, _GAUSSIAN).sum()).
 # stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
 _MIN_EDGE_ENERGY = 1.0
 _LPIPS_STREAM = 0x4C504653  # "LPFS": the LPIPS frame subsets' draws, apart from any other use of the seed
-
-
-def frames(images: Tensor) -> Tensor:
-    """Clips [B, C, T, H, W] as their frames [(B T), C, H, W]; images [B, C, H, W] as they are."""
-    if images.ndim == 4:
-        return images
-    b, c, t, h, w = images.shape
-    return images.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
 
 
 def temporal_loss(x: Tensor, recon: Tensor) -> Tensor:

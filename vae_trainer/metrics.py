@@ -45,7 +45,9 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
 
 
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
-    """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t)."""
+    """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t); images as they are."""
+    if clips.ndim == 4:
+        return clips
     b, c, t, h, w = clips.shape
     return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
 

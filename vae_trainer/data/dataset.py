@@ -141,14 +141,6 @@ class ImageStream(RaisesInMainThread):
     def _records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
-    def _video(self, payload) -> str | bytes | None:
-        """What of a record is read as a clip (--num_frames > 1): a video file's path or a tar sample's video."""
-        if self.num_frames == 1:
-            return None
-        if isinstance(payload, TarSample):
-            return payload.video
-        return payload if isinstance(payload, str) and payload.lower().endswith(VIDEO_SUFFIXES) else None
-
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """((frames, shape index), uint8 crop [H, W, 3] or clip [T, H, W, 3]) of one record, or None if unusable
         (then counted and logged if `count`)."""
@@ -157,7 +149,9 @@ class ImageStream(RaisesInMainThread):
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
                 raise BadImage(payload.reason, payload.detail + ("; the records before it are used" if corrupt else ""))
-            video = self._video(payload)
+            # Read as a clip (--num_frames > 1): a video file's path, or a tar sample's video.
+            video = None if self.num_frames == 1 else payload.video if isinstance(payload, TarSample) else (
+                payload if isinstance(payload, str) and payload.lower().endswith(VIDEO_SUFFIXES) else None)
             if video is not None:
                 frames = read_window(video, self.num_frames, self.frame_stride, draws, self.first_windows,
                                      self.video_image_ratio, self.min_image_size, self.max_image_pixels)
