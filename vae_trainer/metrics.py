@@ -26,10 +26,7 @@ DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_
 HALF_NYQUIST = 0.25  # cycles per sample
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
 
-SSIM_WINDOW_SIZE = 11
-SSIM_SIGMA = 1.5
-SSIM_K1 = 0.01
-SSIM_K2 = 0.03
+SSIM_WINDOW_SIZE, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03
 
 
 def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:

@@ -263,8 +263,7 @@ def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
 
 
 def disc_update_start(loss_args) -> int:
-    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters), else
-    --disc_start."""
+    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters) or --disc_start."""
     start = loss_args.disc_update_start
     return loss_args.disc_start if start is None else min(start, loss_args.disc_start)
 

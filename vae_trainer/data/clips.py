@@ -36,7 +36,8 @@ def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.rando
         rate = stream.average_rate or stream.guessed_rate or Fraction(25)
         count, known = stream.frames, stream.frames > 0
         if not known:  # (webm, mkv: the header has a duration, not a frame count)
-            seconds = stream.duration * stream.time_base if stream.duration else (container.duration or 0) / av.time_base
+            seconds = (stream.duration * stream.time_base if stream.duration
+                       else (container.duration or 0) / av.time_base)
             count = int(round(seconds * rate))
         single = single_ratio > 0 and rng.random() < single_ratio
         span = 1 if single else (num_frames - 1) * stride + 1
