@@ -270,15 +270,13 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
                                                                loss_args, gan_weight, grad_scale, pixels_per_image,
                                                                latent)
-        recon_grad = recon_grad + gan_grad
-        loss = loss + (d_weight * gan).detach()
+        recon_grad, loss = recon_grad + gan_grad, loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
         if overflow is not None:
             logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
     if vf is not None:
         weighted_vf, vf_logs = _weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale, encoded_pixels)
-        direct = direct + weighted_vf
-        loss = loss + weighted_vf.detach()
+        direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
         logs.update(vf_logs)
     logs["loss/total"] = loss
     return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})

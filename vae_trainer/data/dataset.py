@@ -123,8 +123,7 @@ class ImageStream(RaisesInMainThread):
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
             for index, record in enumerate(self._records(sources, shard, epoch, skip)):
-                end = index + 1
-                replaying = index < resume_at
+                end, replaying = index + 1, index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
                 decoded = self._decode(record, (shard, epoch, index), not replaying)
