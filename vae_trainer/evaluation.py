@@ -240,8 +240,7 @@ class _Pass:
         self.add_latents(posterior)
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
-        """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]; of clips, the
-        per-frame metrics over every frame (T folded into the batch) and the temporal ones."""
+        """Encode, decode and add every metric of the reconstructions, clamped to [-1, 1] (clips: also flicker)."""
         clips = pixels.ndim == 5
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.posterior(pixels)

@@ -67,7 +67,6 @@ def check_sizes(model_args, data_args) -> None:
 
 
 def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
-    """A bucket shape at `resolution` whose sides are not multiples of `factor`, or None."""
     return next((shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor), None)
 
 

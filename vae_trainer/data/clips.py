@@ -11,7 +11,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from .images import BadImage, crop, to_float
+from .images import BadImage, crop
 
 
 def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.random.Generator, first: bool = False,
@@ -94,9 +94,3 @@ def crop_frames(frames: list[Image.Image], size: tuple[int, int], rng: np.random
         rng.bit_generator.state = state
         cropped.append(crop(frame, size, rng, random_flip, random_crop))
     return np.stack(cropped)
-
-
-def pixel_values(pixels: np.ndarray, clips: bool) -> np.ndarray:
-    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1]; `clips`: [..., T, H, W, 3] -> [..., 3, T, H, W]."""
-    values = to_float(pixels)
-    return np.ascontiguousarray(np.moveaxis(values, -3, -4)) if clips else values

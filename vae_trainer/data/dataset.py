@@ -13,9 +13,9 @@ import numpy as np
 import paddle
 
 from .buckets import bucket_shapes, nearest_bucket
-from .clips import crop_frames, pixel_values, read_window
+from .clips import crop_frames, read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
-from .images import BadImage, crop, load_rgb, open_image, upright_size
+from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
@@ -42,9 +42,9 @@ class _EpochEnd:
 
 
 class ImageStream(RaisesInMainThread):
-    """Decoded, cropped images and clips (`num_frames` > 1: video files, a random window each, or with probability
-    `video_image_ratio` one frame; `first_windows`: each video's first window, images skipped); iterated directly,
-    single samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
+    """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
+    probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
+    samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
@@ -112,7 +112,7 @@ class ImageStream(RaisesInMainThread):
         for item in self.samples(shard, num_shards, start):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
-                yield {"pixel_values": pixel_values(item.pixels, item.pixels.ndim == 4), "position": position}
+                yield {"pixel_values": to_float(item.pixels, item.pixels.ndim == 4), "position": position}
 
     def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
@@ -141,8 +141,7 @@ class ImageStream(RaisesInMainThread):
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
-        """((frames, shape index), uint8 crop [H, W, 3] or clip [T, H, W, 3]) of one record, or None if unusable
-        (then counted and logged if `count`)."""
+        """(bucket, uint8 crop [H, W, 3] or clip [T, H, W, 3]) of a record; None if unusable (counted if `count`)."""
         payload, draws, video = record.payload, rng(self.seed, PER_SAMPLE, *keys), None
         try:
             if isinstance(payload, Damaged):
@@ -215,7 +214,7 @@ class TrainBatches(RaisesInMainThread):
                     batch, waiting[bucket] = waiting[bucket], []
                     pending = sorted(sample.index for samples in waiting.values() for sample in samples)
                     pixels = np.stack([sample.pixels for sample in batch])
-                    yield {"pixel_values": pixel_values(pixels, pixels.ndim == 5),
+                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
                            "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
 
 
@@ -243,11 +242,10 @@ class _EvalShare(RaisesInMainThread):
             decoded = self.stream._decode(record, (0, 0, index)) if owner == self.rank else None
             if decoded is not None:
                 self.usable += 1
-                yield {"pixel_values": pixel_values(decoded[1], decoded[1].ndim == 4)}
+                yield {"pixel_values": to_float(decoded[1], decoded[1].ndim == 4)}
 
 
 def _gather(values: list[int], world_size: int) -> list[list[int]]:
-    """`values` of every rank, in rank order (a collective when `world_size` > 1)."""
     if world_size == 1:
         return [values]
     gathered = []
@@ -259,10 +257,9 @@ def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int
                           num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
                           frame_stride: int = 1) -> Iterator[dict]:
     """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
-    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips [B, 3, T, H, W],
-    each video's first window (images and shorter videos skipped). Collective, in rounds: the next
-    `num_images` - usable records are dealt to the ranks, which gather their usable counts and failure flags (a
-    failing rank still joins: the others stop)."""
+    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips, each video's
+    first window (images and shorter videos skipped). Collective, in rounds: the next `num_images` - usable records
+    are dealt to the ranks, which gather their usable counts and failure flags (a failing rank joins; the rest stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False, num_frames=num_frames, frame_stride=frame_stride,
                          first_windows=True)  # now: a bad --data is a start-up error
