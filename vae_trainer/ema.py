@@ -16,9 +16,8 @@ def _on_own(method):
 
 
 class TrainableEMA(EMAModel):
-    """An EMAModel of the VAE weights named `names` (default: those that train). A frozen weight is its own average,
-    so it has no shadow (RAE's DINOv2-B: 86M parameters). Its methods take all of `vae.parameters()`, as EMAModel's
-    callers pass them, and use its own."""
+    """An EMAModel of the VAE weights named `names` (default: those that train; a frozen one is its own average: no
+    shadow for RAE's 86M DINOv2-B). Its methods take all of `vae.parameters()`, as EMAModel's callers pass them."""
 
     def __init__(self, vae: paddle.nn.Layer, names: Optional[Sequence[str]] = None, decay: float = 0.9999):
         self.every = [name for name, _ in vae.named_parameters()]

@@ -157,10 +157,9 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
 
 def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
                         latent: Optional[Tensor] = None) -> Tensor:
-    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W
-    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched. `latent`:
-    the decoded latent, taken as an input too (a backward through the decoder): paddle.grad stops the paths W is not
-    on, and the Wan port's clip decoder joins the chunks' tensors in one backward node that must not lose any."""
+    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W (for
+    conv_out, one small convolution); keeps the graph, leaves `.grad` untouched. `latent`, the decoded latent, is an
+    input too: the Wan port's clip decoder joins its chunks in one backward node, whose other paths grad would stop."""
     return paddle.grad(recon, [last_layer] + ([latent] if latent is not None else []), grad_outputs=recon_grad,
                        retain_graph=True)[0]
 
@@ -208,9 +207,8 @@ class VFTerm:
 def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Optional[Tensor], logvar: Tensor,
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
-                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
-                  vf: Optional[VFTerm] = None, lpips_rows: Optional[np.ndarray] = None,
-                  latent: Optional[Tensor] = None) -> VAELoss:
+                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[VFTerm] = None,
+                  lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
     schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
     caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W (clips: C*T*H*W) of
@@ -263,7 +261,6 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
     loss = direct.detach()
     logs = {**head_logs, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
-
     nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
     recon_grad = nll_grad.astype("float32")
     if gan_weight > 0:

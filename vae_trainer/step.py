@@ -198,7 +198,6 @@ class TrainStep:
         disc_params = self.model.discriminator_parameters() if gan else []
         scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
                                       "train/disc_learning_rate": self.disc_optimizer.get_lr()}
-
         sync_gradients(vae_params + disc_params)                                          # 1. all-reduce
         precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
         if gan:
@@ -227,7 +226,6 @@ class TrainStep:
         average_over_ranks(self._norm_statistics)                                         # 9. BatchNorm statistics
         if self.ema is not None:                                                          # 10. EMA
             self.ema.step(self.model.vae.parameters())
-
         scalars["train/grad_norm"] = vae_norm
         if gan:
             scalars["train/disc_grad_norm"] = disc_norm

@@ -43,8 +43,7 @@ class TrainMonitor:
         if is_main_process and {"visualdl", "all"} & set(args.report_to or []):
             self.writer = LogWriter(logdir=args.logging_dir)
             note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
-        self._sums: Dict[str, paddle.Tensor] = {}
-        self._counts: Dict[str, int] = {}
+        self._sums, self._counts = {}, {}  # the window's device sums and counts, per name
         self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
         self._frames = np.zeros(2)  # the window's samples and frames on this rank (clips [B, C, T, H, W]: B * T)
         self.data_position = None  # this rank's data.position.StreamPosition: its skip counts are logged

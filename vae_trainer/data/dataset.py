@@ -49,10 +49,9 @@ class ImageStream(RaisesInMainThread):
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
-                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
-                 resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True,
-                 num_frames: int = 1, frame_stride: int = 1, video_image_ratio: float = 0.0,
-                 first_windows: bool = False) -> None:
+                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
+                 draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
+                 video_image_ratio: float = 0.0, first_windows: bool = False) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
