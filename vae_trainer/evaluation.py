@@ -177,9 +177,8 @@ class _Pass:
         self.fixed_output = self.family.geometry(vae.config).output_size is not None
         self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
-        self.samples = LatentStatistics()
+        self.samples, self.metrics = LatentStatistics(), MetricAccumulator()
         self.patches = None  # statistics of the family's normalised view (FLUX.2's patchified latents), if any
-        self.metrics = MetricAccumulator()
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []

@@ -1,7 +1,6 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet
-distance, the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep
-sums, never means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric
-names)."""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet distance,
+the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never
+means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
 
 
 def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W]; 0 when the
-    error is the same in every frame."""
+    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W] (0: a constant error)."""
     error = x.astype("float32") - y.astype("float32")
     change = (error[:, :, 1:] - error[:, :, :-1]).abs()
     return change.reshape([change.shape[0], -1]).mean(axis=1)

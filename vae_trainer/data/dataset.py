@@ -63,11 +63,10 @@ class ImageStream(RaisesInMainThread):
         self.resolution, self.image_column, self.draft_decode = resolution, image_column, draft_decode
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.infinite, self.shuffle, self.shuffle_buffer_size = infinite, shuffle, shuffle_buffer_size
-        self.random_crop, self.random_flip = random_crop, random_flip
+        self.random_crop, self.random_flip, self.first_windows = random_crop, random_flip, first_windows
         self.min_image_size, self.max_image_pixels = min_image_size, max_image_pixels
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
         self.num_frames, self.frame_stride, self.video_image_ratio = num_frames, frame_stride, video_image_ratio
-        self.first_windows = first_windows
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
