@@ -96,8 +96,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         model.refuse_frozen_readers(loss_args)
         if model.family.video and not model.encoder_frozen:
             warn_video_encoder_trained(model.family.class_name, model_args)
-        # Checked against the VAE's family (FLUX.2: keep or measure) and whether its encoder trains.
-        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)
+        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)

@@ -27,9 +27,9 @@ from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
-from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
-                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
-                                 equivariance_pairs, flicker, fold_frames, frame_positions, frechet_distance,
+from vae_trainer.metrics import (GROUP_FRAMES, HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA,
+                                 SSIM_WINDOW_SIZE, FeatureStatistics, LatentStatistics, MetricAccumulator,
+                                 all_reduce_sum, equivariance_pairs, flicker, fold_frames, frechet_distance,
                                  high_frequency_share, psnr, spectrum_energies, ssim, to_unit_range)
 from vae_trainer.models.families import family_of
 from vae_trainer.models.kl import KL
@@ -263,7 +263,8 @@ class _Pass:
         self.metrics.update("psnr", frame_psnr)
         if clips:  # frames t of a clip are at b*T + t
             by_clip = frame_psnr.numpy().reshape([posterior.mean.shape[0], -1])
-            places = np.array(frame_positions(by_clip.shape[1]))
+            # Each frame's place in the causal layout: 0 for frame 0, then 1..4 within each later group of 4.
+            places = np.array([0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, by_clip.shape[1])])
             for place in sorted(set(places)):
                 self.metrics.update(f"psnr_position_{place}", by_clip[:, places == place])
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))

@@ -55,11 +55,6 @@ def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     return change.reshape([change.shape[0], -1]).mean(axis=1)
 
 
-def frame_positions(num_frames: int) -> list[int]:
-    """Each frame's place in the causal layout: 0 for the first frame, 1..4 within each later group of 4."""
-    return [0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, num_frames)]
-
-
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
     """Separable depthwise Gaussian filter over H and W of NCHW, 'valid' mode (no padding)."""
     channels, size = images.shape[1], window_1d.shape[0]
