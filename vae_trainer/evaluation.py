@@ -177,13 +177,12 @@ class _Pass:
         self.fixed_output = self.family.geometry(vae.config).output_size is not None
         self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
-        self.samples, self.metrics = LatentStatistics(), MetricAccumulator()
+        self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
         self.patches = None  # statistics of the family's normalised view (FLUX.2's patchified latents), if any
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
         self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
-        self.count = 0
 
     def run(self, batches: Iterable[Any], add: Callable[[paddle.Tensor], None], num_images: int | None,
             tiling: int | None, what: str) -> None:
@@ -365,10 +364,9 @@ class TrainingEvaluator:
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
                  vf_model=None, stats_on_training_data: bool = False):
-        self.data_args, self.args = data_args, args
+        self.data_args, self.args, self.input_size, self.posterior_std = data_args, args, input_size, posterior_std
         self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
-        self.input_size, self.posterior_std = input_size, posterior_std
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))

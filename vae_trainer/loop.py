@@ -61,8 +61,7 @@ class Run:
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,
                                                      rank_state["data"] if rank_state else None)
-        self.monitor.data_position = self.position
-        self.batches = self.monitor.timed(loader)
+        self.monitor.data_position, self.batches = self.position, self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
         watchdog.start(self.args.stall_timeout, rank())

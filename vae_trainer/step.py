@@ -40,8 +40,7 @@ class NonFiniteGuard:
             raise ValueError("--max_consecutive_nonfinite_steps and --max_consecutive_overflow_steps must be >= 1")
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.max_consecutive_overflow = max_consecutive_overflow
-        self.skipped_steps = 0  # steps skipped for both networks (non-finite loss or gradients)
-        self.consecutive_nonfinite = 0
+        self.skipped_steps = self.consecutive_nonfinite = 0  # steps skipped for both networks (non-finite values)
         self.overflow_steps = {"vae": 0, "discriminator": 0}  # fp16: steps of one network skipped for overflow
         self.consecutive_overflow = {"vae": 0, "discriminator": 0}
         self.skipped_gan_terms = 0  # micro-batches whose adaptive GAN weight overflowed
@@ -131,8 +130,7 @@ class TrainStep:
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
-        self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
-        self._window_gan_overflows: List[paddle.Tensor] = []
+        self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
         self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
     def gan_weight(self, global_step: int) -> float:

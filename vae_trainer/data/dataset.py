@@ -60,11 +60,10 @@ class ImageStream(RaisesInMainThread):
         # Every part file once, in list order: positions count skips per file by index into this list.
         self.part_paths = list(dict.fromkeys(part.path for source in self.sources for part in source.parts))
         self._part_index = {path: index for index, path in enumerate(self.part_paths)}
-        self.resolution, self.image_column, self.draft_decode = resolution, image_column, draft_decode
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.infinite, self.shuffle, self.shuffle_buffer_size = infinite, shuffle, shuffle_buffer_size
-        self.random_crop, self.random_flip, self.first_windows = random_crop, random_flip, first_windows
-        self.min_image_size, self.max_image_pixels = min_image_size, max_image_pixels
+        self.resolution, self.image_column, self.draft_decode, self.seed = resolution, image_column, draft_decode, seed
+        self.rank, self.world_size, self.infinite, self.shuffle = rank, world_size, infinite, shuffle
+        self.shuffle_buffer_size, self.random_crop, self.random_flip = shuffle_buffer_size, random_crop, random_flip
+        self.min_image_size, self.max_image_pixels, self.first_windows = min_image_size, max_image_pixels, first_windows
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
         self.num_frames, self.frame_stride, self.video_image_ratio = num_frames, frame_stride, video_image_ratio
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
