@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
