@@ -362,8 +362,7 @@ def _shown(value: Any) -> str:
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
     `flags`; `otherwise`: the reason for a given flag no row names."""
-    family = getattr(flags, "family", None)
-    lines = []
+    family, lines = getattr(flags, "family", None), []
     for names, when, why in REFUSALS:
         why = why.replace(FAMILY, family.class_name if family else "this autoencoder")
         for name in names:
