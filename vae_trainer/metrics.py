@@ -88,8 +88,7 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     diagonals when the product is singular, a negligible imaginary part dropped, a large one an error."""
     mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
     sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
-    diff = mu1 - mu2
-    covmean = linalg.sqrtm(sigma1.dot(sigma2))
+    diff, covmean = mu1 - mu2, linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         logger.warning("fid: singular product of covariances; adding %s to the diagonals", eps)
         offset = np.eye(sigma1.shape[0]) * eps

@@ -103,8 +103,7 @@ class SourcePass:
         self.shuffle, self.block_size, self.length = shuffle, max(1, block_size), source.length
         order = rng(seed, SHUFFLE_SEGMENTS, *keys).permutation(len(source.segments)) if shuffle else None
         self.segments = source.segments if order is None else [source.segments[i] for i in order]
-        self.offset = 0  # records taken (or skipped) so far
-        self._reader: Iterator[Record] | None = None
+        self.offset, self._reader = 0, None  # records taken (or skipped) so far; their reader, once started
 
     def take(self, skipping: bool = False) -> Record | object | None:
         """The next record (:data:`SKIPPED` if `skipping`: unread when the length is known), None at the end."""
