@@ -158,8 +158,8 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
 def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
                         latent: Optional[Tensor] = None) -> Tensor:
     """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W (for
-    conv_out, one small convolution); keeps the graph, leaves `.grad` untouched. `latent`, the decoded latent, is an
-    input too: the Wan port's clip decoder joins its chunks in one backward node, whose other paths grad would stop."""
+    conv_out, one small convolution); keeps the graph, leaves `.grad` untouched. `latent` (the decoded one) is an input
+    too: paddle.grad stops paths W is not on, and the Wan clip decoder's one backward node for its chunks needs all."""
     return paddle.grad(recon, [last_layer] + ([latent] if latent is not None else []), grad_outputs=recon_grad,
                        retain_graph=True)[0]
 
