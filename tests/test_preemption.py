@@ -83,6 +83,16 @@ def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrup
         assert np.array_equal(a[key], b[key]), key  # (np.testing trips on 0-d arrays once ppdiffusers set np.bool)
 
 
+def uninstall() -> None:
+    """Restore the handlers `preemption.install` replaced and forget the stop request."""
+    from vae_trainer import preemption
+
+    for signum, handler in preemption._previous.items():
+        signal.signal(signum, handler)
+    preemption._previous.clear()
+    preemption._received = None
+
+
 def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process():
     from vae_trainer import preemption
 
@@ -94,14 +104,14 @@ def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
-        preemption.uninstall()
+        uninstall()
     preemption.install(single_process=False)
     try:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # under the launcher: the save is never cut short
         assert preemption.stop_signal() == "SIGINT"
     finally:
-        preemption.uninstall()
+        uninstall()
     assert preemption.stop_signal() is None
 
 

@@ -9,9 +9,8 @@ from .distributed import sum_over_ranks
 
 Tensor = paddle.Tensor
 DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foundation model's token grid, and its "
-              "patch tokens, over all tokens of the evaluation images: "
-              "||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F), Xc, Yc the token matrices with their column means "
-              "removed")
+              "patch tokens, over all tokens of the evaluation images: ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F "
+              "||Yc^T Yc||_F), Xc, Yc the token matrices with their column means removed")
 
 
 def to_token_grid(latents: Tensor, grid: tuple[int, int]) -> Tensor:

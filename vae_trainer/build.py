@@ -97,8 +97,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         model.refuse_frozen_readers(loss_args)
         if model.family.video and not model.encoder_frozen:
             warn_video_encoder_trained(model.family.class_name, model_args, clips)
-        # Checked against the VAE's family (FLUX.2: keep or measure) and whether its encoder trains.
-        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)
+        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
@@ -153,15 +152,12 @@ def build_evaluator(data_args, training_args, networks: Networks):
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):
     """This rank's training DataLoader (resumed at `data_state` if given) and its position tracker."""
+    stream_flags = ("image_column", "random_flip", "random_crop", "min_image_size", "aspect_ratio_buckets",
+                    "shuffle_buffer_size", "num_frames", "frame_stride", "video_image_ratio")  # ImageStream's names
     loader = build_train_dataloader(
         data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
         training_args.dataloader_num_workers, training_args.seed, rank(), world_size(), resume_state=data_state,
-        image_column=data_args.image_column, random_flip=data_args.random_flip,
-        random_crop=data_args.random_crop, min_image_size=data_args.min_image_size,
-        aspect_ratio_buckets=data_args.aspect_ratio_buckets, shuffle_buffer_size=data_args.shuffle_buffer_size,
-        num_frames=data_args.num_frames, frame_stride=data_args.frame_stride,
-        video_image_ratio=data_args.video_image_ratio,
-    )
+        **{name: getattr(data_args, name) for name in stream_flags})
     position = (StreamPosition.from_state(data_state) if data_state
                 else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
                                     data_args.shuffle_buffer_size))

@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 
 from .disk import delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder, replace_file
-from .distributed import all_ranks_agree, assert_parameters_in_sync, from_rank_0, rank, world_size
+from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 from .precision import HALF_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -138,12 +138,6 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     kind, key, *rest = state["numpy"]
     np.random.set_state((kind, np.asarray(key).astype(np.uint32), *rest))
     random.setstate(state["python"])
-
-
-def make_rank_state(model: paddle.nn.Layer, position) -> Dict[str, Any]:
-    """This rank's share of a checkpoint; also verifies that all ranks hold the same weights."""
-    return {"rng": rng_state(), "data": position.state_dict(),
-            "parameter_fingerprint": assert_parameters_in_sync(model)}
 
 
 def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, stateful: Dict[str, Any], trainer_state,

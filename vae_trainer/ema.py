@@ -11,10 +11,13 @@ EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
 NAMES_KEY = "parameter_names"  # its state's names of the weights averaged (before: every weight, unnamed)
 
 
+def _on_own(method):
+    return lambda self, parameters: method(self, self.own(parameters))
+
+
 class TrainableEMA(EMAModel):
-    """An EMAModel of the VAE weights named `names` (default: those that train). A frozen weight is its own average,
-    so it has no shadow (RAE's DINOv2-B: 86M parameters). Its methods take all of `vae.parameters()`, as EMAModel's
-    callers pass them, and use its own."""
+    """An EMAModel of the VAE weights named `names` (default: those that train; a frozen one is its own average: no
+    shadow for RAE's 86M DINOv2-B). Its methods take all of `vae.parameters()`, as EMAModel's callers pass them."""
 
     def __init__(self, vae: paddle.nn.Layer, names: Optional[Sequence[str]] = None, decay: float = 0.9999):
         self.every = [name for name, _ in vae.named_parameters()]
@@ -26,17 +29,7 @@ class TrainableEMA(EMAModel):
         parameters = list(parameters)
         return [parameters[i] for i in self.positions]
 
-    def step(self, parameters) -> None:
-        super().step(self.own(parameters))
-
-    def copy_to(self, parameters) -> None:
-        super().copy_to(self.own(parameters))
-
-    def store(self, parameters) -> None:
-        super().store(self.own(parameters))
-
-    def restore(self, parameters) -> None:
-        super().restore(self.own(parameters))
+    step, copy_to, store, restore = map(_on_own, (EMAModel.step, EMAModel.copy_to, EMAModel.store, EMAModel.restore))
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), NAMES_KEY: self.names}

@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -27,9 +27,9 @@ from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
-from vae_trainer.metrics import (HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
-                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum,
-                                 equivariance_pairs, flicker, fold_frames, frame_positions, frechet_distance,
+from vae_trainer.metrics import (GROUP_FRAMES, HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA,
+                                 SSIM_WINDOW_SIZE, FeatureStatistics, LatentStatistics, MetricAccumulator,
+                                 all_reduce_sum, equivariance_pairs, flicker, fold_frames, frechet_distance,
                                  high_frequency_share, psnr, spectrum_energies, ssim, to_unit_range)
 from vae_trainer.models.families import family_of
 from vae_trainer.models.kl import KL
@@ -177,14 +177,12 @@ class _Pass:
         self.fixed_output = self.family.geometry(vae.config).output_size is not None
         self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
-        self.samples = LatentStatistics()
+        self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
         self.patches = None  # statistics of the family's normalised view (FLUX.2's patchified latents), if any
-        self.metrics = MetricAccumulator()
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
         self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
-        self.count = 0
 
     def run(self, batches: Iterable[Any], add: Callable[[paddle.Tensor], None], num_images: int | None,
             tiling: int | None, what: str) -> None:
@@ -240,8 +238,7 @@ class _Pass:
         self.add_latents(posterior)
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
-        """Encode and decode `pixels` and add every metric of the reconstructions, clamped to [-1, 1]; of clips, the
-        per-frame metrics over every frame (T folded into the batch) and the temporal ones."""
+        """Encode, decode and add every metric of the reconstructions, clamped to [-1, 1] (clips: also flicker)."""
         clips = pixels.ndim == 5
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.posterior(pixels)
@@ -265,7 +262,8 @@ class _Pass:
         self.metrics.update("psnr", frame_psnr)
         if clips:  # frames t of a clip are at b*T + t
             by_clip = frame_psnr.numpy().reshape([posterior.mean.shape[0], -1])
-            places = np.array(frame_positions(by_clip.shape[1]))
+            # Each frame's place in the causal layout: 0 for frame 0, then 1..4 within each later group of 4.
+            places = np.array([0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, by_clip.shape[1])])
             for place in sorted(set(places)):
                 self.metrics.update(f"psnr_position_{place}", by_clip[:, places == place])
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
@@ -372,10 +370,9 @@ class TrainingEvaluator:
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
                  vf_model=None, stats_on_training_data: bool = False):
-        self.data_args, self.args = data_args, args
+        self.data_args, self.args, self.input_size, self.posterior_std = data_args, args, input_size, posterior_std
         self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
-        self.input_size, self.posterior_std = input_size, posterior_std
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))

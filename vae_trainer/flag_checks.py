@@ -67,7 +67,6 @@ def check_sizes(model_args, data_args) -> None:
 
 
 def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
-    """A bucket shape at `resolution` whose sides are not multiples of `factor`, or None."""
     return next((shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor), None)
 
 
@@ -113,7 +112,7 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
     (raises on a bad --scaling_factor or --equivariance_transforms)."""
     from .equivariance import parse_transforms
-    from .latent_scale import scaling_factor_mode
+    from .latent_scale import reinitialises_encoder, scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
@@ -127,15 +126,10 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
     f.family = _family_of_flags(f)
     f.deterministic, f.frozen_latent, f.video = f.family.deterministic, f.family.encoder_never_trains, f.family.video
+    f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
     # A config read, or an LDM single file (AutoencoderKL's); else a folder not there (yet): its error comes later.
     f.family_known = vae_config(f)[1] is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     return f
-
-
-def _reinitialises_encoder(f) -> bool:
-    from .latent_scale import reinitialises_encoder
-
-    return reinitialises_encoder(f.ignore_keys, f.family)
 
 
 def _family_of_flags(f):
@@ -184,7 +178,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     # Values a flag cannot take, and flags that contradict or need others.
     (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
      "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
-    (("freeze_encoder", "trainable_modules"), lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights,
+    (("freeze_encoder", "trainable_modules"),
+     lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights,
      "it keeps weights as loaded, and a VAE trained from scratch has only random ones: add "
      "--pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
     (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
@@ -251,7 +246,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      f"it shapes the latent space, and {FROZEN_LATENT}: drop it"),
     (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.frozen_latent,
      f"it aligns the latents with a DINOv2, and {FROZEN_LATENT}: drop it (or --vf_weight 0 for the diagnostic only)"),
-    (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and _reinitialises_encoder(f),
+    (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and f.reinitialises_encoder,
      f"{FROZEN_LATENT}: re-initialised, it would stay random; leave the encoder's weights out of it"),
     (("rae_encoder_path",), lambda f: f.rae_encoder_path and (f.loads_weights or not f.vae_config_file),
      "it is the encoder of an RAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
@@ -372,8 +367,7 @@ def _shown(value: Any) -> str:
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
     `flags`; `otherwise`: the reason for a given flag no row names."""
-    family = getattr(flags, "family", None)
-    lines = []
+    family, lines = getattr(flags, "family", None), []
     for names, when, why in REFUSALS:
         why = why.replace(FAMILY, family.class_name if family else "this autoencoder")
         for name in names:

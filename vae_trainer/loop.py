@@ -17,7 +17,7 @@ from .argument_parser import parse_arguments
 from .build import (Networks, build_evaluator, build_networks, build_optimization, build_train_data, init_process,
                     seed_training, stateful)
 from .data.position import StreamPosition
-from .distributed import all_ranks_agree, rank, world_size
+from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
@@ -61,8 +61,7 @@ class Run:
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,
                                                      rank_state["data"] if rank_state else None)
-        self.monitor.data_position = self.position
-        self.batches = self.monitor.timed(loader)
+        self.monitor.data_position, self.batches = self.position, self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
         watchdog.start(self.args.stall_timeout, rank())
@@ -82,8 +81,10 @@ class Run:
             return ckpt.checkpoint_path(self.args.output_dir, step)
         watchdog.doing(f"saving checkpoint-{step}")
         model = self.networks.model
+        rank_state = {"rng": ckpt.rng_state(), "data": self.position.state_dict(),  # this rank's share
+                      "parameter_fingerprint": assert_parameters_in_sync(model)}  # raises if the ranks' weights differ
         path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=stateful(self.step),
-                                    trainer_state=state, rank_state=ckpt.make_rank_state(model, self.position),
+                                    trainer_state=state, rank_state=rank_state,
                                     save_total_limit=self.args.save_total_limit, keep=state.best_model_checkpoint,
                                     configs=checkpoint_configs(self.networks, self.evaluator))
         self.saved_at = step
@@ -170,8 +171,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
                 micro = run.micro_step(next(run.batches), state.global_step, micro_batch)
-            # all-reduce, unscale, finite check, clip, VAE and discriminator updates, schedules, EMA
-            report = run.step.optimizer_step(state.global_step)
+            report = run.step.optimizer_step(state.global_step)  # all-reduce, checks, clip, updates, schedules, EMA
             state.global_step += 1
             progress.update(1)
             scalars = run.after_step(state, report, micro)

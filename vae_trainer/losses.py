@@ -16,6 +16,7 @@ import paddle.nn.functional as F
 
 from .alignment import vf_loss
 from .distributed import sum_over_ranks, world_size
+from .metrics import fold_frames as frames  # clips [B, C, T, H, W] as their frames [(B T), C, H, W]
 
 Tensor = paddle.Tensor
 
@@ -32,14 +33,6 @@ _BLUR = (np.outer(_GAUSSIAN, _GAUSSIAN) / np.outer(_GAUSSIAN, _GAUSSIAN).sum()).
 # stretched to [0, 1] and half masked. A step of 0.1 (in [-1, 1]) reaches about this value.
 _MIN_EDGE_ENERGY = 1.0
 _LPIPS_STREAM = 0x4C504653  # "LPFS": the LPIPS frame subsets' draws, apart from any other use of the seed
-
-
-def frames(images: Tensor) -> Tensor:
-    """Clips [B, C, T, H, W] as their frames [(B T), C, H, W]; images [B, C, H, W] as they are."""
-    if images.ndim == 4:
-        return images
-    b, c, t, h, w = images.shape
-    return images.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
 
 
 def temporal_loss(x: Tensor, recon: Tensor) -> Tensor:
@@ -164,10 +157,9 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
 
 def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
                         latent: Optional[Tensor] = None) -> Tensor:
-    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W
-    only (one small convolution for the decoder's conv_out); keeps the graph, leaves `.grad` untouched. `latent`:
-    the decoded latent, taken as an input too (a backward through the decoder): paddle.grad stops the paths W is not
-    on, and the Wan port's clip decoder joins the chunks' tensors in one backward node that must not lose any."""
+    """dL/dW for a loss L whose gradient at `recon` is `recon_grad`, by the graph's path from `recon` back to W (for
+    conv_out, one small convolution); keeps the graph, leaves `.grad` untouched. `latent` (the decoded one) is an input
+    too: paddle.grad stops paths W is not on, and the Wan clip decoder's one backward node for its chunks needs all."""
     return paddle.grad(recon, [last_layer] + ([latent] if latent is not None else []), grad_outputs=recon_grad,
                        retain_graph=True)[0]
 
@@ -215,9 +207,8 @@ class VFTerm:
 def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Optional[Tensor], logvar: Tensor,
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
-                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None,
-                  vf: Optional[VFTerm] = None, lpips_rows: Optional[np.ndarray] = None,
-                  latent: Optional[Tensor] = None) -> VAELoss:
+                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[VFTerm] = None,
+                  lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
     schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
     caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W (clips: C*T*H*W) of
@@ -270,22 +261,19 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
     loss = direct.detach()
     logs = {**head_logs, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
-
     nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
     recon_grad = nll_grad.astype("float32")
     if gan_weight > 0:
         gan, d_weight, gan_grad, overflow = _weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
                                                                loss_args, gan_weight, grad_scale, pixels_per_image,
                                                                latent)
-        recon_grad = recon_grad + gan_grad
-        loss = loss + (d_weight * gan).detach()
+        recon_grad, loss = recon_grad + gan_grad, loss + (d_weight * gan).detach()
         logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
         if overflow is not None:
             logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
     if vf is not None:
         weighted_vf, vf_logs = _weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale, encoded_pixels)
-        direct = direct + weighted_vf
-        loss = loss + weighted_vf.detach()
+        direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
         logs.update(vf_logs)
     logs["loss/total"] = loss
     return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})

@@ -1,7 +1,6 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet
-distance, the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep
-sums, never means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric
-names)."""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet distance,
+the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never
+means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 from __future__ import annotations
 
@@ -26,10 +25,7 @@ DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_
 HALF_NYQUIST = 0.25  # cycles per sample
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
 
-SSIM_WINDOW_SIZE = 11
-SSIM_SIGMA = 1.5
-SSIM_K1 = 0.01
-SSIM_K2 = 0.03
+SSIM_WINDOW_SIZE, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03
 
 
 def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
@@ -45,22 +41,18 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
 
 
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
-    """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t)."""
+    """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t); images as they are."""
+    if clips.ndim == 4:
+        return clips
     b, c, t, h, w = clips.shape
     return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
 
 
 def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W]; 0 when the
-    error is the same in every frame."""
+    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W] (0: a constant error)."""
     error = x.astype("float32") - y.astype("float32")
     change = (error[:, :, 1:] - error[:, :, :-1]).abs()
     return change.reshape([change.shape[0], -1]).mean(axis=1)
-
-
-def frame_positions(num_frames: int) -> list[int]:
-    """Each frame's place in the causal layout: 0 for the first frame, 1..4 within each later group of 4."""
-    return [0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, num_frames)]
 
 
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
@@ -96,8 +88,7 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     diagonals when the product is singular, a negligible imaginary part dropped, a large one an error."""
     mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
     sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
-    diff = mu1 - mu2
-    covmean = linalg.sqrtm(sigma1.dot(sigma2))
+    diff, covmean = mu1 - mu2, linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         logger.warning("fid: singular product of covariances; adding %s to the diagonals", eps)
         offset = np.eye(sigma1.shape[0]) * eps

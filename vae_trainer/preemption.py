@@ -37,15 +37,6 @@ def install(single_process: bool) -> None:
             _previous[signum] = signal.signal(signum, handle)
 
 
-def uninstall() -> None:
-    """Restore the handlers `install` replaced and forget the stop request."""
-    global _received
-    for signum, handler in _previous.items():
-        signal.signal(signum, handler)
-    _previous.clear()
-    _received = None
-
-
 def stop_signal() -> Optional[str]:
     """The name of the stop signal this process received, None if none (or no handlers are installed)."""
     return _received

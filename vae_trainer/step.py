@@ -40,8 +40,7 @@ class NonFiniteGuard:
             raise ValueError("--max_consecutive_nonfinite_steps and --max_consecutive_overflow_steps must be >= 1")
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.max_consecutive_overflow = max_consecutive_overflow
-        self.skipped_steps = 0  # steps skipped for both networks (non-finite loss or gradients)
-        self.consecutive_nonfinite = 0
+        self.skipped_steps = self.consecutive_nonfinite = 0  # steps skipped for both networks (non-finite values)
         self.overflow_steps = {"vae": 0, "discriminator": 0}  # fp16: steps of one network skipped for overflow
         self.consecutive_overflow = {"vae": 0, "discriminator": 0}
         self.skipped_gan_terms = 0  # micro-batches whose adaptive GAN weight overflowed
@@ -132,8 +131,7 @@ class TrainStep:
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
-        self._window_losses: List[paddle.Tensor] = []  # this optimizer step's losses, checked in one read
-        self._window_gan_overflows: List[paddle.Tensor] = []
+        self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
         self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
     def gan_weight(self, global_step: int) -> float:
@@ -199,7 +197,6 @@ class TrainStep:
         disc_params = self.model.discriminator_parameters() if gan else []
         scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
                                       "train/disc_learning_rate": self.disc_optimizer.get_lr()}
-
         sync_gradients(vae_params + disc_params, fill_missing=self.clips)                 # 1. all-reduce
         precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
         if gan:
@@ -228,7 +225,6 @@ class TrainStep:
         average_over_ranks(self._norm_statistics)                                         # 9. BatchNorm statistics
         if self.ema is not None:                                                          # 10. EMA
             self.ema.step(self.model.vae.parameters())
-
         scalars["train/grad_norm"] = vae_norm
         if gan:
             scalars["train/disc_grad_norm"] = disc_norm
@@ -264,8 +260,7 @@ def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
 
 
 def disc_update_start(loss_args) -> int:
-    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters), else
-    --disc_start."""
+    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters) or --disc_start."""
     start = loss_args.disc_update_start
     return loss_args.disc_start if start is None else min(start, loss_args.disc_start)
 

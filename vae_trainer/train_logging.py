@@ -39,18 +39,12 @@ class TrainMonitor:
     """A run's telemetry: scalars averaged over the logging window, throughput, skip counts, image grids."""
 
     def __init__(self, args, global_batch_size: int, is_main_process: bool):
-        self.args = args
-        self.global_batch_size = global_batch_size
-        self.is_main = is_main_process
-        self.writer = None
+        self.args, self.global_batch_size, self.is_main, self.writer = args, global_batch_size, is_main_process, None
         if is_main_process and {"visualdl", "all"} & set(args.report_to or []):
             self.writer = LogWriter(logdir=args.logging_dir)
             note_log_file(args.output_dir, self.writer.file_name)  # so --overwrite_output_dir deletes only ours
-        self._sums: Dict[str, paddle.Tensor] = {}
-        self._counts: Dict[str, int] = {}
-        self._window_start = time.perf_counter()
-        self._window_steps = 0
-        self._data_seconds = 0.0
+        self._sums, self._counts = {}, {}  # the window's device sums and counts, per name
+        self._window_start, self._window_steps, self._data_seconds = time.perf_counter(), 0, 0.0
         self._frames = np.zeros(2)  # the window's samples and frames on this rank (clips [B, C, T, H, W]: B * T)
         self.data_position = None  # this rank's data.position.StreamPosition: its skip counts are logged
         self._skipped: Optional[tuple] = None  # all ranks' (skips per reason, per file, as of step)

@@ -11,7 +11,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from .images import BadImage, crop, to_float
+from .images import BadImage, crop
 
 
 def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.random.Generator, first: bool = False,
@@ -36,7 +36,8 @@ def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.rando
         rate = stream.average_rate or stream.guessed_rate or Fraction(25)
         count, known = stream.frames, stream.frames > 0
         if not known:  # (webm, mkv: the header has a duration, not a frame count)
-            seconds = stream.duration * stream.time_base if stream.duration else (container.duration or 0) / av.time_base
+            seconds = (stream.duration * stream.time_base if stream.duration
+                       else (container.duration or 0) / av.time_base)
             count = int(round(seconds * rate))
         if not count:  # no duration either (written to a pipe: a recorder, ffmpeg to stdout): count its packets
             count = sum(1 for packet in container.demux(stream) if packet.size)
@@ -91,15 +92,8 @@ def _decode(container, stream, rate: Fraction, start: int, span: int, stride: in
 def crop_frames(frames: list[Image.Image], size: tuple[int, int], rng: np.random.Generator, random_flip: bool,
                 random_crop: bool) -> np.ndarray:
     """uint8 [T, H, W, 3]: every frame cropped and flipped as the first (images.crop, the same draws)."""
-    state = rng.bit_generator.state
-    cropped = []
+    state, cropped = rng.bit_generator.state, []
     for frame in frames:
         rng.bit_generator.state = state
         cropped.append(crop(frame, size, rng, random_flip, random_crop))
     return np.stack(cropped)
-
-
-def pixel_values(pixels: np.ndarray, clips: bool) -> np.ndarray:
-    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1]; `clips`: [..., T, H, W, 3] -> [..., 3, T, H, W]."""
-    values = to_float(pixels)
-    return np.ascontiguousarray(np.moveaxis(values, -3, -4)) if clips else values

@@ -13,9 +13,9 @@ import numpy as np
 import paddle
 
 from .buckets import bucket_shapes, nearest_bucket
-from .clips import crop_frames, pixel_values, read_window
+from .clips import crop_frames, read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
-from .images import BadImage, crop, load_rgb, open_image, upright_size
+from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
 from .position import ShardStart, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
@@ -42,17 +42,16 @@ class _EpochEnd:
 
 
 class ImageStream(RaisesInMainThread):
-    """Decoded, cropped images and clips (`num_frames` > 1: video files, a random window each, or with probability
-    `video_image_ratio` one frame; `first_windows`: each video's first window, images skipped); iterated directly,
-    single samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
+    """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
+    probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
+    samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
-                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000,
-                 resume_state: dict | None = None, draft_decode: bool = True, record_counts: bool = True,
-                 num_frames: int = 1, frame_stride: int = 1, video_image_ratio: float = 0.0,
-                 first_windows: bool = False) -> None:
+                 aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
+                 draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
+                 video_image_ratio: float = 0.0, first_windows: bool = False) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -61,14 +60,12 @@ class ImageStream(RaisesInMainThread):
         # Every part file once, in list order: positions count skips per file by index into this list.
         self.part_paths = list(dict.fromkeys(part.path for source in self.sources for part in source.parts))
         self._part_index = {path: index for index, path in enumerate(self.part_paths)}
-        self.resolution, self.image_column, self.draft_decode = resolution, image_column, draft_decode
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.infinite, self.shuffle, self.shuffle_buffer_size = infinite, shuffle, shuffle_buffer_size
-        self.random_crop, self.random_flip = random_crop, random_flip
-        self.min_image_size, self.max_image_pixels = min_image_size, max_image_pixels
+        self.resolution, self.image_column, self.draft_decode, self.seed = resolution, image_column, draft_decode, seed
+        self.rank, self.world_size, self.infinite, self.shuffle = rank, world_size, infinite, shuffle
+        self.shuffle_buffer_size, self.random_crop, self.random_flip = shuffle_buffer_size, random_crop, random_flip
+        self.min_image_size, self.max_image_pixels, self.first_windows = min_image_size, max_image_pixels, first_windows
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
         self.num_frames, self.frame_stride, self.video_image_ratio = num_frames, frame_stride, video_image_ratio
-        self.first_windows = first_windows
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
@@ -112,7 +109,7 @@ class ImageStream(RaisesInMainThread):
         for item in self.samples(shard, num_shards, start):
             if isinstance(item, _Sample) and not item.restored:
                 position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
-                yield {"pixel_values": pixel_values(item.pixels, item.pixels.ndim == 4), "position": position}
+                yield {"pixel_values": to_float(item.pixels, item.pixels.ndim == 4), "position": position}
 
     def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
@@ -123,8 +120,7 @@ class ImageStream(RaisesInMainThread):
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
             for index, record in enumerate(self._records(sources, shard, epoch, skip)):
-                end = index + 1
-                replaying = index < resume_at
+                end, replaying = index + 1, index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
                 decoded = self._decode(record, (shard, epoch, index), not replaying)
@@ -141,23 +137,16 @@ class ImageStream(RaisesInMainThread):
     def _records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
-    def _video(self, payload) -> str | bytes | None:
-        """What of a record is read as a clip (--num_frames > 1): a video file's path or a tar sample's video."""
-        if self.num_frames == 1:
-            return None
-        if isinstance(payload, TarSample):
-            return payload.video
-        return payload if isinstance(payload, str) and payload.lower().endswith(VIDEO_SUFFIXES) else None
-
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
-        """((frames, shape index), uint8 crop [H, W, 3] or clip [T, H, W, 3]) of one record, or None if unusable
-        (then counted and logged if `count`)."""
+        """(bucket, uint8 crop [H, W, 3] or clip [T, H, W, 3]) of a record; None if unusable (counted if `count`)."""
         payload, draws, video = record.payload, rng(self.seed, PER_SAMPLE, *keys), None
         try:
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
                 raise BadImage(payload.reason, payload.detail + ("; the records before it are used" if corrupt else ""))
-            video = self._video(payload)
+            # Read as a clip (--num_frames > 1): a video file's path, or a tar sample's video.
+            video = None if self.num_frames == 1 else payload.video if isinstance(payload, TarSample) else (
+                payload if isinstance(payload, str) and payload.lower().endswith(VIDEO_SUFFIXES) else None)
             if video is not None:
                 frames = read_window(video, self.num_frames, self.frame_stride, draws, self.first_windows,
                                      self.video_image_ratio, self.min_image_size, self.max_image_pixels)
@@ -222,7 +211,7 @@ class TrainBatches(RaisesInMainThread):
                     batch, waiting[bucket] = waiting[bucket], []
                     pending = sorted(sample.index for samples in waiting.values() for sample in samples)
                     pixels = np.stack([sample.pixels for sample in batch])
-                    yield {"pixel_values": pixel_values(pixels, pixels.ndim == 5),
+                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
                            "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
 
 
@@ -250,11 +239,10 @@ class _EvalShare(RaisesInMainThread):
             decoded = self.stream._decode(record, (0, 0, index)) if owner == self.rank else None
             if decoded is not None:
                 self.usable += 1
-                yield {"pixel_values": pixel_values(decoded[1], decoded[1].ndim == 4)}
+                yield {"pixel_values": to_float(decoded[1], decoded[1].ndim == 4)}
 
 
 def _gather(values: list[int], world_size: int) -> list[list[int]]:
-    """`values` of every rank, in rank order (a collective when `world_size` > 1)."""
     if world_size == 1:
         return [values]
     gathered = []
@@ -266,10 +254,9 @@ def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int
                           num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
                           frame_stride: int = 1) -> Iterator[dict]:
     """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
-    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips [B, 3, T, H, W],
-    each video's first window (images and shorter videos skipped). Collective, in rounds: the next
-    `num_images` - usable records are dealt to the ranks, which gather their usable counts and failure flags (a
-    failing rank still joins: the others stop)."""
+    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips, each video's
+    first window (images and shorter videos skipped). Collective, in rounds: the next `num_images` - usable records
+    are dealt to the ranks, which gather their usable counts and failure flags (a failing rank joins; the rest stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False, num_frames=num_frames, frame_stride=frame_stride,
                          first_windows=True)  # now: a bad --data is a start-up error

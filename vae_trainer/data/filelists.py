@@ -46,7 +46,6 @@ class Source:
 
 
 def _entries(list_file: str) -> list[tuple[int, str]]:
-    """(line number, text) of each non-blank, non-comment line of `list_file`."""
     if not os.path.isfile(list_file):
         raise FileNotFoundError(f"{list_file}: file list not found")
     with open(list_file, encoding="utf-8") as handle:
@@ -118,8 +117,8 @@ def counts_path(filelist: str) -> str:
 
 
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
-    """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file; `videos`:
-    a video file is a one-record part, as an image file."""
+    """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file; `videos`: a
+    video file is a one-record part, as an image file."""
     filelist = os.path.normpath(os.path.abspath(filelist))
     parts, sizes = [], []
     for line_number, text in _entries(filelist):

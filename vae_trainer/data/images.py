@@ -28,8 +28,7 @@ _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 class BadImage(ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+        self.reason, self.detail = reason, detail
 
 
 def decode_base64(field: str | bytes) -> bytes:
@@ -176,9 +175,9 @@ def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | N
     return np.ascontiguousarray(pixels)
 
 
-def to_float(pixels: np.ndarray) -> np.ndarray:
-    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1] (one allocation)."""
-    out = np.ascontiguousarray(np.moveaxis(pixels, -1, -3), dtype=np.float32)
+def to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:
+    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1] (one allocation); `clips`: [..., 3, T, H, W]."""
+    out = np.ascontiguousarray(np.moveaxis(pixels, -1, -4 if clips else -3), dtype=np.float32)
     out /= 127.5
     out -= 1.0
     return out

@@ -64,13 +64,10 @@ class StreamPosition:
                  shuffle_buffer_size: int | None = None) -> None:
         self.num_workers, self.world_size = num_workers, world_size
         self.seed, self.shuffle_buffer_size = seed, shuffle_buffer_size
-        self.positions: dict[str, list[int]] = {}  # shard -> [epoch, consumed]
-        self.pending: dict[str, list[int]] = {}
-        self.skipped: dict[str, dict[str, int]] = {}
+        self.positions, self.pending, self.skipped = {}, {}, {}  # shard -> [epoch, consumed], [indices], {reason: n}
         self.skipped_files: dict[str, dict[str, int]] = {}  # shard -> {part path: skips}
         self.bad_records: dict[str, dict[str, list[int]]] = {}  # shard -> {part path: [bad records, *numbers]}
-        self.files: list[str] | None = None  # ImageStream.part_paths: names the part indices
-        self.batches_consumed = 0
+        self.files, self.batches_consumed = None, 0  # ImageStream.part_paths (names the part indices); batches taken
 
     def update(self, position) -> None:
         """Record one consumed batch from its ``"position"`` (a list, an array or a tensor of ints)."""

@@ -103,8 +103,7 @@ class SourcePass:
         self.shuffle, self.block_size, self.length = shuffle, max(1, block_size), source.length
         order = rng(seed, SHUFFLE_SEGMENTS, *keys).permutation(len(source.segments)) if shuffle else None
         self.segments = source.segments if order is None else [source.segments[i] for i in order]
-        self.offset = 0  # records taken (or skipped) so far
-        self._reader: Iterator[Record] | None = None
+        self.offset, self._reader = 0, None  # records taken (or skipped) so far; their reader, once started
 
     def take(self, skipping: bool = False) -> Record | object | None:
         """The next record (:data:`SKIPPED` if `skipping`: unread when the length is known), None at the end."""
@@ -147,8 +146,7 @@ def interleave(sources: list[ShardSource], seed: int, shard: int, epoch: int, sk
     chooser = rng(seed, INTERLEAVE, shard, epoch) if weighted else None
     passes = {source.index: SourcePass(source, seed, (shard, epoch, source.index, 0), shuffle, block_size)
               for source in sources}
-    pending = set(passes)  # sources that have not finished their first pass
-    position = 0
+    pending, position = set(passes), 0  # the sources that have not finished their first pass; records yielded
     while pending:
         index = min(pending) if chooser is None else _choose(chooser, sorted(passes), passes)
         record = passes[index].take(position < skip)
@@ -157,8 +155,7 @@ def interleave(sources: list[ShardSource], seed: int, shard: int, epoch: int, sk
             if chooser is not None and passes[index].offset > 0:  # (one with no records for this shard is dropped)
                 if not pending:
                     return
-                cycle = passes[index].keys[-1] + 1
-                keys = (shard, epoch, index, cycle)
+                keys = (shard, epoch, index, passes[index].keys[-1] + 1)  # its next cycle
                 passes[index] = SourcePass(passes[index].source, seed, keys, shuffle, block_size)
                 record = passes[index].take(position < skip)
             if record is None:
