@@ -37,8 +37,8 @@ from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     protocol_of, result_record)
-from vae_trainer.flag_checks import (CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID, DEFAULT_TILE_SIZE, check_tiling_flags,  # noqa: E402
-                                     refuse)
+from vae_trainer.flag_checks import (CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID, DEFAULT_TILE_SIZE,  # noqa: E402
+                                     check_tiling_flags, refuse)
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
@@ -115,7 +115,7 @@ def check_clip_flags(args: argparse.Namespace, family) -> None:
                 for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
     flags = SimpleNamespace(**{**defaults, "num_frames": args.num_frames, "frame_stride": args.frame_stride,
                                "vf_model_path": args.vf_model_path, "eval_steps": None, "family": family,
-                               "family_known": True, "video": family.video,
+                               "family_known": True, "video": family.video, "single_frames": args.num_frames == 1,
                                "frozen_latent": family.encoder_never_trains})
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
     refuse(flags, given)

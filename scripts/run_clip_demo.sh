@@ -15,12 +15,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 OUT=${1:-outputs/demo_clips}; shift || true
 CLIPS=data/demo_clips
-FRAMES=${FRAMES:-9}
+FRAMES=${FRAMES:-5}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # the tiny models' small kernels run fastest on one thread here
 
 if [ ! -f "$CLIPS/.done" ]; then
   "$PYTHON" scripts/make_demo_clips.py --image_dir data/demo/train --output_dir "$CLIPS/train" --num_clips 32 \
-    --frames 24 --size 80 --seed 0
+    --frames 16 --size 72 --seed 0
   "$PYTHON" scripts/make_demo_clips.py --image_dir data/demo/eval --output_dir "$CLIPS/eval" --num_clips 8 \
     --frames "$FRAMES" --size 64 --seed 1
   touch "$CLIPS/.done"
@@ -29,14 +29,15 @@ fi
 echo "== 1. the stand-in source VAE: configs/wan_tiny.json on the demo photos (images only)"
 "$PYTHON" train_vae_no_trainer.py --vae_config_file configs/wan_tiny.json \
   --file_list data/filelist/demo.filelist.list --output_dir "$OUT/source" --resolution 64 \
-  --per_device_train_batch_size 4 --max_steps 300 --learning_rate 1e-3 --warmup_steps 10 --disc_weight 0 \
-  --logging_steps 50 --save_steps 0 --image_logging_steps 0 --device cpu --seed 42 --overwrite_output_dir
+  --per_device_train_batch_size 4 --max_steps 150 --learning_rate 1e-3 --warmup_steps 10 --disc_weight 0 \
+  --logging_steps 25 --save_steps 0 --image_logging_steps 0 --device cpu --seed 42 --overwrite_output_dir
 
 echo "== 2. decoder-only on clips of $FRAMES frames, a fifth of the samples single frames, the temporal term"
 "$PYTHON" train_vae_trainer.py --pretrained_model_name_or_path "$OUT/source/vae" --freeze_encoder \
   --file_list "$CLIPS/train" --num_frames "$FRAMES" --video_image_ratio 0.2 --temporal_loss_weight 0.5 \
-  --output_dir "$OUT" --resolution 64 --per_device_train_batch_size 2 --max_steps 60 --learning_rate 5e-4 \
-  --warmup_steps 5 --disc_start 40 --disc_weight_warmup_steps 10 --disc_type patchgan3d --disc_norm group \
+  --lpips_num_frames 2 \
+  --output_dir "$OUT" --resolution 64 --per_device_train_batch_size 2 --max_steps 40 --learning_rate 5e-4 \
+  --warmup_steps 5 --disc_start 25 --disc_weight_warmup_steps 10 --disc_type patchgan3d --disc_norm group \
   --eval_file_list "$CLIPS/eval" --eval_steps 20 --eval_num_images 8 --metric_for_best_model psnr \
   --logging_steps 5 --image_logging_steps 20 --save_steps 20 --save_total_limit 2 \
   --dataloader_num_workers 1 --device cpu --seed 42 "$@"

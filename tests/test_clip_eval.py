@@ -230,6 +230,11 @@ def test_training_refuses_rfid_weights_and_input_size_with_clips_and_flicker_on_
                          (["--eval_file_list", str(tmp_path), "--eval_steps", "1", "--metric_for_best_model",
                            "flicker"], "flicker is measured on clips"),
                          (["--num_frames", "5", "--video_image_ratio", "1", "--temporal_loss_weight", "0.5"],
-                          "--temporal_loss_weight 0.5: --video_image_ratio 1 makes every sample a single frame")):
+                          r"--temporal_loss_weight 0.5: it applies to clips, and every sample is one frame \(--num_"
+                          r"frames 1, or --video_image_ratio 1\)"),
+                         (["--num_frames", "5", "--video_image_ratio", "1"], None)):  # alone: frames of videos
+        if words is None:
+            parse_arguments(base + flags)
+            continue
         with pytest.raises(ValueError, match=words):
             parse_arguments(base + flags)

@@ -270,7 +270,9 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--disc_type", "patchgan3d"], "--disc_type patchgan3d: a 3-D discriminator over one-frame samples is a 2-D one"),
+    (["--disc_type", "patchgan3d"], "--disc_type patchgan3d: it applies to clips, and every sample is one frame"),
+    (["--num_frames", "5", "--video_image_ratio", "1", "--disc_type", "patchgan3d"],
+     "a 3-D discriminator of them is a 2-D one"),
     (["--lpips_num_frames", "2"], "--lpips_num_frames 2: it applies to clips"),
     (["--num_frames", "5", "--lpips_num_frames", "6"], "--lpips_num_frames 6: it is a number of frames per clip"),
     (["--num_frames", "5", "--lpips_num_frames", "2", "--perceptual_weight", "0"],

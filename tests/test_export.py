@@ -362,7 +362,7 @@ def test_export_config_keeps_pipe_sources_as_given(data, stored):
 
     model = SimpleNamespace(posterior_std=0.0, input_size=None, vae=SimpleNamespace(config={"scaling_factor": 0.5}))
     networks = SimpleNamespace(model=model, scaling_factor_mode="measure", resolution=32, discriminator_config={})
-    evaluator = SimpleNamespace(latent_stats_data=(data, 8, None))
+    evaluator = SimpleNamespace(latent_stats_data=(data, 8, None), clip_frames={})
     assert checkpoint_configs(networks, evaluator)[EXPORT_CONFIG_NAME]["latent_stats_data"] == stored
 
 

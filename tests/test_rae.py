@@ -247,7 +247,8 @@ def test_from_scratch_the_statistics_are_the_tokens_per_channel_and_position(scr
     tokens = in_diffusers["tokens"].astype(np.float64)[chosen]  # (6, 64, 2, 2)
     assert np.shape(config["latents_mean"]) == (64, 2, 2) and config["scaling_factor"] == 1.0
     np.testing.assert_allclose(config["latents_mean"], tokens.mean(axis=0), rtol=0, atol=2e-5)
-    np.testing.assert_allclose(config["latents_std"], np.sqrt(tokens.var(axis=0) + STAT_EPS), rtol=2e-5, atol=0)
+    # (atol: ours and transformers' float32 tokens differ by ~1e-6, 2.3e-5 of the smallest std, 0.03, here)
+    np.testing.assert_allclose(config["latents_std"], np.sqrt(tokens.var(axis=0) + STAT_EPS), rtol=2e-5, atol=2e-6)
     exported = weights(vae_dir)
     np.testing.assert_array_equal(exported["_latents_mean"], np.asarray(config["latents_mean"], np.float32))
     stats = json.load(open(os.path.join(vae_dir, "latent_stats.json")))

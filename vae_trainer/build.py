@@ -104,8 +104,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
 
 
 def warn_video_encoder_trained(class_name: str, model_args, clips: bool = False) -> None:
-    """Said once per job (by rank 0) at start when a video VAE's encoder trains: what that does to loaded latents,
-    or, on images, to a fresh VAE's (`clips`: --num_frames > 1; a fresh VAE trained on clips gets no warning)."""
+    """Said once per job (by rank 0) at start when a video VAE's encoder trains: to loaded latents, or on images."""
     loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
     if rank() == 0 and (loaded or not clips):
         logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name,

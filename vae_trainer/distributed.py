@@ -126,9 +126,8 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor], fill_missing: bool = False) -> None:
-    """Average the gradients of `parameters` over all ranks. `fill_missing`: one with no gradient on this rank takes
-    part as zeros (clips: a Wan time_conv has none after one-frame batches while another rank decoded a clip; the
-    fused all-reduce skips gradient-less parameters, and the ranks would send buffers of different sizes)."""
+    """Average the gradients of `parameters` over all ranks; `fill_missing`: as zeros where this rank has none (clips:
+    a Wan time_conv after one-frame batches, which the fused all-reduce would skip: buffers of unequal sizes)."""
     if world_size() > 1:
         trained = [p for p in parameters if not p.stop_gradient]
         for p in trained if fill_missing else []:

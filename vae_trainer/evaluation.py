@@ -358,12 +358,6 @@ def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
 
 
-def names_videos(data: str) -> bool:
-    """Does `data` name a video file, or a WebDataset shard (which may hold some)?"""
-    return any(part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
-               for source in read_sources(data, counts=False, videos=True) for part in source.parts)
-
-
 class TrainingEvaluator:
     """Evaluation during training, the same in both drivers: logs, appends to eval_metrics.jsonl, tracks
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
@@ -387,7 +381,9 @@ class TrainingEvaluator:
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
                              f"({ranks}): every rank evaluates its share")
-        if self.enabled and self.clip_frames and not names_videos(data_args.eval_file_list):
+        if self.enabled and self.clip_frames and not any(  # a video file, or a shard (which may hold some)
+                part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
+                for held_out in read_sources(data_args.eval_file_list, False, True) for part in held_out.parts):
             raise ValueError(f"--eval_file_list {data_args.eval_file_list} names no video file, and --num_frames "
                              f"{self.frames['num_frames']} evaluates clips (images are skipped): give held-out videos")
         wanted = data_args.latent_stats_num_images

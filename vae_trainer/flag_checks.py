@@ -127,8 +127,8 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.family = _family_of_flags(f)
     f.deterministic, f.frozen_latent, f.video = f.family.deterministic, f.family.encoder_never_trains, f.family.video
     f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
-    # A config read, or an LDM single file (AutoencoderKL's); else a folder not there (yet): its error comes later.
     f.family_known = vae_config(f)[1] is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
+    f.single_frames = f.num_frames == 1 or f.video_image_ratio == 1
     return f
 
 
@@ -146,7 +146,7 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
                        "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
                        "adaptive_disc_weight_max", "disc_weight_warmup_steps")
-ALL_SINGLE_FRAMES = "--video_image_ratio 1 makes every sample a single frame, and it applies to clips: drop one"
+SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
@@ -216,17 +216,13 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      f"{FAMILY} encodes images: clips need a video VAE (AutoencoderKLWan, AutoencoderKLQwenImage); drop it"),
     (("num_frames",), lambda f: f.num_frames > 1 and f.video and f.num_frames % 4 != 1,
      f"{FAMILY}'s causal layout codes the first frame alone, then groups of 4: it takes 1 + 4k frames (5, 9, 13, 17)"),
-    (("frame_stride", "video_image_ratio", "temporal_loss_weight", "lpips_num_frames"),
-     lambda f: f.num_frames == 1 and (f.frame_stride != 1 or f.video_image_ratio or f.temporal_loss_weight
-                                      or f.lpips_num_frames),
-     "it applies to clips, and every sample is one frame: add --num_frames N (> 1), or drop it"),
-    (("disc_type",), lambda f: f.num_frames == 1 and f.disc_type == "patchgan3d",
-     "a 3-D discriminator over one-frame samples is a 2-D one: use --disc_type patch, or add --num_frames N (> 1)"),
+    (("frame_stride", "temporal_loss_weight", "lpips_num_frames"),
+     lambda f: f.single_frames and (f.frame_stride != 1 or f.temporal_loss_weight or f.lpips_num_frames),
+     SINGLE_FRAMES + "drop it, or train on clips"),
+    (("video_image_ratio",), lambda f: f.num_frames == 1 and f.video_image_ratio, SINGLE_FRAMES + "add --num_frames N"),
+    (("disc_type",), lambda f: f.single_frames and f.disc_type == "patchgan3d",
+     SINGLE_FRAMES + "a 3-D discriminator of them is a 2-D one: use --disc_type patch, or train on clips"),
     (("video_image_ratio",), lambda f: not 0 <= f.video_image_ratio <= 1, "it is a share in [0, 1]"),
-    (("frame_stride", "temporal_loss_weight", "lpips_num_frames"), lambda f: f.num_frames > 1 and f.video_image_ratio
-     == 1 and (f.frame_stride != 1 or f.temporal_loss_weight or f.lpips_num_frames), ALL_SINGLE_FRAMES),
-    (("disc_type",), lambda f: f.num_frames > 1 and f.video_image_ratio == 1 and f.disc_type == "patchgan3d",
-     ALL_SINGLE_FRAMES),
     (("temporal_loss_weight",), lambda f: f.temporal_loss_weight < 0, "it must be >= 0 (0: off)"),
     (("lpips_num_frames",), lambda f: not 0 <= f.lpips_num_frames <= f.num_frames,
      "it is a number of frames per clip: 0 (every frame) to --num_frames"),

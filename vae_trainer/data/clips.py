@@ -2,8 +2,6 @@
 keyframe before it, every frame cropped alike; an unusable file raises :class:`BadImage` (not_video, too_short,
 truncated, too_small, too_large). The rules are in docs/data.md ("Clips")."""
 
-from __future__ import annotations
-
 import io
 from fractions import Fraction
 
