@@ -50,7 +50,7 @@ def naive_clip(path: str, num_frames: int, stride: int, resolution: int, rng: np
     return np.stack(cropped)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=384)
     parser.add_argument("--frames", type=int, default=90)
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--num_frames", type=int, default=17)
     parser.add_argument("--frame_stride", type=int, default=1)
     parser.add_argument("--resolution", type=int, default=256)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import skimage
 
     photos = os.path.join(os.path.dirname(skimage.__file__), "data")
