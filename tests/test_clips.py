@@ -364,10 +364,19 @@ def test_a_data_state_saved_before_the_clip_reasons_still_resumes(tmp_path):
 
 def test_the_eval_loader_gives_each_videos_first_window_centre_cropped(tmp_path, caplog):
     folder = mixed_folder(tmp_path / "d")
-    numbered(tmp_path / "d" / "wide.mp4")  # (the same ids; a centre crop of 32 px keeps them)
+    with av.open(str(tmp_path / "d" / "wide.mp4"), "w") as container:  # 2 x RES wide, green rising 4 per column
+        stream = container.add_stream("libx264", rate=24, options={"crf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 2 * RES, RES, "yuv444p"
+        for i in range(12):
+            pixels = np.zeros((RES, 2 * RES, 3), np.uint8)
+            pixels[..., 0], pixels[..., 1] = 12 * i, 4 * np.arange(2 * RES)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
     with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
         batches = list(build_eval_dataloader(folder, RES, 2, 0, 1, None, num_frames=5, frame_stride=2))
     values = np.concatenate([batch["pixel_values"].numpy() for batch in batches])
     assert values.shape == (5, 3, 5, RES, RES)
     assert ids(values) == [[0, 2, 4, 6, 8]] * 5
+    green = (values[-1, 1] + 1) * 127.5  # the wide clip (last by name): its centre columns, RES // 2 onwards
+    np.testing.assert_allclose(green.mean(axis=(0, 1)), 4 * np.arange(RES // 2, RES // 2 + RES), atol=3)
     assert caplog.text.count("skipped (not_video") == 4 and "b_short.mkv: skipped (too_short" in caplog.text
