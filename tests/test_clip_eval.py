@@ -128,12 +128,13 @@ def test_the_training_evaluator_measures_clips_into_eval_metrics_and_visualdl(wa
     held_out.mkdir()
     (held_out / "still.png").write_bytes(b"")
     data_args = SimpleNamespace(resolution=SIZE, eval_file_list=str(held_out), eval_num_images=3,
-                                latent_stats_num_images=None, file_list="train", eval_tiled=False, eval_tile_size=None,
+                                latent_stats_num_images=None, file_list=str(held_out), eval_tiled=False,
+                                eval_tile_size=None,
                                 num_frames=5, frame_stride=2)
     args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_steps=2, per_device_eval_batch_size=2,
                                 num_logged_images=2, report_to=["visualdl"])
     monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
-    with pytest.raises(ValueError, match="names no video file, and --num_frames 5 evaluates clips"):
+    with pytest.raises(ValueError, match="held_out names no video file, and --num_frames 5 reads clips"):
         TrainingEvaluator(data_args, args, lpips=FrameMeanError())  # a start-up error, not one at the first evaluation
     (held_out / "clip.mp4").write_bytes(b"")
     evaluator = TrainingEvaluator(data_args, args, lpips=FrameMeanError())
@@ -238,3 +239,16 @@ def test_training_refuses_rfid_weights_and_input_size_with_clips_and_flicker_on_
             continue
         with pytest.raises(ValueError, match=words):
             parse_arguments(base + flags)
+    # Weight decay on a loaded video VAE: refused while every sample is one frame, taken on clips (all weights train).
+    import shutil
+
+    (tmp_path / "source").mkdir()
+    shutil.copy("configs/wan_tiny.json", tmp_path / "source" / "config.json")
+    loaded = base[2:] + ["--pretrained_model_name_or_path", str(tmp_path / "source"), "--weight_decay", "0.01"]
+    for frames, refused in ((["--num_frames", "5", "--video_image_ratio", "1"], True), ([], True),
+                            (["--num_frames", "5", "--video_image_ratio", "0.2"], False)):
+        if refused:
+            with pytest.raises(ValueError, match="--weight_decay 0.01: it would shrink the loaded temporal weights"):
+                parse_arguments(loaded + frames)
+        else:
+            parse_arguments(loaded + frames)

@@ -172,3 +172,22 @@ def test_two_processes_train_on_clips_and_single_frames_meeting_in_one_step(clip
     changed = {name for name in before if not np.array_equal(after[name], before[name])}
     assert any(".time_conv." in name for name in changed)
     assert all(name.startswith(("decoder.", "post_quant_conv.")) for name in changed)
+
+
+def test_a_gradient_is_zero_filled_only_where_another_rank_has_one(monkeypatch):
+    """AdamW skips a parameter without a gradient but moves one with a zero gradient (its momentum): a parameter no
+    rank has a gradient for must stay without one, as on a single process."""
+    import paddle
+
+    from vae_trainer import distributed
+
+    sent = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "fused_allreduce_gradients", lambda parameters, _: sent.append(parameters))
+    # The other rank holds a gradient for b alone.
+    monkeypatch.setattr(distributed, "sum_over_ranks", lambda flags: flags + paddle.to_tensor([0, 1, 0], "int32"))
+    a, b, c = (paddle.create_parameter([2], "float32") for _ in range(3))
+    (a * 2).sum().backward()
+    distributed.sync_gradients([a, b, c], fill_missing=True)
+    assert sent == [[a, b]] and b.grad.numpy().tolist() == [0.0, 0.0] and c.grad is None
+    assert a.grad.numpy().tolist() == [2.0, 2.0]

@@ -282,9 +282,12 @@ def test_tar_shards_of_video_members_and_a_list_of_video_files(tmp_path):
         [part] = read_sources(str(shard), videos=videos)[0].parts
         held = [sample.video for sample in iterate_records(part) if sample.video is not None]
         assert held == ([mp4, mp4[:100], mp4] if videos else [])
-    table = tmp_path / "videos.csv"  # a CSV of paths (and captions) under a header
-    table.write_text('path,caption\nn.mp4,"a pan, slow"\n' f"{shard},shards too\n")
+    table = tmp_path / "videos.csv"  # a CSV of paths and captions (one over two lines) under a header, from Excel
+    table.write_text('\ufeffpath,caption\nn.mp4,"a pan,\nslow"\n' f"{shard},shards too\n", encoding="utf-8")
     assert sum(1 for _ in ImageStream(str(table), RES, num_frames=5, infinite=False, shuffle=False)) == 4
+    table.write_text('n.mp4,"a pan,\nslow"\nnope,x\n', encoding="utf-8")  # no header: a first row is data
+    with pytest.raises(FileNotFoundError, match=r"nope: not found \(named at .*videos.csv:3\)"):
+        ImageStream(str(table), RES, num_frames=5)
     listed = tmp_path / "videos.txt"
     listed.write_text(f"n.mp4\n{shard}\n")
     stream = ImageStream(str(listed), RES, num_frames=9, infinite=False, shuffle=False)

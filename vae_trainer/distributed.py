@@ -126,12 +126,14 @@ def _stopped_at_the_end(status: int, signalled: bool) -> int:
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor], fill_missing: bool = False) -> None:
-    """Average the gradients of `parameters` over all ranks; `fill_missing`: as zeros where this rank has none (clips:
-    a Wan time_conv after one-frame batches, which the fused all-reduce would skip: buffers of unequal sizes)."""
+    """Average the gradients of `parameters` over all ranks. `fill_missing` (clips: a one-frame pass leaves Wan's
+    time_convs none; unequal buffers): zeros where another rank has one (a collective and a read; AdamW skips none)."""
     if world_size() > 1:
         trained = [p for p in parameters if not p.stop_gradient]
-        for p in trained if fill_missing else []:
-            if p.grad is None:
+        if fill_missing:
+            anywhere = sum_over_ranks(paddle.to_tensor([int(p.grad is not None) for p in trained], "int32")).numpy()
+            trained = [p for p, n in zip(trained, anywhere) if n]
+            for p in (p for p in trained if p.grad is None):
                 p.grad = paddle.zeros_like(p)
         fused_allreduce_gradients(trained, None)
 

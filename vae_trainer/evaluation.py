@@ -99,10 +99,9 @@ class EvalProtocol:
                            f"{size} px ({RESAMPLING.name.lower()}), centre crop {size}x{size}, no flip")
         if self.num_frames > 1:
             n, k = self.num_frames, self.frame_stride
-            items["clips"] = (f"each held-out video's first window: frames 0, {k}, ..., {(n - 1) * k} "
-                              f"(--num_frames {n}, --frame_stride {k}), each cropped as images are; image files "
-                              "skipped; psnr, ssim, lpips: means over every frame of every clip; no equivariance "
-                              "diagnostics, no rFID/rFVD")
+            items["clips"] = (f"each video's first window: frames 0, {k}, ..., {(n - 1) * k} (--num_frames {n}, "
+                              f"--frame_stride {k}), cropped as images; images skipped; psnr, ssim, lpips: means over "
+                              "every frame of every clip; no equivariance diagnostics, no rFID/rFVD")
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
@@ -329,9 +328,8 @@ def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: in
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
                        input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
                        sample_seed: int | None = None, **frames: int) -> tuple[EvalResult, str]:
-    """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images of `data` (with
-    `sample_seed`: of a random sample of all of them), and the sentence saying where they come from
-    (latent_stats.json). `batch_size` None: `eval_batch_size`'s rule. `frames`: a clip run's (its clips')."""
+    """Latent statistics of `vae` (the EMA's weights if given) over the first `num_images` images (`frames`: clips) of
+    `data` (`sample_seed`: of a random sample), and where they come from (latent_stats.json)."""
     sample = RecordSample(read_sources(data, videos=bool(frames)), sample_seed) if sample_seed is not None else None
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
                                    num_images, sample, **frames)
@@ -381,11 +379,13 @@ class TrainingEvaluator:
         if self.enabled and data_args.eval_num_images < ranks:
             raise ValueError(f"--eval_num_images {data_args.eval_num_images} is smaller than the number of ranks "
                              f"({ranks}): every rank evaluates its share")
-        if self.enabled and self.clip_frames and not any(  # a video file, or a shard (which may hold some)
-                part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
-                for held_out in read_sources(data_args.eval_file_list, False, True) for part in held_out.parts):
-            raise ValueError(f"--eval_file_list {data_args.eval_file_list} names no video file, and --num_frames "
-                             f"{self.frames['num_frames']} evaluates clips (images are skipped): give held-out videos")
+        lists = {"--file_list": data_args.file_list, "--eval_file_list": self.enabled and data_args.eval_file_list}
+        for flag, data in lists.items() if self.clip_frames else ():  # read as clips
+            if data and not any(  # a video file, or a shard (which may hold some)
+                    part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
+                    for source in read_sources(data, False, True) for part in source.parts):
+                raise ValueError(f"{flag} {data} names no video file, and --num_frames {self.frames['num_frames']} "
+                                 "reads clips (evaluations and latent statistics skip images): give videos")
         wanted = data_args.latent_stats_num_images
         if wanted is not None and wanted < max(1, ranks):
             raise ValueError(f"--latent_stats_num_images {wanted} must be at least 1 and at least the number of ranks "

@@ -200,11 +200,11 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("sample_posterior",), lambda f: f.deterministic and f.sample_posterior and f.posterior_std == 0,
      f"{FAMILY}'s encoder is deterministic: there is no posterior to sample; drop it, or "
      "add --posterior_std S to decode the latent plus noise of std S"),
-    (("weight_decay",), lambda f: f.video and f.num_frames == 1 and f.loads_weights and f.weight_decay > 0,
+    (("weight_decay",), lambda f: f.video and f.single_frames and f.loads_weights and f.weight_decay > 0,
      "it would shrink the loaded temporal weights of this video VAE that images never train (earlier-frame kernel "
      "taps get a zero gradient, and decay alone would move them), changing its video decoding: drop it (it is the "
      "discriminator's decay too)"),
-    (("fp16_opt_level",), lambda f: f.video and f.num_frames == 1 and f.loads_weights and f.fp16_opt_level == "O2",
+    (("fp16_opt_level",), lambda f: f.video and f.single_frames and f.loads_weights and f.fp16_opt_level == "O2",
      "O2 keeps the weights in half precision, so the temporal weights of this video VAE that images never train would "
      "come back rounded: use O1 (float32 weights, half-precision compute)"),
     (("pixel_loss_pool",), lambda f: f.pixel_loss_pool < 1, "it must be >= 1"),

@@ -209,12 +209,11 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[VFTerm] = None,
                   lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None) -> VAELoss:
-    """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its
-    schedule is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the
-    caller multiplies the loss by, which the heads' gradients carry too. `encoded_pixels`: C*H*W (clips: C*T*H*W) of
-    what the posterior encodes, normalising the KL, when `x` is another (EQ-VAE's target); default `x`'s. Clips
-    [B, C, T, H, W]: pixel loss, LPIPS (on the rows `lpips_rows` of `frames(x)` if given) and a 2-D discriminator
-    per frame, plus the temporal term (a reconstruction head, in the nll); `latent`: see `last_layer_gradient`."""
+    """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its schedule
+    is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the caller multiplies the loss
+    by, which the heads' gradients carry too. `encoded_pixels`: C*(T*)H*W of what the posterior encodes, normalising
+    the KL, when `x` is another (EQ-VAE's target). Clips [B, C, T, H, W]: per-frame pixel loss, LPIPS (on the rows
+    `lpips_rows` of `frames(x)` if given) and 2-D GAN, a temporal head in the nll; `latent`: `last_layer_gradient`'s."""
     pixels_per_image = float(x.shape[1] * x.shape[-2] * x.shape[-1])  # per frame: the adaptive weight's units
     encoded_pixels = encoded_pixels or float(np.prod(x.shape[1:]))
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below

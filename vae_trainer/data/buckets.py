@@ -1,7 +1,5 @@
 """Aspect-ratio buckets: shapes of about resolution^2 pixels, 1:2 to 2:1, sides multiples of 8 (docs/data.md)."""
 
-from __future__ import annotations
-
 import math
 
 BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs

@@ -187,8 +187,8 @@ class ImageStream(RaisesInMainThread):
 
 
 class TrainBatches(RaisesInMainThread):
-    """Batches of one bucket (shape and frame count) each: [B, 3, H, W] or clips [B, 3, T, H, W]; with several
-    buckets, the partly filled ones are flushed at each shard epoch's end."""
+    """Batches of one bucket (shape and frame count) each, [B, 3, (T,) H, W]; partly filled ones flushed at each
+    shard epoch's end when there are several buckets."""
 
     def __init__(self, stream: ImageStream, batch_size: int) -> None:
         super().__init__()
@@ -254,9 +254,9 @@ def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int
                           num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
                           frame_stride: int = 1) -> Iterator[dict]:
     """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
-    `sample`'s random order, at full decode size, centre-cropped, unflipped; `num_frames` > 1: clips, each video's
-    first window (images and shorter videos skipped). Collective, in rounds: the next `num_images` - usable records
-    are dealt to the ranks, which gather their usable counts and failure flags (a failing rank joins; the rest stop)."""
+    `sample`'s random order, full size, centre-cropped, unflipped (`num_frames` > 1: each video's first window).
+    Collective, in rounds: the next `num_images` - usable records are dealt to the ranks, which gather their usable
+    counts and failure flags (a failing rank joins; the rest stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False, num_frames=num_frames, frame_stride=frame_stride,
                          first_windows=True)  # now: a bad --data is a start-up error

@@ -48,13 +48,15 @@ class Source:
 def _entries(list_file: str) -> list[tuple[int, str]]:
     if not os.path.isfile(list_file):
         raise FileNotFoundError(f"{list_file}: file list not found")
-    with open(list_file, encoding="utf-8") as handle:
-        lines = [(number, line.strip()) for number, line in enumerate(handle, start=1)]
+    table = list_file.lower().endswith(CSV_SUFFIX)  # paths in the first column (quoted cells may span lines)
+    with open(list_file, encoding="utf-8-sig" if table else "utf-8", newline="" if table else None) as handle:
+        rows = csv.reader(handle) if table else ([line] for line in handle)
+        lines = [(getattr(rows, "line_num", number), row[0].strip() if row else "")
+                 for number, row in enumerate(rows, start=1)]
     entries = [(number, text) for number, text in lines if text and not text.startswith("#")]
-    if list_file.lower().endswith(CSV_SUFFIX):  # a table of paths: its first column, under a header (no suffix)
-        entries = [(number, next(csv.reader([text]))[0].strip()) for number, text in entries]
-        return entries[1:] if entries and not Path(entries[0][1]).suffix else entries
-    return entries
+    first = entries[0][1] if table and entries else ""
+    header = first and not Path(first).suffix and not os.path.exists(_resolve(first, list_file))  # e.g. "path"
+    return entries[1:] if header else entries
 
 
 def _resolve(path: str, list_file: str | None) -> str:

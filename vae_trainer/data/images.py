@@ -1,8 +1,6 @@
 """Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB -> uint8 crop; an unusable
 input raises :class:`BadImage` with a short ``reason`` (one of position.SKIP_REASONS)."""
 
-from __future__ import annotations
-
 import binascii
 import functools
 import io

@@ -1,8 +1,6 @@
 """Paddle's DataLoader made safe: errors reach the main thread with any number of workers, workers end with their
 iteration or the main process and ignore a scheduler's stop signals (docs/reliability.md)."""
 
-from __future__ import annotations
-
 import ctypes
 import functools
 import gc
