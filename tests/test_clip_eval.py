@@ -205,7 +205,7 @@ def test_eval_vae_on_clips_writes_the_clip_metrics_and_protocol(wan, tmp_path, m
 
 @pytest.mark.parametrize("flags, words", [
     (["--vae", "configs/vae_tiny.json", "--num_frames", "5"],
-     "--num_frames 5: AutoencoderKL encodes images: clips need a video VAE"),
+     "--num_frames 5: AutoencoderKL encodes images, not clips"),
     (["--num_frames", "6"], "--num_frames 6: AutoencoderKLWan's causal layout codes the first frame alone, then "
                             "groups of 4: it takes 1 + 4k frames"),
     (["--frame_stride", "2"], "--frame_stride 2: it applies to clips"),

@@ -213,7 +213,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "it has no effect under --loss_balancing gradnorm (the nll is not used): drop it"),
     (("num_frames", "frame_stride"), lambda f: min(f.num_frames, f.frame_stride) < 1, "it must be >= 1"),
     (("num_frames",), lambda f: f.num_frames > 1 and not f.video and f.family_known,
-     f"{FAMILY} encodes images: clips need a video VAE (AutoencoderKLWan, AutoencoderKLQwenImage); drop it"),
+     f"{FAMILY} encodes images, not clips (a video VAE does: docs/fine-tuning.md, \"Fine-tuning on clips\"); drop it"),
     (("num_frames",), lambda f: f.num_frames > 1 and f.video and f.num_frames % 4 != 1,
      f"{FAMILY}'s causal layout codes the first frame alone, then groups of 4: it takes 1 + 4k frames (5, 9, 13, 17)"),
     (("frame_stride", "temporal_loss_weight", "lpips_num_frames"),
