@@ -3,6 +3,7 @@
     python scripts/eval_vae.py --vae out/vae --data data/filelist --resolution 256 --num_images 1000 \\
         --output_dir eval_out [--inception_weights weights/fid_inception_v3.pdparams]
     python scripts/eval_vae.py --vae wan_vae --data DIR_OF_CLIPS --num_frames 17 [--frame_stride 2] ...
+    python scripts/eval_vae.py --vae out/tiny/vae --teacher sdxl/vae --data data/filelist --output_dir eval_out
 
 Prints the protocol once and a table, and writes metrics.json (the numbers, the protocol, the settings) and
 reconstructions.png to --output_dir. Data parallel under `python -m paddle.distributed.launch`: each process
@@ -88,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="> 1: evaluate clips, each video's first window of N frames (a video VAE; Wan / "
                              "Qwen-Image: 1 + 4k); adds flicker and psnr_position_0..4")
     parser.add_argument("--frame_stride", type=int, default=1, help="with --num_frames: every K-th frame")
+    parser.add_argument("--teacher", default=None,
+                        help="a distilled student's teacher VAE folder: the student (--vae, an AutoencoderTiny) "
+                             "decodes the teacher's normalised latents; adds psnr/ssim/lpips_vs_teacher, latent_mse, "
+                             "the teacher's own psnr/ssim/lpips and both decode times")
+    parser.add_argument("--teacher_subfolder", default=None, help="e.g. 'vae' inside the teacher's pipeline folder")
     parser.add_argument("--grid_images", type=int, default=8, help="images (clips: frame strips) in the grid")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
@@ -99,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"--inception_weights: {CLIPS_NO_RFID}")
         if args.num_frames > 1 and args.input_size:
             raise ValueError(f"--input_size: {CLIPS_NO_INPUT_SIZE}")
+        if args.teacher and (args.num_frames > 1 or args.input_size or args.sample_posterior):
+            raise ValueError("--teacher: a student decodes its teacher's latents of whole images: drop --num_frames, "
+                             "--input_size and --sample_posterior")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:
@@ -129,6 +138,19 @@ def load_vae(args: argparse.Namespace):
         paddle.seed(args.seed)
         return build_vae(vae_config_file=args.vae)
     return build_vae(args.vae_config_file, pretrained_model_name_or_path=args.vae, subfolder=args.subfolder)
+
+
+def load_teacher(path: str, subfolder: str | None, student):
+    """The teacher of a distilled `student` (its latents' channels checked against the student's)."""
+    from vae_trainer.models.teacher import Teacher
+    from vae_trainer.models.vae_loading import build_vae
+
+    teacher = Teacher(build_vae(pretrained_model_name_or_path=path, subfolder=subfolder), source=path)
+    channels = family_of(student).geometry(student.config).latent_channels
+    if teacher.latent_channels != channels:
+        raise ValueError(f"--teacher {path}: its latents have {teacher.latent_channels} channels, the student's "
+                         f"{channels}: not this student's teacher")
+    return teacher
 
 
 def load_lpips(args: argparse.Namespace):
@@ -190,12 +212,14 @@ def main(argv: list[str] | None = None) -> EvalResult:
                                            args.num_images, **(frames if args.num_frames > 1 else {}))
         convention = args.vf_input_convention or "imagenet"
         vf_model = load_dinov2(args.vf_model_path, convention) if args.vf_model_path else None
+        teacher = load_teacher(args.teacher, args.teacher_subfolder, vae) if args.teacher else None
     result = evaluate_vae(vae, dataloader, lpips=load_lpips(args), inception=load_inception(args),
                           sample_posterior=args.sample_posterior, seed=args.seed, grid_images=args.grid_images,
-                          input_size=args.input_size, tiling=tiling, vf_model=vf_model)
+                          input_size=args.input_size, tiling=tiling, vf_model=vf_model, teacher=teacher)
     if rank() == 0:
         protocol = protocol_of(vae, result, resolution=args.resolution, sample_posterior=args.sample_posterior,
-                               seed=args.seed, input_size=args.input_size, tiling=tiling, **frames)
+                               seed=args.seed, input_size=args.input_size, tiling=tiling, teacher=args.teacher or "",
+                               **frames)
         family = family_of(vae)
         normalisation = family.held_normalisation(vae)
         table = format_table(result, normalisation, family.scale_keys)

@@ -18,6 +18,7 @@ from .flag_checks import check_eval_batch_size, check_sizes, flag_values, refuse
 GROUPS = {"data": "data: training images and preprocessing", "model": "model: the VAE to train",
           "loss": "loss: the VAE objective", "discriminator": "discriminator: the adversarial term and its network",
           "evaluation": "evaluation: held-out metrics during training",
+          "distillation": "distillation: a tiny autoencoder from a teacher VAE (docs/distillation.md)",
           "training": "training: run-time options of both entry points"}
 PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
                    "(every other PaddleNLP flag is refused)")
@@ -93,7 +94,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
             given |= {name, name[3:]} if name.startswith("no_") else {name}
     alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
     given = {alias_of.get(name, name) for name in given}
-    for name, value in RECIPES.get(arguments[2].recipe, {}).items():  # explicit flags win over the recipe
+    recipe = arguments[2].recipe or ("tiny" if arguments[0].teacher_model_name_or_path else None)
+    for name, value in RECIPES.get(recipe, {}).items():  # explicit flags win over the recipe
         if name not in given:
             owner = next(a for a in arguments if name in {f.name for f in dataclasses.fields(a)})
             setattr(owner, name, value)
@@ -105,7 +107,8 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
              training_args: VAETrainingArguments, given: Set[str]) -> None:
     """Refuse, before anything is built, a missing VAE or data, values outside their choices, sizes the VAE cannot
     take and the rows of flag_checks.REFUSALS for the flags the user gave (`given`, field names)."""
-    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt):
+    if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+            or model_args.teacher_model_name_or_path):
         raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
                          "(fine-tune), or --init_from_ckpt CHECKPOINT_DIR.")
     if data_args.file_list is None:

@@ -40,7 +40,14 @@ BALANCED_RECIPE = {
     "kl_weight": 0.0, "latent_penalty_weight": 1e-3, "pixel_loss_mask": "lowpass",
 }
 # --recipe ldm is LDM's GAN start too: its term at full weight at once (the default ramps it in: techniques.md, 14).
-RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE}
+# Distilling a tiny autoencoder (--teacher_model_name_or_path: its default): the decoder learns from a
+# latent-conditioned PatchGAN at a fixed weight and a faint MSE between 8x8-pooled images (docs/distillation.md).
+TINY_RECIPE = {
+    **LDM_RECIPE, "pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.0, "disc_weight": 0.1,
+    "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
+}
+RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE,
+                                      "tiny": TINY_RECIPE}
 
 
 def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
@@ -98,6 +105,16 @@ class ModelArguments:
         "imagenet", "VA-VAE: what DINOv2 sees, resized to 224 px: imagenet ([0, 1], ImageNet mean and std, as DINOv2 "
                     "was trained) or vavae (VA-VAE's: [-1, 1], not normalised). docs/techniques.md, 12.", group="loss")
     posterior_std: float = flag(0.0, "If > 0: sample z = mean + posterior_std * noise (constant variance).")
+    teacher_model_name_or_path: Optional[str] = flag(
+        None, "Distil a tiny autoencoder (AutoencoderTiny) from this VAE folder, in the normalised latent space its "
+              "pipelines use; the student is OUTPUT_DIR/vae. docs/distillation.md.", group="distillation")
+    teacher_subfolder: Optional[str] = flag(None, "Subfolder of the teacher holding its VAE ('vae').",
+                                            group="distillation")
+    cache_teacher_latents: Optional[str] = flag(None, "Folder keeping the teacher's latents of each crop seen, read "
+                                                      "back when the same crop returns.", group="distillation")
+    student_width: int = flag(64, "Channels of every stage of a student built from the teacher's geometry.",
+                              group="distillation")
+    student_depth: int = flag(3, "Blocks per stage of that student (TAESD: 3).", group="distillation")
 
 
 @dataclass
@@ -170,6 +187,9 @@ class LossArguments:
     adaptive_vf: bool = flag(True, "VA-VAE: scale the VF loss by ||grad nll|| / ||grad vf||.")
     temporal_loss_weight: float = flag(0.0, "Clips: weight of the L1 between the frame differences of input and "
                                             "reconstruction (against flicker; 0: off).")
+    latent_distill_weight: float = flag(1.0, "Distillation: weight of the student encoder's error against the "
+                                             "teacher's latents (0: the encoder is not trained).", group="distillation")
+    latent_distill_loss: Literal["l2", "l1"] = flag("l2", "Distillation: that error, MSE or L1.", group="distillation")
     lpips_num_frames: int = flag(0, "Clips: LPIPS on K frames of each clip, drawn from (seed, step, micro-batch) (0: "
                                     "every frame).")
 

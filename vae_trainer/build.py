@@ -20,12 +20,14 @@ from .disk import warn_if_short
 from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
+from .flag_checks import derived_student_config
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import PATCH_TYPES, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
+from .models.teacher import Teacher
 from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
@@ -53,6 +55,7 @@ class Networks:
     scaling_factor_mode: Any = "measure"  # latent_scale.scaling_factor_mode: "keep", "measure" or a number
     resolution: Optional[int] = None
     vf_model: Any = None  # the frozen foundation model of --vf_model_path (models/dinov2.py), outside `model`
+    teacher: Any = None  # distillation's frozen VAE (models/teacher.py), outside `model`
 
 
 def init_process(training_args) -> None:
@@ -69,16 +72,19 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     `resolution` (--resolution) is checked against what the decoder returns (--input_size)."""
     set_seed(training_args.seed)
     with all_ranks_agree("building the networks"):  # a file one rank cannot read stops every rank, naming it
+        teacher = load_teacher(model_args)
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                         ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt,
-                        encoder_path=model_args.rae_encoder_path, noise_tau=model_args.noise_tau)
+                        encoder_path=model_args.rae_encoder_path, noise_tau=model_args.noise_tau,
+                        config=derived_student_config(model_args))
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
         if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/vae.py)
             segments = enable_recompute(vae)
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
-                       "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels}
+                       "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels,
+                       **({"condition_channels": teacher.latent_channels} if teacher else {})}
         if model_args.disc_type not in PATCH_TYPES:  # its frozen backbone: the LPIPS file's VGG16, or the DINO ViT-S/8
             disc_config["weights_path"] = model_args.lpips_weights if model_args.disc_type == "vgg" else \
                 model_args.disc_backbone_path
@@ -91,7 +97,9 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                     else None)
         vf_width = vf_model.feature_dim if vf_model and loss_args.vf_weight > 0 else None  # the VF loss's projection
         model = VAEWithDiscriminator(vae, discriminator, loss_args.logvar_init, loss_args.learn_logvar,
-                                     posterior_std=model_args.posterior_std, freeze_encoder=model_args.freeze_encoder,
+                                     posterior_std=model_args.posterior_std,
+                                     freeze_encoder=model_args.freeze_encoder or bool(
+                                         teacher and loss_args.latent_distill_weight == 0),  # a decoder-only student
                                      input_size=model_args.input_size, vf_feature_dim=vf_width,
                                      trainable_modules=model_args.trainable_modules)
         model.refuse_frozen_readers(loss_args)
@@ -100,7 +108,21 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
-    return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model)
+    return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model,
+                    teacher)
+
+
+def load_teacher(model_args) -> Optional[Teacher]:
+    """--teacher_model_name_or_path as a frozen `Teacher` (with --cache_teacher_latents), or None."""
+    if not model_args.teacher_model_name_or_path:
+        return None
+    folder = os.path.join(model_args.teacher_model_name_or_path, model_args.teacher_subfolder or "")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise FileNotFoundError(f"--teacher_model_name_or_path: no VAE folder at {folder} (a config.json and weights; "
+                                "nothing is downloaded; a pipeline folder takes --teacher_subfolder vae)")
+    vae = build_vae(pretrained_model_name_or_path=model_args.teacher_model_name_or_path,
+                    subfolder=model_args.teacher_subfolder)
+    return Teacher(vae, model_args.cache_teacher_latents, model_args.teacher_model_name_or_path)
 
 
 def warn_video_encoder_trained(class_name: str, model_args, clips: bool = False) -> None:
@@ -134,7 +156,8 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
-                     vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips)
+                     vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips,
+                     teacher=networks.teacher)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):
@@ -146,7 +169,8 @@ def build_evaluator(data_args, training_args, networks: Networks):
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
                              posterior_std=networks.model.posterior_std, vf_model=networks.vf_model,
-                             stats_on_training_data=networks.model.family.stats_on_training_data)
+                             stats_on_training_data=networks.model.family.stats_on_training_data,
+                             teacher=networks.teacher)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None):

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,14 @@ METRIC_DEFINITIONS = {
                                    f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
                                    "Nyquist), summed over images and channels before dividing",
     "vf_alignment_cka": CKA_DEFINITION,
+    **{f"{name}_vs_teacher": f"{name} of the student's decode against the teacher's decode of the teacher's latents"
+       for name in ("psnr", "ssim", "lpips")},
+    **{f"teacher_{name}": f"{name} of the teacher's own reconstruction (encode, decode)" for name in ("psnr", "ssim",
+                                                                                                      "lpips")},
+    "latent_mse": "mean squared error of the student encoder's latents against the teacher's normalised latents, "
+                  "per image, averaged over images",
+    "decode_ms": "milliseconds per image of the decode (batches of --per_device_eval_batch_size, this device)",
+    "teacher_decode_ms": "milliseconds per image of the teacher's decode (from its pipelines' latents), the same way",
 }
 
 
@@ -92,6 +101,7 @@ class EvalProtocol:
     tiling_method: str = KL.tiling_method  # the family's, stated with the tile size
     num_frames: int = 1  # > 1: clips (--num_frames), every --frame_stride-th frame
     frame_stride: int = 1
+    teacher: str = ""  # distillation: the teacher's folder, whose latents the student decodes
 
     def describe(self) -> dict[str, str]:
         size, items = self.resolution, {}
@@ -105,7 +115,9 @@ class EvalProtocol:
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
-        items["latents"] = ("the encoder's latent (deterministic: no posterior)" if self.deterministic else
+        items["latents"] = (f"the teacher's ({self.teacher}) posterior mode, normalised as its pipelines do "
+                            "((z - mean) / std), decoded by the student" if self.teacher else
+                            "the encoder's latent (deterministic: no posterior)" if self.deterministic else
                             f"a posterior sample (noise seeded by {self.seed} + rank)" if self.sample_posterior
                             else "the posterior mode (mean)")
         if self.tiling is not None and size <= self.tiling:  # only images larger than one tile are tiled
@@ -171,8 +183,8 @@ class _Pass:
     when reconstructing (`reconstruct`). `rng` draws posterior samples to decode (None: the mode)."""
 
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
-                 grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None) -> None:
-        self.vae, self.family, self.input_size, self.rng = vae, family_of(vae), input_size, rng
+                 grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None, teacher=None) -> None:
+        self.vae, self.family, self.input_size, self.rng, self.teacher = vae, family_of(vae), input_size, rng, teacher
         self.fixed_output = self.family.geometry(vae.config).output_size is not None
         self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
@@ -245,9 +257,14 @@ class _Pass:
             if self.rng is not None and posterior.std is not None:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
                 latent = posterior.mean + posterior.std * noise.astype(posterior.mean.dtype)
-            recons = self.family.decode(self.vae, latent)
-            equivariance = {} if clips else equivariance_pairs(lambda z: self.family.decode(self.vae, z), pixels,
-                                                                mode, scale=not self.fixed_output)
+            taught = self.teacher.latents(pixels) if self.teacher is not None else None  # distillation
+            if taught is None:
+                recons = self.family.decode(self.vae, latent)
+            else:  # the student decodes the teacher's latents, timed
+                latent = taught.astype(mode.dtype)
+                recons = timed(self.metrics, "decode_ms", lambda: self.family.decode(self.vae, latent))
+            equivariance = {} if clips or taught is not None else equivariance_pairs(
+                lambda z: self.family.decode(self.vae, z), pixels, mode, scale=not self.fixed_output)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
@@ -277,6 +294,21 @@ class _Pass:
         if self.features is not None:
             self.features[0].update(self.inception(pixels))
             self.features[1].update(self.inception(recons))
+        if taught is not None:
+            self.add_teacher_metrics(pixels, recons, mode.astype("float32"), taught)
+
+    def add_teacher_metrics(self, pixels: paddle.Tensor, recons: paddle.Tensor, latents: paddle.Tensor,
+                            taught: paddle.Tensor) -> None:
+        """The student beside its teacher: its encoder's latent error, its decode against the teacher's decode, the
+        teacher's own reconstruction against the images, and the teacher's decode time."""
+        self.metrics.update("latent_mse", (latents - taught).square().mean(axis=list(range(1, latents.ndim))))
+        teacher = timed(self.metrics, "teacher_decode_ms", lambda: self.teacher.decode(taught))
+        teacher = teacher.astype("float32").clip(-1.0, 1.0)
+        for name, reference, decoded in (("{}_vs_teacher", teacher, recons), ("teacher_{}", pixels, teacher)):
+            self.metrics.update(name.format("psnr"), psnr(to_unit_range(reference), to_unit_range(decoded)))
+            self.metrics.update(name.format("ssim"), ssim(to_unit_range(reference), to_unit_range(decoded)))
+            if self.lpips is not None:
+                self.metrics.update(name.format("lpips"), self.lpips(reference, decoded).reshape([-1]))
 
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
@@ -300,18 +332,29 @@ class _Pass:
         return replace(self.latent_stats(), metrics=metrics, grid=grid)
 
 
+def timed(metrics: MetricAccumulator, name: str, run: Callable[[], paddle.Tensor]) -> paddle.Tensor:
+    """`run()`, its milliseconds per image added to `metrics` as `name` (the device synchronised around it)."""
+    paddle.device.synchronize()
+    start = time.perf_counter()
+    out = run()
+    paddle.device.synchronize()
+    metrics.update(name, np.full([out.shape[0]], 1000.0 * (time.perf_counter() - start) / out.shape[0]))
+    return out
+
+
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
                  inception: paddle.nn.Layer | None = None, num_images: int | None = None,
                  sample_posterior: bool = False, seed: int = 0, grid_images: int = 8,
                  input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
-                 vf_model: paddle.nn.Layer | None = None) -> EvalResult:
+                 vf_model: paddle.nn.Layer | None = None, teacher=None) -> EvalResult:
     """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
-    states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator)."""
+    states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator); a
+    `teacher` (models/teacher.py): the student `vae` decodes the teacher's latents, measured against both."""
     for metric_network in (lpips, inception):
         if metric_network is not None:
             metric_network.eval()  # fixed feature networks: never batch statistics
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
-    evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng)
+    evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
     evaluation.run(batches, evaluation.reconstruct, num_images, tiling, "evaluating")
     return evaluation.result()
 
@@ -361,8 +404,9 @@ class TrainingEvaluator:
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
-                 vf_model=None, stats_on_training_data: bool = False):
+                 vf_model=None, stats_on_training_data: bool = False, teacher=None):
         self.data_args, self.args, self.input_size, self.posterior_std = data_args, args, input_size, posterior_std
+        self.teacher = teacher  # distillation's (models/teacher.py)
         self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
         self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
@@ -415,7 +459,8 @@ class TrainingEvaluator:
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
                                 grid_images=self.args.num_logged_images, input_size=self.input_size,
-                                posterior_std=self.posterior_std, tiling=self.tiling, vf_model=self.vf_model)
+                                posterior_std=self.posterior_std, tiling=self.tiling, vf_model=self.vf_model,
+                                teacher=self.teacher)
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
@@ -444,7 +489,7 @@ class TrainingEvaluator:
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
         protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
-                               tiling=self.tiling, **self.frames)
+                               tiling=self.tiling, teacher=self.teacher.source if self.teacher else "", **self.frames)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text

@@ -33,7 +33,9 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
     the --init_from_ckpt checkpoint's; (path or None, None) when there is none to read (a single file)."""
     from .checkpoint import checkpoint_vae_config
 
-    path = model_args.vae_config_file
+    path, derived = model_args.vae_config_file, derived_student_config(model_args)
+    if derived:
+        return f"the student of {model_args.teacher_model_name_or_path}", derived
     if path is None and model_args.pretrained_model_name_or_path:
         path = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "", "config.json")
     elif path is None and model_args.init_from_ckpt:
@@ -42,6 +44,25 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
         return path, None
     with open(path) as handle:
         return path, {key: value for key, value in json.load(handle).items() if value is not None}
+
+
+def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
+    """A distillation's student config from its teacher's geometry (--student_width, --student_depth), when no flag
+    gives the student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt); else None."""
+    teacher = getattr(model_args, "teacher_model_name_or_path", None)
+    if not teacher or model_args.vae_config_file or model_args.pretrained_model_name_or_path or \
+            model_args.init_from_ckpt:
+        return None
+    from .models.families import family_for_config
+    from .models.tiny import student_config
+
+    path = os.path.join(teacher, model_args.teacher_subfolder or "", "config.json")
+    if not os.path.isfile(path):  # loading the teacher says what is missing
+        return None
+    with open(path) as handle:
+        config = json.load(handle)
+    geometry = family_for_config(config, path).geometry(config)
+    return student_config(geometry, model_args.student_width, model_args.student_depth)
 
 
 def check_sizes(model_args, data_args) -> None:
@@ -129,6 +150,7 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
     f.family_known = vae_config(f)[1] is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     f.single_frames = f.num_frames == 1 or f.video_image_ratio == 1
+    f.distils, f.student = bool(f.teacher_model_name_or_path), f.family.fixed_scale
     return f
 
 
@@ -179,7 +201,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
      "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
     (("freeze_encoder", "trainable_modules"),
-     lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights,
+     lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights and not f.distils,
      "it keeps weights as loaded, and a VAE trained from scratch has only random ones: add "
      "--pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
     (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
@@ -344,6 +366,21 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("warmup_steps", "warmup_ratio"), lambda f: f.scheduler == "constant",
      "--lr_scheduler_type constant has no warm-up (constant_with_warmup has): drop it"),
     (("warmup_ratio",), lambda f: f.warmup_steps > 0, "--warmup_steps > 0 wins over it: drop one"),
+    # Distillation (docs/distillation.md).
+    (("teacher_subfolder", "cache_teacher_latents", "student_width", "student_depth", "latent_distill_weight",
+      "latent_distill_loss"), lambda f: not f.distils,
+     "it applies to distilling a tiny autoencoder: add --teacher_model_name_or_path, or drop it"),
+    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"), lambda f: f.distils and not f.student,
+     f"a distilled student is an AutoencoderTiny, and this gives a {FAMILY}: drop it (the student then follows "
+     "the teacher's geometry)"),
+    (("student_width", "student_depth"), lambda f: f.distils and (f.vae_config_file or f.loads_weights),
+     "the student's architecture is that of --vae_config_file / its weights': drop it"),
+    (("num_frames", "equivariance_prob", "vf_model_path", "input_size", "posterior_std", "learn_logvar"),
+     lambda f: f.distils, "a tiny autoencoder is distilled on images against its teacher's latents: drop it"),
+    (("scaling_factor",), lambda f: f.distils and f.scaling_factor != "keep",
+     "a student lives in its teacher's normalised latent space: its scaling_factor is 1 (keep); drop it"),
+    (("latent_distill_weight",), lambda f: f.latent_distill_weight < 0, "it is a weight: >= 0 (0: decoder only)"),
+    (("student_width", "student_depth"), lambda f: min(f.student_width, f.student_depth) < 1, "it must be >= 1"),
 )
 
 # A flag given its value that does nothing is never refused as idle: ppdiffusers' commands pass e.g.

@@ -142,8 +142,8 @@ def scaling_factor_mode(model_args) -> Mode:
     """--scaling_factor; not given: keep when the encoder's weights are loaded and not re-initialised, else measure
     (also for an --init_from_ckpt checkpoint whose run measured its factor: the checkpoint does not hold it)."""
     mode = parse_scaling_factor(model_args.scaling_factor)
-    if mode is not None:
-        return mode
+    if mode is not None or getattr(model_args, "teacher_model_name_or_path", None):  # a student's scale is fixed: 1
+        return mode or "keep"
     if reinitialises_encoder(model_args.ignore_keys):
         return "measure"
     if getattr(model_args, "init_from_ckpt", None):

@@ -208,12 +208,14 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
                   grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[VFTerm] = None,
-                  lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None) -> VAELoss:
+                  lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None,
+                  latent_target: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its schedule
     is `step.gan_weight`'s). `grad_scale`: the factor (loss scale / accumulation steps) the caller multiplies the loss
     by, which the heads' gradients carry too. `encoded_pixels`: C*(T*)H*W of what the posterior encodes, normalising
     the KL, when `x` is another (EQ-VAE's target). Clips [B, C, T, H, W]: per-frame pixel loss, LPIPS (on the rows
-    `lpips_rows` of `frames(x)` if given) and 2-D GAN, a temporal head in the nll; `latent`: `last_layer_gradient`'s."""
+    `lpips_rows` of `frames(x)` if given) and 2-D GAN, a temporal head in the nll; `latent`: `last_layer_gradient`'s.
+    `latent_target` (distillation: the teacher's latents) adds the encoder's error against it."""
     pixels_per_image = float(x.shape[1] * x.shape[-2] * x.shape[-1])  # per frame: the adaptive weight's units
     encoded_pixels = encoded_pixels or float(np.prod(x.shape[1:]))
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
@@ -234,6 +236,10 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     else:
         kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
         latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+    if latent_target is not None:
+        distill = pixel_loss(latent_target, posterior_mean, loss_args.latent_distill_loss).mean()
+        latent_logs["loss/latent_distill"] = distill
+        latent_loss = latent_loss + loss_args.latent_distill_weight * distill
     if loss_args.latent_penalty_weight > 0:
         latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
         latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]

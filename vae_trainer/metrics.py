@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 # The metrics an evaluation reports, and which way is better (--metric_for_best_model).
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
                     "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
-                    "latent_high_frequency_share": False, "vf_alignment_cka": True, "flicker": False}  # alignment.py
+                    "latent_high_frequency_share": False, "vf_alignment_cka": True, "flicker": False,  # alignment.py
+                    "psnr_vs_teacher": True, "ssim_vs_teacher": True, "lpips_vs_teacher": False, "latent_mse": False}
 DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
 HALF_NYQUIST = 0.25  # cycles per sample
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames

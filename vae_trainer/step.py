@@ -5,6 +5,7 @@ scope and a SyncBatchNorm discriminator), `optimizer_step` and `NonFiniteGuard` 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ class TrainStep:
     seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
     vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
     clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
+    teacher: Any = None  # distillation's frozen VAE (models/teacher.py), kept out of `model`
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
@@ -153,19 +155,23 @@ class TrainStep:
                          self.transforms)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
+        taught = self.teacher.latents(clean) if self.teacher is not None else None  # 0. the teacher's latents
+        # Distillation's discriminator sees the latent an image was decoded from (a conditioned PatchGAN).
+        discriminator = model.discriminator if taught is None else functools.partial(model.discriminator,
+                                                                                     condition=taught)
         with self.precision.autocast():
             recon, post_mean, post_logvar, z = model(                                     # 1. forward
-                clean, sample_posterior=args.sample_posterior, return_latent=True,
+                clean, sample_posterior=args.sample_posterior, return_latent=True, decoded=taught,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
-                discriminator=model.discriminator, last_layer=model.family.decoder_last_layer(model.vae),
+                discriminator=discriminator, last_layer=model.family.decoder_last_layer(model.vae),
                 gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
                 lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
-                latent=z if clean.ndim == 5 else None)
+                latent=z if clean.ndim == 5 else None, latent_target=taught)
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
@@ -174,7 +180,7 @@ class TrainStep:
         if self.disc_trains(global_step):
             with self.precision.autocast():                                               # 3. discriminator
                 d_loss, d_logs = discriminator_objective(
-                    model.discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
+                    discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay)
             self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()
             self._window_losses.append(d_logs["loss/discriminator"])

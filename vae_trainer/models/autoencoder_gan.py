@@ -125,10 +125,11 @@ class VAEWithDiscriminator(paddle.nn.Layer):
 
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
-                return_latent: bool = False) -> Tuple[paddle.Tensor, ...]:
+                return_latent: bool = False, decoded: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, ...]:
         """Reconstruction, posterior mean and log-variance (None: a deterministic latent; with `posterior_std` > 0:
         z = mean + std * noise and the constant log(std^2)), and with `return_latent` z itself. `latent_transform`
-        (EQ-VAE) changes z before decoding, not the posterior or the z returned."""
+        (EQ-VAE) changes z before decoding, not the posterior or the z returned; `decoded` (a teacher's latent, in
+        distillation) is decoded in place of z."""
         posterior = self.encode(x)
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
@@ -140,8 +141,10 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         if z.ndim == 5 and z.stop_gradient and paddle.is_grad_enabled():  # a frozen encoder's clip latent: a
             z = z.detach()  # leaf the adaptive GAN weight's gradient can reach (losses.last_layer_gradient)
             z.stop_gradient = False
-        decoded = self.family.decode(self.vae, latent_transform(z) if latent_transform is not None else z)
-        return (decoded, mean, logvar, z) if return_latent else (decoded, mean, logvar)
+        if decoded is None:
+            decoded = latent_transform(z) if latent_transform is not None else z
+        recon = self.family.decode(self.vae, decoded)
+        return (recon, mean, logvar, z) if return_latent else (recon, mean, logvar)
 
 
 def trainable_names(named: Dict[str, paddle.Tensor], pattern: str) -> List[str]:

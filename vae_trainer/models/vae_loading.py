@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -45,10 +45,11 @@ COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffuser
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
               init_from_ckpt: Optional[str] = None, encoder_path: Optional[str] = None,
-              noise_tau: Optional[float] = None) -> paddle.nn.Layer:
+              noise_tau: Optional[float] = None, config: Optional[Dict[str, Any]] = None) -> paddle.nn.Layer:
     """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale;
-    `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau) RAE's."""
-    if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None:
+    `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau) RAE's;
+    `config`: a fresh VAE of that config (a distilled student's, derived from its teacher)."""
+    if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None and not config:
         raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
@@ -69,6 +70,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
                 shards = sorted(set(json.load(handle)["weight_map"].values()))
         state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
         assign_weights(vae, state, ignore_keys, source)
+    elif config:
+        vae = family_for_config(config).build_fresh(config, "the student config derived from the teacher")
     elif vae_config_file or checkpoint_vae_config(init_from_ckpt):
         fresh = not init_from_ckpt  # no weights follow
         vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt), fresh, encoder_path)

@@ -1,0 +1,84 @@
+"""The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the normalised latents its diffusion
+pipelines see ((z - mean) / std of the posterior mode, the family's `pipeline_normalisation`), computed or read back
+from a cache on disk (`LatentCache`). It is held beside the trained networks, never in a checkpoint or an EMA."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+import paddle
+
+from .families import family_of
+
+Tensor = paddle.Tensor
+
+
+class LatentCache:
+    """The teacher's latents of each crop it saw, one .npy file per crop named by a hash of the crop's float32 pixels
+    (so a cached latent is exactly that crop's: a random crop or flip that differs is a new entry), in a subfolder
+    named by the teacher's weights and config (another teacher never reads them)."""
+
+    def __init__(self, folder: str, teacher: paddle.nn.Layer):
+        digest = hashlib.sha256(json.dumps(dict(teacher.config), sort_keys=True, default=str).encode())
+        for name, tensor in sorted(teacher.state_dict().items()):
+            digest.update(name.encode() + tensor.numpy().tobytes())
+        self.folder = os.path.join(folder, digest.hexdigest()[:16])
+        os.makedirs(self.folder, exist_ok=True)
+        self.hits = self.misses = 0
+
+    def paths(self, images: Tensor) -> list:
+        pixels = images.astype("float32").numpy()
+        return [os.path.join(self.folder, hashlib.sha256(image.tobytes()).hexdigest() + ".npy") for image in pixels]
+
+    def read(self, paths: list) -> Optional[Tensor]:
+        """The latents of every path, or None if one is missing (the batch is then computed whole)."""
+        if not all(os.path.isfile(path) for path in paths):
+            self.misses += len(paths)
+            return None
+        self.hits += len(paths)
+        return paddle.to_tensor(np.stack([np.load(path) for path in paths]))
+
+    def write(self, paths: list, latents: Tensor) -> None:
+        """Each latent to its path, atomically (ranks and workers may write the same crop)."""
+        for path, latent in zip(paths, latents.numpy()):
+            partial = f"{path}.{os.getpid()}.tmp"
+            with open(partial, "wb") as handle:
+                np.save(handle, latent)
+            os.replace(partial, path)
+
+
+class Teacher:
+    """A frozen VAE in eval mode: `latents` of [-1, 1] NCHW images in its pipelines' normalised space (float32, no
+    graph) and `decode` of such latents to images."""
+
+    def __init__(self, vae: paddle.nn.Layer, cache_folder: Optional[str] = None, source: str = ""):
+        self.vae, self.family, self.source = vae, family_of(vae), source  # `source`: its folder, for the protocol
+        for param in vae.parameters():
+            param.stop_gradient = True
+        vae.eval()
+        mean, std = self.family.pipeline_normalisation(vae)  # raises for a family that has none
+        self.mean, self.std = paddle.to_tensor(mean), paddle.to_tensor(std)
+        self.cache = LatentCache(cache_folder, vae) if cache_folder else None
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.mean.shape[0])
+
+    def latents(self, images: Tensor) -> Tensor:
+        paths = self.cache.paths(images) if self.cache is not None else None
+        cached = self.cache.read(paths) if paths else None
+        if cached is not None:
+            return cached
+        with paddle.no_grad(), paddle.amp.auto_cast(enable=False):  # float32: the same latents under any precision
+            latents = to_pipeline(self.family.encode(self.vae, images.astype("float32")).mode(), self.mean, self.std)
+        if paths:
+            self.cache.write(paths, latents)
+        return latents
+
+    def decode(self, latents: Tensor) -> Tensor:
+        with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
+            return self.family.decode(self.vae, from_pipeline(latents, self.mean, self.std))
