@@ -49,6 +49,10 @@ drives it.
         lpips 0.1's LPIPS(net="vgg") forward written out (its ScalingLayer, VGG16's conv layers to relu5_3, unit-
         normalised taps, the linear heads without dropout as in eval mode, spatial means) with the weights of
         WEIGHTS.npz (our LPIPS's state dict): the distances, and grad:images, the gradient of their sum
+    pipeline_encode FOLDER --config {"class": CLASS} --images IN.npy --out OUT.npy
+        the latents a diffusion pipeline makes of the images with its own code: AutoencoderKLFlux2 through
+        Flux2Pipeline._encode_vae_image (patchify, bn normalisation) then Flux2Pipeline._unpatchify_latents (NCHW);
+        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image (one-frame clips; frame axis dropped)
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -104,7 +108,7 @@ def _encode(model, images: torch.Tensor) -> dict:
     if hasattr(output, "latent_dist"):
         dist = output.latent_dist
         return {"latent": dist.mode(), "mean": dist.mean, "logvar": dist.logvar}
-    return {"latent": output.latent}
+    return {"latent": output.latents if hasattr(output, "latents") else output.latent}  # AutoencoderTiny's: latents
 
 
 def _train_step(model, images: torch.Tensor) -> dict:
@@ -334,6 +338,23 @@ def lpips(weights_file: str, images_file: str, targets_file: str, out_file: str)
     np.savez(out_file, distances=distances.detach().numpy(), **{k: v.numpy() for k, v in out.items()})
 
 
+def pipeline_encode(folder: str, class_name: str, images_file: str, out_file: str) -> None:
+    from types import SimpleNamespace
+
+    from diffusers import Flux2Pipeline, QwenImageEditPipeline
+
+    vae = getattr(diffusers, class_name).from_pretrained(folder).float().eval()
+    images = torch.from_numpy(np.load(images_file))
+    with torch.no_grad():
+        if class_name == "AutoencoderKLFlux2":
+            owner = SimpleNamespace(vae=vae, _patchify_latents=Flux2Pipeline._patchify_latents)
+            latents = Flux2Pipeline._unpatchify_latents(Flux2Pipeline._encode_vae_image(owner, images, None))
+        else:
+            owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
+            latents = QwenImageEditPipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)
+    np.save(out_file, latents.numpy())
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["batch"]:
@@ -342,7 +363,8 @@ def main(argv=None) -> None:
                 main(job)
         return
     parser = argparse.ArgumentParser()
-    if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release", "patchgan", "lpips"):
+    if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release", "patchgan", "lpips",
+                                          "pipeline_encode"):
         return _side_command(argv)
     parser.add_argument("command", choices=("make", "run"))
     parser.add_argument("class_name")
@@ -383,6 +405,8 @@ def _side_command(argv) -> None:
         rae_tokens(args.folder, args.images, args.out, args.input_size)
     elif args.command == "patchgan":
         patchgan(args.folder, args.images, args.out, json.loads(args.config))
+    elif args.command == "pipeline_encode":
+        pipeline_encode(args.folder, json.loads(args.config)["class"], args.images, args.out)
     elif args.command == "lpips":
         lpips(args.folder, args.images, args.targets, args.out)
     else:

@@ -143,3 +143,22 @@ def test_batchnorm_to_sync_conversion():
     with pytest.warns(UserWarning, match="CPU"):
         assert convert_batchnorm_to_sync(cpu_disc, device="cpu") is cpu_disc
     assert list(cpu_disc(paddle.randn([1, 3, 32, 32])).shape) == [1, 1, 2, 2]
+
+
+def test_a_conditioned_patchgan_round_trips_and_its_condition_must_agree(tmp_path):
+    config = {"disc_type": "patch", "norm": "group", "num_layers": 2, "base_channels": 8, "condition_channels": 4}
+    paddle.seed(0)
+    disc = build_discriminator(**config)
+    folder = str(tmp_path / "discriminator")
+    save_discriminator(disc, config, folder)
+    loaded = build_discriminator(**config)
+    init_discriminator_from(loaded, config, folder)
+    x, latents = paddle.randn([2, 3, 32, 32]), paddle.randn([2, 4, 4, 4])
+    np.testing.assert_array_equal(loaded(x, latents).numpy(), disc(x, latents).numpy())
+    unconditioned = {**config, "condition_channels": 0}
+    with pytest.raises(ValueError, match=r"condition_channels 4 \(this run: 0\)"):
+        init_discriminator_from(build_discriminator(**unconditioned), unconditioned, folder)
+    # a config saved before the key existed is an unconditioned one
+    old = {k: v for k, v in unconditioned.items() if k != "condition_channels"}
+    save_discriminator(build_discriminator(**old), old, str(tmp_path / "old"))
+    init_discriminator_from(build_discriminator(**unconditioned), unconditioned, str(tmp_path / "old"))

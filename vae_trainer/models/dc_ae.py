@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Tuple
 
+import numpy as np
+
 from .autoencoder_dc import AutoencoderDC
 from .family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, holds_batch_norm,
                      tiling_enabled)
@@ -73,6 +75,12 @@ class DCFamily(Family):
 
     def tiled(self, vae: Layer, tile: int):
         return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
+
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """SanaPipeline's z * scaling_factor (it decodes latents / scaling_factor)."""
+        channels = vae.config.latent_channels
+        return np.zeros([channels, 1, 1], np.float32), np.full([channels, 1, 1], 1 / vae.config.scaling_factor,
+                                                                 np.float32)
 
 
 def check_stages(config: Mapping[str, Any], where: str) -> None:

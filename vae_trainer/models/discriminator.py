@@ -38,8 +38,11 @@ class PatchDiscriminator(nn.Layer):
     _conv_layer, _batch_norm = nn.Conv2D, nn.BatchNorm2D
     kernel, strided = 4, 2  # conv kernel size; the stride of a strided layer
 
-    def __init__(self, in_channels: int = 3, base_channels: int = 64, num_layers: int = 3, norm: str = "batch") -> None:
+    def __init__(self, in_channels: int = 3, base_channels: int = 64, num_layers: int = 3, norm: str = "batch",
+                 condition_channels: int = 0) -> None:
         super().__init__()
+        self.condition_channels = condition_channels
+        in_channels += condition_channels
         if norm not in NORM_TYPES:
             raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
         widths = [in_channels] + [base_channels * min(2**n, 8) for n in range(num_layers + 1)]
@@ -62,9 +65,21 @@ class PatchDiscriminator(nn.Layer):
         # Initialised before wrapping: spectral_norm re-registers the weight as `weight_orig`.
         return nn.utils.spectral_norm(conv) if spectral else conv
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        """Patch logits [B, 1, h, w] of images [B, C, H, W]."""
-        return self.main(x)
+    def forward(self, x: paddle.Tensor, condition: paddle.Tensor | None = None) -> paddle.Tensor:
+        """Patch logits [B, 1, h, w] of images [B, C, H, W] (with `condition_channels`: and of their latents)."""
+        return self.main(self._conditioned(x, condition))
+
+    def _conditioned(self, x: paddle.Tensor, condition: paddle.Tensor | None) -> paddle.Tensor:
+        """`x` with `condition` (latents) nearest-upsampled to its size appended as channels."""
+        if (condition is None) != (self.condition_channels == 0):
+            raise ValueError(f"this discriminator takes {self.condition_channels} condition channels, given "
+                             f"{'none' if condition is None else condition.shape[1]}")
+        if condition is None:
+            return x
+        layout = "NCDHW" if x.ndim == 5 else "NCHW"
+        upsampled = nn.functional.interpolate(condition.astype(x.dtype), size=x.shape[2:], mode="nearest",
+                                              data_format=layout)
+        return paddle.concat([x, upsampled], axis=1)
 
 
 class PatchDiscriminator3D(PatchDiscriminator):
@@ -75,8 +90,10 @@ class PatchDiscriminator3D(PatchDiscriminator):
     _conv_layer, _batch_norm = nn.Conv3D, nn.BatchNorm3D
     kernel, strided = (3, 4, 4), (1, 2, 2)
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        """Patch logits [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips."""
+    def forward(self, x: paddle.Tensor, condition: paddle.Tensor | None = None) -> paddle.Tensor:
+        """Patch logits [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips (their
+        condition [B, c, h, w], a clip's [B, c, t, h, w])."""
+        x = self._conditioned(x, condition)
         return self.main(x.unsqueeze(2) if x.ndim == 4 else x)
 
 
@@ -99,13 +116,18 @@ class VGGFeatureDiscriminator(nn.Layer):
 
 
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
-                        base_channels: int = 64, weights_path: str | None = None) -> nn.Layer:
+                        base_channels: int = 64, weights_path: str | None = None,
+                        condition_channels: int = 0) -> nn.Layer:
     """"patch" (PatchGAN), "patchgan3d" (its 3-D form over clips), "vgg" (heads of width base_channels on the VGG16
-    of the LPIPS file `weights_path`) or "dino" (RAE's heads on the DINO ViT of `weights_path`)."""
+    of the LPIPS file `weights_path`) or "dino" (RAE's heads on the DINO ViT of `weights_path`). A PatchGAN with
+    `condition_channels` scores images with their latents (`forward(images, condition)`)."""
+    if condition_channels and disc_type not in PATCH_TYPES:
+        raise ValueError(f"condition_channels {condition_channels}: only the PatchGANs ({', '.join(PATCH_TYPES)}) "
+                         f"take a latent condition, not disc_type {disc_type!r}")
     if disc_type == "patch":
-        return PatchDiscriminator(3, base_channels, num_layers, norm)
+        return PatchDiscriminator(3, base_channels, num_layers, norm, condition_channels)
     if disc_type == "patchgan3d":
-        return PatchDiscriminator3D(3, base_channels, num_layers, norm)
+        return PatchDiscriminator3D(3, base_channels, num_layers, norm, condition_channels)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
     if disc_type == "dino":
@@ -138,9 +160,12 @@ def init_discriminator_from(disc: nn.Layer, config: dict, path: str) -> None:
         raise FileNotFoundError(
             f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
             f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
-    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers"] if config["disc_type"] in PATCH_TYPES else [])
-    differing = [f"--disc_{key.removeprefix('disc_')} {saved_config.get(key)!r} (this run: {config.get(key)!r})"
-                 for key in must_agree if saved_config.get(key) != config.get(key)]
+    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers", "condition_channels"]
+                                                   if config["disc_type"] in PATCH_TYPES else [])
+    defaults = {"condition_channels": 0}  # configs saved before the key existed
+    saved, this = ({key: given.get(key, defaults.get(key)) for key in must_agree} for given in (saved_config, config))
+    differing = [f"--disc_{key.removeprefix('disc_')} {saved[key]!r} (this run: {this[key]!r})"
+                 for key in must_agree if saved[key] != this[key]]
     if differing:
         raise ValueError(f"--discriminator_path {path} holds a different discriminator: {'; '.join(differing)}. "
                          "Pass the same flags as the run that trained it, or drop --discriminator_path.")

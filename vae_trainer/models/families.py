@@ -10,10 +10,12 @@ from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
 from .rae import RAE
+from .tiny import TINY
 from .wan import QWEN_IMAGE, WAN
 
-# A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last.
-FAMILIES = (QWEN_IMAGE, WAN, DC_AE, FLUX2, RAE, KL)
+# A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last;
+# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE.
+FAMILIES = (TINY, QWEN_IMAGE, WAN, DC_AE, FLUX2, RAE, KL)
 
 
 def trained_classes() -> str:

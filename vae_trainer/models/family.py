@@ -70,6 +70,7 @@ class Family:
     video: ClassVar[bool] = False
     # Config keys of released folders that diffusers 0.42.1's class no longer takes and ignores: read, not refused.
     retired_keys: ClassVar[Tuple[str, ...]] = ()
+    fixed_scale: ClassVar[bool] = False  # its latent scale is fixed: never measured nor changed at export
 
     # ---- config: no network needed
     def owns(self, config: Mapping[str, Any]) -> bool:
@@ -167,6 +168,11 @@ class Family:
         if self.deterministic:
             return "the latents (the encoder is deterministic)"
         return "posterior samples, exact expectation from the posterior means and variances"
+
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode
+        (`encode(...).mode()`), the pattern tiled over latent positions with period p (teacher.to_pipeline)."""
+        raise ValueError(f"{self.class_name}: no diffusion pipeline's latent normalisation is known for this class")
 
     def held_normalisation(self, vae: Layer):
         """The latent normalisation its weights hold (`held_scale`: FLUX.2's bn statistics), or None."""

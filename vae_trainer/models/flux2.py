@@ -138,6 +138,15 @@ class Flux2Family(KLFamily):
                 "patchified_mode_mean": stats.patchified_mode_mean, "patchified_mode_var": stats.patchified_mode_var,
                 "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """Flux2Pipeline's (patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps) un-patchified: patchified
+        channel c * ph * pw + i * pw + j is channel c at (i, j) of each patch; no scaling_factor applies."""
+        ph, pw = vae.config.patch_size
+        shape = [vae.config.latent_channels, ph, pw]
+        mean = vae.bn._mean.astype("float32").numpy().reshape(shape)
+        std = np.sqrt(vae.bn._variance.astype("float32").numpy() + vae.config.batch_norm_eps).reshape(shape)
+        return mean, std.astype(np.float32)
+
     def held_normalisation(self, vae: Layer) -> BatchNormStatistics:
         return bn_statistics(vae)
 

@@ -93,6 +93,16 @@ class KLFamily(Family):
                 delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
                 setattr(vae, name, None)
 
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """(z - shift_factor) * scaling_factor (the SD / FLUX.1 pipelines), or with latents_mean / latents_std in the
+        config (z - latents_mean) * scaling_factor / latents_std (StableDiffusionXLPipeline's rule)."""
+        config, channels = vae.config, vae.config.latent_channels
+        if config.get("latents_mean") is not None and config.get("latents_std") is not None:
+            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
+        else:
+            mean, std = np.full(channels, config.get("shift_factor") or 0.0), np.full(channels, 1 / config.scaling_factor)
+        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
+
     def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
         """With --posterior_std, zero weights and bias log(std^2) for the log-variance outputs (training ignores
         them), so that the export's posterior has the variance training used."""

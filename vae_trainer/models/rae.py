@@ -112,6 +112,11 @@ class RAEFamily(Family):
     def tiled(self, vae: Layer, tile: int):
         raise ValueError(f"{CLASS_NAME} has no tiled encode / decode (its decoder returns one fixed size)")
 
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        raise ValueError(f"{CLASS_NAME}: its encode already normalises (latents_mean / latents_std per channel and "
+                         "position, times scaling_factor), and its decoder returns one fixed size from patch-14 tokens: "
+                         "no tiny autoencoder (a power-of-two factor, output size set by the latent) can stand in")
+
     def normalised_view(self, vae: Layer, posterior: RAELatent) -> Optional[Tensor]:
         """The tokens, each channel at each position a "channel" of its own: statistics per channel and position."""
         tokens = posterior.tokens.astype("float32")

@@ -1,6 +1,7 @@
-"""The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the normalised latents its diffusion
-pipelines see ((z - mean) / std of the posterior mode, the family's `pipeline_normalisation`), computed or read back
-from a cache on disk (`LatentCache`). It is held beside the trained networks, never in a checkpoint or an EMA."""
+"""The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the latents its diffusion pipelines
+see, computed or read back from a cache on disk (`LatentCache`); it is held beside the trained networks, never in a
+checkpoint or an EMA. `to_pipeline` / `from_pipeline` take latents to and from that space with a family's
+`pipeline_normalisation` (mean, std) of shape [C, p, p], tiled over the latent positions with period p."""
 
 from __future__ import annotations
 
@@ -15,6 +16,24 @@ import paddle
 from .families import family_of
 
 Tensor = paddle.Tensor
+
+
+def _tiled(pattern: np.ndarray, latents: paddle.Tensor) -> paddle.Tensor:
+    """[1, C, H, W]: the [C, p, p] pattern repeated over the H x W latent positions."""
+    _, period, _ = pattern.shape
+    height, width = latents.shape[-2:]
+    reps = [1, -(-height // period), -(-width // period)]
+    return paddle.to_tensor(np.tile(pattern, reps)[None, :, :height, :width].astype(np.float32))
+
+
+def to_pipeline(latents: paddle.Tensor, mean: np.ndarray, std: np.ndarray) -> paddle.Tensor:
+    """(z - mean) / std of NCHW latents z, in float32."""
+    return (latents.astype("float32") - _tiled(mean, latents)) / _tiled(std, latents)
+
+
+def from_pipeline(latents: paddle.Tensor, mean: np.ndarray, std: np.ndarray) -> paddle.Tensor:
+    """The posterior-mode latents z of a pipeline's NCHW latents: latents * std + mean, in float32."""
+    return latents.astype("float32") * _tiled(std, latents) + _tiled(mean, latents)
 
 
 class LatentCache:
@@ -61,7 +80,7 @@ class Teacher:
             param.stop_gradient = True
         vae.eval()
         mean, std = self.family.pipeline_normalisation(vae)  # raises for a family that has none
-        self.mean, self.std = paddle.to_tensor(mean), paddle.to_tensor(std)
+        self.mean, self.std = mean, std
         self.cache = LatentCache(cache_folder, vae) if cache_folder else None
 
     @property

@@ -100,6 +100,12 @@ class CausalVideoFamily(Family):
     def tiled(self, vae: Layer, tile: int):
         return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
 
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """The Wan / Qwen-Image pipelines' (z - latents_mean) / latents_std per channel, for `encode`'s NCHW image
+        latents (a clip's NCTHW latents need a frame axis: [:, None])."""
+        shape = [vae.config.z_dim, 1, 1]
+        return tuple(np.asarray(vae.config[key], np.float32).reshape(shape) for key in self.scale_keys)
+
     def normalised_view(self, vae: Layer, posterior) -> Optional[Tensor]:
         return posterior.mode().astype("float32")  # what the pipelines normalise (sample_mode="argmax")
 

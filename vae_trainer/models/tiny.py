@@ -1,0 +1,113 @@
+"""ppdiffusers' `AutoencoderTiny` (TAESD) as a family (family.py), the student of a distillation: a deterministic
+encoder (no posterior) whose latents live in its teacher's pipeline latent space (so its scale is fixed: scaling_factor
+1.0, never measured), the layers training reads, and `student_config`, a TAESD-shaped config following a teacher's
+geometry, with `init_mid_grey` for a fresh decoder.
+
+The classes map the ranges themselves: EncoderTiny takes [-1, 1] images to [0, 1] before its layers, DecoderTiny
+soft-clamps the latents (3 * tanh(z / 3)) and maps its [0, 1] output back to [-1, 1]. Their own gradient
+checkpointing skips the encoder's range map (ppdiffusers 0.29 and diffusers 0.42.1 alike), so --recompute re-runs
+the blocks instead (`recompute_segments`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+import paddle
+from ppdiffusers import AutoencoderTiny
+
+from .family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys
+
+CLASS_NAME = "AutoencoderTiny"
+# Keys only this class has (DC-AE's configs also have encoder_block_out_channels).
+TINY_ONLY_KEYS = ("num_encoder_blocks", "num_decoder_blocks", "latent_magnitude", "upsampling_scaling_factor")
+# diffusers 0.42.1's keys ppdiffusers 0.29 lacks, read at their only value it builds (the defaults); the saved config
+# always holds block_out_channels (both constructors register the decoder's widths under it).
+NEWER_KEYS = {"upsample_fn": "nearest", "shift_factor": 0.0}
+
+
+class TinyFamily(Family):
+    class_name = CLASS_NAME
+    network = AutoencoderTiny
+    deterministic = True
+    fixed_scale = True
+    retired_keys = ("block_out_channels", *NEWER_KEYS)
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return any(key in config for key in TINY_ONLY_KEYS)
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        """The encoder: a stride-2 conv at the start of every stage but the first; the decoder: an upsampling by
+        upsampling_scaling_factor after every stage but the last."""
+        config = {**self.defaults(), **config}
+        return Geometry(2 ** (len(config["num_encoder_blocks"]) - 1),
+                        int(config["upsampling_scaling_factor"]) ** (len(config["num_decoder_blocks"]) - 1),
+                        int(config["latent_channels"]), "2 ** (encoder stages - 1)")
+
+    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+        check_config_keys(config, self, where)
+        for key, value in NEWER_KEYS.items():
+            if config.get(key, value) not in (value, None):
+                raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {CLASS_NAME} builds only {value!r}")
+        return self.network.from_config({k: v for k, v in config.items() if k not in self.retired_keys})
+
+    def encode(self, vae: Layer, images: Tensor) -> Deterministic:
+        return Deterministic(vae.encode(images).latents)
+
+    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
+        return vae.decode(latents).sample
+
+    def decoder_last_layer(self, vae: Layer) -> Tensor:
+        return vae.decoder.layers[-1].weight
+
+    def encoder_last_layer(self, vae: Layer) -> Tensor:
+        return vae.encoder.layers[-1].weight
+
+    def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
+        """The AutoencoderTinyBlocks of encoder and decoder (not the convs in and out)."""
+        return [(f"{coder}.layers.{i}", layer) for coder in ("encoder", "decoder")
+                for i, layer in enumerate(getattr(vae, coder).layers) if type(layer).__name__ == "AutoencoderTinyBlock"]
+
+    def tiled(self, vae: Layer, tile: int):
+        # ppdiffusers' tiled passes assume 4 latent channels and 3 output channels, and a factor 2 ** out_channels
+        raise ValueError(f"{CLASS_NAME} has no tiled encode / decode here (ppdiffusers' assumes TAESD's SD shapes)")
+
+    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
+        """A pipeline holding it divides latents by its scaling_factor (1.0: it is the pipeline's space already)."""
+        channels = vae.config.latent_channels
+        return (np.zeros([channels, 1, 1], np.float32),
+                np.full([channels, 1, 1], 1.0 / vae.config.scaling_factor, np.float32))
+
+
+def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) -> Dict[str, Any]:
+    """A TAESD-shaped AutoencoderTiny config for a teacher of `teacher_geometry`: log2(factor) + 1 stages of `width`
+    channels, `depth` blocks each but the encoder's first and the decoder's last (1): TAESD's own at f8, 64, 3."""
+    factor = teacher_geometry.factor
+    if teacher_geometry.output_size is not None:
+        raise ValueError(f"the teacher's decoder returns a fixed {teacher_geometry.output_size} px whatever its "
+                         "latents (RAE's): a tiny autoencoder's decoder upsamples its latents, so it cannot stand in")
+    if factor < 2 or factor & (factor - 1):
+        raise ValueError(f"the teacher's factor is {factor} ({teacher_geometry.rule}): a tiny autoencoder halves each "
+                         "side per stage, so its factor is a power of two >= 2")
+    if teacher_geometry.decoder_factor != factor:
+        raise ValueError(f"the teacher's decoder upsamples by {teacher_geometry.decoder_factor}, its encoder "
+                         f"downsamples by {factor}: a tiny autoencoder's encoder and decoder mirror each other")
+    stages = int(math.log2(factor)) + 1
+    return {"_class_name": CLASS_NAME, "in_channels": 3, "out_channels": 3, "act_fn": "relu",
+            "latent_channels": teacher_geometry.latent_channels, "upsampling_scaling_factor": 2,
+            "encoder_block_out_channels": [width] * stages, "decoder_block_out_channels": [width] * stages,
+            "num_encoder_blocks": [1] + [depth] * (stages - 1), "num_decoder_blocks": [depth] * (stages - 1) + [1],
+            "latent_magnitude": 3, "latent_shift": 0.5, "force_upcast": False, "scaling_factor": 1.0}
+
+
+def init_mid_grey(vae: Layer) -> None:
+    """A fresh decoder's output exactly mid-grey (0 on [-1, 1]): DecoderTiny returns 2 * conv_out - 1, so its output
+    conv gets bias 0.5 and zero weights (Paddle's default initialisation would put the mean anywhere in several
+    units); the weights' gradients (conv_out's input is not zero) move them from the first step on."""
+    conv = vae.decoder.layers[-1]
+    conv.bias.set_value(paddle.full_like(conv.bias, 0.5))
+    conv.weight.set_value(paddle.zeros_like(conv.weight))
+
+
+TINY = TinyFamily()
