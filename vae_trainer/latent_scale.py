@@ -25,6 +25,9 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
     family = family_of(vae)
+    if family.fixed_scale:  # a distilled student: the teacher's normalised latents, whatever its sources say
+        setattr(vae, EXPORT_ORIGIN_KEY, "fixed: a student lives in its teacher's normalised latent space")
+        return getattr(vae, EXPORT_ORIGIN_KEY)
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)

@@ -52,6 +52,11 @@ class TinyFamily(Family):
                 raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {CLASS_NAME} builds only {value!r}")
         return self.network.from_config({k: v for k, v in config.items() if k not in self.retired_keys})
 
+    def build_fresh(self, config: Mapping[str, Any], where: str, encoder_path=None) -> Layer:
+        vae = super().build_fresh(config, where, encoder_path)
+        init_mid_grey(vae)  # a fresh student's first decodes are grey, not anywhere in several units
+        return vae
+
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latents)
 
