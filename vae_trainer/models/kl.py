@@ -100,7 +100,8 @@ class KLFamily(Family):
         if config.get("latents_mean") is not None and config.get("latents_std") is not None:
             mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
         else:
-            mean, std = np.full(channels, config.get("shift_factor") or 0.0), np.full(channels, 1 / config.scaling_factor)
+            mean = np.full(channels, config.get("shift_factor") or 0.0)
+            std = np.full(channels, 1 / config.scaling_factor)
         return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
 
     def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
