@@ -125,7 +125,8 @@ def check_clip_flags(args: argparse.Namespace, family) -> None:
     flags = SimpleNamespace(**{**defaults, "num_frames": args.num_frames, "frame_stride": args.frame_stride,
                                "vf_model_path": args.vf_model_path, "vf_weight": 0.0,  # (no VF loss: the CKA alone)
                                "eval_steps": None, "family": family, "family_known": True, "video": family.video,
-                               "single_frames": args.num_frames == 1, "frozen_latent": family.encoder_never_trains})
+                               "single_frames": args.num_frames == 1, "frozen_latent": family.encoder_never_trains,
+                               "distils": False})
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
     refuse(flags, given)
 

@@ -12,10 +12,10 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
 from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, trainer_args
 
-TEACHER = {**json.load(open("configs/vae_micro.json")), "scaling_factor": 0.5, "shift_factor": 0.2}
+TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
 TEACHER.pop("_class_name")
 EXACT = ("loss/total", "loss/pixel", "loss/latent_distill", "loss/generator", "loss/discriminator", "eval/psnr",
          "eval/latent_mse", "eval/psnr_vs_teacher", "eval/teacher_psnr")
@@ -71,7 +71,7 @@ def test_both_drivers_distil_to_the_same_numbers_cached_or_not_and_resume_exactl
         assert a and a == pytest.approx(b, rel=1e-6), tag
     # The cache holds one latent per distinct training and held-out crop seen, of this teacher only.
     assert runs["cached_files"] and all(f.endswith(".npy") for f in runs["cached_files"])
-    assert len({os.path.dirname(f) for f in runs["cached_files"]}) == 1
+    assert len({os.path.dirname(f) for f in runs["cached_files"]}) == 1 == len(os.listdir(runs["cache"]))
     reference = torch_weights(runs["trainer"])
     for other in ("loop", "resumed"):
         weights = torch_weights(runs[other])
@@ -141,3 +141,138 @@ def test_distillation_improves_the_student_and_eval_vae_measures_it_beside_the_t
     # The in-training evaluation measured the same numbers at the end.
     final = json.loads(open(os.path.join(runs["loop"], "eval_metrics.jsonl")).read().splitlines()[-1])
     assert final["metrics"]["latent_mse"] == pytest.approx(after["latent_mse"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def teacher_folders(tmp_path_factory) -> dict:
+    """Config-only teacher folders (what the flags read before anything is built): an f8 SD-like, an RAE."""
+    root, out = tmp_path_factory.mktemp("teacher_configs"), {}
+    for name in ("sd_vae", "rae_vitb"):
+        os.makedirs(root / name)
+        shutil.copy(os.path.join(REPO, "configs", f"{name}.json"), root / name / "config.json")
+        out[name] = str(root / name)
+    return out
+
+
+def distil_flags(teacher_dir: str, *extra: str) -> list:
+    return ["--file_list", "x.filelist", "--max_steps", "2", "--output_dir", "/tmp/vae_trainer_distil_args",
+            "--teacher_model_name_or_path", teacher_dir, *extra]
+
+
+def test_a_teacher_alone_makes_a_taesd_student_under_the_tiny_recipe(teacher_folders):
+    from vae_trainer.argument_parser import parse_arguments
+    from vae_trainer.flag_checks import vae_config
+
+    model_args, _, loss_args, _ = parse_arguments(distil_flags(teacher_folders["sd_vae"]))
+    _, config = vae_config(model_args)
+    assert config["num_encoder_blocks"] == [1, 3, 3, 3] and config["num_decoder_blocks"] == [3, 3, 3, 1]
+    assert config["encoder_block_out_channels"] == [64] * 4 and config["latent_channels"] == 4
+    assert (loss_args.pixel_loss, loss_args.pixel_loss_pool, loss_args.perceptual_weight, loss_args.disc_start,
+            loss_args.adaptive_disc_weight) == ("l2", 8, 0.0, 0, False)
+    # A flag given wins over the recipe.
+    _, _, loss_args, _ = parse_arguments(distil_flags(teacher_folders["sd_vae"], "--perceptual_weight", "0.1"))
+    assert loss_args.perceptual_weight == 0.1 and loss_args.pixel_loss_pool == 8
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--vae_config_file", "configs/vae_micro.json"], "--vae_config_file .*AutoencoderTiny, and this gives a "
+                                                      "AutoencoderKL"),
+    (["--num_frames", "5"], "--num_frames 5: a tiny autoencoder is distilled on images"),
+    (["--scaling_factor", "measure"], "--scaling_factor measure: .*its scaling_factor is 1"),
+    (["--latent_distill_weight", "-1"], "--latent_distill_weight -1.0: it is a weight"),
+])
+def test_distillation_refuses_what_it_cannot_do(teacher_folders, extra, message):
+    from vae_trainer.argument_parser import parse_arguments
+
+    with pytest.raises(ValueError, match=message):
+        parse_arguments(distil_flags(teacher_folders["sd_vae"], *extra))
+
+
+def test_distillation_flags_need_a_teacher_and_an_rae_teacher_is_refused(teacher_folders):
+    from vae_trainer.argument_parser import parse_arguments
+
+    with pytest.raises(ValueError, match="--student_width 8: it applies to distilling"):
+        parse_arguments(["--file_list", "x", "--max_steps", "2", "--vae_config_file", "configs/vae_micro.json",
+                         "--output_dir", "/tmp/vae_trainer_distil_args", "--student_width", "8"])
+    with pytest.raises(ValueError, match="--teacher_model_name_or_path .*rae_vitb: .*fixed 256 px"):
+        parse_arguments(distil_flags(teacher_folders["rae_vitb"]))
+
+
+def test_the_replay_fills_then_swaps_half_its_fakes_and_resumes_from_its_state():
+    import paddle
+
+    from vae_trainer.models.discriminator import FakeReplay
+
+    def batch(value):  # 4 fakes and their latents, each row telling its batch and place
+        fakes = paddle.to_tensor(np.arange(4, dtype=np.float32)[:, None, None, None] + value).expand([4, 3, 2, 2])
+        return fakes, fakes[:, :1, :1, :1] * 10
+    replay = FakeReplay(size=6, seed=3)
+    shown, conditions = replay.mix(*batch(0))
+    np.testing.assert_array_equal(shown.numpy(), batch(0)[0].numpy())  # filling: the new ones are shown
+    shown, _ = replay.mix(*batch(100))
+    assert [float(v) for v in shown[:2, 0, 0, 0]] == [100, 101]  # fills the last 2 places, then draws
+    copy = FakeReplay(size=6, seed=0)
+    copy.set_state_dict(replay.state_dict())
+    olds = 0
+    for step in range(1, 40):
+        a, ca = replay.mix(*batch(1000 * step))
+        b, cb = copy.mix(*batch(1000 * step))
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(ca.numpy(), cb.numpy())
+        np.testing.assert_array_equal(ca.numpy()[:, 0, 0, 0], 10 * a.numpy()[:, 0, 0, 0])  # pairs kept together
+        olds += int((a.numpy()[:, 0, 0, 0] < 1000 * step).sum())
+    assert 0.35 < olds / (39 * 4) < 0.65  # about half shown from the past
+    replay.mix(paddle.zeros([2, 3, 4, 4]), None)  # another shape: it starts over
+    assert len(replay.fakes) == 2
+
+
+def _family_teachers() -> dict:
+    from test_dc_ae import TINY_DC
+    from test_flux2 import TINY_FLUX2
+    from test_wan import TINY_QWEN, TINY_WAN22
+
+    return {"sd": {**TEACHER, "_class_name": "AutoencoderKL"}, "flux2": {**TINY_FLUX2, "_class_name": "AutoencoderKLFlux2"},
+            "dc_ae": {**TINY_DC, "_class_name": "AutoencoderDC"},
+            "qwen": {**TINY_QWEN, "_class_name": "AutoencoderKLQwenImage"},
+            "wan22": {**TINY_WAN22, "_class_name": "AutoencoderKLWan"}}
+
+
+@pytest.mark.parametrize("name", ["sd", "flux2", "dc_ae", "qwen", "wan22"])
+def test_each_family_s_teacher_gives_its_student_the_pipelines_latents_and_is_measured_beside_it(name, held_out_32):
+    """Through the trainer's own path: the student built from the teacher's geometry takes the teacher's normalised
+    latents (the family's pipeline_normalisation, tested against diffusers' pipelines in test_tiny.py), the teacher
+    decodes them back to its own reconstruction, and an evaluation measures both."""
+    import paddle
+
+    from vae_trainer.evaluation import evaluate_vae
+    from vae_trainer.metrics import psnr, to_unit_range
+    from vae_trainer.models.families import family_for_config, family_of
+    from vae_trainer.models.teacher import Teacher, to_pipeline
+    from vae_trainer.models.tiny import TINY, student_config
+
+    config = _family_teachers()[name]
+    family = family_for_config(config)
+    paddle.seed(1)
+    vae = family.build(config, name)
+    if name == "flux2":  # statistics that are not the identity
+        vae.bn._mean.set_value(paddle.linspace(-0.5, 0.5, vae.bn._mean.shape[0]))
+        vae.bn._variance.set_value(paddle.linspace(0.5, 2.0, vae.bn._variance.shape[0]))
+    teacher = Teacher(vae)
+    student = TINY.build_fresh(student_config(family.geometry(vae.config), 8, 1), "student")
+    images = paddle.to_tensor(folder_pixels(held_out_32)[:2])
+    with paddle.no_grad():
+        taught = teacher.latents(images)
+        mode = family.encode(vae, images).mode()
+        np.testing.assert_allclose(taught.numpy(), to_pipeline(mode, *family.pipeline_normalisation(vae)).numpy(),
+                                   rtol=1e-6, atol=1e-6)
+        assert list(TINY.encode(student, images).mode().shape) == list(taught.shape)  # the same geometry
+        assert list(TINY.decode(student, taught).shape) == list(images.shape)
+        own = family.decode(vae, mode).astype("float32").clip(-1, 1)
+        np.testing.assert_allclose(teacher.decode(taught).numpy().clip(-1, 1), own.numpy(), atol=2e-5)
+    result = evaluate_vae(student, [images], teacher=teacher, grid_images=1)
+    assert family_of(student) is TINY and result.num_images == 2
+    expected = float(psnr(to_unit_range(images), to_unit_range(own)).mean())
+    assert result.metrics["teacher_psnr"] == pytest.approx(expected, rel=1e-5)
+    # A fresh student decodes mid-grey: its PSNR is that of a grey image.
+    grey = float(psnr(to_unit_range(images), paddle.full_like(images, 0.5)).mean())
+    assert result.metrics["psnr"] == pytest.approx(grey, rel=1e-4)

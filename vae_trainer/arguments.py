@@ -45,6 +45,7 @@ BALANCED_RECIPE = {
 TINY_RECIPE = {
     **LDM_RECIPE, "pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.0, "disc_weight": 0.1,
     "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
+    "disc_replay_size": 50,
 }
 RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE,
                                       "tiny": TINY_RECIPE}
@@ -177,6 +178,8 @@ class LossArguments:
         None, "Generator's GAN loss (default: the same as --disc_loss).", group="discriminator")
     relative_hinge_margin: float = flag(0.1, "Margin of --gen_loss relative_hinge.", group="discriminator")
     lecam_weight: float = flag(0.0, "Weight of the LeCAM regulariser of the discriminator.", group="discriminator")
+    disc_replay_size: int = flag(0, "Past reconstructions held per device and shown to the discriminator in place of "
+                                    "new ones at random, half the time once full (0: off).", group="discriminator")
     lecam_decay: float = flag(0.99, "EMA decay of LeCAM's D(real) and D(fake) means.", group="discriminator")
     equivariance_prob: float = flag(0.0, "EQ-VAE: probability of a transformed micro-batch (0: off).")
     equivariance_min_scale: float = flag(0.25, "EQ-VAE: the smallest downscale factor s, drawn from [s, 1).")

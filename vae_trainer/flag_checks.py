@@ -61,8 +61,11 @@ def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
         return None
     with open(path) as handle:
         config = json.load(handle)
-    geometry = family_for_config(config, path).geometry(config)
-    return student_config(geometry, model_args.student_width, model_args.student_depth)
+    try:
+        return student_config(family_for_config(config, path).geometry(config), model_args.student_width,
+                              model_args.student_depth)
+    except ValueError as error:
+        raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
 
 
 def check_sizes(model_args, data_args) -> None:
@@ -167,7 +170,7 @@ def _family_of_flags(f):
 DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num_layers", "disc_base_channels",
                        "disc_start", "disc_loss", "adaptive_disc_weight", "gen_loss", "relative_hinge_margin",
                        "lecam_weight", "lecam_decay", "disc_learning_rate", "disc_backbone_path", "disc_update_start",
-                       "adaptive_disc_weight_max", "disc_weight_warmup_steps")
+                       "adaptive_disc_weight_max", "disc_weight_warmup_steps", "disc_replay_size")
 SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
@@ -379,6 +382,9 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      lambda f: f.distils, "a tiny autoencoder is distilled on images against its teacher's latents: drop it"),
     (("scaling_factor",), lambda f: f.distils and f.scaling_factor != "keep",
      "a student lives in its teacher's normalised latent space: its scaling_factor is 1 (keep); drop it"),
+    (("disc_replay_size",), lambda f: f.disc_replay_size < 0 or f.aspect_ratio_buckets,
+     "it holds past reconstructions for the discriminator: >= 0, and of one image shape (not "
+     "--aspect_ratio_buckets)"),
     (("latent_distill_weight",), lambda f: f.latent_distill_weight < 0, "it is a weight: >= 0 (0: decoder only)"),
     (("student_width", "student_depth"), lambda f: min(f.student_width, f.student_depth) < 1, "it must be >= 1"),
 )
@@ -386,7 +392,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
 # A flag given its value that does nothing is never refused as idle: ppdiffusers' commands pass e.g.
 # `--lr_scheduler_type constant --warmup_steps 0`. Any other value of these flags stays refused where idle.
 INERT_VALUES: Dict[str, Any] = {"warmup_steps": 0, "warmup_ratio": 0.0, "lecam_weight": 0.0, "image_logging_steps": 0,
-                                "subfolder": "", "eval_tiled": False, "vf_weight": 0.0, "disc_weight_warmup_steps": 0}
+                                "subfolder": "", "eval_tiled": False, "vf_weight": 0.0, "disc_weight_warmup_steps": 0,
+                                "disc_replay_size": 0, "latent_distill_weight": 0.0}
 
 
 def _shown(value: Any) -> str:

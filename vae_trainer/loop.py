@@ -64,6 +64,8 @@ class Run:
         self.monitor.data_position, self.batches = self.position, self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
+            if self.step.replay is not None and "replay" in rank_state:
+                self.step.replay.set_state_dict(rank_state["replay"])
         watchdog.start(self.args.stall_timeout, rank())
         return state
 
@@ -82,7 +84,8 @@ class Run:
         watchdog.doing(f"saving checkpoint-{step}")
         model = self.networks.model
         rank_state = {"rng": ckpt.rng_state(), "data": self.position.state_dict(),  # this rank's share
-                      "parameter_fingerprint": assert_parameters_in_sync(model)}  # raises if the ranks' weights differ
+                      "parameter_fingerprint": assert_parameters_in_sync(model),  # raises if the ranks' weights differ
+                      **({"replay": self.step.replay.state_dict()} if self.step.replay is not None else {})}
         path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=stateful(self.step),
                                     trainer_state=state, rank_state=rank_state,
                                     save_total_limit=self.args.save_total_limit, keep=state.best_model_checkpoint,

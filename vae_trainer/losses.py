@@ -326,11 +326,13 @@ def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, gr
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,
                             lecam_weight: float = 0.0, lecam_ema: Optional[Tensor] = None,
-                            lecam_decay: float = 0.99) -> Tuple[Tensor, Dict[str, Tensor]]:
+                            lecam_decay: float = 0.99, fake_discriminator: Optional[Callable[[Tensor], Tensor]] = None
+                            ) -> Tuple[Tensor, Dict[str, Tensor]]:
     """The discriminator's loss on real images and detached reconstructions, and its logs; with `lecam_weight`
-    > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then updates that EMA."""
+    > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then updates that EMA.
+    `fake_discriminator`: how the reconstructions are scored, if not as the images (conditioned on other latents)."""
     logits_real = discriminate(discriminator, x.detach())
-    logits_fake = discriminate(discriminator, recon.detach())
+    logits_fake = discriminate(fake_discriminator or discriminator, recon.detach())
     loss = discriminator_loss(logits_real, logits_fake, kind)
     logs = {"gan/logits_real": logits_real.astype("float32").mean(),
             "gan/logits_fake": logits_fake.astype("float32").mean()}

@@ -130,6 +130,7 @@ class TrainStep:
     vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
     clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
     teacher: Any = None  # distillation's frozen VAE (models/teacher.py), kept out of `model`
+    replay: Any = None  # --disc_replay_size: past reconstructions shown to the discriminator (FakeReplay)
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
@@ -178,10 +179,13 @@ class TrainStep:
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
         if self.disc_trains(global_step):
+            fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
             with self.precision.autocast():                                               # 3. discriminator
                 d_loss, d_logs = discriminator_objective(
-                    discriminator, target, recon, args.disc_loss, lecam_ema=model.lecam_ema,
-                    lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay)
+                    discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
+                    lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
+                    fake_discriminator=None if taught is None else functools.partial(model.discriminator,
+                                                                                     condition=condition))
             self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)

@@ -9,6 +9,7 @@ import math
 import os
 import warnings
 
+import numpy as np
 import paddle
 from paddle import nn
 
@@ -164,7 +165,8 @@ def init_discriminator_from(disc: nn.Layer, config: dict, path: str) -> None:
                                                    if config["disc_type"] in PATCH_TYPES else [])
     defaults = {"condition_channels": 0}  # configs saved before the key existed
     saved, this = ({key: given.get(key, defaults.get(key)) for key in must_agree} for given in (saved_config, config))
-    differing = [f"--disc_{key.removeprefix('disc_')} {saved[key]!r} (this run: {this[key]!r})"
+    flag = {"condition_channels": "latent channels it is conditioned on (a distillation's teacher's)"}
+    differing = [f"{flag.get(key, '--disc_' + key.removeprefix('disc_'))} {saved[key]!r} (this run: {this[key]!r})"
                  for key in must_agree if saved[key] != this[key]]
     if differing:
         raise ValueError(f"--discriminator_path {path} holds a different discriminator: {'; '.join(differing)}. "
@@ -181,3 +183,39 @@ def convert_batchnorm_to_sync(layer: nn.Layer, device: str | None = None) -> nn.
         warnings.warn("SyncBatchNorm has no CPU kernel; BatchNorm statistics stay per rank", stacklevel=2)
         return layer
     return nn.SyncBatchNorm.convert_sync_batchnorm(layer)
+
+
+class FakeReplay:
+    """Past reconstructions shown to the discriminator (Shrivastava et al. 2017; CycleGAN's image pool), with the
+    latents they were decoded from: until `size` are held each new one is kept and shown; then each is, with
+    probability 1/2, swapped for a random held one (the old one shown, the new one kept). One per rank, its draws
+    from its own generator; `state_dict` goes into the rank's checkpoint state, so a resume replays the same."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.rng = size, np.random.default_rng([0x52504C59, seed])  # "RPLY": a stream of its own
+        self.fakes: list = []  # [(fake, condition or None)], detached
+
+    def mix(self, fakes: paddle.Tensor, conditions: paddle.Tensor | None) -> tuple:
+        """(fakes, conditions) to show, as many as given; a batch of another shape than those held empties it."""
+        if self.fakes and self.fakes[0][0].shape != fakes.shape[1:]:
+            self.fakes = []
+        shown = []
+        for row, fake in enumerate(fakes.detach()):
+            new = (fake, None if conditions is None else conditions[row].detach())
+            if len(self.fakes) < self.size:
+                self.fakes.append(new)
+            elif self.rng.random() < 0.5:
+                slot = int(self.rng.integers(self.size))
+                self.fakes[slot], new = new, self.fakes[slot]
+            shown.append(new)
+        stacked = [paddle.stack(part) if part[0] is not None else None for part in zip(*shown)]
+        return stacked[0], stacked[1]
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "fakes": [fake.numpy() for fake, _ in self.fakes],
+                "conditions": [None if c is None else c.numpy() for _, c in self.fakes]}
+
+    def set_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.fakes = [(paddle.to_tensor(f), None if c is None else paddle.to_tensor(c))
+                      for f, c in zip(state["fakes"], state["conditions"])]

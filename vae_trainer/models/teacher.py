@@ -42,7 +42,8 @@ class LatentCache:
     named by the teacher's weights and config (another teacher never reads them)."""
 
     def __init__(self, folder: str, teacher: paddle.nn.Layer):
-        digest = hashlib.sha256(json.dumps(dict(teacher.config), sort_keys=True, default=str).encode())
+        config = {k: v for k, v in dict(teacher.config).items() if not k.startswith("_")}  # (_use_default_values:
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
         for name, tensor in sorted(teacher.state_dict().items()):
             digest.update(name.encode() + tensor.numpy().tobytes())
         self.folder = os.path.join(folder, digest.hexdigest()[:16])
