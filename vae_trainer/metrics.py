@@ -35,8 +35,7 @@ def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
 
 def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
-    squared_error = (x.astype("float32") - y.astype("float32")) ** 2
-    mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
+    mse = ((x.astype("float32") - y.astype("float32")) ** 2).flatten(1).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / mse)
 
 
@@ -213,5 +212,4 @@ class LatentStatistics:
         count, total, squared_total = self._reduced()
         elements = count * total.shape[0]
         mean = total.sum() / elements
-        std = np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))
-        return float(1.0 / std), float(mean)
+        return float(1.0 / np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))), float(mean)  # 1 / std

@@ -108,13 +108,10 @@ class SourcePass:
     def take(self, skipping: bool = False) -> Record | object | None:
         """The next record (:data:`SKIPPED` if `skipping`: unread when the length is known), None at the end."""
         if skipping and self._reader is None and self.length is not None:
-            if self.offset >= self.length:
-                return None
-            self.offset += 1
-            return SKIPPED
-        if self._reader is None:
-            self._reader = self._blocks_from(self.offset)
-        record = next(self._reader, None)
+            record = SKIPPED if self.offset < self.length else None
+        else:
+            self._reader = self._reader or self._blocks_from(self.offset)
+            record = next(self._reader, None)
         if record is None:
             return None
         self.offset += 1
