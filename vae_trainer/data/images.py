@@ -118,8 +118,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         return image  # convert() would copy it
     if image.mode in _ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     try:
         return image.convert("RGB")
     except (ValueError, OSError) as error:
