@@ -284,8 +284,8 @@ def load_stateful(path: str, stateful: Dict[str, Any]) -> None:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{file} missing: cannot resume exactly")
-        # GradScaler, EMAModel: load_state_dict
-        (getattr(obj, "set_state_dict", None) or obj.load_state_dict)(paddle.load(file))
+        load = getattr(obj, "set_state_dict", None) or obj.load_state_dict  # GradScaler, EMAModel: load_state_dict
+        load(paddle.load(file))
         if isinstance(obj, paddle.optimizer.lr.LRScheduler):
             obj.last_lr = obj.get_lr()  # the saved run's peak rate made it: a new --learning_rate applies at once
 

@@ -55,9 +55,8 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
     """What shard `shard` of `num_shards` reads of each source (without `shuffle`, parts in list order)."""
     result = []
     for index, source in enumerate(sources):
-        parts = source.parts
-        if shuffle:
-            parts = [parts[i] for i in rng(seed, ASSIGN_PARTS, index).permutation(len(parts))]
+        order = rng(seed, ASSIGN_PARTS, index).permutation(len(source.parts)) if shuffle else range(len(source.parts))
+        parts = [source.parts[i] for i in order]
         if source.counted:
             total, offset, segments = sum(part.records for part in parts), 0, []
             first, last = shard * total // num_shards, (shard + 1) * total // num_shards
