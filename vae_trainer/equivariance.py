@@ -84,8 +84,7 @@ def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
     for i in range(out_size):
         center = (i + 0.5) * scale
         low, high = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), in_size)
-        taps = np.arange(low, high)
-        values = np.maximum(0.0, 1.0 - np.abs((taps + 0.5 - center) / support))
+        values = np.maximum(0.0, 1.0 - np.abs((np.arange(low, high) + 0.5 - center) / support))
         weights[i, low:high] = values / values.sum()
     return weights.astype(np.float32)
 
