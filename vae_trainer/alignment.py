@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .distributed import sum_over_ranks
+from .metrics import all_reduce_sum
 
 Tensor = paddle.Tensor
 DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foundation model's token grid, and its "
@@ -45,8 +45,7 @@ class CKAAccumulator:
 
     def result(self) -> float:
         """The CKA over every rank's tokens (a collective: every rank calls it, with or without tokens)."""
-        flat = np.concatenate([[self.count]] + [part.ravel() for part in self.sums])
-        flat = sum_over_ranks(paddle.to_tensor(flat)).numpy()
+        flat = all_reduce_sum(np.concatenate([[self.count]] + [part.ravel() for part in self.sums]))
         ends = np.cumsum([part.size for part in self.sums])[:-1]
         sx, sy, xx, yy, yx = (part.reshape(like.shape) for part, like in zip(np.split(flat[1:], ends), self.sums))
         count = flat[0]

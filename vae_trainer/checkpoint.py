@@ -156,7 +156,6 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
         last_good = previous[-1][1] if previous else None
         needed = folder_bytes(last_good) or tensor_bytes([obj.state_dict() for obj in stateful.values()])
         return failed_write(error, os.path.basename(final), output_dir, tmp, needed, last_good)  # removes tmp
-
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
     with all_ranks_agree(what, explain):
         if rank() == 0:
@@ -315,13 +314,12 @@ def load_rank_state(path: str) -> Dict[str, Any]:
 def read_model_state(file: str) -> Dict[str, Any]:
     """A checkpoint's model_state.pdparams, half-precision (O2) weights replaced by the optimizers' float32 masters."""
     state = paddle.load(file)
-    half, masters = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES], {}
+    half = [key for key, value in state.items() if getattr(value, "dtype", None) in HALF_DTYPES]
     if not half:
         return state
-    for name in ("optimizer.pdopt", "disc_optimizer.pdopt"):
-        optimizer_file = os.path.join(os.path.dirname(file), name)
-        if os.path.isfile(optimizer_file):
-            masters.update(paddle.load(optimizer_file).get("master_weights", {}))
+    optimizers = [os.path.join(os.path.dirname(file), name) for name in ("optimizer.pdopt", "disc_optimizer.pdopt")]
+    masters = {name: master for optimizer in optimizers if os.path.isfile(optimizer)
+               for name, master in paddle.load(optimizer).get("master_weights", {}).items()}
     restored = {key: masters[state[key].name] for key in half if state[key].name in masters}
     unrestored = sorted(set(half) - set(restored))
     if unrestored:

@@ -45,8 +45,7 @@ class TrainableEMA(EMAModel):
 
 
 def build_ema(vae: paddle.nn.Layer, decay: float) -> TrainableEMA:
-    """An EMA of `vae`'s trainable weights (frozen ones already set); build it before O2 casts them, so its averages
-    start exact and stay float32."""
+    """An EMA of `vae`'s trained weights (frozen ones set), built before O2 casts them: exact averages, in float32."""
     ema = TrainableEMA(vae, decay=decay)
     ema.to(dtype=paddle.float32)
     return ema

@@ -16,8 +16,7 @@ _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of th
 
 def parse_transforms(value: str) -> Tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in str(value).split(",") if name.strip()))
-    unknown = [name for name in names if name not in TRANSFORMS]
-    if not names or unknown:
+    if not names or any(name not in TRANSFORMS for name in names):
         raise ValueError(f"--equivariance_transforms takes a comma-separated list of {', '.join(TRANSFORMS)}, "
                          f"got {value!r}")
     return names
@@ -85,8 +84,7 @@ def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
     for i in range(out_size):
         center = (i + 0.5) * scale
         low, high = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), in_size)
-        taps = np.arange(low, high)
-        values = np.maximum(0.0, 1.0 - np.abs((taps + 0.5 - center) / support))
+        values = np.maximum(0.0, 1.0 - np.abs((np.arange(low, high) + 0.5 - center) / support))
         weights[i, low:high] = values / values.sum()
     return weights.astype(np.float32)
 
@@ -108,4 +106,3 @@ def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Te
     with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
         target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
     return resize(latent, half), target
-

@@ -36,8 +36,7 @@ def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
 
 def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
-    squared_error = (x.astype("float32") - y.astype("float32")) ** 2
-    mse = squared_error.reshape([squared_error.shape[0], -1]).mean(axis=1)
+    mse = ((x.astype("float32") - y.astype("float32")) ** 2).flatten(1).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / mse)
 
 
@@ -136,6 +135,11 @@ def all_reduce_sum(array: np.ndarray) -> np.ndarray:
     return sum_over_ranks(paddle.to_tensor(np.asarray(array, dtype=np.float64))).numpy()
 
 
+def _summed_over_ranks(count: int, *sums: np.ndarray) -> tuple:
+    """(count, *sums) summed over ranks: the collectives every rank runs in this order."""
+    return (all_reduce_sum(np.array([count]))[0], *map(all_reduce_sum, sums))
+
+
 def _to_numpy64(values: paddle.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(values.astype("float64").numpy() if isinstance(values, paddle.Tensor) else values, np.float64)
 
@@ -173,8 +177,7 @@ class FeatureStatistics:
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) over all ranks; sigma is the unbiased covariance, as `np.cov` gives."""
-        count = all_reduce_sum(np.array([self._count]))[0]
-        total, outer_total = all_reduce_sum(self._sum), all_reduce_sum(self._outer_sum)
+        count, total, outer_total = _summed_over_ranks(self._count, self._sum, self._outer_sum)
         if count < 2:
             raise ValueError(f"need at least 2 feature vectors for a covariance, got {int(count)}")
         mu = total / count
@@ -198,21 +201,16 @@ class LatentStatistics:
         if variances is not None:
             self._squared_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
 
-    def _reduced(self) -> tuple[float, np.ndarray, np.ndarray]:
-        count = all_reduce_sum(np.array([self._count]))[0]
-        return count, all_reduce_sum(self._sum), all_reduce_sum(self._squared_sum)
-
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(per-channel mean, per-channel population std) over all ranks."""
-        count, total, squared_total = self._reduced()
+        count, total, squared_total = _summed_over_ranks(self._count, self._sum, self._squared_sum)
         mean = total / count
         return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0))
 
     def suggested_factors(self) -> tuple[float, float]:
         """(scaling_factor, shift_factor) = (1 / std, mean) over all channels together, for
         z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale alone)."""
-        count, total, squared_total = self._reduced()
+        count, total, squared_total = _summed_over_ranks(self._count, self._sum, self._squared_sum)
         elements = count * total.shape[0]
         mean = total.sum() / elements
-        std = np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))
-        return float(1.0 / std), float(mean)
+        return float(1.0 / np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))), float(mean)  # 1 / std

@@ -9,7 +9,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from .images import BadImage, crop
+from .images import BadImage, check_size, crop
 
 
 def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.random.Generator, first: bool = False,
@@ -26,11 +26,7 @@ def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.rando
         if not container.streams.video:
             raise BadImage("not_video", "no video stream")
         stream = container.streams.video[0]
-        width, height = stream.codec_context.width, stream.codec_context.height
-        if width * height > max_pixels:
-            raise BadImage("too_large", f"{width}x{height} > {max_pixels} pixels")
-        if min(width, height) < max(min_size, 1):
-            raise BadImage("too_small", f"{width}x{height}, shorter side < {min_size}")
+        check_size(stream.codec_context.width, stream.codec_context.height, max_pixels, min_size)
         rate = stream.average_rate or stream.guessed_rate or Fraction(25)
         count, known = stream.frames, stream.frames > 0
         if not known:  # (webm, mkv: the header has a duration, not a frame count)

@@ -204,8 +204,7 @@ class TrainBatches(RaisesInMainThread):
                 ready, consumed = sorted(waiting) if self.stream.flush_each_epoch else [], item.records
             else:
                 waiting[item.bucket].append(item)
-                full = len(waiting[item.bucket]) == self.batch_size
-                ready, consumed = [item.bucket] if full else [], item.index + 1
+                ready, consumed = [item.bucket] if len(waiting[item.bucket]) == self.batch_size else [], item.index + 1
             for bucket in ready:
                 if waiting[bucket]:
                     batch, waiting[bucket] = waiting[bucket], []

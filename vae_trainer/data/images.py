@@ -57,12 +57,15 @@ def open_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
         raise BadImage("too_large", str(error)) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise BadImage("not_image", str(error)) from None
-    width, height = image.size
+    check_size(*image.size, max_pixels, min_size)
+    return image
+
+
+def check_size(width: int, height: int, max_pixels: int, min_size: int) -> None:
     if width * height > max_pixels:
         raise BadImage("too_large", f"{width}x{height} > {max_pixels} pixels")
     if min(width, height) < max(min_size, 1):
         raise BadImage("too_small", f"{width}x{height}, shorter side < {min_size}")
-    return image
 
 
 def _transposed(image: Image.Image) -> bool:
@@ -82,10 +85,8 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
 def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | None:
     try:
         source = ImageCms.ImageCmsProfile(io.BytesIO(profile))
-        if "srgb" in (source.profile.profile_description or "").lower():
-            return None
         space, out_mode = _ICC_MODES[mode]
-        if source.profile.xcolor_space != space:
+        if "srgb" in (source.profile.profile_description or "").lower() or source.profile.xcolor_space != space:
             return None
         return ImageCms.buildTransform(source, _SRGB, mode, out_mode, ImageCms.Intent.PERCEPTUAL)
     except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
@@ -95,9 +96,7 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
 def to_srgb(image: Image.Image) -> Image.Image:
     """Convert an embedded non-sRGB ICC profile to sRGB (perceptual); no profile or an unusable one: as is."""
     profile = image.info.get("icc_profile")
-    if not profile or image.mode not in _ICC_MODES:
-        return image
-    transform = _icc_transform(profile, image.mode)
+    transform = _icc_transform(profile, image.mode) if profile and image.mode in _ICC_MODES else None
     if transform is None:
         return image
     converted = ImageCms.applyTransform(image, transform)
@@ -119,8 +118,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         return image  # convert() would copy it
     if image.mode in _ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     try:
         return image.convert("RGB")
     except (ValueError, OSError) as error:
@@ -159,9 +157,8 @@ def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | N
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
     if rng is None or not random_crop:
         left, top = (scaled[0] - size[0]) // 2, (scaled[1] - size[1]) // 2
-    else:
-        left = int(rng.integers(0, scaled[0] - size[0] + 1))
-        top = int(rng.integers(0, scaled[1] - size[1] + 1))
+    else:  # (left drawn first)
+        left, top = (int(rng.integers(0, scaled[axis] - size[axis] + 1)) for axis in (0, 1))
     if scaled == image.size:
         pixels = np.asarray(image.crop((left, top, left + size[0], top + size[1])))
     else:

@@ -57,8 +57,7 @@ def _start_worker(parent_pid: int, worker_id: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the main process died before the line above
         os._exit(1)
 

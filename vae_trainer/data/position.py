@@ -15,6 +15,7 @@ SKIP_REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "u
 FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every batch carries them)
 NUMBERS_KEPT = 8  # per part file, the smallest bad record numbers kept (the end-of-run summary shows them)
 _PER_SHARD = ("positions", "pending", "skipped", "skipped_files", "bad_records")  # the state's {shard: ...} entries
+_SETTINGS = ("num_workers", "world_size", "seed", "shuffle_buffer_size")  # what the reading order depends on
 
 
 def encode_position(shard: int, epoch: int, consumed: int, skipped: Counter, pending: list[int],
@@ -112,13 +113,11 @@ class StreamPosition:
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
         state = {name: {shard: value for shard, value in getattr(self, name).items() if value} for name in _PER_SHARD}
-        return {**state, "batches_consumed": self.batches_consumed, "num_workers": self.num_workers,
-                "world_size": self.world_size, "seed": self.seed, "shuffle_buffer_size": self.shuffle_buffer_size}
+        return {**state, "batches_consumed": self.batches_consumed, **{name: getattr(self, name) for name in _SETTINGS}}
 
     @classmethod
     def from_state(cls, state: dict) -> StreamPosition:
-        position = cls(state.get("num_workers"), state.get("world_size"), state.get("seed"),
-                       state.get("shuffle_buffer_size"))
+        position = cls(*(state.get(name) for name in _SETTINGS))
         for name in _PER_SHARD:
             setattr(position, name, {str(shard): value for shard, value in state.get(name, {}).items()})
         position.batches_consumed = int(state["batches_consumed"])

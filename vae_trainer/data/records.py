@@ -72,8 +72,7 @@ def _split_key(name: str) -> tuple[str, str] | None:
 
 
 def _tar_members(tar: tarfile.TarFile, start: int, videos: bool) -> Iterator[TarSample | None]:
-    """Samples (consecutive members sharing a key) of a tar stream; those before `start` are not read, nor video
-    members unless `videos`."""
+    """Samples (runs of members sharing a key) of a tar stream; unread: those before `start`, videos unless `videos`."""
     number, key, image, rank, video = -1, None, None, len(TAR_IMAGE_EXTENSIONS), None
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header

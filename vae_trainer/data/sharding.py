@@ -55,9 +55,8 @@ def assign(sources: list[Source], seed: int, shard: int, num_shards: int, shuffl
     """What shard `shard` of `num_shards` reads of each source (without `shuffle`, parts in list order)."""
     result = []
     for index, source in enumerate(sources):
-        parts = source.parts
-        if shuffle:
-            parts = [parts[i] for i in rng(seed, ASSIGN_PARTS, index).permutation(len(parts))]
+        order = rng(seed, ASSIGN_PARTS, index).permutation(len(source.parts)) if shuffle else range(len(source.parts))
+        parts = [source.parts[i] for i in order]
         if source.counted:
             total, offset, segments = sum(part.records for part in parts), 0, []
             first, last = shard * total // num_shards, (shard + 1) * total // num_shards
@@ -108,13 +107,10 @@ class SourcePass:
     def take(self, skipping: bool = False) -> Record | object | None:
         """The next record (:data:`SKIPPED` if `skipping`: unread when the length is known), None at the end."""
         if skipping and self._reader is None and self.length is not None:
-            if self.offset >= self.length:
-                return None
-            self.offset += 1
-            return SKIPPED
-        if self._reader is None:
-            self._reader = self._blocks_from(self.offset)
-        record = next(self._reader, None)
+            record = SKIPPED if self.offset < self.length else None
+        else:
+            self._reader = self._reader or self._blocks_from(self.offset)
+            record = next(self._reader, None)
         if record is None:
             return None
         self.offset += 1
