@@ -143,10 +143,9 @@ def load_vae(args: argparse.Namespace):
 
 def load_teacher(path: str, subfolder: str | None, student):
     """The teacher of a distilled `student` (its latents' channels checked against the student's)."""
-    from vae_trainer.models.teacher import Teacher
-    from vae_trainer.models.vae_loading import build_vae
+    from vae_trainer.models.teacher import load_teacher as load
 
-    teacher = Teacher(build_vae(pretrained_model_name_or_path=path, subfolder=subfolder), source=path)
+    teacher = load(path, subfolder)
     channels = family_of(student).geometry(student.config).latent_channels
     if teacher.latent_channels != channels:
         raise ValueError(f"--teacher {path}: its latents have {teacher.latent_channels} channels, the student's "

@@ -27,7 +27,7 @@ from .models.discriminator import PATCH_TYPES, FakeReplay, build_discriminator, 
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.teacher import Teacher
+from .models.teacher import load_teacher
 from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
@@ -72,7 +72,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     `resolution` (--resolution) is checked against what the decoder returns (--input_size)."""
     set_seed(training_args.seed)
     with all_ranks_agree("building the networks"):  # a file one rank cannot read stops every rank, naming it
-        teacher = load_teacher(model_args)
+        teacher = load_teacher(model_args.teacher_model_name_or_path, model_args.teacher_subfolder,
+                               model_args.cache_teacher_latents) if model_args.teacher_model_name_or_path else None
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                         ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt,
                         encoder_path=model_args.rae_encoder_path, noise_tau=model_args.noise_tau,
@@ -110,19 +111,6 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model,
                     teacher)
-
-
-def load_teacher(model_args) -> Optional[Teacher]:
-    """--teacher_model_name_or_path as a frozen `Teacher` (with --cache_teacher_latents), or None."""
-    if not model_args.teacher_model_name_or_path:
-        return None
-    folder = os.path.join(model_args.teacher_model_name_or_path, model_args.teacher_subfolder or "")
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise FileNotFoundError(f"--teacher_model_name_or_path: no VAE folder at {folder} (a config.json and weights; "
-                                "nothing is downloaded; a pipeline folder takes --teacher_subfolder vae)")
-    vae = build_vae(pretrained_model_name_or_path=model_args.teacher_model_name_or_path,
-                    subfolder=model_args.teacher_subfolder)
-    return Teacher(vae, model_args.cache_teacher_latents, model_args.teacher_model_name_or_path)
 
 
 def warn_video_encoder_trained(class_name: str, model_args, clips: bool = False) -> None:

@@ -49,23 +49,12 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
 def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
     """A distillation's student config from its teacher's geometry (--student_width, --student_depth), when no flag
     gives the student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt); else None."""
-    teacher = getattr(model_args, "teacher_model_name_or_path", None)
-    if not teacher or model_args.vae_config_file or model_args.pretrained_model_name_or_path or \
-            model_args.init_from_ckpt:
-        return None
-    from .models.families import family_for_config
-    from .models.tiny import student_config
+    from .models.tiny import student_of
 
-    path = os.path.join(teacher, model_args.teacher_subfolder or "", "config.json")
-    if not os.path.isfile(path):  # loading the teacher says what is missing
-        return None
-    with open(path) as handle:
-        config = json.load(handle)
-    try:
-        return student_config(family_for_config(config, path).geometry(config), model_args.student_width,
-                              model_args.student_depth)
-    except ValueError as error:
-        raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
+    given = model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+    teacher = getattr(model_args, "teacher_model_name_or_path", None)
+    return None if given or not teacher else student_of(teacher, model_args.teacher_subfolder,
+                                                        model_args.student_width, model_args.student_depth)
 
 
 def check_sizes(model_args, data_args) -> None:
@@ -373,7 +362,7 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("teacher_subfolder", "cache_teacher_latents", "student_width", "student_depth", "latent_distill_weight",
       "latent_distill_loss"), lambda f: not f.distils,
      "it applies to distilling a tiny autoencoder: add --teacher_model_name_or_path, or drop it"),
-    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"), lambda f: f.distils and not f.student,
+    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"), lambda f: f.distils and f.family_known and not f.student,
      f"a distilled student is an AutoencoderTiny, and this gives a {FAMILY}: drop it (the student then follows "
      "the teacher's geometry)"),
     (("student_width", "student_depth"), lambda f: f.distils and (f.vae_config_file or f.loads_weights),

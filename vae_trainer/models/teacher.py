@@ -36,6 +36,17 @@ def from_pipeline(latents: paddle.Tensor, mean: np.ndarray, std: np.ndarray) -> 
     return latents.astype("float32") * _tiled(std, latents) + _tiled(mean, latents)
 
 
+def load_teacher(path: str, subfolder: Optional[str] = None, cache_folder: Optional[str] = None) -> "Teacher":
+    """The teacher VAE folder `path` (--teacher_model_name_or_path) as a frozen `Teacher`."""
+    from .vae_loading import build_vae
+
+    if not os.path.isfile(os.path.join(path, subfolder or "", "config.json")):
+        raise FileNotFoundError(f"--teacher {path}: no VAE folder at {os.path.join(path, subfolder or '')} (a "
+                                "config.json and weights; nothing is downloaded; a pipeline folder takes its subfolder "
+                                "vae)")
+    return Teacher(build_vae(pretrained_model_name_or_path=path, subfolder=subfolder), cache_folder, path)
+
+
 class LatentCache:
     """The teacher's latents of each crop it saw, one .npy file per crop named by a hash of the crop's float32 pixels
     (so a cached latent is exactly that crop's: a random crop or flip that differs is a new entry), in a subfolder

@@ -10,8 +10,10 @@ the blocks instead (`recompute_segments`)."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Dict, List, Mapping, Tuple
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -104,6 +106,22 @@ def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) 
             "encoder_block_out_channels": [width] * stages, "decoder_block_out_channels": [width] * stages,
             "num_encoder_blocks": [1] + [depth] * (stages - 1), "num_decoder_blocks": [depth] * (stages - 1) + [1],
             "latent_magnitude": 3, "latent_shift": 0.5, "force_upcast": False, "scaling_factor": 1.0}
+
+
+def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -> Optional[Dict[str, Any]]:
+    """`student_config` for the teacher VAE folder `teacher` (--teacher_model_name_or_path), None without its
+    config.json (loading the teacher says what is missing)."""
+    from .families import family_for_config
+
+    path = os.path.join(teacher, subfolder or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        config = json.load(handle)
+    try:
+        return student_config(family_for_config(config, path).geometry(config), width, depth)
+    except ValueError as error:
+        raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
 
 
 def init_mid_grey(vae: Layer) -> None:
