@@ -357,9 +357,9 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("teacher_subfolder", "cache_teacher_latents", "student_width", "student_depth", "latent_distill_weight",
       "latent_distill_loss"), lambda f: not f.distils,
      "it applies to distilling a tiny autoencoder: add --teacher_model_name_or_path, or drop it"),
-    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"), lambda f: f.distils and f.family_known and not f.student,
-     f"a distilled student is an AutoencoderTiny, and this gives a {FAMILY}: drop it (the student then follows "
-     "the teacher's geometry)"),
+    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"),
+     lambda f: f.distils and f.family_known and not f.student, f"a distilled student is an AutoencoderTiny, and "
+     f"this gives a {FAMILY}: drop it (the student then follows the teacher's geometry)"),
     (("student_width", "student_depth"), lambda f: f.distils and (f.vae_config_file or f.loads_weights),
      "the student's architecture is that of --vae_config_file / its weights': drop it"),
     (("num_frames", "equivariance_prob", "vf_model_path", "input_size", "posterior_std", "learn_logvar"),
