@@ -28,11 +28,10 @@ from .models.dinov2 import INPUT_CONVENTIONS
 from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
 # The LDM objective (taming-transformers' LPIPSWithDiscriminator), i.e. the flags' defaults.
-LDM_RECIPE = {
-    "disc_type": "patch", "posterior_std": 0.0, "loss_balancing": "none", "pixel_weight": 1.0, "perceptual_weight": 1.0,
-    "disc_weight": 0.5, "adaptive_disc_weight": True, "kl_weight": 1e-6, "latent_penalty_weight": 0.0,
-    "pixel_loss_pool": 1, "pixel_loss_mask": "none", "disc_loss": "hinge", "gen_loss": None, "lecam_weight": 0.0,
-}
+LDM_RECIPE = {"disc_type": "patch", "posterior_std": 0.0, "loss_balancing": "none", "pixel_weight": 1.0,
+              "perceptual_weight": 1.0, "disc_weight": 0.5, "adaptive_disc_weight": True, "kl_weight": 1e-6,
+              "latent_penalty_weight": 0.0, "pixel_loss_pool": 1, "pixel_loss_mask": "none", "disc_loss": "hinge",
+              "gen_loss": None, "lecam_weight": 0.0}
 # Gradient-normalised branches + constant variance + low-pass pixel loss + VGG16-feature discriminator.
 BALANCED_RECIPE = {
     **LDM_RECIPE, "disc_type": "vgg", "posterior_std": 0.1, "loss_balancing": "gradnorm", "gradnorm_scope": "global",
@@ -42,11 +41,9 @@ BALANCED_RECIPE = {
 # --recipe ldm is LDM's GAN start too: its term at full weight at once (the default ramps it in: techniques.md, 14).
 # Distilling a tiny autoencoder (--teacher_model_name_or_path: its default): the decoder learns from a
 # latent-conditioned PatchGAN at a fixed weight and a faint MSE between 8x8-pooled images (docs/distillation.md).
-TINY_RECIPE = {
-    **LDM_RECIPE, "pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.0, "disc_weight": 0.1,
-    "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
-    "disc_replay_size": 50,
-}
+TINY_RECIPE = {**LDM_RECIPE, "pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.0, "disc_weight": 0.1,
+               "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
+               "disc_replay_size": 50}
 RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE,
                                       "tiny": TINY_RECIPE}
 
@@ -292,9 +289,7 @@ UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dat
                      for f in dataclasses.fields(TrainingArguments)
                      if f.init and f.name not in PADDLENLP_FLAGS and f.name not in IGNORED_FLAGS}
 # The ppdiffusers reference scripts' spellings -> our flag (README "Flags from the ppdiffusers scripts").
-ALIASES = {
-    "per_device_train_batch_size": ("train_batch_size", "batch_size"), "max_steps": ("max_train_steps",),
-    "weight_decay": ("adam_weight_decay",), "lr_scheduler_type": ("lr_scheduler",),
-    "warmup_steps": ("lr_warmup_steps",), "dataloader_num_workers": ("num_workers",),
-    "recompute": ("gradient_checkpointing",),  # diffusers' / ppdiffusers' trainers' name
-}
+ALIASES = {"per_device_train_batch_size": ("train_batch_size", "batch_size"), "max_steps": ("max_train_steps",),
+           "weight_decay": ("adam_weight_decay",), "lr_scheduler_type": ("lr_scheduler",),
+           "warmup_steps": ("lr_warmup_steps",), "dataloader_num_workers": ("num_workers",),
+           "recompute": ("gradient_checkpointing",)}  # recompute: diffusers' / ppdiffusers' trainers' name

@@ -23,7 +23,8 @@ from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
 from .latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
-from .models.discriminator import PATCH_TYPES, FakeReplay, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
+from .models.discriminator import (PATCH_TYPES, FakeReplay, build_discriminator, convert_batchnorm_to_sync,
+                                   init_discriminator_from)
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -139,15 +140,14 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
     disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, disc_update_start(loss_args))
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
+    replay = FakeReplay(loss_args.disc_replay_size, training_args.seed + rank()) if loss_args.disc_replay_size else None
     if rank() == 0:
         warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
     return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
                      vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips,
-                     teacher=networks.teacher,
-                     replay=FakeReplay(loss_args.disc_replay_size, training_args.seed + rank())
-                     if loss_args.disc_replay_size else None)
+                     teacher=networks.teacher, replay=replay)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):

@@ -171,8 +171,7 @@ def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.nda
                                for clip, recon in pairs])
     rows = []
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
-        if isinstance(images, paddle.Tensor):
-            images = images.astype("float32").numpy()
+        images = np.asarray(images.astype("float32"))  # a Tensor (bfloat16 too) or an array
         images = np.round((np.clip(images, -1.0, 1.0) + 1.0) * 127.5).astype(np.uint8).transpose(0, 2, 3, 1)
         rows.append(np.concatenate(list(images), axis=1))
     return np.concatenate(rows, axis=0)
@@ -407,9 +406,8 @@ class TrainingEvaluator:
     def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
                  vf_model=None, stats_on_training_data: bool = False, teacher=None):
         self.data_args, self.args, self.input_size, self.posterior_std = data_args, args, input_size, posterior_std
-        self.teacher = teacher  # distillation's (models/teacher.py)
         self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
-        self.lpips, self.inception, self.vf_model = lpips, inception, vf_model
+        self.lpips, self.inception, self.vf_model, self.teacher = lpips, inception, vf_model, teacher
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
@@ -455,13 +453,11 @@ class TrainingEvaluator:
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution, self.batch_size,
-                                       rank(), world_size(), self.data_args.eval_num_images,
-                                       **self.clip_frames)  # clips: their first windows
+                                       rank(), world_size(), self.data_args.eval_num_images, **self.clip_frames)
         with ema_weights(ema, vae):
-            return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception,
-                                grid_images=self.args.num_logged_images, input_size=self.input_size,
-                                posterior_std=self.posterior_std, tiling=self.tiling, vf_model=self.vf_model,
-                                teacher=self.teacher)
+            return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception, input_size=self.input_size,
+                                grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,
+                                tiling=self.tiling, vf_model=self.vf_model, teacher=self.teacher)
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""

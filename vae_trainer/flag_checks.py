@@ -62,10 +62,9 @@ def check_sizes(model_args, data_args) -> None:
     from .models.vae import check_reconstruction_shape
 
     path, config = vae_config(model_args)
+    check_tiling_flags(model_args, data_args, config, path if config is not None else "no config file")
     if config is None:
-        check_tiling_flags(model_args, data_args, None, "no config file")
         return
-    check_tiling_flags(model_args, data_args, config, path)
     resolution, factor = data_args.resolution, downsampling_factor(config)
     check_reconstruction_shape(config, model_args.input_size, resolution, path)
     if data_args.aspect_ratio_buckets and _family_of_flags(model_args).geometry(config).output_size:
@@ -202,12 +201,10 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
      f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
-    (("kl_weight",), lambda f: f.deterministic,
-     f"{FAMILY}'s encoder is deterministic: no posterior, so no KL term to weigh; drop it (--posterior_std S adds "
-     "noise to its latent in training; for RAE, its own --noise_tau T)"),
-    (("learn_logvar", "logvar_init"), lambda f: f.deterministic,
-     f"with {FAMILY}'s deterministic encoder there is no KL term, and the nll's log-variance would only "
-     "rescale the VAE's whole gradient, which AdamW undoes: drop it"),
+    (("kl_weight",), lambda f: f.deterministic, f"{FAMILY}'s encoder is deterministic: no posterior, so no KL term "
+     "to weigh; drop it (--posterior_std S adds noise to its latent in training; for RAE, its own --noise_tau T)"),
+    (("learn_logvar", "logvar_init"), lambda f: f.deterministic, f"with {FAMILY}'s deterministic encoder there is no "
+     "KL term, and the nll's log-variance would only rescale the VAE's whole gradient, which AdamW undoes: drop it"),
     (("posterior_std",), lambda f: f.deterministic and f.posterior_std > 0 and not f.sample_posterior,
      f"with {FAMILY}'s deterministic encoder it is noise added to the latent in training, and "
      "--sample_posterior false adds none: drop one of them"),
@@ -331,12 +328,10 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale, or drop it"),
     (("subfolder",), lambda f: not f.pretrained_model_name_or_path,
      "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
-    (("inception_weights",), lambda f: not f.evaluates,
-     "rFID is measured in evaluations: add --eval_file_list and --eval_steps, or drop it (scripts/eval_vae.py "
-     "--inception_weights measures a saved VAE)"),
-    (("latent_stats_num_images",), lambda f: not f.measures_scale,
-     "it counts the images of a measured scaling factor, and this run keeps or is given its factor: add "
-     "--scaling_factor measure, or drop it"),
+    (("inception_weights",), lambda f: not f.evaluates, "rFID is measured in evaluations: add --eval_file_list and "
+     "--eval_steps, or drop it (scripts/eval_vae.py --inception_weights measures a saved VAE)"),
+    (("latent_stats_num_images",), lambda f: not f.measures_scale, "it counts the images of a measured scaling "
+     "factor, and this run keeps or is given its factor: add --scaling_factor measure, or drop it"),
     (("eval_tiled", "eval_tile_size"), lambda f: not f.evaluates and not f.measures_scale,
      "it tiles evaluations and the measurement of the scaling factor, and this run has neither: add "
      "--eval_file_list and --eval_steps (or --scaling_factor measure), or drop it"),
@@ -362,18 +357,17 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("teacher_subfolder", "cache_teacher_latents", "student_width", "student_depth", "latent_distill_weight",
       "latent_distill_loss"), lambda f: not f.distils,
      "it applies to distilling a tiny autoencoder: add --teacher_model_name_or_path, or drop it"),
-    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"), lambda f: f.distils and f.family_known and not f.student,
-     f"a distilled student is an AutoencoderTiny, and this gives a {FAMILY}: drop it (the student then follows "
-     "the teacher's geometry)"),
+    (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"),
+     lambda f: f.distils and f.family_known and not f.student, f"a distilled student is an AutoencoderTiny, and "
+     f"this gives a {FAMILY}: drop it (the student then follows the teacher's geometry)"),
     (("student_width", "student_depth"), lambda f: f.distils and (f.vae_config_file or f.loads_weights),
      "the student's architecture is that of --vae_config_file / its weights': drop it"),
     (("num_frames", "equivariance_prob", "vf_model_path", "input_size", "posterior_std", "learn_logvar"),
      lambda f: f.distils, "a tiny autoencoder is distilled on images against its teacher's latents: drop it"),
     (("scaling_factor",), lambda f: f.distils and f.scaling_factor != "keep",
      "a student lives in its teacher's normalised latent space: its scaling_factor is 1 (keep); drop it"),
-    (("disc_replay_size",), lambda f: f.disc_replay_size < 0 or f.aspect_ratio_buckets,
-     "it holds past reconstructions for the discriminator: >= 0, and of one image shape (not "
-     "--aspect_ratio_buckets)"),
+    (("disc_replay_size",), lambda f: f.disc_replay_size < 0 or f.aspect_ratio_buckets, "it holds past "
+     "reconstructions for the discriminator: >= 0, and of one image shape (not --aspect_ratio_buckets)"),
     (("latent_distill_weight",), lambda f: f.latent_distill_weight < 0, "it is a weight: >= 0 (0: decoder only)"),
     (("student_width", "student_depth"), lambda f: min(f.student_width, f.student_depth) < 1, "it must be >= 1"),
 )

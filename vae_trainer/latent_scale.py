@@ -163,8 +163,7 @@ def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
                          f"normalise the latents with its {family.held_scale or family.scale_name}. Use "
                          "--scaling_factor keep (the source's statistics) or measure (from the trained encoder).")
-    problem = family.scale_mode_problem(vae, mode)
-    if problem:
+    if problem := family.scale_mode_problem(vae, mode):
         raise ValueError(problem)
     if "scaling_factor" not in family.scale_keys and mode == "measure" and encoder_frozen:
         raise ValueError(f"--scaling_factor measure with a frozen encoder: a decoder-only fine-tune of "

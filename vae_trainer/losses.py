@@ -63,8 +63,7 @@ def pixel_loss(x: Tensor, recon: Tensor, kind: str = "l1") -> Tensor:
 def kl_loss(mean: Tensor, logvar: Tensor) -> Tensor:
     """Per-image KL(N(mean, exp(logvar)) || N(0, I)) summed over latent elements (every axis but the batch's), in
     float32 (no fp16 overflow)."""
-    mean = mean.astype("float32")
-    logvar = paddle.clip(logvar.astype("float32"), -30.0, 20.0)
+    mean, logvar = mean.astype("float32"), paddle.clip(logvar.astype("float32"), -30.0, 20.0)
     return 0.5 * paddle.sum(mean.square() + logvar.exp() - 1.0 - logvar, axis=list(range(1, mean.ndim)))
 
 
@@ -130,9 +129,8 @@ def discriminator_loss(logits_real: Tensor, logits_fake: Tensor, kind: str = "hi
 
 def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Tensor, ema_fake: Tensor) -> Tensor:
     """LeCAM (Tseng et al. 2021): mean(relu(D(x) - ema_fake)^2) + mean(relu(ema_real - D(x_hat))^2)."""
-    real_term = F.relu(logits_real.astype("float32") - ema_fake).square().mean()
-    fake_term = F.relu(ema_real - logits_fake.astype("float32")).square().mean()
-    return real_term + fake_term
+    return (F.relu(logits_real.astype("float32") - ema_fake).square().mean()
+            + F.relu(ema_real - logits_fake.astype("float32")).square().mean())
 
 
 def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
@@ -148,8 +146,7 @@ def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAP
                     eps: float | Tensor = ADAPTIVE_WEIGHT_EPS) -> Tensor:
     """||nll_grad|| / (||gan_grad|| + eps) clamped to [0, max_weight] (taming's calculate_adaptive_weight); NaN,
     not clamped, when a norm is not finite (an fp16 overflow: the caller skips the term)."""
-    nll_norm = paddle.linalg.norm(nll_grad.astype("float32"))
-    gan_norm = paddle.linalg.norm(gan_grad.astype("float32"))
+    nll_norm, gan_norm = (paddle.linalg.norm(grad.astype("float32")) for grad in (nll_grad, gan_grad))
     weight = paddle.clip(nll_norm / (gan_norm + eps), 0.0, max_weight)
     finite = paddle.isfinite(nll_norm) & paddle.isfinite(gan_norm)
     return paddle.where(finite, weight, paddle.full_like(weight, float("nan"))).detach()
@@ -246,8 +243,8 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).
-        heads = [(rec, loss_args.pixel_weight)] + ([(perceptual, loss_args.perceptual_weight)] if use_lpips else [])
-        heads += [(temporal, temporal_weight)] if temporal_weight > 0 else []
+        heads = [(rec, loss_args.pixel_weight), (perceptual, loss_args.perceptual_weight if use_lpips else 0.0),
+                 (temporal, temporal_weight)]  # a head of weight 0 is left out
         loss, logs = rec + perceptual + temporal + latent_loss, {**head_logs, **latent_logs}
         if gan_weight > 0:
             gan = _generator_term(x, x_hat, discriminator, loss_args)
@@ -319,9 +316,8 @@ def _weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, gr
         ratio = adaptive_weight(nll_at_encoder, vf_at_encoder, max_weight=VF_WEIGHT_MAX / pixels_per_image,
                                 eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
         weight = paddle.where(paddle.isfinite(ratio), ratio, paddle.zeros_like(ratio)) * loss_args.vf_weight
-    logs = {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
-            "train/vf_cos_loss": mcos}
-    return weight * value, logs
+    return weight * value, {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
+                            "train/vf_cos_loss": mcos}
 
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,

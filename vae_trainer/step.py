@@ -205,13 +205,14 @@ class TrainStep:
         gan, precision = self.disc_trains(global_step), self.precision  # the discriminator's update
         vae_params = self.model.vae_parameters()
         disc_params = self.model.discriminator_parameters() if gan else []
-        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),
-                                      "train/disc_learning_rate": self.disc_optimizer.get_lr()}
         sync_gradients(vae_params + disc_params, fill_missing=self.clips)                 # 1. all-reduce
         precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
         if gan:
             precision.disc_scaler.unscale_(self.disc_optimizer)
         vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
+        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(), "train/grad_norm": vae_norm,
+                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),  # before they step
+                                      **({"train/disc_grad_norm": disc_norm} if gan else {})}
         losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(vae_norm, disc_norm)  # 3.
         loss_scales = {"vae": precision.vae_scaler.scale_value, "discriminator": precision.disc_scaler.scale_value}
         take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
@@ -219,14 +220,13 @@ class TrainStep:
         if take["vae"]:
             clip_grads(vae_params, vae_norm, self.max_grad_norm)                          # 4. clip
             self.vae_optimizer.step()                                                     # 5. VAE update
-        if gan and take["discriminator"]:
-            clip_grads(disc_params, disc_norm, self.max_grad_norm)
-            self.disc_optimizer.step()                                                    # 6. D update
-        self.vae_scheduler.step()                                                         # 7. schedules
-        if gan:
+        self.vae_scheduler.step()                                                         # 6. schedule
+        precision.vae_scaler.update_after(not take["vae"])                                # 7. loss scale
+        if gan:                                                                           # 8. the same for D
+            if take["discriminator"]:
+                clip_grads(disc_params, disc_norm, self.max_grad_norm)
+                self.disc_optimizer.step()
             self.disc_scheduler.step()
-        precision.vae_scaler.update_after(not take["vae"])                                # 8. loss scales
-        if gan:
             precision.disc_scaler.update_after(not take["discriminator"])
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
         # as its weights (335 MB for SD), and between steps nothing needs them.
@@ -235,9 +235,6 @@ class TrainStep:
         average_over_ranks(self._norm_statistics)                                         # 9. BatchNorm statistics
         if self.ema is not None:                                                          # 10. EMA
             self.ema.step(self.model.vae.parameters())
-        scalars["train/grad_norm"] = vae_norm
-        if gan:
-            scalars["train/disc_grad_norm"] = disc_norm
         scalars.update(self.guard.counters())
         if precision.scales_losses:
             scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
@@ -250,13 +247,9 @@ class TrainStep:
         losses = paddle.stack(self._window_losses).astype("float32")
         gan_overflows = paddle.stack(self._window_gan_overflows + [paddle.zeros([], "float32")]).sum()
         self._window_losses, self._window_gan_overflows = [], []
-        bad = paddle.stack([
-            (~paddle.isfinite(losses)).any().astype("float32"),
-            (~paddle.isfinite(vae_norm)).astype("float32"),
-            (~paddle.isfinite(disc_norm)).astype("float32"),
-            gan_overflows,
-            paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32"),  # agreed here (preemption.py)
-        ])
+        nonfinite = [(~paddle.isfinite(value)).any().astype("float32") for value in (losses, vae_norm, disc_norm)]
+        signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
+        bad = paddle.stack(nonfinite + [gan_overflows, signal])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
 
