@@ -44,7 +44,7 @@ from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
 from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: E402
 from vae_trainer.final_save import export_vae_folder  # noqa: E402
-from vae_trainer.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
+from vae_trainer.models.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402

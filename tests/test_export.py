@@ -12,7 +12,7 @@ from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
 from vae_trainer.evaluation import evaluate_vae, measure_latents
-from vae_trainer.latent_scale import decide, mode_of_checkpoint, scaling_factor_mode
+from vae_trainer.models.latent_scale import decide, mode_of_checkpoint, scaling_factor_mode
 from vae_trainer.metrics import LatentStatistics
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae

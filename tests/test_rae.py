@@ -571,7 +571,7 @@ def test_a_config_contradicting_the_dinov2_names_the_key(sources, tmp_path):
 
 
 def test_a_number_as_scaling_factor_needs_statistics_first(sources, rae_config, photos, tmp_path):
-    from vae_trainer.latent_scale import mode_for
+    from vae_trainer.models.latent_scale import mode_for
 
     vae = build_vae(rae_config, encoder_path=sources["dinov2"])
     model_args = parse_arguments(["--file_list", photos, "--vae_config_file", rae_config, "--rae_encoder_path",

@@ -11,7 +11,7 @@ import paddle
 import pytest
 from ppdiffusers import AutoencoderKL
 
-from vae_trainer.latent_scale import decide, origin_of, scaling_factor_mode
+from vae_trainer.models.latent_scale import decide, origin_of, scaling_factor_mode
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae

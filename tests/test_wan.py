@@ -380,7 +380,7 @@ def test_from_scratch_weight_decay_is_taken(tmp_path):
 def test_a_number_for_scaling_factor_is_refused(pipelines):
     from types import SimpleNamespace
 
-    from vae_trainer.latent_scale import mode_for
+    from vae_trainer.models.latent_scale import mode_for
 
     vae = build_vae(pretrained_model_name_or_path=pipelines["qwen"], subfolder="vae")
     flags = dict(scaling_factor="0.5", ignore_keys=None, init_from_ckpt=None, pretrained_model_name_or_path="x")

@@ -21,7 +21,7 @@ from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, ini
 from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
-from .latent_scale import mode_for
+from .models.latent_scale import mode_for
 from .models.autoencoder_gan import VAEWithDiscriminator
 from .models.discriminator import (PATCH_TYPES, FakeReplay, build_discriminator, convert_batchnorm_to_sync,
                                    init_discriminator_from)

@@ -11,7 +11,7 @@ from .data.filelists import PIPE_PREFIX
 from .disk import written_atomically
 from .distributed import all_ranks_agree, rank
 from .ema import ema_weights
-from .latent_scale import EXPORT_ORIGIN_KEY, latent_scales_at_export, origin_of
+from .models.latent_scale import EXPORT_ORIGIN_KEY, latent_scales_at_export, origin_of
 from .models.discriminator import save_discriminator
 from .models.vae_saving import save_vae
 

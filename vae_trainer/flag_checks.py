@@ -124,7 +124,7 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
     (raises on a bad --scaling_factor or --equivariance_transforms)."""
     from .equivariance import parse_transforms
-    from .latent_scale import reinitialises_encoder, scaling_factor_mode
+    from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})

@@ -19,7 +19,7 @@ from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_di
 from ppdiffusers.utils import constants as names
 from safetensors import safe_open
 
-from .. import latent_scale
+from . import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
 from .families import family_for_config, family_of

@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from paddle.nn import Layer
 
-from .checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
-from .models.families import family_of
+from ..checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
+from .families import family_of
 
 logger = logging.getLogger("vae_trainer")
 
