@@ -32,8 +32,10 @@ def teacher(tmp_path_factory) -> str:
 
 
 def distill_args(data: str, held_out: str, teacher: str, output_dir, **overrides) -> list[str]:
-    """The tiny recipe (the defaults) on a student of width 8, depth 1: 6 steps at 32 px, evaluated every 3."""
+    """The tiny recipe (the defaults) on a student of width 8, depth 1: 6 steps at 32 px, evaluated every 3; a replay
+    of 2 fakes, full from the first step (its draws and held fakes are in the resumed state)."""
     flags = dict(teacher_model_name_or_path=teacher, teacher_subfolder="vae", student_width=8, student_depth=1,
+                 disc_replay_size=2,
                  max_steps=6, save_steps=3, eval_file_list=held_out, eval_steps=3, eval_num_images=4,
                  image_logging_steps=3, disc_start=None, learning_rate=3e-3)
     return trainer_args(data, output_dir, **{**flags, **overrides})
@@ -180,6 +182,9 @@ def test_a_teacher_alone_makes_a_taesd_student_under_the_tiny_recipe(teacher_fol
     (["--num_frames", "5"], "--num_frames 5: a tiny autoencoder is distilled on images"),
     (["--scaling_factor", "measure"], "--scaling_factor measure: .*its scaling_factor is 1"),
     (["--latent_distill_weight", "-1"], "--latent_distill_weight -1.0: it is a weight"),
+    (["--aspect_ratio_buckets"], "--aspect_ratio_buckets true: the discriminator's replay .*--disc_replay_size 0"),
+    (["--freeze_encoder", "--latent_distill_weight", "2"], "--latent_distill_weight 2.0: it trains the student's "
+                                                            "encoder, which --freeze_encoder keeps"),
 ])
 def test_distillation_refuses_what_it_cannot_do(teacher_folders, extra, message):
     from vae_trainer.argument_parser import parse_arguments
@@ -196,6 +201,32 @@ def test_distillation_flags_need_a_teacher_and_an_rae_teacher_is_refused(teacher
                          "--output_dir", "/tmp/vae_trainer_distil_args", "--student_width", "8"])
     with pytest.raises(ValueError, match="--teacher_model_name_or_path .*rae_vitb: .*fixed 256 px"):
         parse_arguments(distil_flags(teacher_folders["rae_vitb"]))
+    with pytest.raises(ValueError, match="--recipe tiny: it is the recipe of distilling"):
+        parse_arguments(["--file_list", "x", "--max_steps", "2", "--vae_config_file", "configs/vae_micro.json",
+                         "--output_dir", "/tmp/vae_trainer_distil_args", "--recipe", "tiny"])
+
+
+def test_a_student_that_cannot_live_in_the_teacher_s_latents_is_refused_before_training():
+    import paddle
+
+    from vae_trainer.models.families import family_for_config
+    from vae_trainer.models.teacher import Teacher
+    from vae_trainer.models.tiny import TINY, check_student, student_config
+
+    config = {**TEACHER, "_class_name": "AutoencoderKL"}
+    teacher = Teacher(family_for_config(config).build(config, "teacher"))
+    fits = student_config(teacher.family.geometry(teacher.vae.config), 8, 1)
+    check_student(TINY.build(fits, "student"), teacher)
+    for change, message in (({"latent_channels": 8}, "8 latent channels at factor 2, its teacher 4 at factor 2"),
+                            ({"num_encoder_blocks": [1, 1, 1], "encoder_block_out_channels": [8] * 3,
+                              "num_decoder_blocks": [1, 1, 1], "decoder_block_out_channels": [8] * 3},
+                             "at factor 4, its teacher 4 at factor 2"),
+                            ({"scaling_factor": 0.5}, "scaling_factor is 0.5: .*set it to 1.0")):
+        with pytest.raises(ValueError, match=message):
+            check_student(TINY.build({**fits, **change}, "student"), teacher)
+    with pytest.raises(ValueError, match="the student is a AutoencoderKL"):
+        check_student(teacher.vae, teacher)
+    paddle.seed(0)
 
 
 def test_the_replay_fills_then_swaps_half_its_fakes_and_resumes_from_its_state():
@@ -276,3 +307,53 @@ def test_each_family_s_teacher_gives_its_student_the_pipelines_latents_and_is_me
     # A fresh student decodes mid-grey: its PSNR is that of a grey image.
     grey = float(psnr(to_unit_range(images), paddle.full_like(images, 0.5)).mean())
     assert result.metrics["psnr"] == pytest.approx(grey, rel=1e-4)
+
+
+def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs(tmp_path):
+    """The conditioned discriminator sees each image with the teacher's latent it came with, each replayed fake with
+    the latent it was decoded from (not the current batch's); the generator's term, the current fakes with theirs."""
+    import paddle
+    from test_step import make_args
+
+    from vae_trainer.arguments import LossArguments
+    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.discriminator import FakeReplay, build_discriminator
+    from vae_trainer.models.families import family_for_config
+    from vae_trainer.models.teacher import Teacher
+    from vae_trainer.models.tiny import TINY, student_config
+    from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+    from vae_trainer.step import TrainStep
+
+    paddle.seed(0)
+    config = {**TEACHER, "_class_name": "AutoencoderKL"}
+    teacher = Teacher(family_for_config(config).build(config, "teacher"))
+    # (not build_fresh: its mid-grey start decodes every latent to the same image, and fakes must be told apart)
+    student = TINY.build(student_config(teacher.family.geometry(teacher.vae.config), 8, 1), "student")
+    disc = build_discriminator(norm="group", num_layers=2, base_channels=8, condition_channels=4)
+    seen, conditioned = [], disc._conditioned  # what each call scores: (images, latents)
+    disc._conditioned = lambda images, condition: seen.append((images, condition)) or conditioned(images, condition)
+    model = VAEWithDiscriminator(student, disc)
+    loss_args = LossArguments(perceptual_weight=0.0, disc_start=0, disc_weight_warmup_steps=0,
+                              adaptive_disc_weight=False)
+    args = make_args(tmp_path)
+    step = TrainStep(model, None, loss_args, *build_vae_optimizer(args, model),
+                     *build_disc_optimizer(args, model, 0), teacher=teacher, replay=FakeReplay(2, seed=0))
+    x = [paddle.to_tensor(np.random.default_rng(s).uniform(-1, 1, (2, 3, 32, 32)).astype("float32"))
+         for s in range(4)]
+    replayed = 0
+    for k, batch in enumerate(x):
+        seen.clear()
+        before = {f.numpy().tobytes(): c.numpy() for f, c in step.replay.fakes}  # held fakes and their latents
+        step.forward_backward(batch, k, 0)
+        taught = teacher.latents(batch).numpy()
+        generator, real, fake = seen  # the generator's term, then the discriminator's real and fake scores
+        assert np.array_equal(generator[1].numpy(), taught)
+        assert np.array_equal(real[1].numpy(), taught)
+        for image, condition in zip(fake[0].numpy(), fake[1].numpy()):
+            if image.tobytes() in before:  # a replayed fake: the latent it was decoded from, an earlier batch's
+                assert np.array_equal(condition, before[image.tobytes()])
+                replayed += 1
+            else:  # a new one: one of this batch's latents
+                assert any(np.array_equal(condition, row) for row in taught)
+        step.optimizer_step(k)
+    assert replayed > 0

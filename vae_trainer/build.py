@@ -29,6 +29,7 @@ from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.teacher import load_teacher
+from .models.tiny import check_student
 from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
@@ -105,6 +106,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                                      input_size=model_args.input_size, vf_feature_dim=vf_width,
                                      trainable_modules=model_args.trainable_modules)
         model.refuse_frozen_readers(loss_args)
+        if teacher:
+            check_student(vae, teacher)
         if model.family.video and not model.encoder_frozen:
             warn_video_encoder_trained(model.family.class_name, model_args, clips)
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder

@@ -366,8 +366,14 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
      lambda f: f.distils, "a tiny autoencoder is distilled on images against its teacher's latents: drop it"),
     (("scaling_factor",), lambda f: f.distils and f.scaling_factor != "keep",
      "a student lives in its teacher's normalised latent space: its scaling_factor is 1 (keep); drop it"),
-    (("disc_replay_size",), lambda f: f.disc_replay_size < 0 or f.aspect_ratio_buckets, "it holds past "
-     "reconstructions for the discriminator: >= 0, and of one image shape (not --aspect_ratio_buckets)"),
+    (("disc_replay_size",), lambda f: f.disc_replay_size < 0, "it is a number of reconstructions: >= 0 (0: off)"),
+    (("disc_replay_size", "aspect_ratio_buckets"), lambda f: f.disc_replay_size > 0 and f.aspect_ratio_buckets,
+     "the discriminator's replay (--disc_replay_size; the tiny recipe's: 50) holds one image shape, and buckets make "
+     "several: give --disc_replay_size 0, or drop --aspect_ratio_buckets"),
+    (("recipe",), lambda f: f.recipe == "tiny" and not f.distils,
+     "it is the recipe of distilling a tiny autoencoder: add --teacher_model_name_or_path, or use ldm / balanced"),
+    (("latent_distill_weight", "latent_distill_loss"), lambda f: f.distils and f.freeze_encoder,
+     "it trains the student's encoder, which --freeze_encoder keeps as it is: drop one of them"),
     (("latent_distill_weight",), lambda f: f.latent_distill_weight < 0, "it is a weight: >= 0 (0: decoder only)"),
     (("student_width", "student_depth"), lambda f: min(f.student_width, f.student_depth) < 1, "it must be >= 1"),
 )

@@ -196,12 +196,14 @@ class FakeReplay:
         self.fakes: list = []  # [(fake, condition or None)], detached
 
     def mix(self, fakes: paddle.Tensor, conditions: paddle.Tensor | None) -> tuple:
-        """(fakes, conditions) to show, as many as given; a batch of another shape than those held empties it."""
+        """(fakes, conditions) to show, as many as given; a batch of another shape than those held empties it. Each
+        row is held as a copy of its own (a view would keep its whole batch), non-finite values as 0 (an fp16
+        overflow's fakes, whose step the guard skips, must not come back later)."""
         if self.fakes and self.fakes[0][0].shape != fakes.shape[1:]:
             self.fakes = []
-        shown = []
-        for row, fake in enumerate(fakes.detach()):
-            new = (fake, None if conditions is None else conditions[row].detach())
+        shown, held = [], paddle.nan_to_num(fakes.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+        for row in range(held.shape[0]):
+            new = (held[row].clone(), None if conditions is None else conditions[row].detach().clone())
             if len(self.fakes) < self.size:
                 self.fakes.append(new)
             elif self.rng.random() < 0.5:

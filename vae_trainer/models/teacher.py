@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from typing import Optional
 
 import numpy as np
@@ -57,13 +58,17 @@ class LatentCache:
         digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
         for name, tensor in sorted(teacher.state_dict().items()):
             digest.update(name.encode() + tensor.numpy().tobytes())
+        family = family_of(teacher)  # and the normalisation applied: a change of it is another space
+        for array in (family.class_name.encode(), *family.pipeline_normalisation(teacher)):
+            digest.update(array if isinstance(array, bytes) else array.tobytes())
         self.folder = os.path.join(folder, digest.hexdigest()[:16])
         os.makedirs(self.folder, exist_ok=True)
         self.hits = self.misses = 0
 
     def paths(self, images: Tensor) -> list:
         pixels = images.astype("float32").numpy()
-        return [os.path.join(self.folder, hashlib.sha256(image.tobytes()).hexdigest() + ".npy") for image in pixels]
+        return [os.path.join(self.folder, hashlib.sha256(str(image.shape).encode() + image.tobytes()).hexdigest()
+                             + ".npy") for image in pixels]
 
     def read(self, paths: list) -> Optional[Tensor]:
         """The latents of every path, or None if one is missing (the batch is then computed whole)."""
@@ -76,7 +81,7 @@ class LatentCache:
     def write(self, paths: list, latents: Tensor) -> None:
         """Each latent to its path, atomically (ranks and workers may write the same crop)."""
         for path, latent in zip(paths, latents.numpy()):
-            partial = f"{path}.{os.getpid()}.tmp"
+            partial = f"{path}.{uuid.uuid4().hex}.tmp"  # unique over ranks, nodes and workers
             with open(partial, "wb") as handle:
                 np.save(handle, latent)
             os.replace(partial, path)

@@ -124,6 +124,24 @@ def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -
         raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
 
 
+def check_student(student: Layer, teacher) -> None:
+    """Refuse, before training, a student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt)
+    that cannot live in `teacher`'s (models/teacher.py) pipeline latents: another class, latent channels or
+    factor, or a scale other than 1 (a pipeline would divide its latents by it)."""
+    from .families import family_of
+
+    if not family_of(student).fixed_scale:
+        raise ValueError(f"the student is a {family_of(student).class_name}: a distilled student is an {CLASS_NAME}")
+    mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
+    if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
+        raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its teacher "
+                         f"{theirs.latent_channels} at factor {theirs.factor}: give a student of the teacher's geometry "
+                         "(or none: one is made from it)")
+    if student.config.scaling_factor != 1.0:
+        raise ValueError(f"the student's scaling_factor is {student.config.scaling_factor}: it lives in its teacher's "
+                         "normalised latents, scale 1 (a pipeline divides its latents by it); set it to 1.0")
+
+
 def init_mid_grey(vae: Layer) -> None:
     """A fresh decoder's output exactly mid-grey (0 on [-1, 1]): DecoderTiny returns 2 * conv_out - 1, so its output
     conv gets bias 0.5 and zero weights (Paddle's default initialisation would put the mean anywhere in several
