@@ -17,7 +17,7 @@ from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, 
 
 TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
 TEACHER.pop("_class_name")
-EXACT = ("loss/total", "loss/pixel", "loss/latent_distill", "loss/generator", "loss/discriminator", "eval/psnr",
+EXACT = ("loss/total", "loss/pixel", "loss/perceptual", "loss/latent_distill", "loss/generator", "loss/discriminator", "eval/psnr",
          "eval/latent_mse", "eval/psnr_vs_teacher", "eval/teacher_psnr")
 
 
@@ -170,10 +170,10 @@ def test_a_teacher_alone_makes_a_taesd_student_under_the_tiny_recipe(teacher_fol
     assert config["num_encoder_blocks"] == [1, 3, 3, 3] and config["num_decoder_blocks"] == [3, 3, 3, 1]
     assert config["encoder_block_out_channels"] == [64] * 4 and config["latent_channels"] == 4
     assert (loss_args.pixel_loss, loss_args.pixel_loss_pool, loss_args.perceptual_weight, loss_args.disc_start,
-            loss_args.adaptive_disc_weight) == ("l2", 8, 0.0, 0, False)
+            loss_args.adaptive_disc_weight) == ("l2", 8, 0.1, 0, False)
     # A flag given wins over the recipe.
-    _, _, loss_args, _ = parse_arguments(distil_flags(teacher_folders["sd_vae"], "--perceptual_weight", "0.1"))
-    assert loss_args.perceptual_weight == 0.1 and loss_args.pixel_loss_pool == 8
+    _, _, loss_args, _ = parse_arguments(distil_flags(teacher_folders["sd_vae"], "--perceptual_weight", "0"))
+    assert loss_args.perceptual_weight == 0.0 and loss_args.pixel_loss_pool == 8
 
 
 @pytest.mark.parametrize("extra,message", [
