@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DRIVERS, load_script, read_scalars, run_entry_point
-from family_parity import DiffusersBatch, mean_psnr, trainer_args
+from family_parity import DiffusersBatch, make_in_diffusers, mean_psnr, trainer_args
 from safetensors.numpy import load_file
 
 from vae_trainer.models.vae_loading import build_vae
@@ -55,9 +55,7 @@ def clips(tmp_path_factory) -> dict:
 def source(tmp_path_factory) -> str:
     """A pipeline download whose vae/ is a tiny Qwen-Image-layout VAE diffusers made with seeded weights."""
     root = tmp_path_factory.mktemp("clip_source")
-    batch = DiffusersBatch(root)
-    batch.make("AutoencoderKLQwenImage", root / "vae", TINY_QWEN, seed=3)
-    batch.flush()
+    make_in_diffusers("AutoencoderKLQwenImage", root / "vae", TINY_QWEN, seed=3)
     return str(root)
 
 

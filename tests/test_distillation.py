@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
-from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, trainer_args
+from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, trainer_args
 
 TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
 TEACHER.pop("_class_name")
@@ -25,9 +25,7 @@ EXACT = ("loss/total", "loss/pixel", "loss/perceptual", "loss/latent_distill", "
 def teacher(tmp_path_factory) -> str:
     """A pipeline folder whose vae/ is a tiny AutoencoderKL made by diffusers, with FLUX.1's kind of scale."""
     root = tmp_path_factory.mktemp("teacher")
-    batch = DiffusersBatch(root)
-    batch.make("AutoencoderKL", root / "vae", TEACHER, seed=4)
-    batch.flush()
+    make_in_diffusers("AutoencoderKL", root / "vae", TEACHER, seed=4)
     return str(root)
 
 
