@@ -175,7 +175,7 @@ def test_a_teacher_alone_makes_a_taesd_student_under_the_tiny_recipe(teacher_fol
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--vae_config_file", "configs/vae_micro.json"], "--vae_config_file .*AutoencoderTiny, and this gives a "
+    (["--vae_config_file", "configs/vae_micro.json"], "--vae_config_file .*tiny autoencoder .*, and this gives a "
                                                       "AutoencoderKL"),
     (["--num_frames", "5"], "--num_frames 5: a tiny autoencoder is distilled on images"),
     (["--scaling_factor", "measure"], "--scaling_factor measure: .*its scaling_factor is 1"),
@@ -209,7 +209,8 @@ def test_a_student_that_cannot_live_in_the_teacher_s_latents_is_refused_before_t
 
     from vae_trainer.models.families import family_for_config
     from vae_trainer.models.teacher import Teacher
-    from vae_trainer.models.tiny import TINY, check_student, student_config
+    from vae_trainer.models.teacher import check_student
+    from vae_trainer.models.tiny import TINY, student_config
 
     config = {**TEACHER, "_class_name": "AutoencoderKL"}
     teacher = Teacher(family_for_config(config).build(config, "teacher"))

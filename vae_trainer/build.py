@@ -28,8 +28,7 @@ from .models.discriminator import (PATCH_TYPES, FakeReplay, build_discriminator,
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
-from .models.teacher import load_teacher
-from .models.tiny import check_student
+from .models.teacher import check_student, load_teacher
 from .models.vae import check_reconstruction_shape, enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer

@@ -49,7 +49,7 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
 def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
     """A distillation's student config from its teacher's geometry (--student_width, --student_depth), when no flag
     gives the student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt); else None."""
-    from .models.tiny import student_of
+    from .models.teacher import student_of
 
     given = model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
     teacher = getattr(model_args, "teacher_model_name_or_path", None)
@@ -358,8 +358,8 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
       "latent_distill_loss"), lambda f: not f.distils,
      "it applies to distilling a tiny autoencoder: add --teacher_model_name_or_path, or drop it"),
     (("vae_config_file", "pretrained_model_name_or_path", "init_from_ckpt"),
-     lambda f: f.distils and f.family_known and not f.student, f"a distilled student is an AutoencoderTiny, and "
-     f"this gives a {FAMILY}: drop it (the student then follows the teacher's geometry)"),
+     lambda f: f.distils and f.family_known and not f.student, f"a distilled student is a tiny autoencoder "
+     f"(docs/distillation.md), and this gives a {FAMILY}: drop it (the student then follows the teacher's geometry)"),
     (("student_width", "student_depth"), lambda f: f.distils and (f.vae_config_file or f.loads_weights),
      "the student's architecture is that of --vae_config_file / its weights': drop it"),
     (("num_frames", "equivariance_prob", "vf_model_path", "input_size", "posterior_std", "learn_logvar"),

@@ -1,7 +1,8 @@
 """The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the latents its diffusion pipelines
 see, computed or read back from a cache on disk (`LatentCache`); it is held beside the trained networks, never in a
 checkpoint or an EMA. `to_pipeline` / `from_pipeline` take latents to and from that space with a family's
-`pipeline_normalisation` (mean, std) of shape [C, p, p], tiled over the latent positions with period p."""
+`pipeline_normalisation` (mean, std) of shape [C, p, p], tiled over the latent positions with period p. The student
+a teacher folder implies (`student_of`) and the check of a given one against its teacher (`check_student`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import hashlib
 import json
 import os
 import uuid
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import paddle
 
-from .families import family_of
+from .families import family_for_config, family_of
+from .tiny import TINY, student_config
 
 Tensor = paddle.Tensor
 
@@ -118,3 +120,34 @@ class Teacher:
     def decode(self, latents: Tensor) -> Tensor:
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
             return self.family.decode(self.vae, from_pipeline(latents, self.mean, self.std))
+
+
+def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -> Optional[Dict[str, Any]]:
+    """`student_config` for the teacher VAE folder `teacher` (--teacher_model_name_or_path), None without its
+    config.json (loading the teacher says what is missing)."""
+    path = os.path.join(teacher, subfolder or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        config = json.load(handle)
+    try:
+        return student_config(family_for_config(config, path).geometry(config), width, depth)
+    except ValueError as error:
+        raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
+
+
+def check_student(student: paddle.nn.Layer, teacher: Teacher) -> None:
+    """Refuse, before training, a student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt)
+    that cannot live in `teacher`'s pipeline latents: another class, latent channels or factor, or a scale other
+    than 1 (a pipeline would divide its latents by it)."""
+    family = family_of(student)
+    if not family.fixed_scale:
+        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {TINY.class_name}")
+    mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
+    if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
+        raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its "
+                         f"teacher {theirs.latent_channels} at factor {theirs.factor}: give a student of the teacher's "
+                         "geometry (or none: one is made from it)")
+    if student.config.scaling_factor != 1.0:
+        raise ValueError(f"the student's scaling_factor is {student.config.scaling_factor}: it lives in its teacher's "
+                         "normalised latents, scale 1 (a pipeline divides its latents by it); set it to 1.0")

@@ -10,10 +10,8 @@ the blocks instead (`recompute_segments`)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 import paddle
@@ -106,40 +104,6 @@ def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) 
             "encoder_block_out_channels": [width] * stages, "decoder_block_out_channels": [width] * stages,
             "num_encoder_blocks": [1] + [depth] * (stages - 1), "num_decoder_blocks": [depth] * (stages - 1) + [1],
             "latent_magnitude": 3, "latent_shift": 0.5, "force_upcast": False, "scaling_factor": 1.0}
-
-
-def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -> Optional[Dict[str, Any]]:
-    """`student_config` for the teacher VAE folder `teacher` (--teacher_model_name_or_path), None without its
-    config.json (loading the teacher says what is missing)."""
-    from .families import family_for_config
-
-    path = os.path.join(teacher, subfolder or "", "config.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as handle:
-        config = json.load(handle)
-    try:
-        return student_config(family_for_config(config, path).geometry(config), width, depth)
-    except ValueError as error:
-        raise ValueError(f"--teacher_model_name_or_path {teacher}: {error}") from None
-
-
-def check_student(student: Layer, teacher) -> None:
-    """Refuse, before training, a student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt)
-    that cannot live in `teacher`'s (models/teacher.py) pipeline latents: another class, latent channels or
-    factor, or a scale other than 1 (a pipeline would divide its latents by it)."""
-    from .families import family_of
-
-    if not family_of(student).fixed_scale:
-        raise ValueError(f"the student is a {family_of(student).class_name}: a distilled student is an {CLASS_NAME}")
-    mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
-    if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
-        raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its teacher "
-                         f"{theirs.latent_channels} at factor {theirs.factor}: give a student of the teacher's geometry "
-                         "(or none: one is made from it)")
-    if student.config.scaling_factor != 1.0:
-        raise ValueError(f"the student's scaling_factor is {student.config.scaling_factor}: it lives in its teacher's "
-                         "normalised latents, scale 1 (a pipeline divides its latents by it); set it to 1.0")
 
 
 def init_mid_grey(vae: Layer) -> None:
