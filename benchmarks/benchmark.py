@@ -288,7 +288,7 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     recon, post_mean, post_logvar = model(pixel_values, sample_posterior=loss_args.sample_posterior)
     vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
                   lpips=networks.lpips, discriminator=model.discriminator,
-                  last_layer=family_of(model.vae).decoder_last_layer(model.vae),
+                  last_layer=family_of(model.vae).last_layers(model.vae)[0],
                   gan_weight=loss_args.disc_weight).backward(recon)
     clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), optimization.max_grad_norm)
     optimization.vae_optimizer.step()

@@ -78,7 +78,7 @@ def build(setting: Dict):
     import paddle
 
     sys.path.insert(0, REPO_ROOT)
-    from vae_trainer.models.families import family_of, family_for_config
+    from vae_trainer.models.families import encoder_parameters, family_for_config, family_of
     from vae_trainer.models.vae_loading import build_vae
 
     paddle.seed(0)
@@ -90,9 +90,9 @@ def build(setting: Dict):
     if setting["network"] == "teacher":
         vae = build_vae(vae_config_file=os.path.join(REPO_ROOT, setting["config"]))
         family = family_of(vae)
-        encoder = {id(p) for p in family.encoder_parameters(vae)}
+        encoder = {id(p) for p in encoder_parameters(vae)}
         decoder = [p for p in vae.parameters() if id(p) not in encoder]
-        return (lambda: family.decode(vae, latents)), latents, family.encoder_parameters(vae), decoder
+        return (lambda: family.decode(vae, latents)), latents, encoder_parameters(vae), decoder
     from ppdiffusers import AutoencoderTiny
 
     student = AutoencoderTiny(**student_config(geometry.latent_channels, geometry.decoder_factor))

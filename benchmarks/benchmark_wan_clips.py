@@ -76,15 +76,15 @@ def run_worker(setting: Dict, output_path: str) -> None:
     import paddle
 
     sys.path.insert(0, REPO_ROOT)
-    from vae_trainer.models.families import family_of
-    from vae_trainer.models.vae import enable_recompute
+    from vae_trainer.models.families import encoder_parameters, family_of
+    from vae_trainer.models.recompute import enable_recompute
     from vae_trainer.models.vae_loading import build_vae
 
     paddle.seed(0)
     vae = build_vae(os.path.join(REPO_ROOT, setting["config"]))
     family, decoder_only = family_of(vae), setting["mode"] == "decoder"
     if decoder_only:
-        for param in family.encoder_parameters(vae):
+        for param in encoder_parameters(vae):
             param.stop_gradient = True
     if setting["recompute"] == "on":
         enable_recompute(vae)

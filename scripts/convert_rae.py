@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from vae_trainer.models.autoencoder_rae import (authors_decoder_state, decoder_sizes_from_authors,  # noqa: E402
                                                 decoder_state_from_authors, encoder_state_from_dinov2)
-from vae_trainer.models.rae import RAE, STAT_EPS  # noqa: E402
+from vae_trainer.models.families.rae import RAE, STAT_EPS  # noqa: E402
 from vae_trainer.models.torch_files import read_state_dict  # noqa: E402
 from vae_trainer.models.vae_saving import save_vae  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402

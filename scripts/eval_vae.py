@@ -41,10 +41,8 @@ from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  
 from vae_trainer.flag_checks import (CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID, DEFAULT_TILE_SIZE,  # noqa: E402
                                      check_tiling_flags, refuse)
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
-from vae_trainer.models.families import family_of  # noqa: E402
-from vae_trainer.models.flux2 import BatchNormStatistics  # noqa: E402
+from vae_trainer.models.families import check_reconstruction_shape, family_of  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
-from vae_trainer.models.vae import check_reconstruction_shape  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
 
 
@@ -115,17 +113,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_clip_flags(args: argparse.Namespace, family) -> None:
-    """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family: training's refusals,
-    the training flags eval_vae.py does not have at their defaults."""
+def check_clip_flags(args: argparse.Namespace, family, geometry) -> None:
+    """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family and `geometry`:
+    training's refusals, the training flags eval_vae.py does not have at their defaults."""
     from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments
 
     defaults = {f.name: f.default for cls in (ModelArguments, DataArguments, LossArguments)
                 for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
     flags = SimpleNamespace(**{**defaults, "num_frames": args.num_frames, "frame_stride": args.frame_stride,
                                "vf_model_path": args.vf_model_path, "vf_weight": 0.0,  # (no VF loss: the CKA alone)
-                               "eval_steps": None, "family": family, "family_known": True, "video": family.video,
-                               "single_frames": args.num_frames == 1, "frozen_latent": family.encoder_never_trains,
+                               "eval_steps": None, "family": family, "family_known": True, "video": geometry.frames,
+                               "single_frames": args.num_frames == 1, "frozen_latent": not geometry.encoder_trains,
                                "distils": False})
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
     refuse(flags, given)
@@ -173,10 +171,10 @@ def load_inception(args: argparse.Namespace):
     return load_fid_inception(args.inception_weights)
 
 
-def format_table(result: EvalResult, normalisation: BatchNormStatistics | None = None,
+def format_table(result: EvalResult, held: Sequence[tuple] = (),
                  scale_keys: Sequence[str] = ("scaling_factor", "shift_factor")) -> str:
     """The metrics and latent statistics; the suggested scaling / shift factor where the VAE's config has one
-    (`scale_keys`); for FLUX.2's VAE (`normalisation`: its bn statistics) those, beside the measured ones."""
+    (`scale_keys`); `held`: (label, values) rows of what the weights hold beside the measured ones (FLUX.2's bn)."""
     def values(numbers, sign=""):
         return " ".join(f"{v:{sign}.3f}" for v in numbers)
 
@@ -184,11 +182,7 @@ def format_table(result: EvalResult, normalisation: BatchNormStatistics | None =
     rows.append(("images", str(result.num_images)))
     rows += [(key, f"{getattr(result, key):.5f}") for key in ("scaling_factor", "shift_factor") if key in scale_keys]
     rows += [("latent_mean", values(result.latent_mean, "+")), ("latent_std", values(result.latent_std))]
-    if normalisation is not None:
-        rows += [("bn running_mean (the VAE's)", values(normalisation.running_mean, "+")),
-                 ("patchified mode mean (measured)", values(result.patchified_mode_mean, "+")),
-                 ("bn running_var (the VAE's)", values(normalisation.running_var)),
-                 ("patchified mode var (measured)", values(result.patchified_mode_var))]
+    rows += [(label, values(numbers, "+" if "mean" in label else "")) for label, numbers in held]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -203,8 +197,9 @@ def main(argv: list[str] | None = None) -> EvalResult:
         vae = load_vae(args)
         check_reconstruction_shape(vae.config, args.input_size, args.resolution)
         check_tiling_flags(args, args, vae.config, "the VAE's config")
-        check_clip_flags(args, family_of(vae))
-        if args.sample_posterior and family_of(vae).deterministic:
+        family, geometry = family_of(vae), family_of(vae).geometry(vae.config)
+        check_clip_flags(args, family, geometry)
+        if args.sample_posterior and geometry.deterministic:
             raise ValueError(f"--sample_posterior: {type(vae).__name__} encodes deterministically, it has no "
                              "posterior to sample; drop it")
         frames = {"num_frames": args.num_frames, "frame_stride": args.frame_stride}
@@ -220,13 +215,12 @@ def main(argv: list[str] | None = None) -> EvalResult:
         protocol = protocol_of(vae, result, resolution=args.resolution, sample_posterior=args.sample_posterior,
                                seed=args.seed, input_size=args.input_size, tiling=tiling, teacher=args.teacher or "",
                                **frames)
-        family = family_of(vae)
-        normalisation = family.held_normalisation(vae)
-        table = format_table(result, normalisation, family.scale_keys)
+        normalisation = family.normalisation
+        table = format_table(result, normalisation.held_rows(vae, result), normalisation.keys)
         print(f"protocol:\n{protocol.text()}\n\n{table}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
-        if normalisation is not None:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
-            summary["latent_normalisation"] = normalisation.record(vae.config.batch_norm_eps)
+        if normalisation.held:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
+            summary["latent_normalisation"] = normalisation.record(vae, {})["latent_normalisation"]
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
             json.dump(summary, f, indent=2)

@@ -16,7 +16,7 @@ import pytest
 from conftest import read_scalars, run_in_process, tiny_args
 from ppdiffusers import AutoencoderKL
 
-import vae_trainer.models.vae as vae_module
+import vae_trainer.models.recompute as vae_module
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
 

@@ -18,9 +18,9 @@ from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import (discriminator_objective, frames, generator_loss, kl_loss, lpips_subset,
                                 temporal_loss, vae_objective)
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, init_discriminator_from, save_discriminator
-from vae_trainer.models.vae import enable_recompute
+from vae_trainer.models.recompute import enable_recompute
 from vae_trainer.models.lpips import LPIPS
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
@@ -148,7 +148,7 @@ def test_the_gan_gradient_reaches_the_vae_through_the_adaptive_weight(disc_type,
     disc = build_discriminator(disc_type, "group", num_layers=2, base_channels=8)
     model = VAEWithDiscriminator(vae, disc, freeze_encoder=freeze_encoder)
     recon, mean, logvar, z = model(x, sample_posterior=False, return_latent=True)
-    last = model.family.decoder_last_layer(vae)
+    last = model.family.last_layers(vae)[0]
     args = LossArguments(perceptual_weight=0.0, kl_weight=0.0, temporal_loss_weight=0.5)
     loss = vae_objective(x, recon, mean, logvar, paddle.zeros([]), loss_args=args, lpips=None, discriminator=disc,
                          last_layer=last, gan_weight=0.5, latent=z)
@@ -180,7 +180,7 @@ def test_the_adaptive_weight_on_clips_is_the_same_under_recompute():
         model = VAEWithDiscriminator(vae, disc, freeze_encoder=True)
         recon, mean, logvar, z = model(x, sample_posterior=False, return_latent=True)
         loss = vae_objective(x, recon, mean, logvar, paddle.zeros([]), loss_args=LossArguments(perceptual_weight=0.0),
-                             lpips=None, discriminator=disc, last_layer=model.family.decoder_last_layer(vae),
+                             lpips=None, discriminator=disc, last_layer=model.family.last_layers(vae)[0],
                              gan_weight=0.5, latent=z)
         loss.backward(recon)
         results.append([loss.logs["gan/adaptive_weight"].numpy()] +

@@ -19,7 +19,7 @@ from family_parity import (assert_loaded_exactly, assert_resume_is_exact, folder
 from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
-from vae_trainer.models.dc_ae import DC_AE
+from vae_trainer.models.families.dc_ae import DC_AE
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
 
@@ -171,7 +171,7 @@ def test_trainable_modules_train_those_alone_and_frozen_statistics_stay(pipeline
 
 
 def test_a_trainable_modules_pattern_matching_nothing_names_the_closest(pipeline):
-    from vae_trainer.models.autoencoder_gan import trainable_names
+    from vae_trainer.models.trainable import trainable_names
 
     vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
     named = dict(vae.named_parameters())
@@ -228,7 +228,7 @@ def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, photo_filelist, tmp_path)
 def test_recompute_gives_the_same_gradients_and_statistics_and_leaves_the_last_layer_out(pipeline):
     """Every stage block is a segment but those holding a BatchNorm: recomputing their training forward in the
     backward would update the statistics twice."""
-    from vae_trainer.models.vae import enable_recompute
+    from vae_trainer.models.recompute import enable_recompute
 
     grads, statistics = [], []
     for recompute in (False, True):
@@ -251,7 +251,7 @@ def test_recompute_gives_the_same_gradients_and_statistics_and_leaves_the_last_l
     for without, with_ in zip(*statistics):
         np.testing.assert_allclose(with_, without, rtol=1e-6)
     assert int(statistics[1][2][0]) == 1
-    assert DC_AE.decoder_last_layer(vae) is vae.decoder.conv_out.weight
+    assert DC_AE.last_layers(vae)[0] is vae.decoder.conv_out.weight
 
 
 def test_eval_tiling_is_diffusers_tiling_with_quarter_overlaps_and_restores_the_model(pipeline, tmp_path):
@@ -279,7 +279,7 @@ def test_a_config_without_class_name_is_read_by_its_keys(tmp_path):
 def test_objective_terms_reading_frozen_layers_are_refused_at_start(pipeline):
     from types import SimpleNamespace
 
-    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.trainable import VAEWithDiscriminator
 
     loss = SimpleNamespace(disc_weight=0.5, adaptive_disc_weight=True, loss_balancing="none", equivariance_prob=0.0)
 
@@ -308,7 +308,7 @@ def test_the_decoder_last_layer_of_a_pixel_shuffle_head_is_its_conv(tmp_path):
     path = tmp_path / "in.json"
     path.write_text(json.dumps({"_class_name": "AutoencoderDC", **config}))
     vae = build_vae(str(path))
-    assert DC_AE.decoder_last_layer(vae) is vae.decoder.conv_out.conv.weight
+    assert DC_AE.last_layers(vae)[0] is vae.decoder.conv_out.conv.weight
 
 
 # ---- refused

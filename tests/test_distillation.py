@@ -210,7 +210,7 @@ def test_a_student_that_cannot_live_in_the_teacher_s_latents_is_refused_before_t
     from vae_trainer.models.families import family_for_config
     from vae_trainer.models.teacher import Teacher
     from vae_trainer.models.teacher import check_student
-    from vae_trainer.models.tiny import TINY, student_config
+    from vae_trainer.models.families.tiny import TINY, student_config
 
     config = {**TEACHER, "_class_name": "AutoencoderKL"}
     teacher = Teacher(family_for_config(config).build(config, "teacher"))
@@ -278,7 +278,7 @@ def test_each_family_s_teacher_gives_its_student_the_pipelines_latents_and_is_me
     from vae_trainer.metrics import psnr, to_unit_range
     from vae_trainer.models.families import family_for_config, family_of
     from vae_trainer.models.teacher import Teacher, to_pipeline
-    from vae_trainer.models.tiny import TINY, student_config
+    from vae_trainer.models.families.tiny import TINY, student_config
 
     config = _family_teachers()[name]
     family = family_for_config(config)
@@ -288,12 +288,12 @@ def test_each_family_s_teacher_gives_its_student_the_pipelines_latents_and_is_me
         vae.bn._mean.set_value(paddle.linspace(-0.5, 0.5, vae.bn._mean.shape[0]))
         vae.bn._variance.set_value(paddle.linspace(0.5, 2.0, vae.bn._variance.shape[0]))
     teacher = Teacher(vae)
-    student = TINY.build_fresh(student_config(family.geometry(vae.config), 8, 1), "student")
+    student = TINY.build(student_config(family.geometry(vae.config), 8, 1), "student", fresh=True)
     images = paddle.to_tensor(folder_pixels(held_out_32)[:2])
     with paddle.no_grad():
         taught = teacher.latents(images)
         mode = family.encode(vae, images).mode()
-        np.testing.assert_allclose(taught.numpy(), to_pipeline(mode, *family.pipeline_normalisation(vae)).numpy(),
+        np.testing.assert_allclose(taught.numpy(), to_pipeline(mode, *family.normalisation.pipeline(vae)).numpy(),
                                    rtol=1e-6, atol=1e-6)
         assert list(TINY.encode(student, images).mode().shape) == list(taught.shape)  # the same geometry
         assert list(TINY.decode(student, taught).shape) == list(images.shape)
@@ -315,18 +315,18 @@ def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs
     from test_step import make_args
 
     from vae_trainer.arguments import LossArguments
-    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.trainable import VAEWithDiscriminator
     from vae_trainer.models.discriminator import FakeReplay, build_discriminator
     from vae_trainer.models.families import family_for_config
     from vae_trainer.models.teacher import Teacher
-    from vae_trainer.models.tiny import TINY, student_config
+    from vae_trainer.models.families.tiny import TINY, student_config
     from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
     from vae_trainer.step import TrainStep
 
     paddle.seed(0)
     config = {**TEACHER, "_class_name": "AutoencoderKL"}
     teacher = Teacher(family_for_config(config).build(config, "teacher"))
-    # (not build_fresh: its mid-grey start decodes every latent to the same image, and fakes must be told apart)
+    # (not a fresh build: its mid-grey start decodes every latent to the same image, and fakes must be told apart)
     student = TINY.build(student_config(teacher.family.geometry(teacher.vae.config), 8, 1), "student")
     disc = build_discriminator(norm="group", num_layers=2, base_channels=8, condition_channels=4)
     seen, conditioned = [], disc._conditioned  # what each call scores: (images, latents)

@@ -176,7 +176,8 @@ def test_lpips_at_evaluation_is_rank_0s_decision(as_rank_1, tmp_path, monkeypatc
     monkeypatch.setattr(build, "TrainingEvaluator", lambda data_args, args, lpips, inception, **kw: lpips)
     networks = SimpleNamespace(lpips=None, lpips_weights=str(tmp_path / "only_on_rank_0.pdparams"),
                                model=SimpleNamespace(input_size=None, posterior_std=0.0,
-                                                     family=SimpleNamespace(stats_on_training_data=False)),
+                                                     family=SimpleNamespace(normalisation=SimpleNamespace(
+                                                         on_training_data=False))),
                                vf_model=None, teacher=None)
     data_args = SimpleNamespace(inception_weights=None)
     as_rank_1.value = True  # rank 0 has the weights, this rank does not: refused, naming this rank

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 from vae_trainer.checkpoint import write_manifest
 from vae_trainer.ema import EMA_NAME, NAMES_KEY, build_ema, load_ema
 from vae_trainer.final_save import export_vae_folder
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
 

@@ -23,7 +23,7 @@ import vae_trainer.evaluation as evaluation
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.evaluation import (EvalProtocol, TrainingEvaluator, eval_batch_size, evaluate_vae,
                                     measure_latents, measure_latents_of)
-from vae_trainer.models.kl import KL
+from vae_trainer.models.families.kl import KL
 
 paddle.set_device("cpu")
 SIZE = 64

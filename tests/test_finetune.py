@@ -12,10 +12,9 @@ from test_step import images, make_args
 from vae_trainer.arguments import LossArguments, ModelArguments
 from vae_trainer.build import build_networks, build_optimization
 from vae_trainer.evaluation import evaluate_vae
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
-from vae_trainer.models.families import family_of
-from vae_trainer.models.vae import check_reconstruction_shape
+from vae_trainer.models.families import check_reconstruction_shape, encoder_parameters, family_of
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
@@ -35,7 +34,7 @@ def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_t
     networks = components(tmp_path, freeze_encoder=True)
     model, run = networks.model, build_optimization(networks, LossArguments(perceptual_weight=0.0, disc_start=0),
                                              make_args(tmp_path, learning_rate=1e-3))
-    frozen = {id(p) for p in [p for layer in family_of(model.vae).encoder_layers(model.vae) for p in layer.parameters()]}
+    frozen = {id(p) for p in encoder_parameters(model.vae)}
     optimized = {id(p) for p in run.vae_optimizer._parameter_list}
     assert frozen and not frozen & optimized  # out of the optimizer ...
     assert {id(p) for p in model.vae.decoder.parameters()} <= optimized  # ... the decoder is in it
@@ -47,7 +46,7 @@ def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_t
         run.forward_backward(images(2, seed=step), step, 0)
         run.optimizer_step(global_step=step)
     np.testing.assert_array_equal(model.vae.encode(probe).latent_dist.mean.numpy(), latents_before)
-    assert all(p.grad is None for p in [p for layer in family_of(model.vae).encoder_layers(model.vae) for p in layer.parameters()])
+    assert all(p.grad is None for p in encoder_parameters(model.vae))
     assert not np.array_equal(model.vae.decoder.conv_out.weight.numpy(), decoder_before)
 
 

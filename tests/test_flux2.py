@@ -56,19 +56,21 @@ def in_diffusers(folder, images: np.ndarray, work, variant=None) -> dict:
 def in_ours(vae, images: np.ndarray) -> dict:
     import paddle
 
-    from vae_trainer.models.flux2 import bn_statistics, patchify
+    from vae_trainer.models.families.flux2 import FLUX2
+    from vae_trainer.models.latent_normalisation import patchify
 
     vae.eval()
     with paddle.no_grad():
         mode = vae.encode(paddle.to_tensor(images)).latent_dist.mode()
         decoded = vae.decode(mode).sample
-    stats = bn_statistics(vae)
-    mean = np.asarray(stats.running_mean, np.float32).reshape(1, -1, 1, 1)
-    var = np.asarray(stats.running_var, np.float32).reshape(1, -1, 1, 1)
+    stats = FLUX2.normalisation.held_values(vae)
+    mean = np.asarray(stats["running_mean"], np.float32).reshape(1, -1, 1, 1)
+    var = np.asarray(stats["running_var"], np.float32).reshape(1, -1, 1, 1)
     normalised = (patchify(mode).numpy() - mean) / np.sqrt(var + vae.config.batch_norm_eps)
     return {"mode": mode.numpy(), "decoded": decoded.numpy(), "normalised": normalised,
-            "running_mean": np.asarray(stats.running_mean, np.float32),
-            "running_var": np.asarray(stats.running_var, np.float32), "num_batches_tracked": stats.num_batches_tracked}
+            "running_mean": np.asarray(stats["running_mean"], np.float32),
+            "running_var": np.asarray(stats["running_var"], np.float32),
+            "num_batches_tracked": stats["num_batches_tracked"]}
 
 
 def torch_weights(folder, variant=None) -> dict:
@@ -101,7 +103,7 @@ def source(tmp_path_factory) -> str:
 @pytest.mark.parametrize("variant,bin_format", [(None, False), ("fp16", False), (None, True)],
                          ids=["safetensors", "fp16_variant", "bin"])
 def test_a_diffusers_flux2_folder_loads_with_every_weight_and_its_bn_statistics(tmp_path, variant, bin_format):
-    from vae_trainer.models.flux2 import AutoencoderKLFlux2
+    from vae_trainer.models.autoencoder_kl_flux2 import AutoencoderKLFlux2
     from vae_trainer.models.vae_loading import build_vae
 
     folder = make_source(tmp_path / "vae", seed=3, variant=variant, bin_format=bin_format)
@@ -118,7 +120,7 @@ def test_a_diffusers_flux2_folder_loads_with_every_weight_and_its_bn_statistics(
 def test_a_flux2_folder_in_a_pipeline_download_loads_with_subfolder_vae(source, tmp_path):
     import shutil
 
-    from vae_trainer.models.flux2 import AutoencoderKLFlux2
+    from vae_trainer.models.autoencoder_kl_flux2 import AutoencoderKLFlux2
     from vae_trainer.models.vae_loading import build_vae
 
     shutil.copytree(source, tmp_path / "ERNIE-Image" / "vae")

@@ -139,7 +139,7 @@ def activation_inputs():
 def paddle_step(folder: str, x: np.ndarray):
     """The trainer's reconstruction step on the VAE of `folder`: (decoded, {name: gradient} of every trainable
     weight in diffusers' layout, the activations' input ranges)."""
-    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.trainable import VAEWithDiscriminator
     from vae_trainer.models.vae_loading import build_vae
 
     vae = build_vae(pretrained_model_name_or_path=folder)

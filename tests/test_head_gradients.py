@@ -12,7 +12,7 @@ from test_step import images, make_step
 
 from vae_trainer.losses import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discriminator_objective, generator_loss,
                                 kl_loss, pixel_term)
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from vae_trainer.models.families import family_of
@@ -63,7 +63,7 @@ def reference_vae_loss(x, recon, post_mean, post_logvar, model, lpips, loss_args
     kl = kl_loss(post_mean, post_logvar).mean() / pixels
     with frozen(model.discriminator):
         gan = generator_loss(model.discriminator(recon), loss_args.disc_loss)
-    last_layer = family_of(model.vae).decoder_last_layer(model.vae)
+    last_layer = family_of(model.vae).last_layers(model.vae)[0]
     nll_grad = paddle.grad(nll * grad_scale, last_layer, retain_graph=True)[0]
     gan_grad = paddle.grad(gan * grad_scale, last_layer, retain_graph=True)[0]
     ratio = paddle.linalg.norm(nll_grad) / (paddle.linalg.norm(gan_grad) + ADAPTIVE_WEIGHT_EPS * grad_scale)

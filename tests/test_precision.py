@@ -140,7 +140,7 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
     from vae_trainer.build import build_networks, build_optimization
-    from vae_trainer.models.families import family_of
+    from vae_trainer.models.families import encoder_parameters, family_of
     from vae_trainer.precision import restore_float32
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)
@@ -154,10 +154,10 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     original = {name: param.numpy().copy() for name, param in vae.named_parameters()}
     run = build_optimization(networks, loss, make_args(tmp_path, fp16=True, fp16_opt_level="O2", use_ema=True))
     assert vae.decoder.conv_out.weight.dtype == paddle.float16  # the O2 cast did happen ...
-    assert {p.dtype for p in [p for layer in family_of(vae).encoder_layers(vae) for p in layer.parameters()]} == {paddle.float32}  # ... but not to the frozen encoder
+    assert {p.dtype for p in encoder_parameters(vae)} == {paddle.float32}  # ... but not to the frozen encoder
     for name, shadow in zip(run.ema.names, run.ema.shadow_params):  # averages of the exact weights
         np.testing.assert_array_equal(shadow.numpy(), original[name], err_msg=name)
-    frozen = {id(p) for p in [p for layer in family_of(vae).encoder_layers(vae) for p in layer.parameters()]}
+    frozen = {id(p) for p in encoder_parameters(vae)}
     masters = {p.name: paddle.to_tensor(original[n]) for n, p in vae.named_parameters() if id(p) not in frozen}
     restore_float32(networks.model, [_OptimizerWithMasterWeights(masters)])
     for name, param in vae.named_parameters():
@@ -205,8 +205,8 @@ def test_o2_keeps_the_buffers_of_a_layer_without_weights_as_loaded(tmp_path, mon
     from test_rae import TINY_RAE
 
     import vae_trainer.precision as precision
-    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
-    from vae_trainer.models.rae import RAE
+    from vae_trainer.models.trainable import VAEWithDiscriminator
+    from vae_trainer.models.families.rae import RAE
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.models.families import family_of
-from vae_trainer.models.rae import RAE, STAT_EPS
+from vae_trainer.models.families.rae import RAE, STAT_EPS
 from vae_trainer.models.vae_loading import build_vae
 
 ENCODER = dict(encoder_hidden_size=64, encoder_patch_size=14, encoder_num_hidden_layers=2)
@@ -337,13 +337,13 @@ def test_noise_only_in_training_and_the_tokens_never_noised(sources):
         vae.train()
         noisy = RAE.encode(vae, x)
     assert not np.allclose(noisy.mean.numpy(), clean.mean.numpy(), atol=1e-3)
-    np.testing.assert_array_equal(noisy.tokens.numpy(), clean.tokens.numpy())  # statistics: of clean tokens
-    view = RAE.normalised_view(vae, clean)
+    np.testing.assert_array_equal(noisy.raw.numpy(), clean.raw.numpy())  # statistics: of clean tokens
+    view = RAE.normalisation.view(vae, clean)
     assert view.shape == [4, 64 * 2 * 2, 1, 1]
 
 
 def test_the_encoder_stays_frozen_whatever_the_flags(sources):
-    from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+    from vae_trainer.models.trainable import VAEWithDiscriminator
 
     vae = build_vae(pretrained_model_name_or_path=sources["pipeline"], subfolder="vae")
     with pytest.raises(ValueError, match="'encoder.*' names encoder weights only, which stay frozen"):
@@ -356,7 +356,7 @@ def test_the_encoder_stays_frozen_whatever_the_flags(sources):
 
 
 def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(sources):
-    from vae_trainer.models.vae import enable_recompute
+    from vae_trainer.models.recompute import enable_recompute
 
     grads = []
     for recompute in (False, True):
@@ -370,7 +370,7 @@ def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(source
     assert grads[0].keys() == grads[1].keys() and all(n.startswith("decoder.") for n in grads[0])
     for name in grads[0]:
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, err_msg=name)
-    assert RAE.decoder_last_layer(vae) is vae.decoder.decoder_pred.weight
+    assert RAE.last_layers(vae)[0] is vae.decoder.decoder_pred.weight
 
 
 # ---- the DINO discriminator

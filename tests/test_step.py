@@ -10,7 +10,7 @@ import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.losses import discriminator_objective, vae_objective
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
@@ -97,7 +97,7 @@ def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
     paddle.seed(5)  # same posterior sample
     recon, mean, logvar = reference(x)
     vae_loss = vae_objective(x, recon, mean, logvar, reference.logvar, loss_args=step.loss_args, lpips=None,
-                             discriminator=reference.discriminator, last_layer=family_of(reference.vae).decoder_last_layer(reference.vae),
+                             discriminator=reference.discriminator, last_layer=family_of(reference.vae).last_layers(reference.vae)[0],
                              gan_weight=step.loss_args.disc_weight)
     vae_loss.backward(recon)
     assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
@@ -274,7 +274,7 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
     without changing the numbers: one step with the GAN on (the adaptive weight's paddle.grad at the decoder's
     last layer) and a sampled posterior gives the same losses, VAE and discriminator gradients."""
     from vae_trainer.models.families import family_of
-    from vae_trainer.models.vae import enable_recompute
+    from vae_trainer.models.recompute import enable_recompute
 
     x = images()
     results = []
@@ -301,7 +301,7 @@ def test_recompute_flag_recomputes_each_resnet_attention_and_sampler(tmp_path):
     from vae_trainer.arguments import ModelArguments
     from vae_trainer.build import build_networks
     from vae_trainer.models.families import family_of
-    from vae_trainer.models.vae import RecomputedForward
+    from vae_trainer.models.recompute import RecomputedForward
 
     for recompute in (False, True):
         networks = build_networks(ModelArguments(vae_config_file=MICRO, disc_num_layers=2, disc_base_channels=8),

@@ -21,7 +21,7 @@ from vae_trainer.losses import (
     pixel_term,
     vae_objective,
 )
-from vae_trainer.models.autoencoder_gan import VAEWithDiscriminator
+from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import LPIPS
 from vae_trainer.models.vae_loading import build_vae

@@ -11,18 +11,19 @@ from family_parity import DiffusersBatch, assert_loaded_exactly, random_images
 from test_flux2 import TINY_FLUX2
 from test_wan import TINY_QWEN
 
-from vae_trainer.models.dc_ae import DC_AE
+from vae_trainer.models.families.dc_ae import DC_AE
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_for_config, family_of
-from vae_trainer.models.family import Geometry
-from vae_trainer.models.flux2 import FLUX2
-from vae_trainer.models.kl import KL
-from vae_trainer.models.rae import RAE
+from vae_trainer.models.family import Geometry, constructor_defaults
+from vae_trainer.models.latent_normalisation import Fixed
+from vae_trainer.models.families.flux2 import FLUX2
+from vae_trainer.models.families.kl import KL
+from vae_trainer.models.families.rae import RAE
 from vae_trainer.models.teacher import from_pipeline, to_pipeline
-from vae_trainer.models.tiny import TINY, init_mid_grey, student_config
+from vae_trainer.models.families.tiny import TINY, init_mid_grey, student_config
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
-from vae_trainer.models.wan import QWEN_IMAGE, WAN
+from vae_trainer.models.families.wan import QWEN_IMAGE, WAN
 
 # f8, 4 stages of 8 channels, 2 blocks per stage (1 in the encoder's first and the decoder's last)
 STUDENT = {k: v for k, v in student_config(Geometry(8, 8, 4), width=8, depth=2).items() if k != "_class_name"}
@@ -122,7 +123,7 @@ def test_our_export_loads_in_diffusers_and_ppdiffusers_and_decodes_as_ours(made)
         close_relative(theirs["decoded_latents"], expected, 1e-5)
         close(TINY.decode(reloaded, latents).numpy(), expected, 0.0)
         close_relative(theirs["latent"], TINY.encode(ours, paddle.to_tensor(made["x"])).mode().numpy(), 1e-5)
-    assert reloaded.config.scaling_factor == 1.0 and TINY.fixed_scale and not KL.fixed_scale
+    assert reloaded.config.scaling_factor == 1.0 and isinstance(TINY.normalisation, Fixed) and not isinstance(KL.normalisation, Fixed)
 
 
 def test_a_tiny_config_is_read_by_its_keys_before_dc_ae_and_refuses_what_it_cannot_build():
@@ -137,11 +138,11 @@ def test_a_tiny_config_is_read_by_its_keys_before_dc_ae_and_refuses_what_it_cann
 
 def test_geometry_and_the_layers_training_reads():
     vae = TINY.build(STUDENT, "here")
-    assert TINY.geometry(STUDENT) == Geometry(8, 8, 4, "2 ** (encoder stages - 1)")
+    assert TINY.geometry(STUDENT) == Geometry(8, 8, 4, "2 ** (encoder stages - 1)", deterministic=True)
     with paddle.no_grad():
         latent = TINY.encode(vae, paddle.zeros([1, 3, 32, 32])).mode()
         assert latent.shape == [1, 4, 4, 4] and TINY.decode(vae, latent).shape == [1, 3, 32, 32]
-    assert TINY.decoder_last_layer(vae).shape == [3, 8, 3, 3] and TINY.encoder_last_layer(vae).shape == [4, 8, 3, 3]
+    assert TINY.last_layers(vae)[0].shape == [3, 8, 3, 3] and TINY.last_layers(vae)[1].shape == [4, 8, 3, 3]
     segments = TINY.recompute_segments(vae)
     assert len(segments) == 7 + 7 and all(type(layer).__name__ == "AutoencoderTinyBlock" for _, layer in segments)
 
@@ -155,7 +156,7 @@ def test_init_mid_grey_makes_a_fresh_decoder_output_mid_grey_and_still_learn():
     decoded = TINY.decode(vae, latents)
     close(decoded.numpy(), 0.0, 1e-7)
     ((decoded - 0.5) ** 2).mean().backward()
-    assert np.abs(TINY.decoder_last_layer(vae).grad.numpy()).max() > 0
+    assert np.abs(TINY.last_layers(vae)[0].grad.numpy()).max() > 0
 
 
 # ---- student_config
@@ -164,7 +165,7 @@ def test_student_config_at_f8_width_64_depth_3_is_taesds():
     config = student_config(Geometry(8, 8, 4))
     assert config["num_encoder_blocks"] == [1, 3, 3, 3] and config["num_decoder_blocks"] == [3, 3, 3, 1]
     assert config["encoder_block_out_channels"] == config["decoder_block_out_channels"] == [64] * 4
-    taesd = {k: v for k, v in TINY.defaults().items() if k not in ("force_upcast",)}
+    taesd = {k: v for k, v in constructor_defaults(TINY).items() if k not in ("force_upcast",)}
     assert {k: (list(v) if isinstance(v, tuple) else v) for k, v in taesd.items()} == \
         {k: config[k] for k in taesd}  # ppdiffusers' defaults are TAESD's
     assert config["_class_name"] == "AutoencoderTiny" and config["scaling_factor"] == 1.0
@@ -175,7 +176,7 @@ def test_student_config_follows_the_teachers_geometry(factor, channels, stages):
     config = student_config(Geometry(factor, factor, channels), width=8, depth=1)
     assert len(config["num_encoder_blocks"]) == len(config["num_decoder_blocks"]) == stages
     assert config["latent_channels"] == channels
-    assert TINY.geometry(config) == Geometry(factor, factor, channels, TINY.geometry(config).rule)
+    assert TINY.geometry(config) == Geometry(factor, factor, channels, TINY.geometry(config).rule, deterministic=True)
 
 
 @pytest.mark.parametrize("geometry, message", [
@@ -193,7 +194,7 @@ def test_student_config_refuses_rae_and_rae_has_no_pipeline_normalisation():
     with pytest.raises(ValueError, match="fixed"):
         student_config(RAE.geometry(TINY_RAE))
     with pytest.raises(ValueError, match="AutoencoderRAE: .*fixed size"):
-        RAE.pipeline_normalisation(None)
+        RAE.normalisation.pipeline(RAE.build(TINY_RAE, "t"))
 
 
 # ---- pipeline_normalisation: what the pipelines decode from / encode to
@@ -201,7 +202,7 @@ def test_student_config_refuses_rae_and_rae_has_no_pipeline_normalisation():
 def pipeline_latents(family, vae, images: np.ndarray) -> np.ndarray:
     with paddle.no_grad():
         z = family.encode(vae.eval(), paddle.to_tensor(images)).mode()
-        mean, std = family.pipeline_normalisation(vae)
+        mean, std = family.normalisation.pipeline(vae)
         out = to_pipeline(z, mean, std)
         close(from_pipeline(out, mean, std).numpy(), z.numpy(), 1e-5)  # the inverse
     return out.numpy()
@@ -213,7 +214,7 @@ def test_pipeline_normalisation_is_the_pipelines_own_encode(made, name, family):
     _unpatchify_latents; QwenImageEditPipeline._encode_vae_image ((z - latents_mean) / latents_std): their code."""
     vae = build_vae(pretrained_model_name_or_path=str(made["root"] / name), subfolder="vae")
     assert family_of(vae) is family
-    mean, std = family.pipeline_normalisation(vae)
+    mean, std = family.normalisation.pipeline(vae)
     assert mean.dtype == std.dtype == np.float32 and mean.shape == std.shape
     if family is FLUX2:
         assert mean.shape == (4, 2, 2) and np.abs(mean).min() > 0  # non-trivial statistics
@@ -235,7 +236,7 @@ def test_kl_pipeline_normalisation_is_the_sd_flux_and_sdxl_rules():
               / np.array([2.0, 0.5, 1.5, 3.0]).reshape(4, 1, 1))]
     for config, expected in cases:
         vae = KL.build({**base, **config}, "here")
-        close(to_pipeline(paddle.to_tensor(z), *KL.pipeline_normalisation(vae)).numpy(), expected, 1e-6)
+        close(to_pipeline(paddle.to_tensor(z), *KL.normalisation.pipeline(vae)).numpy(), expected, 1e-6)
 
 
 def test_dc_ae_and_wan_pipeline_normalisation_are_sanas_and_wans_rules():
@@ -246,10 +247,10 @@ def test_dc_ae_and_wan_pipeline_normalisation_are_sanas_and_wans_rules():
 
     z = np.random.default_rng(0).normal(size=(1, 8, 3, 5)).astype(np.float32)
     dc = DC_AE.build(TINY_DC, "here")
-    close(to_pipeline(paddle.to_tensor(z), *DC_AE.pipeline_normalisation(dc)).numpy(), z * 0.41407, 1e-6)
+    close(to_pipeline(paddle.to_tensor(z), *DC_AE.normalisation.pipeline(dc)).numpy(), z * 0.41407, 1e-6)
     wan = WAN.build(TINY_WAN22, "here")
     mean, std = (np.array(STATS[k], np.float32).reshape(4, 1, 1) for k in ("latents_mean", "latents_std"))
-    close(to_pipeline(paddle.to_tensor(z[:, :4]), *WAN.pipeline_normalisation(wan)).numpy(), (z[:, :4] - mean) / std,
+    close(to_pipeline(paddle.to_tensor(z[:, :4]), *WAN.normalisation.pipeline(wan)).numpy(), (z[:, :4] - mean) / std,
           1e-6)
     with paddle.no_grad():  # the shapes fit what encode returns for images: NCHW
         assert WAN.encode(wan, paddle.zeros([1, 3, 16, 16])).mode().ndim == 4

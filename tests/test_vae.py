@@ -113,7 +113,7 @@ def test_a_ppdiffusers_folder_with_pdparams_weights_loads(tmp_path):
 
 def test_decoder_last_layer_is_the_output_conv_and_receives_gradients():
     vae = build_vae(config_path("vae_micro"))
-    weight = family_of(vae).decoder_last_layer(vae)
+    weight = family_of(vae).last_layers(vae)[0]
     assert weight is vae.decoder.conv_out.weight and weight.shape[0] == 3
     (grad,) = paddle.grad(vae.decode(fixed_latents(vae, 32)).sample.mean(), [weight])
     assert grad.abs().sum().item() > 0

@@ -27,8 +27,9 @@ from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.models.families import family_for_config, family_of
+from vae_trainer.models.family import encoder_layers
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.models.wan import QWEN_IMAGE, WAN
+from vae_trainer.models.families.wan import QWEN_IMAGE, WAN
 
 STATS = dict(latents_mean=[0.1, -0.2, 0.3, -0.4], latents_std=[1.5, 0.5, 2.0, 1.0])
 # Qwen-Image-like (Wan 2.1's layout), tiny: both stage boundaries temporal, spatial factor 4.
@@ -82,7 +83,7 @@ def test_a_diffusers_folder_loads_as_its_family_with_its_normalisation(pipelines
     class_name, config = SOURCES[name]
     vae = build_vae(pretrained_model_name_or_path=pipelines[name], subfolder="vae")
     family = family_of(vae)
-    assert family.class_name == class_name and family.video
+    assert family.class_name == class_name and family.geometry(vae.config).frames == 4
     assert vae.config.latents_mean == STATS["latents_mean"] and vae.config.latents_std == STATS["latents_std"]
     assert family.geometry(vae.config).factor == {"qwen": 4, "wan22": 8}[name]
     vae.eval()
@@ -292,7 +293,7 @@ def test_only_weight_decay_would_move_the_taps_images_never_train(pipelines, dec
 
 
 def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(pipelines):
-    from vae_trainer.models.vae import enable_recompute
+    from vae_trainer.models.recompute import enable_recompute
 
     grads = []
     for recompute in (False, True):
@@ -311,9 +312,9 @@ def test_recompute_gives_the_same_gradients_and_leaves_the_last_layer_out(pipeli
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 50
     for name in grads[0]:
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, err_msg=name)
-    assert WAN.decoder_last_layer(vae) is vae.decoder.conv_out.weight
-    assert WAN.encoder_last_layer(vae) is vae.quant_conv.weight
-    assert WAN.encoder_layers(vae) == [vae.encoder, vae.quant_conv]
+    assert WAN.last_layers(vae)[0] is vae.decoder.conv_out.weight
+    assert WAN.last_layers(vae)[1] is vae.quant_conv.weight
+    assert encoder_layers(WAN, vae) == [vae.encoder, vae.quant_conv]
 
 
 def test_posterior_std_is_what_the_export_posterior_has(pipelines, tmp_path):

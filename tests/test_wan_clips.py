@@ -20,7 +20,7 @@ from vae_trainer.models.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from vae_trainer.models.autoencoder_kl_wan import AutoencoderKLWan, encoder_chunks
 from vae_trainer.models.families import family_of
 from vae_trainer.models.family import holds_batch_norm
-from vae_trainer.models.vae import enable_recompute
+from vae_trainer.models.recompute import enable_recompute
 
 STATS = dict(latents_mean=[0.1, -0.2, 0.3, -0.4], latents_std=[1.5, 0.5, 2.0, 1.0])
 CONFIGS = {

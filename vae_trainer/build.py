@@ -22,14 +22,15 @@ from .ema import EMA_NAME, build_ema
 from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
 from .models.latent_scale import mode_for
-from .models.autoencoder_gan import VAEWithDiscriminator
+from .models.trainable import VAEWithDiscriminator
 from .models.discriminator import (PATCH_TYPES, FakeReplay, build_discriminator, convert_batchnorm_to_sync,
                                    init_discriminator_from)
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.teacher import check_student, load_teacher
-from .models.vae import check_reconstruction_shape, enable_recompute
+from .models.families import check_reconstruction_shape
+from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import setup_precision, uses_master_weights
@@ -81,7 +82,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
                         config=derived_student_config(model_args))
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
-        if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/vae.py)
+        if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/recompute.py)
             segments = enable_recompute(vae)
             logger.info("--recompute: %d segments of the VAE are recomputed in the backward", len(segments))
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
@@ -107,7 +108,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         model.refuse_frozen_readers(loss_args)
         if teacher:
             check_student(vae, teacher)
-        if model.family.video and not model.encoder_frozen:
+        if model.family.geometry(vae.config).frames and not model.encoder_frozen:
             warn_video_encoder_trained(model.family.class_name, model_args, clips)
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
@@ -161,7 +162,7 @@ def build_evaluator(data_args, training_args, networks: Networks):
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
     return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
                              posterior_std=networks.model.posterior_std, vf_model=networks.vf_model,
-                             stats_on_training_data=networks.model.family.stats_on_training_data,
+                             stats_on_training_data=networks.model.family.normalisation.on_training_data,
                              teacher=networks.teacher)
 
 

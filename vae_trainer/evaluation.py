@@ -33,8 +33,8 @@ from vae_trainer.metrics import (GROUP_FRAMES, HALF_NYQUIST, HIGHER_IS_BETTER, S
                                  all_reduce_sum, equivariance_pairs, flicker, fold_frames, frechet_distance,
                                  high_frequency_share, psnr, spectrum_energies, ssim, to_unit_range)
 from vae_trainer.models.families import family_of
-from vae_trainer.models.kl import KL
-from vae_trainer.models.vae import encoder_input
+from vae_trainer.models.families.kl import KL
+from vae_trainer.models.trainable import encoder_input
 from vae_trainer.precision import half_precision_autocast
 
 logger = logging.getLogger(__name__)
@@ -96,9 +96,9 @@ class EvalProtocol:
     input_size: tuple[int, int] | list[int] | None = None  # --input_size: what the encoder sees
     metrics: tuple[str, ...] = tuple(METRIC_DEFINITIONS)
     tiling: int | None = None  # --eval_tiled's tile size: stated (used or not) only when requested
-    family_items: tuple[tuple[str, str], ...] = ()  # the family's own (name, text) items (Family.protocol_items)
+    family_items: tuple[tuple[str, str], ...] = ()  # its latent normalisation's own (name, text) items
     deterministic: bool = False  # the encoder gives a latent, not a posterior (DC-AE)
-    tiling_method: str = KL.tiling_method  # the family's, stated with the tile size
+    tiling_method: str = KL.tiling  # the family's, stated with the tile size
     num_frames: int = 1  # > 1: clips (--num_frames), every --frame_stride-th frame
     frame_stride: int = 1
     teacher: str = ""  # distillation: the teacher's folder, whose latents the student decodes
@@ -146,17 +146,18 @@ class EvalProtocol:
 
 @dataclass
 class EvalResult:
-    """What a pass measured: per-channel statistics of posterior samples, the suggested factors, for FLUX.2's VAE
-    those of its patchified posterior modes; when reconstructing, the metrics and a uint8 HxWx3 grid."""
+    """What a pass measured: per-channel statistics of posterior samples, the suggested factors, and those of its
+    latent normalisation's view where it has one (FLUX.2's patchified posterior modes, Wan's modes, RAE's tokens);
+    when reconstructing, the metrics and a uint8 HxWx3 grid."""
 
     latent_mean: list[float]
     latent_std: list[float]
     scaling_factor: float
     shift_factor: float
     num_images: int
-    patchified_mode_mean: list[float] | None = None  # of the family's normalised view (FLUX.2's patchified modes)
-    patchified_mode_var: list[float] | None = None
-    view_listed: bool = True  # records list those (not RAE's: channels x positions; its config.json holds them)
+    view_mean: list[float] | None = None  # per channel of the normalisation's view
+    view_var: list[float] | None = None
+    listed: dict = field(default_factory=dict)  # what records list of the view's statistics, by name
     metrics: dict[str, float] = field(default_factory=dict)
     grid: np.ndarray | None = None
 
@@ -184,11 +185,12 @@ class _Pass:
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None, teacher=None) -> None:
         self.vae, self.family, self.input_size, self.rng, self.teacher = vae, family_of(vae), input_size, rng, teacher
-        self.fixed_output = self.family.geometry(vae.config).output_size is not None
-        self.posterior_std = 0.0 if self.family.deterministic else posterior_std  # training's noise, not exported
+        geometry = self.family.geometry(vae.config)
+        self.fixed_output = geometry.output_size is not None
+        self.posterior_std = 0.0 if geometry.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
-        self.patches = None  # statistics of the family's normalised view (FLUX.2's patchified latents), if any
+        self.view = None  # statistics of the normalisation's view (FLUX.2's patchified latents), if any
         self.cka = CKAAccumulator() if vf_model is not None else None
         self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
@@ -237,10 +239,10 @@ class _Pass:
         self.count += posterior.mean.shape[0]
         variances = None if posterior.var is None else posterior.var.astype("float32")
         self.samples.update(posterior.mean.astype("float32"), variances)
-        view = self.family.normalised_view(self.vae, posterior)
+        view = self.family.normalisation.view(self.vae, posterior)
         if view is not None:
-            self.patches = self.patches or LatentStatistics()
-            self.patches.update(view)
+            self.view = self.view or LatentStatistics()
+            self.view.update(view)
 
     def encode(self, pixels: paddle.Tensor) -> None:
         with half_precision_autocast(self.vae):  # as `reconstruct` encodes
@@ -312,13 +314,14 @@ class _Pass:
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
         mean, std = self.samples.compute()
-        patch_mean = patch_var = None
-        if self.patches is not None:
-            patch_mean, patch_std = self.patches.compute()
-            patch_mean, patch_var = patch_mean.tolist(), (patch_std**2).tolist()
+        view_mean = view_var = None
+        if self.view is not None:
+            view_mean, view_std = self.view.compute()
+            view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        return EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, patch_mean, patch_var,
-                          view_listed=self.family.lists_view_statistics)
+        result = EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, view_mean, view_var)
+        result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
+        return result
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
@@ -387,16 +390,16 @@ def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> Ev
     """The protocol of `result`, measured on `vae` with `settings` (EvalProtocol's fields)."""
     family = family_of(vae)
     return EvalProtocol(metrics=tuple(result.metrics),
-                        family_items=family.protocol_items(result.patchified_mode_mean is not None),
-                        deterministic=family.deterministic, tiling_method=family.tiling_method, **settings)
+                        family_items=family.normalisation.protocol(result.view_mean is not None),
+                        deterministic=family.geometry(vae.config).deterministic, tiling_method=family.tiling,
+                        **settings)
 
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     """An evaluation's numbers with their protocol: eval_vae.py's metrics.json, a line of eval_metrics.jsonl."""
-    unlisted = ("metrics", "grid", "view_listed") + (() if result.view_listed else ("patchified_mode_mean",
-                                                                                   "patchified_mode_var"))
-    latents = {name: value for name, value in vars(result).items() if name not in unlisted and value is not None}
-    return {"metrics": result.metrics, "protocol": protocol.describe(), **latents}
+    latents = {name: getattr(result, name) for name in ("latent_mean", "latent_std", "scaling_factor", "shift_factor",
+                                                        "num_images")}
+    return {"metrics": result.metrics, "protocol": protocol.describe(), **latents, **result.listed}
 
 
 class TrainingEvaluator:

@@ -59,7 +59,7 @@ def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
 
 def check_sizes(model_args, data_args) -> None:
     """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
-    from .models.vae import check_reconstruction_shape
+    from .models.families import check_reconstruction_shape
 
     path, config = vae_config(model_args)
     check_tiling_flags(model_args, data_args, config, path if config is not None else "no config file")
@@ -99,7 +99,7 @@ def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_s
     from .models.families import family_for_config
 
     family = family_for_config(config, where)
-    if not family.tiling_method:
+    if not family.tiling:
         raise ValueError(f"--eval_tiled: {family.class_name} has no tiled encode/decode here; drop --eval_tiled")
     multiple = 4 * downsampling_factor(config)  # the tile starts must fall on latent pixels
     if tile_size < multiple or tile_size % multiple:
@@ -126,6 +126,7 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     from .equivariance import parse_transforms
     from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
+    from .models.teacher import STUDENT
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
     f.measures_scale = scaling_factor_mode(f) == "measure"
@@ -137,18 +138,20 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
     f.family = _family_of_flags(f)
-    f.deterministic, f.frozen_latent, f.video = f.family.deterministic, f.family.encoder_never_trains, f.family.video
+    path, config = vae_config(f)
+    f.geometry = f.family.geometry(config or {})
+    f.deterministic, f.frozen_latent, f.video = f.geometry.deterministic, not f.geometry.encoder_trains, f.geometry.frames
     f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
-    f.family_known = vae_config(f)[1] is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
+    f.family_known = config is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     f.single_frames = f.num_frames == 1 or f.video_image_ratio == 1
-    f.distils, f.student = bool(f.teacher_model_name_or_path), f.family.fixed_scale
+    f.distils, f.student = bool(f.teacher_model_name_or_path), f.family is STUDENT
     return f
 
 
 def _family_of_flags(f):
     """The family (models/family.py) of the VAE the flags build: its config's, else AutoencoderKL's (a single file)."""
     from .models.families import family_for_config
-    from .models.kl import KL
+    from .models.families.kl import KL
 
     path, config = vae_config(f)
     return KL if config is None else family_for_config(config, path)
@@ -161,6 +164,7 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
                        "adaptive_disc_weight_max", "disc_weight_warmup_steps", "disc_replay_size")
 SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
+FRAMES, FRAME_COUNTS = "{frames}", "{frame_counts}"  # and its temporal factor k, the first clip lengths 1 + k n
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
 # (flags, when they are refused given the other flags, why and what to do instead).
@@ -225,8 +229,9 @@ REFUSALS: Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("num_frames", "frame_stride"), lambda f: min(f.num_frames, f.frame_stride) < 1, "it must be >= 1"),
     (("num_frames",), lambda f: f.num_frames > 1 and not f.video and f.family_known,
      f"{FAMILY} encodes images, not clips (a video VAE does: docs/fine-tuning.md, \"Fine-tuning on clips\"); drop it"),
-    (("num_frames",), lambda f: f.num_frames > 1 and f.video and f.num_frames % 4 != 1,
-     f"{FAMILY}'s causal layout codes the first frame alone, then groups of 4: it takes 1 + 4k frames (5, 9, 13, 17)"),
+    (("num_frames",), lambda f: f.num_frames > 1 and f.video and (f.num_frames - 1) % f.video,
+     f"{FAMILY}'s causal layout codes the first frame alone, then groups of {FRAMES}: it takes 1 + {FRAMES}k frames "
+     f"({FRAME_COUNTS})"),
     (("frame_stride", "temporal_loss_weight", "lpips_num_frames"),
      lambda f: f.single_frames and (f.frame_stride != 1 or f.temporal_loss_weight or f.lpips_num_frames),
      SINGLE_FRAMES + "drop it, or train on clips"),
@@ -396,9 +401,10 @@ def _shown(value: Any) -> str:
 def refuse(flags: Any, given: Set[str], header: str = "", otherwise: Optional[str] = None) -> None:
     """Raise one ValueError naming each flag in `given` that a row of `REFUSALS` refuses with the values of
     `flags`; `otherwise`: the reason for a given flag no row names."""
-    family, lines = getattr(flags, "family", None), []
+    family, frames, lines = getattr(flags, "family", None), getattr(flags, "video", 0) or 4, []
     for names, when, why in REFUSALS:
-        why = why.replace(FAMILY, family.class_name if family else "this autoencoder")
+        why = why.replace(FAMILY, family.class_name if family else "this autoencoder").replace(FRAMES, str(frames))
+        why = why.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
         for name in names:
             if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
                 continue

@@ -18,7 +18,7 @@ from .ema import ema_weights
 from .equivariance import draw, parse_transforms
 from .alignment import to_token_grid
 from .losses import VFTerm, discriminator_objective, lpips_subset, vae_objective
-from .models.autoencoder_gan import VAEWithDiscriminator
+from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
 from .preemption import stop_signal
@@ -167,7 +167,7 @@ class TrainStep:
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
-                discriminator=discriminator, last_layer=model.family.decoder_last_layer(model.vae),
+                discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
                 gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
@@ -198,7 +198,7 @@ class TrainStep:
         with paddle.no_grad():
             features, grid = self.vf_model.patch_tokens(images)
         return VFTerm(to_token_grid(self.model.vf_projection(z), grid), features,
-                      self.model.family.encoder_last_layer(self.model.vae))
+                      self.model.family.last_layers(self.model.vae)[1])
 
     def optimizer_step(self, global_step: int) -> StepReport:
         """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""

@@ -1,45 +1,81 @@
-"""The seam between the trainer and the autoencoder classes it trains: `Family`, what differs between them.
+"""The seam between the trainer and the autoencoder classes it trains: `Family`, all that differs between them.
 
-One subclass per class, in its own file (kl.py: AutoencoderKL; flux2.py; dc_ae.py; rae.py; wan.py: Wan and
-Qwen-Image), registered in families.py by the `_class_name` its config.json persists. Above models/, the step, losses,
-evaluation, checkpoints, the latent scale and the export ask the family of the network they hold
-(`families.family_of`), never its class. Images are NCHW on [-1, 1] on both sides of `encode` / `decode`: a family
-converts ranges or frame axes itself.
+A family is one adapter file under models/families/ (kl.py: AutoencoderKL; flux2.py; dc_ae.py; wan.py: Wan and
+Qwen-Image; rae.py; tiny.py), listed in models/families/__init__.py by the `_class_name` its config.json persists,
+and one port file (models/autoencoder_*.py) where ppdiffusers lacks the class. Above models/, the step, objectives,
+evaluation, checkpoints and the export ask the family of the network they hold (`families.family_of`), never its
+class. Images are NCHW (clips NCTHW) on [-1, 1] on both sides of `encode` / `decode`: a family converts ranges or
+frame axes itself. What a config alone says is its `Geometry`; its latent normalisation is one value of a kind of
+latent_normalisation.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
+
+from .latent_normalisation import Normalisation
 
 Layer, Tensor = paddle.nn.Layer, paddle.Tensor
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a config alone says of the shapes (flag checks need no network)."""
+    """What a config alone says of the network: its shapes and what its encoder gives (flag checks and the data
+    reader need no network)."""
 
     factor: int  # image pixels per latent pixel, along each side (the encoder's downsampling)
     decoder_factor: int  # the decoder's upsampling: the factor, unless it super-resolves
     latent_channels: int
     rule: str = ""  # how the config gives the factor, for messages ("2 ** (down blocks - 1)")
     output_size: Optional[int] = None  # a decoder that returns this square size whatever the input (RAE's)
+    # A video VAE's temporal factor k: it takes clips of 1 + k * n frames, and an image is a one-frame clip, so
+    # training its encoder on images changes the latent space of a video model too (0: images only).
+    frames: int = 0
+    deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
+    encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
+    channels: int = 3  # image channels in and out
+
+    def check_reconstruction(self, input_size: Optional[Sequence[int]], resolution: int, where: str,
+                             class_name: str) -> None:
+        """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
+        if self.output_size is not None:  # it resizes its input itself
+            if input_size:
+                raise ValueError(f"--input_size: {class_name} resizes its input itself ({where}); drop it")
+            if resolution != self.output_size:
+                raise ValueError(f"{class_name} decodes {self.output_size}x{self.output_size} images whatever its "
+                                 f"input ({where}), and the loss compares --resolution {resolution}: use --resolution "
+                                 f"{self.output_size}")
+            return
+        height, width = input_size or (resolution, resolution)
+        if height % self.factor or width % self.factor:
+            flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
+            raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {self.factor} "
+                             f"({self.rule}, {where})")
+        out = (height // self.factor * self.decoder_factor, width // self.factor * self.decoder_factor)
+        if out != (resolution, resolution):
+            raise ValueError(
+                f"the encoder sees {height}x{width} images and the decoder (x{self.decoder_factor} from "
+                f"x{self.factor} latents) returns {out[0]}x{out[1]}, but the loss compares {resolution}x{resolution} "
+                "targets (--resolution). With --input_size H W the decoder needs more up blocks than the encoder has "
+                "down blocks (up_block_types / up_block_out_channels in --vae_config_file), so that it returns "
+                "--resolution.")
 
 
 class Deterministic:
     """A deterministic encoder's latent read as a posterior (the reads of ppdiffusers' DiagonalGaussianDistribution):
-    its mean, mode and sample are the latent; it has no variance, so no KL term."""
+    its mean, mode and sample are the latent; it has no variance, so no KL term. `raw`: the latent before a
+    normalisation the encoder applies itself (RAE's tokens), if any."""
 
     logvar = var = std = None
 
-    def __init__(self, latent: Tensor):
-        self.mean = latent
+    def __init__(self, latent: Tensor, raw: Optional[Tensor] = None):
+        self.mean, self.raw = latent, raw
 
     def mode(self) -> Tensor:
         return self.mean
@@ -49,81 +85,41 @@ class Deterministic:
 
 
 class Family:
-    """An autoencoder class as the trainer sees it. The defaults are those of a class with a `scaling_factor` in
-    its config, an `encoder` and a `decoder`."""
+    """An autoencoder class as the trainer sees it."""
 
     class_name: ClassVar[str]  # the `_class_name` of its config.json (diffusers' class)
     network: ClassVar[type]  # the Paddle class
-    deterministic: ClassVar[bool] = False  # no posterior: the KL flags are refused, the latent is its own mean
-    # The state-dict prefixes that define the latent (--ignore_keys of them re-initialise the latent space):
-    # `encoder_layers`' names, and buffers such as FLUX.2's bn statistics.
+    normalisation: ClassVar[Normalisation]  # its latent normalisation (latent_normalisation.py)
+    # The state-dict prefixes of what defines the latent: --freeze_encoder freezes these layers, --ignore_keys of any
+    # re-initialises the latent space (FLUX.2's bn statistics are among them).
     encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)
-    scale_keys: ClassVar[Tuple[str, ...]] = ("scaling_factor",)  # the latent scale's config keys, kept from sources
-    scale_name: ClassVar[str] = "scaling factor"  # what latent_stats.json calls its latent normalisation
-    held_scale: ClassVar[str] = ""  # a latent normalisation its weights hold (FLUX.2: "bn statistics"), else ""
-    tiling_method: ClassVar[str] = ""  # --eval_tiled's method, for the protocol ("": no tiling)
-    encoder_never_trains: ClassVar[bool] = False  # never trained, whatever the flags (RAE's representation encoder)
-    stats_on_training_data: ClassVar[bool] = False  # a measured normalisation is of --file_list, not held-out images
-    lists_view_statistics: ClassVar[bool] = True  # eval records list the normalised view's statistics (not: too many)
-    # Its latents also encode video (an image is a one-frame clip): training its encoder on images changes the
-    # latent space of a video model too, so the trainer warns; temporal weights images never reach go out unchanged.
-    video: ClassVar[bool] = False
-    # Config keys of released folders that diffusers 0.42.1's class no longer takes and ignores: read, not refused.
-    retired_keys: ClassVar[Tuple[str, ...]] = ()
-    fixed_scale: ClassVar[bool] = False  # its latent scale is fixed: never measured nor changed at export
+    tiling: ClassVar[str] = ""  # how --eval_tiled tiles, for the protocol ("": it cannot)
 
-    # ---- config: no network needed
     def owns(self, config: Mapping[str, Any]) -> bool:
         """Is a config without `_class_name` this family's (by its keys)?"""
         return False
 
-    def defaults(self) -> Dict[str, Any]:
-        """The constructor's defaults: what a config leaves out."""
-        parameters = inspect.signature(self.network.__init__).parameters
-        return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         raise NotImplementedError
 
-    def build(self, config: Mapping[str, Any], where: str) -> Layer:
-        """A fresh network of `config` (from `where`, named in errors), weights from Paddle's global RNG."""
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        """A network of `config` (from `where`, named in errors), weights from Paddle's global RNG; `fresh`: to train
+        from scratch (no weights follow), on the encoder weights of `encoder_path` where the encoder never trains."""
         raise NotImplementedError
 
-    def build_fresh(self, config: Mapping[str, Any], where: str, encoder_path: Optional[str] = None) -> Layer:
-        """A network to train from scratch (no weights follow): `build`, given the weights of an encoder trained
-        elsewhere (--rae_encoder_path) for a family that takes them."""
-        if encoder_path:
-            raise ValueError(f"--rae_encoder_path {encoder_path}: {self.class_name} ({where}) trains its own encoder; "
-                             "drop it")
-        return self.build(config, where)
-
-    def set_training_noise(self, vae: Layer, tau: float) -> None:
-        """--noise_tau: the noise training adds to the encoder's output (RAE's)."""
-        raise ValueError(f"--noise_tau {tau}: {self.class_name} adds no noise to its latents in training; drop it")
-
-    # ---- the network
     def encode(self, vae: Layer, images: Tensor):
-        """The posterior of [-1, 1] images (`Deterministic` for a deterministic encoder), latents NCHW."""
+        """The posterior of [-1, 1] images (`Deterministic` for a deterministic encoder), latents NCHW (clips NCTHW)."""
         raise NotImplementedError
 
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
         """Images on [-1, 1] in intent, not clamped (a clamp would stop the loss's gradients)."""
         raise NotImplementedError
 
-    def decoder_last_layer(self, vae: Layer) -> Tensor:
-        """The weight the adaptive GAN weight compares gradients at."""
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
+        """(the decoder's last weight, where the adaptive GAN weight compares gradients; the encoder's, where the
+        adaptive VF weight does, None if the encoder never trains)."""
         raise NotImplementedError
-
-    def encoder_last_layer(self, vae: Layer) -> Tensor:
-        """The weight the adaptive VF weight compares gradients at."""
-        raise NotImplementedError
-
-    def encoder_layers(self, vae: Layer) -> List[Layer]:
-        """What --freeze_encoder freezes: every layer that defines the latent."""
-        return [vae.encoder]
-
-    def encoder_parameters(self, vae: Layer) -> List[Tensor]:
-        return [param for layer in self.encoder_layers(vae) for param in layer.parameters()]
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """(name, layer) recomputed under --recompute, never the decoder's last layer nor a layer holding a
@@ -131,60 +127,12 @@ class Family:
         return []
 
     def tiled(self, vae: Layer, tile: int) -> ContextManager[None]:
-        """Within: `vae` encodes and decodes images larger than `tile` px tile by tile."""
-        raise NotImplementedError
+        """Within: `vae` encodes and decodes images larger than `tile` px tile by tile (`tiling` says how)."""
+        raise ValueError(f"{self.class_name} has no tiled encode / decode here")
 
-    def normalised_view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        """The view of `posterior` (`encode`'s) whose per-channel statistics define its latent normalisation, if not
-        the latents themselves: FLUX.2's patchified modes, RAE's tokens before normalisation (channel and position)."""
-        return None
-
-    def protocol_items(self, measured_view: bool) -> Tuple[Tuple[str, str], ...]:
-        """(name, text) of what an evaluation's protocol says beyond the defaults, or in place of them (names
-        kept); `measured_view`: the statistics of `normalised_view` were measured."""
-        return ()
-
-    # ---- the latent scale
-    def measured_scale(self, config: Mapping[str, Any], stats) -> Dict[str, Any]:
-        """Config updates of `--scaling_factor measure` from measured statistics (evaluation.EvalResult)."""
-        updates = {"scaling_factor": stats.scaling_factor}
-        if config.get("shift_factor") is not None:
-            updates["shift_factor"] = stats.shift_factor
-        return updates
-
-    def scale_record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
-        """The exported latent scale, as latent_stats.json states it."""
-        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
-
-    def scale_text(self, record: Mapping[str, Any]) -> str:
-        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
-
-    def measured_record(self, stats) -> Dict[str, Any]:
-        """What latent_stats.json says was measured, beyond where and how many."""
-        return {"statistic": self.statistic(), "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
-                "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor}
-
-    def statistic(self) -> str:
-        if self.deterministic:
-            return "the latents (the encoder is deterministic)"
-        return "posterior samples, exact expectation from the posterior means and variances"
-
-    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode
-        (`encode(...).mode()`), the pattern tiled over latent positions with period p (teacher.to_pipeline)."""
-        raise ValueError(f"{self.class_name}: no diffusion pipeline's latent normalisation is known for this class")
-
-    def held_normalisation(self, vae: Layer):
-        """The latent normalisation its weights hold (`held_scale`: FLUX.2's bn statistics), or None."""
-        return None
-
-    def scale_mode_problem(self, vae: Layer, mode) -> Optional[str]:
-        """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None."""
-        return None
-
-    # ---- the export
-    def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """Weights the export writes in place of the network's own (by state-dict name)."""
+    def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
+        """Weights the export writes in place of the network's own (by state-dict name) so that its posterior has
+        --posterior_std's constant std, which training used in place of the encoder's variance."""
         return {}
 
     def diffusers_problem(self, vae: Layer) -> Optional[str]:
@@ -192,12 +140,32 @@ class Family:
         return None
 
 
+def constructor_defaults(family: Family) -> Dict[str, Any]:
+    """The family's constructor defaults: what a config leaves out."""
+    parameters = inspect.signature(family.network.__init__).parameters
+    return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+def encoder_layers(family: Family, vae: Layer) -> List[Layer]:
+    """The layers at the family's `encoder_prefixes` (those the network has: FLUX.1's has no quant_conv)."""
+    layers = []
+    for prefix in family.encoder_prefixes:
+        layer = vae
+        for name in prefix.rstrip(".").split("."):
+            layer = getattr(layer, name, None)
+        if isinstance(layer, Layer):
+            layers.append(layer)
+    return layers
+
+
 def constant_logvar_values(vae: Layer, prefix: str, channels: int, posterior_std: float) -> Dict[str, np.ndarray]:
     """The conv at `prefix` (its outputs: `channels` means, then as many log-variances) with zero log-variance weights
-    and bias log(std^2): its posterior then has --posterior_std's constant std (the export's `exported_values`)."""
+    and bias log(std^2): its posterior then has --posterior_std's constant std (`Family.posterior_std_values`)."""
+    if not posterior_std or posterior_std <= 0:
+        return {}
     state = vae.state_dict()
     weight, bias = state[prefix + "weight"].numpy().copy(), state[prefix + "bias"].numpy().copy()
-    weight[channels:], bias[channels:] = 0.0, 2.0 * math.log(posterior_std)
+    weight[channels:], bias[channels:] = 0.0, 2.0 * np.log(posterior_std)
     return {prefix + "weight": weight, prefix + "bias": bias}
 
 
@@ -224,19 +192,18 @@ def attributes_set(owner: Any, **values: Any):
             setattr(owner, name, value)
 
 
-def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = ()) -> None:
-    """One error naming `where` and the key: a key the class does not take (another release's?; its
-    `retired_keys` are read, as diffusers ignores them), or a required architecture key left out."""
-    known = set(family.defaults())
-    readable = known | set(family.retired_keys)
-    unknown = sorted(k for k in config if not k.startswith("_") and k not in readable)
+def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = (),
+                      retired: Tuple[str, ...] = ()) -> None:
+    """One error naming `where` and the key: a key the class does not take (another release's?; `retired` keys, which
+    diffusers 0.42.1's class no longer takes and ignores, are read), or a required architecture key left out."""
+    defaults = constructor_defaults(family)
+    unknown = sorted(k for k in config if not k.startswith("_") and k not in defaults and k not in retired)
     if unknown:
         raise ValueError(f"{where}: {family.class_name} config key(s) {', '.join(unknown)} are not known to this "
-                         f"version (it knows {', '.join(sorted(known))}); from another diffusers release? This "
+                         f"version (it knows {', '.join(sorted(defaults))}); from another diffusers release? This "
                          "trainer cannot build that architecture.")
     missing = [k for k in required if k not in config]
     if missing:
-        defaults = family.defaults()
         raise ValueError(f"{where}: {family.class_name} config lacks {', '.join(missing)} (diffusers' defaults: "
                          f"{', '.join(f'{k}={defaults[k]!r}' for k in missing)}): state the architecture's values.")
 

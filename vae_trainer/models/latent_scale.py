@@ -1,7 +1,8 @@
 """The latent scale (`scaling_factor` / `shift_factor`, or what the family normalises by: FLUX.2's bn statistics) at
 loading and at export, and `vae/latent_stats.json` (docs/fine-tuning.md, "The latent scale"). Loaded encoder weights
 keep their source's scale (`settle`), a fresh encoder has it measured at export, `--scaling_factor keep|measure|N`
-wins (`decide`); the family (models/family.py) says which config keys hold it and how a measurement sets it."""
+wins (`decide`); the family's normalisation (latent_normalisation.py) says which config keys hold it, how a
+measurement sets it and how it is described."""
 
 import logging
 import os
@@ -11,6 +12,8 @@ from paddle.nn import Layer
 
 from ..checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
 from .families import family_of
+from .family import constructor_defaults
+from .latent_normalisation import Fixed
 
 logger = logging.getLogger("vae_trainer")
 
@@ -25,18 +28,19 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
            single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
     """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
     family = family_of(vae)
-    if family.fixed_scale:  # a distilled student: the teacher's normalised latents, whatever its sources say
-        setattr(vae, EXPORT_ORIGIN_KEY, "fixed: a student lives in its teacher's normalised latent space")
-        return getattr(vae, EXPORT_ORIGIN_KEY)
+    normalisation = family.normalisation
+    if isinstance(normalisation, Fixed):  # a distilled student: the teacher's normalised latents, whatever its sources
+        setattr(vae, EXPORT_ORIGIN_KEY, normalisation.origin)
+        return normalisation.origin
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
     for name, entries, kept_origin in sources:
         for key, value in entries.items():
-            if key not in family.scale_keys:
+            if key not in normalisation.keys:
                 if value is not None:  # e.g. FLUX.2's: its bn statistics
                     logger.warning("%s states %s, which %s does not have: ignored (its %s is kept or measured by "
-                                   "--scaling_factor keep|measure)", name, key, family.class_name, family.scale_name)
+                                   "--scaling_factor keep|measure)", name, key, family.class_name, normalisation.name)
             elif key not in chosen:
                 chosen[key] = (name, value, kept_origin)
             elif chosen[key][1] != value:
@@ -44,11 +48,11 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
     names = [name for name, _, _ in sources]
     unstated = (f"neither {' nor '.join(names)} states a scaling_factor" if len(names) > 1
                 else f"{names[0] if names else 'the VAE'} states no scaling_factor")
-    default = family.defaults().get("scaling_factor")
-    if "scaling_factor" not in family.scale_keys:  # statistics: in the weights (FLUX.2's bn) or the config (Wan's)
-        name = family.held_scale or family.scale_name
+    default = constructor_defaults(family).get("scaling_factor")
+    if not normalisation.numbers:  # statistics: in the weights (FLUX.2's bn) or the config (Wan's)
+        name = normalisation.held or normalisation.name
         origin = (f"the {name} kept from {names[0]}" if loaded and not reinitialised
-                  else f"the {name} of a fresh VAE" + (" (mean 0, variance 1)" if family.held_scale else ""))
+                  else f"the {name} of a fresh VAE" + (" (mean 0, variance 1)" if normalisation.held else ""))
     elif "scaling_factor" in chosen:
         origin = chosen["scaling_factor"][2]
     elif default == DEFAULT_SCALING_FACTOR:
@@ -158,19 +162,10 @@ def scaling_factor_mode(model_args) -> Mode:
 def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
     """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor) and whether its encoder
     trains (`encoder_frozen`: --freeze_encoder, or --trainable_modules that leave it out)."""
-    mode, family = scaling_factor_mode(model_args), family_of(vae)
-    if "scaling_factor" not in family.scale_keys and mode not in ("keep", "measure"):
-        raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor; its pipelines "
-                         f"normalise the latents with its {family.held_scale or family.scale_name}. Use "
-                         "--scaling_factor keep (the source's statistics) or measure (from the trained encoder).")
-    if problem := family.scale_mode_problem(vae, mode):
+    mode = scaling_factor_mode(model_args)
+    problem = family_of(vae).normalisation.refusal(vae, mode, encoder_frozen)
+    if problem:
         raise ValueError(problem)
-    if "scaling_factor" not in family.scale_keys and mode == "measure" and encoder_frozen:
-        raise ValueError(f"--scaling_factor measure with a frozen encoder: a decoder-only fine-tune of "
-                         f"{family.class_name} keeps the source's {family.held_scale or family.scale_name} (the "
-                         "latent normalisation its DiT was trained with). Drop --scaling_factor measure (measure is "
-                         "also the default for a fresh VAE or with --ignore_keys of the encoder: give --scaling_factor "
-                         "keep, or train the encoder).")
     return mode
 
 
@@ -184,30 +179,32 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
            origin: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(updates for `save_vae`, the latent_stats.json record) of exporting `weights` of `vae` under `mode`."""
     family = family_of(vae)
+    normalisation = family.normalisation
     if mode == "measure":
         if stats is None:
             raise ValueError("measuring the latent scale needs the exported weights' latent statistics")
-        updates, source = family.measured_scale(vae.config, stats), f"measured on {measured_on}"
+        updates, source = normalisation.measured(vae, stats), f"measured on {measured_on}"
     elif mode == "keep":
         updates, source = {}, origin or origin_of(vae)
-    elif "scaling_factor" not in family.scale_keys:
+    elif not normalisation.numbers:
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor (use keep or measure)")
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
-    scale = family.scale_record(vae, updates)
+    scale = normalisation.record(vae, updates)
     record: Dict[str, Any] = {**scale, "latents_mean": None, "latents_std": None, "source": source, "weights": weights,
                               "measured": None}
     if stats is None:
-        record["note"] = f"not measured: the {family.scale_name} is {source}; {unmeasured}"
+        record["note"] = f"not measured: the {normalisation.name} is {source}; {unmeasured}"
     else:
+        deterministic = family.geometry(vae.config).deterministic
         record.update(latents_mean=stats.latent_mean, latents_std=stats.latent_std, measured={
-            "from": measured_on, "num_images": stats.num_images, **family.measured_record(stats)})
-        if "scaling_factor" in family.scale_keys:
+            "from": measured_on, "num_images": stats.num_images, **normalisation.measured_record(stats, deterministic)})
+        if normalisation.numbers:
             logger.info("latent statistics over %d images (%s): per-channel mean %s, std %s; suggested scaling_factor "
                         "%.5g, shift_factor %.5g", stats.num_images, measured_on,
                         [round(v, 4) for v in stats.latent_mean], [round(v, 4) for v in stats.latent_std],
                         stats.scaling_factor, stats.shift_factor)
-    logger.info("exported %s (%s)", family.scale_text(scale), f"{source}; {weights}" if weights else source)
+    logger.info("exported %s (%s)", normalisation.text(scale), f"{source}; {weights}" if weights else source)
     return updates, record
 
 

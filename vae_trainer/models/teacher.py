@@ -1,7 +1,7 @@
 """The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the latents its diffusion pipelines
 see, computed or read back from a cache on disk (`LatentCache`); it is held beside the trained networks, never in a
 checkpoint or an EMA. `to_pipeline` / `from_pipeline` take latents to and from that space with a family's
-`pipeline_normalisation` (mean, std) of shape [C, p, p], tiled over the latent positions with period p. The student
+normalisation's `pipeline` (mean, std) of shape [C, p, p], tiled over the latent positions with period p. The student
 a teacher folder implies (`student_of`) and the check of a given one against its teacher (`check_student`)."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import numpy as np
 import paddle
 
 from .families import family_for_config, family_of
-from .tiny import TINY, student_config
+from .families.tiny import TINY, student_config
 
 Tensor = paddle.Tensor
+STUDENT = TINY  # the family of a distilled student
 
 
 def _tiled(pattern: np.ndarray, latents: paddle.Tensor) -> paddle.Tensor:
@@ -61,7 +62,7 @@ class LatentCache:
         for name, tensor in sorted(teacher.state_dict().items()):
             digest.update(name.encode() + tensor.numpy().tobytes())
         family = family_of(teacher)  # and the normalisation applied: a change of it is another space
-        for array in (family.class_name.encode(), *family.pipeline_normalisation(teacher)):
+        for array in (family.class_name.encode(), *family.normalisation.pipeline(teacher)):
             digest.update(array if isinstance(array, bytes) else array.tobytes())
         self.folder = os.path.join(folder, digest.hexdigest()[:16])
         os.makedirs(self.folder, exist_ok=True)
@@ -98,7 +99,7 @@ class Teacher:
         for param in vae.parameters():
             param.stop_gradient = True
         vae.eval()
-        mean, std = self.family.pipeline_normalisation(vae)  # raises for a family that has none
+        mean, std = self.family.normalisation.pipeline(vae)  # raises for a family that has none
         self.mean, self.std = mean, std
         self.cache = LatentCache(cache_folder, vae) if cache_folder else None
 
@@ -141,9 +142,9 @@ def check_student(student: paddle.nn.Layer, teacher: Teacher) -> None:
     that cannot live in `teacher`'s pipeline latents: another class, latent channels or factor, or a scale other
     than 1 (a pipeline would divide its latents by it)."""
     family = family_of(student)
-    if not family.fixed_scale:
-        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {TINY.class_name}")
-    mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
+    if family is not STUDENT:
+        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {STUDENT.class_name}")
+    mine, theirs = STUDENT.geometry(student.config), teacher.family.geometry(teacher.vae.config)
     if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
         raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its "
                          f"teacher {theirs.latent_channels} at factor {theirs.factor}: give a student of the teacher's "

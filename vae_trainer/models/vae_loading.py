@@ -22,9 +22,10 @@ from safetensors import safe_open
 from . import latent_scale
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
-from .families import family_for_config, family_of
-from .flux2 import CLASS_NAME as FLUX2_CLASS_NAME
-from .kl import KL
+from .families import family_for_config
+from .family import constructor_defaults
+from .families.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
+from .families.kl import KL
 from .torch_files import read_state_dict
 
 logger = logging.getLogger("vae_trainer")
@@ -47,8 +48,10 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
               init_from_ckpt: Optional[str] = None, encoder_path: Optional[str] = None,
               noise_tau: Optional[float] = None, config: Optional[Dict[str, Any]] = None) -> paddle.nn.Layer:
     """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale;
-    `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau) RAE's;
-    `config`: a fresh VAE of that config (a distilled student's, derived from its teacher)."""
+    `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau): the config's
+    noise_tau (RAE's training noise) in place of the source's; `config`: a fresh VAE of that config (a distilled
+    student's, derived from its teacher)."""
+    overrides = {} if noise_tau is None else {"noise_tau": float(noise_tau)}
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None and not config:
         raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
@@ -59,11 +62,11 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
     single_file = source is not None and weights is None
     if single_file:
         state = _read_single_file(source)
-        vae = vae_from_config_file(vae_config_file) if vae_config_file else KL.build(
+        vae = vae_from_config_file(vae_config_file, overrides=overrides) if vae_config_file else KL.build(
             infer_single_file_config(state, source), source)
         assign_weights(vae, _convert_single_file(vae, state), ignore_keys, source)
     elif source:  # in its own architecture or that of vae_config_file
-        vae = vae_from_config_file(vae_config_file or source)
+        vae = vae_from_config_file(vae_config_file or source, overrides=overrides)
         shards = [weights]
         if weights.endswith(".json"):
             with open(os.path.join(source, weights)) as handle:
@@ -71,10 +74,11 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
         assign_weights(vae, state, ignore_keys, source)
     elif config:
-        vae = family_for_config(config).build_fresh(config, "the student config derived from the teacher")
+        vae = family_for_config(config).build(config, "the student config derived from the teacher", fresh=True)
     elif vae_config_file or checkpoint_vae_config(init_from_ckpt):
         fresh = not init_from_ckpt  # no weights follow
-        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt), fresh, encoder_path)
+        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt), fresh, encoder_path,
+                                   overrides)
     else:
         hint = _not_a_checkpoint_hint(init_from_ckpt)
         raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else
@@ -84,8 +88,6 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
     latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
     check_ignore_keys(vae, ignore_keys)
-    if noise_tau is not None:
-        family_of(vae).set_training_noise(vae, noise_tau)
     return vae
 
 
@@ -154,16 +156,23 @@ def _not_a_checkpoint_hint(path: str) -> str:
     return f" It is a VAE folder: fine-tune it with --pretrained_model_name_or_path {path}."
 
 
-def vae_from_config_file(config_file: str, fresh: bool = False,
-                         encoder_path: Optional[str] = None) -> paddle.nn.Layer:
-    """A new VAE of the family and architecture of a config JSON, or of a VAE folder's config.json; `fresh`: to
-    train from scratch (no weights follow), with the weights of `encoder_path` for a family that takes them."""
+def vae_from_config_file(config_file: str, fresh: bool = False, encoder_path: Optional[str] = None,
+                         overrides: Optional[Dict[str, Any]] = None) -> paddle.nn.Layer:
+    """A new VAE of the family and architecture of a config JSON, or of a VAE folder's config.json, with `overrides`
+    of its entries; `fresh`: to train from scratch (no weights follow), with the weights of `encoder_path` for a
+    family whose encoder never trains."""
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
-    config = AutoencoderKL.load_config(config_file)
+    config = {**AutoencoderKL.load_config(config_file), **(overrides or {})}
     where = os.path.join(config_file, CONFIG_NAME) if os.path.isdir(config_file) else config_file
     family = family_for_config(config, where)
-    return family.build_fresh(config, where, encoder_path) if fresh else family.build(config, where)
+    if "noise_tau" in (overrides or {}) and "noise_tau" not in constructor_defaults(family):
+        raise ValueError(f"--noise_tau {overrides['noise_tau']}: {family.class_name} adds no noise to its latents in "
+                         "training; drop it")
+    if encoder_path and family.geometry(config).encoder_trains:
+        raise ValueError(f"--rae_encoder_path {encoder_path}: {family.class_name} ({where}) trains its own encoder; "
+                         "drop it")
+    return family.build(config, where, fresh, encoder_path)
 
 
 def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: Sequence[str], source: str) -> None:

@@ -27,11 +27,12 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
     such as scaling_factor, or what the family writes into weights) and --posterior_std applied; returns whether the
     PyTorch file was written."""
     family = family_of(vae)
-    config_updates = {k: v for k, v in updates.items() if k in family.scale_keys or k in vae.config}
+    config_updates = {k: v for k, v in updates.items() if k in family.normalisation.keys or k in vae.config}
     if config_updates:
         vae.register_to_config(**config_updates)
     problem = family.diffusers_problem(vae)
-    with _exported_values(vae, family.exported_values(vae, posterior_std, updates)):
+    values = {**family.posterior_std_values(vae, posterior_std), **family.normalisation.weights(vae, updates)}
+    with _exported_values(vae, values):
         vae.save_pretrained(out_dir, safe_serialization=True)
         if problem is None:  # second: its config.json (diffusers' spelling of the version key) is the one both read
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
@@ -78,7 +79,7 @@ def _counters_zero_dimensional(path: str) -> None:
 
 @contextlib.contextmanager
 def _exported_values(vae: paddle.nn.Layer, values: Mapping[str, Any]):
-    """`vae` holding, while saving, the weights the export writes in place of its own (family.exported_values); a
+    """`vae` holding, while saving, the weights the export writes in place of its own (the family's); a
     buffer of another shape (RAE's unset latent statistics, shape (1,), measured per channel and position) is
     swapped for the exported one."""
     state = vae.state_dict()

@@ -1,16 +1,16 @@
 """SANA's DC-AE (`AutoencoderDC`, autoencoder_dc.py) as a family (family.py): a deterministic encoder (no posterior,
 so no KL term), the layers training reads (`decoder.conv_out` is a DCUpBlock2d when `layers_per_block[0] == 0`),
-its blocks as --recompute's segments, its own tiled passes, and its config checked key by key."""
+its blocks as --recompute's segments, its own tiled passes, and its config checked key by key; SanaPipeline scales its
+latents by the scaling factor (it decodes latents / scaling_factor)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
-import numpy as np
-
-from .autoencoder_dc import AutoencoderDC
-from .family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, holds_batch_norm,
-                     tiling_enabled)
+from ..autoencoder_dc import AutoencoderDC
+from ..family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults,
+                      holds_batch_norm, tiling_enabled)
+from ..latent_normalisation import Scale
 
 TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
@@ -31,22 +31,23 @@ TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width",
 class DCFamily(Family):
     class_name = "AutoencoderDC"
     network = AutoencoderDC
-    deterministic = True
-    tiling_method = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
-                     "tiled_decode, as diffusers')")
+    normalisation = Scale()
+    tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
+              "tiled_decode, as diffusers')")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
 
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
-        config = {**self.defaults(), **config}
+        config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
                         2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]),
-                        "2 ** (stages - 1)")
+                        "2 ** (stages - 1)", deterministic=True)
 
-    def build(self, config: Mapping[str, Any], where: str) -> Layer:
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
         check_config_keys(config, self, where, required=ARCHITECTURE_KEYS)
-        check_stages({**self.defaults(), **config}, where)
+        check_stages({**constructor_defaults(self), **config}, where)
         try:
             return self.network.from_config(dict(config))
         except (KeyError, ValueError) as error:  # a block, norm or activation name the class does not know
@@ -58,12 +59,9 @@ class DCFamily(Family):
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
         return vae.decode(latents).sample
 
-    def decoder_last_layer(self, vae: Layer) -> Tensor:
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         conv_out = vae.decoder.conv_out
-        return getattr(conv_out, "conv", conv_out).weight  # a DCUpBlock2d holds its conv
-
-    def encoder_last_layer(self, vae: Layer) -> Tensor:
-        return vae.encoder.conv_out.weight
+        return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight  # a DCUpBlock2d holds its conv
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """Every block of the encoder's and decoder's stages (residual, EfficientViT, down- and upsampling), not
@@ -75,12 +73,6 @@ class DCFamily(Family):
 
     def tiled(self, vae: Layer, tile: int):
         return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
-
-    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """SanaPipeline's z * scaling_factor (it decodes latents / scaling_factor)."""
-        channels = vae.config.latent_channels
-        return np.zeros([channels, 1, 1], np.float32), np.full([channels, 1, 1], 1 / vae.config.scaling_factor,
-                                                                 np.float32)
 
 
 def check_stages(config: Mapping[str, Any], where: str) -> None:

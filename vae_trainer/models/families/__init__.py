@@ -1,12 +1,14 @@
-"""The autoencoder families the trainer trains, by the `_class_name` their config.json persists: adding a family
-is its file (family.py says what it implements) and one line in FAMILIES."""
+"""The autoencoder families the trainer trains, one adapter file each (models/family.py says what an adapter
+implements), listed by the `_class_name` their config.json persists: adding a family is its file and one entry in
+FAMILIES. Also what every caller asks of any network through its family: its encoder's layers and weights, and its
+geometry's size check."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, List, Mapping, Optional, Sequence
 
+from ..family import Family, Layer, Tensor, encoder_layers
 from .dc_ae import DC_AE
-from .family import Family, Layer
 from .flux2 import FLUX2
 from .kl import KL
 from .rae import RAE
@@ -45,3 +47,15 @@ def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config"
             return family
     raise ValueError(f"{where}: its \"_class_name\" is {name}, a class this trainer does not train (yet); it trains "
                      f"{trained_classes()}")
+
+
+def encoder_parameters(vae: Layer) -> List[Tensor]:
+    """The weights that define the latent: those of the family's `encoder_prefixes` layers."""
+    return [param for layer in encoder_layers(family_of(vae), vae) for param in layer.parameters()]
+
+
+def check_reconstruction_shape(config: Mapping[str, Any], input_size: Optional[Sequence[int]], resolution: int,
+                               where: str = "the VAE's config") -> None:
+    """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
+    family = family_for_config(config, where)
+    family.geometry(config).check_reconstruction(input_size, resolution, where, family.class_name)

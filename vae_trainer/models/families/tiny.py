@@ -1,6 +1,6 @@
 """ppdiffusers' `AutoencoderTiny` (TAESD) as a family (family.py), the student of a distillation: a deterministic
 encoder (no posterior) whose latents live in its teacher's pipeline latent space (so its scale is fixed: scaling_factor
-1.0, never measured), the layers training reads, and `student_config`, a TAESD-shaped config following a teacher's
+1.0, never measured: latent_normalisation.Fixed), the layers training reads, and `student_config`, a TAESD-shaped config following a teacher's
 geometry, with `init_mid_grey` for a fresh decoder.
 
 The classes map the ranges themselves: EncoderTiny takes [-1, 1] images to [0, 1] before its layers, DecoderTiny
@@ -11,13 +11,13 @@ the blocks instead (`recompute_segments`)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import numpy as np
 import paddle
 from ppdiffusers import AutoencoderTiny
 
-from .family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys
+from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults
+from ..latent_normalisation import Fixed
 
 CLASS_NAME = "AutoencoderTiny"
 # Keys only this class has (DC-AE's configs also have encoder_block_out_channels).
@@ -25,14 +25,13 @@ TINY_ONLY_KEYS = ("num_encoder_blocks", "num_decoder_blocks", "latent_magnitude"
 # diffusers 0.42.1's keys ppdiffusers 0.29 lacks, read at their only value it builds (the defaults); the saved config
 # always holds block_out_channels (both constructors register the decoder's widths under it).
 NEWER_KEYS = {"upsample_fn": "nearest", "shift_factor": 0.0}
+RETIRED_KEYS = ("block_out_channels", *NEWER_KEYS)  # read, not built
 
 
 class TinyFamily(Family):
     class_name = CLASS_NAME
     network = AutoencoderTiny
-    deterministic = True
-    fixed_scale = True
-    retired_keys = ("block_out_channels", *NEWER_KEYS)
+    normalisation = Fixed()
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return any(key in config for key in TINY_ONLY_KEYS)
@@ -40,21 +39,20 @@ class TinyFamily(Family):
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         """The encoder: a stride-2 conv at the start of every stage but the first; the decoder: an upsampling by
         upsampling_scaling_factor after every stage but the last."""
-        config = {**self.defaults(), **config}
+        config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["num_encoder_blocks"]) - 1),
                         int(config["upsampling_scaling_factor"]) ** (len(config["num_decoder_blocks"]) - 1),
-                        int(config["latent_channels"]), "2 ** (encoder stages - 1)")
+                        int(config["latent_channels"]), "2 ** (encoder stages - 1)", deterministic=True)
 
-    def build(self, config: Mapping[str, Any], where: str) -> Layer:
-        check_config_keys(config, self, where)
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        check_config_keys(config, self, where, retired=RETIRED_KEYS)
         for key, value in NEWER_KEYS.items():
             if config.get(key, value) not in (value, None):
                 raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {CLASS_NAME} builds only {value!r}")
-        return self.network.from_config({k: v for k, v in config.items() if k not in self.retired_keys})
-
-    def build_fresh(self, config: Mapping[str, Any], where: str, encoder_path=None) -> Layer:
-        vae = super().build_fresh(config, where, encoder_path)
-        init_mid_grey(vae)  # a fresh student's first decodes are grey, not anywhere in several units
+        vae = self.network.from_config({k: v for k, v in config.items() if k not in RETIRED_KEYS})
+        if fresh:
+            init_mid_grey(vae)  # a fresh student's first decodes are grey, not anywhere in several units
         return vae
 
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
@@ -63,26 +61,13 @@ class TinyFamily(Family):
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
         return vae.decode(latents).sample
 
-    def decoder_last_layer(self, vae: Layer) -> Tensor:
-        return vae.decoder.layers[-1].weight
-
-    def encoder_last_layer(self, vae: Layer) -> Tensor:
-        return vae.encoder.layers[-1].weight
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
+        return vae.decoder.layers[-1].weight, vae.encoder.layers[-1].weight
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """The AutoencoderTinyBlocks of encoder and decoder (not the convs in and out)."""
         return [(f"{coder}.layers.{i}", layer) for coder in ("encoder", "decoder")
                 for i, layer in enumerate(getattr(vae, coder).layers) if type(layer).__name__ == "AutoencoderTinyBlock"]
-
-    def tiled(self, vae: Layer, tile: int):
-        # ppdiffusers' tiled passes assume 4 latent channels and 3 output channels, and a factor 2 ** out_channels
-        raise ValueError(f"{CLASS_NAME} has no tiled encode / decode here (ppdiffusers' assumes TAESD's SD shapes)")
-
-    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """A pipeline holding it divides latents by its scaling_factor (1.0: it is the pipeline's space already)."""
-        channels = vae.config.latent_channels
-        return (np.zeros([channels, 1, 1], np.float32),
-                np.full([channels, 1, 1], 1.0 / vae.config.scaling_factor, np.float32))
 
 
 def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) -> Dict[str, Any]:

@@ -1,5 +1,6 @@
 """ppdiffusers' AutoencoderKL (SD, SDXL, FLUX.1) as a family (family.py): its posterior, the layers training reads,
---recompute's segments, ppdiffusers' tiled passes, its config and what its export writes (--posterior_std)."""
+--recompute's segments, ppdiffusers' tiled passes, its config and what its export writes (--posterior_std); its
+latent normalisation is a scaling factor (and FLUX.1's shift, SDXL-style latents_mean / latents_std)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from .family import Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values
+from ..family import Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values, constructor_defaults
+from ..latent_normalisation import Scale
 
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
@@ -20,20 +22,21 @@ class KLFamily(Family):
     class_name = "AutoencoderKL"
     network = AutoencoderKL
     encoder_prefixes = ("encoder.", "quant_conv.")
-    scale_keys = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
-    tiling_method = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
-                     "tiled_decode)")
+    normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
+    tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
+              "tiled_decode)")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return True  # the fallback: a config of no other family's keys (families.py asks it last)
 
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
-        config = {**self.defaults(), **{k: v for k, v in config.items() if v is not None}}
+        config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
                         int(config["latent_channels"]), "2 ** (down blocks - 1)")
 
-    def build(self, config: Mapping[str, Any], where: str) -> Layer:
-        """A fresh AutoencoderKL whose saved config rebuilds it (the encoder's widths stated)."""
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        """An AutoencoderKL whose saved config rebuilds it (the encoder's widths stated)."""
         config = dict(config)
         widths, down_blocks = config.get("block_out_channels") or [], config.get("down_block_types") or []
         if config.get("down_block_out_channels") is None and widths and len(widths) != len(down_blocks):
@@ -44,7 +47,7 @@ class KLFamily(Family):
                 "trained from] to that config.json.")
         if config.get("up_block_out_channels") is not None and config.get("down_block_out_channels") is None:
             config["down_block_out_channels"] = list(config.get("block_out_channels",
-                                                                self.defaults()["block_out_channels"]))
+                                                                constructor_defaults(self)["block_out_channels"]))
         return self.network.from_config(config)
 
     def encode(self, vae: Layer, images: Tensor):
@@ -53,14 +56,8 @@ class KLFamily(Family):
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
         return vae.decode(latents).sample
 
-    def decoder_last_layer(self, vae: Layer) -> Tensor:
-        return vae.decoder.conv_out.weight
-
-    def encoder_last_layer(self, vae: Layer) -> Tensor:
-        return vae.encoder.conv_out.weight
-
-    def encoder_layers(self, vae: Layer) -> List[Layer]:
-        return [layer for layer in (vae.encoder, vae.quant_conv) if layer is not None]
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
+        return vae.decoder.conv_out.weight, vae.encoder.conv_out.weight
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """Every resnet, attention, down- and upsampler of the encoder's and decoder's blocks (not the convs in and
@@ -93,22 +90,7 @@ class KLFamily(Family):
                 delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
                 setattr(vae, name, None)
 
-    def pipeline_normalisation(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """(z - shift_factor) * scaling_factor (the SD / FLUX.1 pipelines), or with latents_mean / latents_std in the
-        config (z - latents_mean) * scaling_factor / latents_std (StableDiffusionXLPipeline's rule)."""
-        config, channels = vae.config, vae.config.latent_channels
-        if config.get("latents_mean") is not None and config.get("latents_std") is not None:
-            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
-        else:
-            mean = np.full(channels, config.get("shift_factor") or 0.0)
-            std = np.full(channels, 1 / config.scaling_factor)
-        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
-
-    def exported_values(self, vae: Layer, posterior_std: float, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """With --posterior_std, zero weights and bias log(std^2) for the log-variance outputs (training ignores
-        them), so that the export's posterior has the variance training used."""
-        if not posterior_std or posterior_std <= 0:
-            return {}
+    def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         prefix = "quant_conv." if vae.quant_conv is not None else "encoder.conv_out."  # FLUX has no quant_conv
         return constant_logvar_values(vae, prefix, vae.config.latent_channels, posterior_std)
 

@@ -1,6 +1,7 @@
-"""The trainable state of a run in one Layer (`VAEWithDiscriminator`: the VAE, its discriminator, the output
+"""What a run trains, in one Layer (`VAEWithDiscriminator`: the VAE, its discriminator, the output
 log-variance, LeCAM's EMA buffer, a VF loss's latent projection), so that a checkpoint holds every trained weight and
-the PaddleNLP Trainer has one `model`; the export saves `vae` alone. The VAE is read through its family (family.py).
+the PaddleNLP Trainer has one `model`; the export saves `vae` alone. The VAE is read through its family (family.py);
+`encoder_input` is what its encoder sees (--input_size).
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import paddle
 
-from .families import family_of
-from .vae import encoder_input
+from .families import encoder_parameters, family_of
+
+
+def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
+    """The images, or with --input_size H W the images bilinearly resized to HxW."""
+    if input_size is None:
+        return images
+    return paddle.nn.functional.interpolate(images, size=list(input_size), mode="bilinear", align_corners=False)
 
 
 class VAEWithDiscriminator(paddle.nn.Layer):
@@ -25,23 +32,24 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         super().__init__()
         self.vae = vae
         self.family = family_of(vae)
+        geometry = self.family.geometry(vae.config)
+        self.deterministic, self.encoder_trains = geometry.deterministic, geometry.encoder_trains
         self.discriminator = discriminator
         self.posterior_std = posterior_std
         self.input_size = [int(n) for n in input_size] if input_size else None
         # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters);
         # a family's encoder that never trains (RAE's) is frozen whatever the flags, and kept float32 under O2.
         self._trainable = {id(p) for p in vae.parameters() if not p.stop_gradient}
-        self._trainable |= {id(p) for p in self.family.encoder_parameters(vae)} if self.family.encoder_never_trains \
-            else set()
-        freeze = freeze_encoder or self.family.encoder_never_trains
-        frozen = {id(p) for p in self.family.encoder_parameters(vae)} if freeze else set()
+        self._trainable |= set() if self.encoder_trains else {id(p) for p in encoder_parameters(vae)}
+        freeze = freeze_encoder or not self.encoder_trains
+        frozen = {id(p) for p in encoder_parameters(vae)} if freeze else set()
         if trainable_modules:
             frozen |= self._frozen_by_patterns(trainable_modules, frozen)
         for param in vae.parameters():
             if id(param) in frozen:
                 param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
         # Whether the latent space trains (--freeze_encoder, or --trainable_modules that leave the encoder out).
-        self.encoder_frozen = all(p.stop_gradient for p in self.family.encoder_parameters(vae))
+        self.encoder_frozen = all(p.stop_gradient for p in encoder_parameters(vae))
         # BatchNorm layers left with no trainable weight keep their statistics too (evaluated, never updated).
         self._frozen_norms = [layer for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
                               and self._trainable & {id(p) for p in layer.parameters()}
@@ -53,8 +61,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                                             default_initializer=paddle.nn.initializer.Constant(logvar_init))
         self.logvar.stop_gradient = not learn_logvar
         # VA-VAE's `reverse_proj`: latent channels -> the foundation model's feature width.
-        latent_channels = self.family.geometry(vae.config).latent_channels
-        self.vf_projection = (paddle.nn.Conv2D(latent_channels, vf_feature_dim, 1, bias_attr=False)
+        self.vf_projection = (paddle.nn.Conv2D(geometry.latent_channels, vf_feature_dim, 1, bias_attr=False)
                               if vf_feature_dim else None)
 
     def vae_parameters(self) -> List[paddle.Tensor]:
@@ -79,7 +86,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         for pattern in patterns:
             matched = trainable_names(named, pattern)
             if all(id(named[name]) in frozen for name in matched):
-                why = (f"{self.family.class_name}'s encoder never trains" if self.family.encoder_never_trains
+                why = (f"{self.family.class_name}'s encoder never trains" if not self.encoder_trains
                        else "--freeze_encoder keeps them frozen")
                 raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which stay frozen "
                                  f"({why}): drop it")
@@ -91,7 +98,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         maybe at --disc_start, or shape a latent space that cannot move): one error."""
         gan_adaptive = (loss_args.disc_weight > 0 and loss_args.adaptive_disc_weight
                         and loss_args.loss_balancing != "gradnorm")
-        if gan_adaptive and self.family.decoder_last_layer(self.vae).stop_gradient:
+        if gan_adaptive and self.family.last_layers(self.vae)[0].stop_gradient:
             raise ValueError("the adaptive GAN weight compares gradients at the decoder's last layer, which "
                              "--trainable_modules leaves frozen: add its pattern (e.g. 'decoder.conv_out.*'), or give "
                              "--adaptive_disc_weight false")
@@ -134,7 +141,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean
-            logvar = None if self.family.deterministic else logvar  # noise on the latent, no posterior: no KL
+            logvar = None if self.deterministic else logvar  # noise on the latent, no posterior: no KL
         else:
             mean, logvar = posterior.mean, posterior.logvar
             z = posterior.sample() if sample_posterior else posterior.mode()

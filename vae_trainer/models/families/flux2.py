@@ -1,0 +1,50 @@
+"""FLUX.2's VAE (diffusers' `AutoencoderKLFlux2`, also ERNIE-Image's; the class: autoencoder_kl_flux2.py) as a family
+(family.py): AutoencoderKL's but for its config and its latent normalisation, the statistics its `bn` holds (kept or
+measured at export). docs/fine-tuning.md has the details.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping, Optional
+
+from ..autoencoder_kl_flux2 import AutoencoderKLFlux2
+from ..family import Layer
+from ..latent_normalisation import HeldInWeights
+from .kl import KLFamily, widths
+
+CLASS_NAME = "AutoencoderKLFlux2"
+# Config keys only this class has (diffusers' AutoencoderKL also has mid_block_add_attention).
+FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
+
+
+class Flux2Family(KLFamily):
+    class_name = CLASS_NAME
+    network = AutoencoderKLFlux2
+    encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
+    normalisation = HeldInWeights()
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        """An AutoencoderKL-shaped config (block_out_channels) with a key of this class's."""
+        return "block_out_channels" in config and any(key in config for key in FLUX2_ONLY_KEYS)
+
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take
+        (`force_upcast`)."""
+        accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
+        vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
+        vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
+        return vae
+
+    def diffusers_problem(self, vae: Layer) -> Optional[str]:
+        config = vae.config  # AutoencoderKLFlux2 takes the decoder's widths apart: one per block
+        encoder, decoder = widths(vae)
+        if len(config.down_block_types) == len(encoder) and len(config.up_block_types) == len(decoder):
+            return None
+        return (f"PyTorch diffusers' {CLASS_NAME} builds one block per width, and this VAE has {len(encoder)} "
+                f"encoder / {len(decoder)} decoder widths for {len(config.down_block_types)} / "
+                f"{len(config.up_block_types)} blocks")
+
+
+FLUX2 = Flux2Family()
