@@ -2,8 +2,6 @@
 the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never
 means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
-from __future__ import annotations
-
 import logging
 from typing import Callable
 

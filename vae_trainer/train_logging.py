@@ -2,8 +2,6 @@
 skipped-data summary. Micro-step scalars are summed on the device; a logging step reads them to the host at once.
 Only rank 0 writes. Tags: docs/measuring.md; the skip counts and summary: docs/data.md."""
 
-from __future__ import annotations
-
 import functools
 import logging
 import resource

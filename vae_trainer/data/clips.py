@@ -78,9 +78,8 @@ def _decode(container, stream, rate: Fraction, start: int, span: int, stride: in
                     return frames, index
         except av.FFmpegError as error:
             raise BadImage("truncated", f"after frame {index}: {error}") from None
-        if frames or attempt == len(targets) - 1:
+        if frames or attempt == len(targets) - 1:  # (the last attempt always returns)
             return frames, -1 if index is None else index
-    return [], -1
 
 
 def crop_frames(frames: list[Image.Image], size: tuple[int, int], rng: np.random.Generator, random_flip: bool,

@@ -1,8 +1,6 @@
 """The training stream (infinite, sharded, weighted, bucketed, exactly resumable) and the evaluation loader, whose
 ranks each decode their share; the rules are in docs/data.md ("How the stream works")."""
 
-from __future__ import annotations
-
 import itertools
 import logging
 from collections import Counter, defaultdict

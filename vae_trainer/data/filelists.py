@@ -1,8 +1,6 @@
 """What ``--file_list`` names, resolved into weighted sources of parts with their record counts if known; the
 accepted forms are in docs/data.md ("What --file_list takes", "Record counts")."""
 
-from __future__ import annotations
-
 import csv
 import functools
 import logging

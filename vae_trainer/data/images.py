@@ -127,11 +127,10 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
     """Decode to EXIF-upright 8-bit sRGB; a JPEG may be drafted at a reduced scale still covering `cover`."""
-    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale
-        width, height = upright_size(image)
-        scale = max(cover[0] / width, cover[1] / height)
-        needed = (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale))))
-        image.draft(None, needed[::-1] if _transposed(image) else needed)
+    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale (`cover` turned as the file stores the image)
+        cover = cover[::-1] if _transposed(image) else cover
+        scale = max(cover[0] / image.width, cover[1] / image.height)
+        image.draft(None, (max(1, int(np.ceil(image.width * scale))), max(1, int(np.ceil(image.height * scale)))))
     try:  # the first frame of animations; broken data counts as truncated
         image.seek(0)
         image.load()
@@ -149,9 +148,7 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
 
 def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
          random_crop: bool = True) -> np.ndarray:
-    """Cover `size` = (width, height) and crop: uint8 [H, W, 3]; without `rng` centred and unflipped."""
-    if image.mode != "RGB":
-        image = image.convert("RGB")
+    """Cover `size` = (width, height) and crop an RGB image: uint8 [H, W, 3]; without `rng` centred and unflipped."""
     width, height = image.size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))

@@ -30,7 +30,6 @@ class RaisesInMainThread(paddle.io.IterableDataset):
 
     def __iter__(self) -> Iterator:
         # (Paddle calls iter() in the main thread but iterates in its reader thread or a worker process.)
-        self.failure = None
         try:
             yield from self._items()
         except Exception as error:

@@ -1,8 +1,6 @@
 """Where the training stream is and what it skipped: each batch's ``"position"`` (:func:`encode_position`) and the
 resume state a rank checkpoints (:class:`StreamPosition`); the layout and the resume rule are in docs/data.md."""
 
-from __future__ import annotations
-
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -116,7 +114,7 @@ class StreamPosition:
         return {**state, "batches_consumed": self.batches_consumed, **{name: getattr(self, name) for name in _SETTINGS}}
 
     @classmethod
-    def from_state(cls, state: dict) -> StreamPosition:
+    def from_state(cls, state: dict) -> "StreamPosition":
         position = cls(*(state.get(name) for name in _SETTINGS))
         for name in _PER_SHARD:
             setattr(position, name, {str(shard): value for shard, value in state.get(name, {}).items()})

@@ -1,8 +1,6 @@
 """The records of one part (LAION part file, WebDataset tar or ``pipe:``, image file), streamed one at a time and
 numbered so a resumed run passes over records unread; damage ends a part with one :class:`Damaged` marker."""
 
-from __future__ import annotations
-
 import gzip
 import os
 import signal

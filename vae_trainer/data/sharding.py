@@ -1,8 +1,6 @@
 """Which records each shard reads (:func:`assign`) and in which order (:class:`SourcePass`, :func:`interleave`);
 the rules are in docs/data.md ("How the stream works")."""
 
-from __future__ import annotations
-
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
