@@ -279,7 +279,8 @@ def two_forward_step(networks, loss_args, optimization, pixel_values, global_ste
     """
     import paddle
 
-    from vae_trainer.losses import discriminator_objective, vae_objective
+    from vae_trainer.objectives.gan import discriminator_objective
+    from vae_trainer.objectives import vae_objective
     from vae_trainer.models.families import family_of
     from vae_trainer.optim import clip_grads, grad_norm
 

@@ -38,8 +38,8 @@ from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     protocol_of, result_record)
-from vae_trainer.flag_checks import (CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID, DEFAULT_TILE_SIZE,  # noqa: E402
-                                     check_tiling_flags, refuse)
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags, refuse  # noqa: E402
+from vae_trainer.objectives.clips import CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID  # noqa: E402
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import check_reconstruction_shape, family_of  # noqa: E402
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS  # noqa: E402
@@ -116,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_clip_flags(args: argparse.Namespace, family, geometry) -> None:
     """--num_frames / --frame_stride (and --vf_model_path with clips) against the VAE's family and `geometry`:
     training's refusals, the training flags eval_vae.py does not have at their defaults."""
+    from vae_trainer.argument_parser import REFUSALS
     from vae_trainer.arguments import DataArguments, LossArguments, ModelArguments
 
     defaults = {f.name: f.default for cls in (ModelArguments, DataArguments, LossArguments)
@@ -126,7 +127,7 @@ def check_clip_flags(args: argparse.Namespace, family, geometry) -> None:
                                "single_frames": args.num_frames == 1, "frozen_latent": not geometry.encoder_trains,
                                "distils": False})
     given = {"num_frames", "frame_stride"} | ({"vf_model_path"} if args.vf_model_path else set())
-    refuse(flags, given)
+    refuse(flags, given, REFUSALS)
 
 
 def load_vae(args: argparse.Namespace):

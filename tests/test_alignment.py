@@ -14,7 +14,7 @@ import pytest
 from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, tiny_args
 from safetensors.numpy import save_file
 
-from vae_trainer.alignment import CKAAccumulator, to_token_grid, vf_loss
+from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid, vf_loss
 from vae_trainer.argument_parser import parse_arguments
 
 

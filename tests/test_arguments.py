@@ -17,7 +17,7 @@ from vae_trainer import argument_parser
 from vae_trainer.argument_parser import GROUPS, PADDLENLP_GROUP, VAEArgumentParser, parse_arguments
 from vae_trainer.arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, DataArguments,
                                    LossArguments, ModelArguments, VAETrainingArguments)
-from vae_trainer.flag_checks import DISCRIMINATOR_FLAGS
+from vae_trainer.objectives.gan import DISCRIMINATOR_FLAGS
 
 BASE = ["--file_list", "x.filelist", "--vae_config_file", "configs/vae_micro.json", "--max_steps", "2",
         "--output_dir", "/tmp/vae_trainer_args"]

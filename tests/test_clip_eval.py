@@ -19,7 +19,8 @@ from PIL import Image
 from vae_trainer import evaluation
 from vae_trainer.arguments import VAETrainingArguments
 from vae_trainer.evaluation import TrainingEvaluator, evaluate_vae
-from vae_trainer.metrics import flicker, fold_frames, ssim
+from vae_trainer.objectives.clips import flicker
+from vae_trainer.metrics import fold_frames, ssim
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.families.wan import WAN
 from vae_trainer.train_logging import TrainMonitor

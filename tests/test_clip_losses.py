@@ -16,8 +16,10 @@ from test_wan_clips import build
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.losses import (discriminator_objective, frames, generator_loss, kl_loss, lpips_subset,
-                                temporal_loss, vae_objective)
+from vae_trainer.objectives.gan import discriminator_objective, generator_loss
+from vae_trainer.objectives import frames, vae_objective
+from vae_trainer.objectives.reconstruction import kl_loss
+from vae_trainer.objectives.clips import lpips_subset, temporal_loss
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, init_discriminator_from, save_discriminator
 from vae_trainer.models.recompute import enable_recompute

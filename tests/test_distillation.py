@@ -231,7 +231,7 @@ def test_a_student_that_cannot_live_in_the_teacher_s_latents_is_refused_before_t
 def test_the_replay_fills_then_swaps_half_its_fakes_and_resumes_from_its_state():
     import paddle
 
-    from vae_trainer.models.discriminator import FakeReplay
+    from vae_trainer.objectives.gan import FakeReplay
 
     def batch(value):  # 4 fakes and their latents, each row telling its batch and place
         fakes = paddle.to_tensor(np.arange(4, dtype=np.float32)[:, None, None, None] + value).expand([4, 3, 2, 2])
@@ -316,7 +316,8 @@ def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs
 
     from vae_trainer.arguments import LossArguments
     from vae_trainer.models.trainable import VAEWithDiscriminator
-    from vae_trainer.models.discriminator import FakeReplay, build_discriminator
+    from vae_trainer.objectives.gan import FakeReplay
+    from vae_trainer.models.discriminator import build_discriminator
     from vae_trainer.models.families import family_for_config
     from vae_trainer.models.teacher import Teacher
     from vae_trainer.models.families.tiny import TINY, student_config

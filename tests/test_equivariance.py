@@ -12,7 +12,7 @@ from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, 
 
 from vae_trainer.step import logged_images
 from vae_trainer.argument_parser import parse_arguments
-from vae_trainer.equivariance import (MIN_SCALED_SIDE, Transform, draw, halved_pair, parse_transforms,
+from vae_trainer.objectives.equivariance import (MIN_SCALED_SIDE, Transform, draw, halved_pair, parse_transforms,
                                       resize, scaled_size)
 
 FACTORS = (4, 8)

@@ -20,7 +20,7 @@ from skimage import data as skimage_data
 from skimage.transform import resize
 
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, make_grid
-from vae_trainer.metrics import DIAGNOSTICS
+from vae_trainer.objectives.equivariance import DIAGNOSTICS
 from vae_trainer.metrics import frechet_distance, psnr, ssim, to_unit_range
 from vae_trainer.models.inception import FIDInceptionV3
 

@@ -17,7 +17,7 @@ from skimage import data as skimage_data
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING, crop, load_rgb, open_image, to_float
 from vae_trainer.evaluation import EvalProtocol, TrainingEvaluator, evaluate_vae
-from vae_trainer.metrics import DIAGNOSTICS
+from vae_trainer.objectives.equivariance import DIAGNOSTICS
 
 SIZE = 64
 paddle.set_device("cpu")

@@ -10,8 +10,8 @@ import paddle
 import pytest
 from test_step import images, make_step
 
-from vae_trainer.losses import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discriminator_objective, generator_loss,
-                                kl_loss, pixel_term)
+from vae_trainer.objectives.gan import ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, discriminator_objective, generator_loss
+from vae_trainer.objectives.reconstruction import kl_loss, pixel_term
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS

@@ -8,8 +8,8 @@ import paddle
 import pytest
 
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, result_record
-from vae_trainer.metrics import (DIAGNOSTICS, equivariance_pairs, high_frequency_share, psnr, spectrum_energies,
-                                 to_unit_range)
+from vae_trainer.objectives.equivariance import DIAGNOSTICS, equivariance_pairs, high_frequency_share, spectrum_energies
+from vae_trainer.metrics import psnr, to_unit_range
 
 
 def _filtered_noise(keep_high: bool, shape=(4, 4, 32, 32), seed=0) -> paddle.Tensor:

@@ -1,11 +1,12 @@
-"""The loss math in vae_trainer/losses.py, checked against numpy and against autograd by hand."""
+"""The loss math of vae_trainer/objectives/, checked against numpy and against autograd by hand."""
 
 import numpy as np
 import paddle
 import pytest
 from ppdiffusers.models.vae import DiagonalGaussianDistribution
 
-from vae_trainer import losses
+from vae_trainer import objectives
+from vae_trainer.objectives import gan, reconstruction
 
 paddle.set_device("cpu")
 
@@ -17,27 +18,27 @@ def _t(a):
 def test_pixel_losses_match_numpy():
     rng = np.random.default_rng(0)
     x, y = rng.uniform(-1, 1, (2, 3, 4, 4)), rng.uniform(-1, 1, (2, 3, 4, 4))
-    np.testing.assert_allclose(losses.pixel_loss(_t(x), _t(y), "l1").numpy(), np.abs(x - y), rtol=1e-6)
-    np.testing.assert_allclose(losses.pixel_loss(_t(x), _t(y), "l2").numpy(), (x - y) ** 2, rtol=1e-5)
+    np.testing.assert_allclose(reconstruction.pixel_loss(_t(x), _t(y), "l1").numpy(), np.abs(x - y), rtol=1e-6)
+    np.testing.assert_allclose(reconstruction.pixel_loss(_t(x), _t(y), "l2").numpy(), (x - y) ** 2, rtol=1e-5)
     with pytest.raises(ValueError):
-        losses.pixel_loss(_t(x), _t(y), "l3")
+        reconstruction.pixel_loss(_t(x), _t(y), "l3")
 
 
 def test_kl_matches_closed_form_and_ppdiffusers():
     rng = np.random.default_rng(1)
     mean, logvar = rng.normal(size=(3, 4, 5, 5)), rng.normal(scale=0.5, size=(3, 4, 5, 5))
     expected = 0.5 * np.sum(mean**2 + np.exp(logvar) - 1 - logvar, axis=(1, 2, 3))
-    got = losses.kl_loss(_t(mean), _t(logvar)).numpy()
+    got = reconstruction.kl_loss(_t(mean), _t(logvar)).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     posterior = DiagonalGaussianDistribution(_t(np.concatenate([mean, logvar], axis=1)))
     np.testing.assert_allclose(got, posterior.kl().numpy(), rtol=1e-5)
     # A posterior equal to the prior has zero KL.
-    assert np.abs(losses.kl_loss(_t(np.zeros((1, 4, 2, 2))), _t(np.zeros((1, 4, 2, 2)))).numpy()).max() == 0
+    assert np.abs(reconstruction.kl_loss(_t(np.zeros((1, 4, 2, 2))), _t(np.zeros((1, 4, 2, 2)))).numpy()).max() == 0
 
 
 def test_kl_stays_finite_in_half_precision():
     mean = paddle.full([1, 4, 2, 2], 200.0, "float16")  # 200^2 overflows nothing in float32, inf in float16
-    value = losses.kl_loss(mean, paddle.zeros([1, 4, 2, 2], "float16"))
+    value = reconstruction.kl_loss(mean, paddle.zeros([1, 4, 2, 2], "float16"))
     assert value.dtype == paddle.float32 and np.isfinite(value.numpy()).all()
     np.testing.assert_allclose(value.numpy(), [0.5 * 16 * 200.0**2], rtol=1e-6)
 
@@ -52,28 +53,28 @@ def test_gan_losses_match_formulas(kind):
     else:
         d_expected = 0.5 * (softplus(-real).mean() + softplus(fake).mean())
         g_expected = softplus(-fake).mean()
-    assert losses.discriminator_loss(_t(real), _t(fake), kind).item() == pytest.approx(d_expected, rel=1e-6)
-    assert losses.generator_loss(_t(fake), kind).item() == pytest.approx(g_expected, rel=1e-6)
+    assert gan.discriminator_loss(_t(real), _t(fake), kind).item() == pytest.approx(d_expected, rel=1e-6)
+    assert gan.generator_loss(_t(fake), kind).item() == pytest.approx(g_expected, rel=1e-6)
 
 
 def test_adaptive_weight_is_ratio_of_gradient_norms_clamped():
     rng = np.random.default_rng(0)
     g_nll, g_gan = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     expected = np.linalg.norm(g_nll) / (np.linalg.norm(g_gan) + 1e-4)
-    assert losses.adaptive_weight(_t(g_nll), _t(g_gan)).item() == pytest.approx(expected, rel=1e-5)
-    clamped = losses.adaptive_weight(_t(g_nll), _t(g_gan), max_weight=0.1 * expected)
+    assert gan.adaptive_weight(_t(g_nll), _t(g_gan)).item() == pytest.approx(expected, rel=1e-5)
+    clamped = gan.adaptive_weight(_t(g_nll), _t(g_gan), max_weight=0.1 * expected)
     assert clamped.item() == pytest.approx(0.1 * expected)
-    assert losses.adaptive_weight(_t(g_nll), _t(g_gan), eps=2.0).item() == pytest.approx(
+    assert gan.adaptive_weight(_t(g_nll), _t(g_gan), eps=2.0).item() == pytest.approx(
         np.linalg.norm(g_nll) / (np.linalg.norm(g_gan) + 2.0), rel=1e-5)
 
 
 def test_adaptive_weight_is_nan_when_a_gradient_norm_overflows_not_clipped_to_its_maximum():
     g = _t(np.ones((3, 4)))
-    assert np.isfinite(losses.adaptive_weight(g, g).item())
+    assert np.isfinite(gan.adaptive_weight(g, g).item())
     # nll's gradient overflows: inf / finite would be clipped to max_weight (1e4), a huge GAN weight.
-    assert np.isnan(losses.adaptive_weight(g * 3e38 * 3e38, g).item())
+    assert np.isnan(gan.adaptive_weight(g * 3e38 * 3e38, g).item())
     # gan's gradient overflows: finite / inf would be 0 by accident.
-    assert np.isnan(losses.adaptive_weight(g, g * 3e38 * 3e38).item())
+    assert np.isnan(gan.adaptive_weight(g, g * 3e38 * 3e38).item())
 
 
 def test_last_layer_gradient_is_the_loss_gradient_at_the_layer_from_its_gradient_at_the_output():
@@ -89,7 +90,7 @@ def test_last_layer_gradient_is_the_loss_gradient_at_the_layer_from_its_gradient
     out_grad = paddle.grad(head_loss, leaf)[0]
     expected = paddle.grad((out.square() * paddle.arange(15, dtype="float32").reshape([5, 3])).sum(), layer.weight,
                            retain_graph=True)[0]
-    got = losses.last_layer_gradient(out, out_grad, layer.weight)
+    got = gan.last_layer_gradient(out, out_grad, layer.weight)
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
     assert layer.weight.grad is None  # paddle.grad does not accumulate into .grad
     out.sum().backward()  # the graph is kept for the real backward
@@ -106,7 +107,7 @@ def test_a_given_scaled_gradient_reaches_a_half_precision_reconstruction_without
     scale = 2.0**16
     given = _t([1e-8, 1e-3, -2e-3]) * scale
     direct = weight.sum()
-    losses.VAELoss(direct.detach(), direct, given, {}).backward(recon, lambda loss: loss * scale)
+    objectives.VAELoss(direct.detach(), direct, given, {}).backward(recon, lambda loss: loss * scale)
     np.testing.assert_allclose(weight.grad.numpy(), 2 * given.numpy() + scale, rtol=1e-3)
     assert np.float16(1e-8) == 0
 
@@ -125,7 +126,7 @@ def test_vae_objective_skips_the_gan_term_when_the_adaptive_weight_overflows():
     args = LossArguments(perceptual_weight=0.0, disc_start=0)
     results = {}
     for grad_scale in (1.0, 3e38):
-        results[grad_scale] = losses.vae_objective(
+        results[grad_scale] = objectives.vae_objective(
             x, recon, mean, logvar, paddle.zeros([]), loss_args=args, lpips=None, discriminator=discriminator,
             last_layer=decoder.weight, gan_weight=args.disc_weight, grad_scale=grad_scale)
     (loss, logs), (loss_skipped, logs_skipped) = [(results[s].value, results[s].logs) for s in (1.0, 3e38)]
@@ -150,13 +151,13 @@ def test_an_overflowing_gan_gradient_leaves_the_vae_the_gradient_of_the_loss_wit
     args = LossArguments(perceptual_weight=0.0, disc_start=0)
     grad_scale = 1e36  # the scaled pixel gradient stays finite, the scaled GAN gradient does not
     recon = decoder(x)
-    loss = losses.vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
+    loss = objectives.vae_objective(x, recon, zeros, zeros, paddle.zeros([]), loss_args=args, lpips=None,
                                 discriminator=discriminator, last_layer=decoder.weight, gan_weight=args.disc_weight,
                                 grad_scale=grad_scale)
     logs = loss.logs
     assert logs["gan/adaptive_weight_overflow"].item() == 1 and np.isfinite(logs["loss/generator"].item())
     loss.backward(recon, lambda direct: direct * grad_scale)  # as the step scales it
-    expected = paddle.grad(losses.pixel_term(x, decoder(x), args) * grad_scale, decoder.weight)[0]
+    expected = paddle.grad(reconstruction.pixel_term(x, decoder(x), args) * grad_scale, decoder.weight)[0]
     assert np.isfinite(decoder.weight.grad.numpy()).all()
     np.testing.assert_allclose(decoder.weight.grad.numpy(), expected.numpy(), rtol=1e-5)
 
@@ -166,7 +167,7 @@ def _ldm_reference_loss(x, recon, mean, logvar, discriminator, last_layer, kl_we
     sums over pixel values and latent elements, mean over images, adaptive weight clamped to [0, 1e4]."""
     batch = x.shape[0]
     nll = (x - recon).abs().sum() / batch
-    kl = losses.kl_loss(mean, logvar).sum() / batch
+    kl = reconstruction.kl_loss(mean, logvar).sum() / batch
     gan = -discriminator(recon).mean()
     nll_grad = paddle.grad(nll, last_layer, retain_graph=True)[0]
     gan_grad = paddle.grad(gan, last_layer, retain_graph=True)[0]
@@ -193,7 +194,7 @@ def test_objective_is_ldm_objective_over_pixel_count_including_the_adaptive_weig
 
     expected_loss, expected_weight = _ldm_reference_loss(x, decoder_out(features), mean, logvar, discriminator,
                                                          decoder_out.weight, args.kl_weight, args.disc_weight)
-    objective = losses.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
+    objective = objectives.vae_objective(x, decoder_out(features), mean, logvar, paddle.zeros([]), loss_args=args,
                                      lpips=None, discriminator=discriminator, last_layer=decoder_out.weight,
                                      gan_weight=args.disc_weight)
     loss, logs = objective.value, objective.logs

@@ -18,15 +18,8 @@ from skimage.filters import gaussian
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from skimage.transform import resize
 
-from vae_trainer.metrics import (
-    FeatureStatistics,
-    LatentStatistics,
-    MetricAccumulator,
-    frechet_distance,
-    psnr,
-    ssim,
-    to_unit_range,
-)
+from vae_trainer.metrics import (FeatureStatistics, LatentStatistics, MetricAccumulator, frechet_distance, psnr, ssim,
+                                 to_unit_range)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 paddle.set_device("cpu")

@@ -175,7 +175,7 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
     from vae_trainer.build import build_networks, build_optimization
-    from vae_trainer.losses import update_lecam_ema
+    from vae_trainer.objectives.gan import update_lecam_ema
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:

@@ -9,7 +9,8 @@ import paddle
 import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.losses import discriminator_objective, vae_objective
+from vae_trainer.objectives.gan import discriminator_objective, gan_weight
+from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_of
@@ -48,7 +49,9 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
 def full_step(step, x, global_step):
     """One micro-batch and its optimizer step, as the drivers run them (accumulation 1)."""
     logs = step.forward_backward(x, global_step, 0).logs
-    return {**logs, **step.optimizer_step(global_step).scalars}
+    scalars = step.optimizer_step(global_step).scalars
+    step.schedule(global_step)
+    return {**logs, **scalars}
 
 
 def weights(layer):
@@ -120,6 +123,7 @@ def test_gan_is_off_before_disc_start(tmp_path):
     assert "loss/generator" not in logs and "gan/adaptive_weight" not in logs
     assert all(p.grad is None for p in model.discriminator.parameters())
     report = step.optimizer_step(global_step=4).scalars
+    step.schedule(4)
     assert unchanged(model.discriminator, before) and "train/disc_grad_norm" not in report
     assert step.disc_scheduler.last_epoch == 0  # its schedule starts at disc_start
     logs = full_step(step, images(), global_step=5)
@@ -132,9 +136,9 @@ def test_the_gan_weight_ramps_in_linearly_from_disc_start(tmp_path):
     and that is what reaches the loss: the adaptive weight and the GAN's share of the loss scale by that fraction."""
     model = make_model()
     ramped = make_step(model, tmp_path, disc_start=3, disc_weight_warmup_steps=4)
-    assert [ramped.gan_weight(t) for t in range(1, 10)] == [0, 0, 0.125, 0.25, 0.375, 0.5, 0.5, 0.5, 0.5]
+    assert [gan_weight(ramped.loss_args, t) for t in range(1, 10)] == [0, 0, 0.125, 0.25, 0.375, 0.5, 0.5, 0.5, 0.5]
     ldm = make_step(copy.deepcopy(model), tmp_path, disc_start=3, disc_weight_warmup_steps=0)  # the term at once
-    assert [ldm.gan_weight(t) for t in range(1, 5)] == [0, 0, 0.5, 0.5]
+    assert [gan_weight(ldm.loss_args, t) for t in range(1, 5)] == [0, 0, 0.5, 0.5]
     logs = {}
     for name, step in (("ramped", ramped), ("ldm", ldm)):
         paddle.seed(5)  # the same posterior sample
@@ -157,7 +161,8 @@ def test_learnable_logvar_is_optimized(tmp_path):
 
 
 def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path):
-    """The block: both optimizers step once (with clipped gradients), both schedules advance, grads are cleared."""
+    """The update: both optimizers step once (with clipped gradients), grads are cleared; then `schedule` advances
+    both schedules (the optimizer step leaves them)."""
     model = make_model()
     step = make_step(model, tmp_path, learning_rate=1e-3)
     step.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
@@ -170,6 +175,8 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
                            if id(p) in grads))
     assert norm == pytest.approx(expected, rel=1e-4) and norm > 1e-3
     assert not unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)
+    assert step.vae_scheduler.last_epoch == 0 and step.disc_scheduler.last_epoch == 0
+    step.schedule(0)
     assert step.vae_scheduler.last_epoch == 1 and step.disc_scheduler.last_epoch == 1
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())
     # Adam's first step moves each weight by about lr whatever the gradient's scale; the clipped gradient
@@ -236,7 +243,8 @@ def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_pa
     report = step.optimizer_step(global_step=0).scalars
     assert report["train/skipped_steps"] == 1 and unchanged(model, before)
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())  # nothing carried over
-    assert step.vae_scheduler.last_epoch == 1  # the schedule follows the step counter
+    step.schedule(0)
+    assert step.vae_scheduler.last_epoch == 1  # the schedule follows the step counter, skipped or not
     with pytest.raises(NonFiniteError, match="2 consecutive"):
         full_step(step, images(), global_step=1)
     assert unchanged(model, before)

@@ -11,16 +11,9 @@ from conftest import read_scalars, run_entry_point
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments
-from vae_trainer.losses import (
-    discriminator_objective,
-    generator_loss,
-    latent_penalty,
-    lecam_regularization,
-    lowpass_mask,
-    normalize_gradient,
-    pixel_term,
-    vae_objective,
-)
+from vae_trainer.objectives.gan import discriminator_objective, generator_loss, lecam_regularization
+from vae_trainer.objectives.reconstruction import latent_penalty, lowpass_mask, normalize_gradient, pixel_term
+from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.lpips import LPIPS

@@ -67,7 +67,7 @@ def test_outputs_and_visualdl(runs, driver):
 def test_the_run_states_its_evaluation_protocol_once(runs, driver):
     """With the first evaluation's line (eval_metrics.jsonl holds it for every evaluation)."""
     from vae_trainer.evaluation import EvalProtocol
-    from vae_trainer.metrics import DIAGNOSTICS
+    from vae_trainer.objectives.equivariance import DIAGNOSTICS
 
     console = open(os.path.join(runs[driver], "console.txt")).read()
     protocol = EvalProtocol(resolution=32, metrics=("psnr", "ssim", "lpips", *DIAGNOSTICS)).text()  # no rFID weights
@@ -83,7 +83,7 @@ def test_every_evaluation_is_recorded_in_eval_metrics_jsonl(runs, driver):
     import json
 
     from vae_trainer.evaluation import EvalProtocol
-    from vae_trainer.metrics import DIAGNOSTICS
+    from vae_trainer.objectives.equivariance import DIAGNOSTICS
 
     output_dir = runs[driver]
     with open(os.path.join(output_dir, "eval_metrics.jsonl")) as handle:

@@ -11,9 +11,11 @@ from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, ge
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, RECIPES, UNSUPPORTED_FLAGS,
-                        DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
+from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, INHERITED_REFUSALS, PADDLENLP_FLAGS, RECIPES,
+                        UNSUPPORTED_FLAGS, DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
+from .flag_checks import REFUSALS as GENERAL_REFUSALS
 from .flag_checks import check_eval_batch_size, check_sizes, flag_values, refuse
+from .objectives import alignment, clips, distillation, equivariance, gan, reconstruction
 
 GROUPS = {"data": "data: training images and preprocessing", "model": "model: the VAE to train",
           "loss": "loss: the VAE objective", "discriminator": "discriminator: the adversarial term and its network",
@@ -25,6 +27,9 @@ PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both ent
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
 Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
+# Every parse-time refusal, each table beside what it guards.
+REFUSALS = (INHERITED_REFUSALS + GENERAL_REFUSALS + reconstruction.REFUSALS + gan.REFUSALS + clips.REFUSALS
+            + alignment.REFUSALS + equivariance.REFUSALS + distillation.REFUSALS)
 
 
 class _FlagTarget:
@@ -106,7 +111,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
 def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
              training_args: VAETrainingArguments, given: Set[str]) -> None:
     """Refuse, before anything is built, a missing VAE or data, values outside their choices, sizes the VAE cannot
-    take and the rows of flag_checks.REFUSALS for the flags the user gave (`given`, field names)."""
+    take and the rows of `REFUSALS` for the flags the user gave (`given`, field names)."""
     if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
             or model_args.teacher_model_name_or_path):
         raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
@@ -121,7 +126,8 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
             choices, value = _literal_choices(hints[f.name]), getattr(objects, f.name)
             if choices is not None and value is not None and value not in choices:
                 raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
-    flags = flag_values(arguments)  # raises on a bad --scaling_factor or --equivariance_transforms
+    flags = flag_values(arguments)  # raises on a bad --scaling_factor
+    equivariance.parse_transforms(loss_args.equivariance_transforms)  # raises on a bad list
     check_eval_batch_size(training_args.per_device_eval_batch_size)
-    refuse(flags, given - set(UNSUPPORTED_FLAGS))  # those are refused by value in VAETrainingArguments
+    refuse(flags, given - set(UNSUPPORTED_FLAGS), REFUSALS)  # those are refused by value in VAETrainingArguments
     check_sizes(model_args, data_args)

@@ -23,8 +23,7 @@ from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
 from .models.latent_scale import mode_for
 from .models.trainable import VAEWithDiscriminator
-from .models.discriminator import (PATCH_TYPES, FakeReplay, build_discriminator, convert_batchnorm_to_sync,
-                                   init_discriminator_from)
+from .models.discriminator import PATCH_TYPES, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
@@ -34,7 +33,8 @@ from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
 from .precision import setup_precision, uses_master_weights
-from .step import NonFiniteGuard, TrainStep, disc_update_start
+from .objectives.gan import FakeReplay, disc_update_start
+from .step import NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
 VIDEO_ENCODER_TRAINED = "%s: its encoder is being trained on %s. Its latents encode video too (an image " \

@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import os
-import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,6 @@ import numpy as np
 import paddle
 
 from vae_trainer import watchdog
-from vae_trainer.alignment import DEFINITION as CKA_DEFINITION, CKAAccumulator, to_token_grid
 from vae_trainer.checkpoint import EVAL_METRICS_NAME, eval_line_step
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.filelists import CLIP_TAR, VIDEO_SUFFIXES, read_sources
@@ -28,13 +26,15 @@ from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
-from vae_trainer.metrics import (GROUP_FRAMES, HALF_NYQUIST, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA,
-                                 SSIM_WINDOW_SIZE, FeatureStatistics, LatentStatistics, MetricAccumulator,
-                                 all_reduce_sum, equivariance_pairs, flicker, fold_frames, frechet_distance,
-                                 high_frequency_share, psnr, spectrum_energies, ssim, to_unit_range)
+from vae_trainer.metrics import (HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE, FeatureStatistics,
+                                 LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames, frechet_distance,
+                                 psnr, ssim, to_unit_range)
 from vae_trainer.models.families import family_of
 from vae_trainer.models.families.kl import KL
 from vae_trainer.models.trainable import encoder_input
+from vae_trainer.objectives import alignment, distillation, equivariance
+from vae_trainer.objectives import clips as clips_part
+from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid
 from vae_trainer.precision import half_precision_autocast
 
 logger = logging.getLogger(__name__)
@@ -47,26 +47,10 @@ METRIC_DEFINITIONS = {
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
-    "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
-               "frame pairs of every clip (0: the same error in every frame)",
-    "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
-    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + 4}, ...: place {p} in the later groups of 4 frames that "
-       "one latent frame codes" for p in range(1, 5)},
-    "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
-                               "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
-    "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
-    "latent_high_frequency_share": "share of the posterior modes' spatial energy (|FFT2|^2 per image and channel, "
-                                   f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
-                                   "Nyquist), summed over images and channels before dividing",
-    "vf_alignment_cka": CKA_DEFINITION,
-    **{f"{name}_vs_teacher": f"{name} of the student's decode against the teacher's decode of the teacher's latents"
-       for name in ("psnr", "ssim", "lpips")},
-    **{f"teacher_{name}": f"{name} of the teacher's own reconstruction (encode, decode)" for name in ("psnr", "ssim",
-                                                                                                      "lpips")},
-    "latent_mse": "mean squared error of the student encoder's latents against the teacher's normalised latents, "
-                  "per image, averaged over images",
-    "decode_ms": "milliseconds per image of the decode (batches of --per_device_eval_batch_size, this device)",
-    "teacher_decode_ms": "milliseconds per image of the teacher's decode (from its pipelines' latents), the same way",
+    **clips_part.DEFINITIONS,
+    **equivariance.DEFINITIONS,
+    "vf_alignment_cka": alignment.DEFINITION,
+    **distillation.DEFINITIONS,
 }
 
 
@@ -263,8 +247,8 @@ class _Pass:
                 recons = self.family.decode(self.vae, latent)
             else:  # the student decodes the teacher's latents, timed
                 latent = taught.astype(mode.dtype)
-                recons = timed(self.metrics, "decode_ms", lambda: self.family.decode(self.vae, latent))
-            equivariance = {} if clips or taught is not None else equivariance_pairs(
+                recons = distillation.timed(self.metrics, "decode_ms", lambda: self.family.decode(self.vae, latent))
+            pairs = {} if clips or taught is not None else equivariance.equivariance_pairs(
                 lambda z: self.family.decode(self.vae, z), pixels, mode, scale=not self.fixed_output)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
@@ -272,21 +256,17 @@ class _Pass:
         if missing > 0:
             self.grid.append((pixels[:missing].numpy(), recons[:missing].numpy()))
         if clips:
-            self.metrics.update("flicker", flicker(to_unit_range(pixels), to_unit_range(recons)))
+            self.metrics.update("flicker", clips_part.flicker(to_unit_range(pixels), to_unit_range(recons)))
             pixels, recons, mode = fold_frames(pixels), fold_frames(recons), fold_frames(mode)
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         frame_psnr = psnr(unit_pixels, unit_recons)
         self.metrics.update("psnr", frame_psnr)
-        if clips:  # frames t of a clip are at b*T + t
-            by_clip = frame_psnr.numpy().reshape([posterior.mean.shape[0], -1])
-            # Each frame's place in the causal layout: 0 for frame 0, then 1..4 within each later group of 4.
-            places = np.array([0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, by_clip.shape[1])])
-            for place in sorted(set(places)):
-                self.metrics.update(f"psnr_position_{place}", by_clip[:, places == place])
+        if clips:
+            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0])
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
-        for name, (decoded, target) in equivariance.items():  # {name: (decode(tau(z)), tau(x))}
+        for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
-        self.spectrum += spectrum_energies(mode)
+        self.spectrum += equivariance.spectrum_energies(mode)
         if self.cka is not None:
             features, grid = self.vf_model.patch_tokens(pixels)
             self.cka.add(to_token_grid(mode, grid), features)
@@ -296,20 +276,8 @@ class _Pass:
             self.features[0].update(self.inception(pixels))
             self.features[1].update(self.inception(recons))
         if taught is not None:
-            self.add_teacher_metrics(pixels, recons, mode.astype("float32"), taught)
-
-    def add_teacher_metrics(self, pixels: paddle.Tensor, recons: paddle.Tensor, latents: paddle.Tensor,
-                            taught: paddle.Tensor) -> None:
-        """The student beside its teacher: its encoder's latent error, its decode against the teacher's decode, the
-        teacher's own reconstruction against the images, and the teacher's decode time."""
-        self.metrics.update("latent_mse", (latents - taught).square().mean(axis=list(range(1, latents.ndim))))
-        teacher = timed(self.metrics, "teacher_decode_ms", lambda: self.teacher.decode(taught))
-        teacher = teacher.astype("float32").clip(-1.0, 1.0)
-        for name, reference, decoded in (("{}_vs_teacher", teacher, recons), ("teacher_{}", pixels, teacher)):
-            self.metrics.update(name.format("psnr"), psnr(to_unit_range(reference), to_unit_range(decoded)))
-            self.metrics.update(name.format("ssim"), ssim(to_unit_range(reference), to_unit_range(decoded)))
-            if self.lpips is not None:
-                self.metrics.update(name.format("lpips"), self.lpips(reference, decoded).reshape([-1]))
+            distillation.add_teacher_metrics(self.metrics, self.lpips, self.teacher, pixels, recons,
+                                             mode.astype("float32"), taught)
 
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
@@ -325,24 +293,13 @@ class _Pass:
 
     def result(self) -> EvalResult:
         metrics = self.metrics.compute()
-        metrics["latent_high_frequency_share"] = high_frequency_share(all_reduce_sum(self.spectrum))
+        metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(all_reduce_sum(self.spectrum))
         if self.cka is not None:
             metrics["vf_alignment_cka"] = self.cka.result()
         if self.features is not None:
             metrics["rfid"] = frechet_distance(*self.features[0].compute(), *self.features[1].compute())
         grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
         return replace(self.latent_stats(), metrics=metrics, grid=grid)
-
-
-def timed(metrics: MetricAccumulator, name: str, run: Callable[[], paddle.Tensor]) -> paddle.Tensor:
-    """`run()`, its milliseconds per image added to `metrics` as `name` (the device synchronised around it)."""
-    sync = paddle.device.synchronize if paddle.get_device().startswith("gpu") else lambda: None  # (CPU: in order)
-    sync()
-    start = time.perf_counter()
-    out = run()
-    sync()
-    metrics.update(name, np.full([out.shape[0]], 1000.0 * (time.perf_counter() - start) / out.shape[0]))
-    return out
 
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,

@@ -174,7 +174,8 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
                 micro = run.micro_step(next(run.batches), state.global_step, micro_batch)
-            report = run.step.optimizer_step(state.global_step)  # all-reduce, checks, clip, updates, schedules, EMA
+            report = run.step.optimizer_step(state.global_step)  # all-reduce, unscale, check, clip, steps, EMA
+            run.step.schedule(state.global_step)  # the learning rates
             state.global_step += 1
             progress.update(1)
             scalars = run.after_step(state, report, micro)

@@ -1,9 +1,9 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), clips' flicker and frame places, the Frechet distance,
-the latent diagnostics (docs/techniques.md, "Latent diagnostics") and streaming accumulators. These keep sums, never
-means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), the Frechet distance and streaming accumulators (an
+objective's own metrics are its part's: flicker in objectives/clips.py, the latent diagnostics in
+objectives/equivariance.py). These keep sums, never means, and their `compute()` sums over ranks (a collective: every
+rank calls it, having fed the same metric names)."""
 
 import logging
-from typing import Callable
 
 import numpy as np
 import paddle
@@ -11,7 +11,6 @@ import paddle.nn.functional as F
 from scipy import linalg
 
 from .distributed import sum_over_ranks
-from .equivariance import Transform, halved_pair
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +19,6 @@ HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
                     "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
                     "latent_high_frequency_share": False, "vf_alignment_cka": True, "flicker": False,  # alignment.py
                     "psnr_vs_teacher": True, "ssim_vs_teacher": True, "lpips_vs_teacher": False, "latent_mse": False}
-DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
-HALF_NYQUIST = 0.25  # cycles per sample
-GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
 
 SSIM_WINDOW_SIZE, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03
 
@@ -44,13 +40,6 @@ def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
         return clips
     b, c, t, h, w = clips.shape
     return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
-
-
-def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W] (0: a constant error)."""
-    error = x.astype("float32") - y.astype("float32")
-    change = (error[:, :, 1:] - error[:, :, :-1]).abs()
-    return change.reshape([change.shape[0], -1]).mean(axis=1)
 
 
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
@@ -96,36 +85,6 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
             raise ValueError(f"imaginary component {np.max(np.abs(covmean.imag))} in sqrtm")
         covmean = covmean.real
     return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean))
-
-
-def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images: paddle.Tensor,
-                       latents: paddle.Tensor, scale: bool = True) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
-    """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs, one decode each; the scale one only if
-    `scale` (not for a decoder of one input grid and output size: RAE's)."""
-    pairs = {}
-    if scale:
-        half_latents, half_images = halved_pair(latents, images)
-        pairs["scale_equivariance_psnr"] = (decode(half_latents), half_images)
-    rotation = Transform("rotate", quarter_turns=1)
-    pairs["rotation_equivariance_psnr"] = (decode(rotation.latent(latents, images.shape[2:])),
-                                           rotation.images(images, latents.shape[2:]))
-    return pairs
-
-
-def spectrum_energies(latents: paddle.Tensor) -> tuple[float, float]:
-    """(energy above half Nyquist, all energy) of [B, C, h, w] latents, each channel's mean removed."""
-    z = latents.astype("float32")
-    z = z - z.mean(axis=[2, 3], keepdim=True)
-    power = paddle.abs(paddle.fft.fft2(z)) ** 2
-    fy, fx = np.fft.fftfreq(z.shape[2])[:, None], np.fft.fftfreq(z.shape[3])[None, :]
-    mask = paddle.to_tensor((np.sqrt(fx**2 + fy**2) > HALF_NYQUIST).astype(np.float32))
-    return float((power * mask).sum()), float(power.sum())
-
-
-def high_frequency_share(energies: tuple[float, float] | np.ndarray) -> float:
-    """`latent_high_frequency_share` of `spectrum_energies` (summed over batches): 0 for constant latents."""
-    high, total = energies
-    return float(high / total) if total > 0 else 0.0
 
 
 def all_reduce_sum(array: np.ndarray) -> np.ndarray:

@@ -15,9 +15,11 @@ import paddle
 
 from .distributed import average_over_ranks, sum_over_ranks, sync_gradients, world_size
 from .ema import ema_weights
-from .equivariance import draw, parse_transforms
-from .alignment import to_token_grid
-from .losses import VFTerm, discriminator_objective, lpips_subset, vae_objective
+from .objectives import vae_objective
+from .objectives.alignment import VFTerm, to_token_grid
+from .objectives.clips import lpips_subset
+from .objectives.equivariance import draw, parse_transforms
+from .objectives.gan import disc_trains, discriminator_objective, gan_weight
 from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
@@ -137,17 +139,6 @@ class TrainStep:
         self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
         self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
-    def gan_weight(self, global_step: int) -> float:
-        """The GAN term's weight at `global_step`: 0 before --disc_start, then --disc_weight reached linearly over
-        --disc_weight_warmup_steps (0: at once, LDM's). A function of the step alone: resume stays exact."""
-        args = self.loss_args
-        if args.disc_weight == 0 or global_step < args.disc_start:
-            return 0.0
-        return args.disc_weight * min(1.0, (global_step - args.disc_start + 1) / max(args.disc_weight_warmup_steps, 1))
-
-    def disc_trains(self, global_step: int) -> bool:
-        return self.loss_args.disc_weight > 0 and global_step >= disc_update_start(self.loss_args)
-
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
         the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
@@ -168,7 +159,7 @@ class TrainStep:
             vae_loss = vae_objective(                                                     # 2. VAE objective
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
-                gan_weight=self.gan_weight(global_step), vf=self._vf_term(clean, z),
+                gan_weight=gan_weight(args, global_step), vf=self._vf_term(clean, z),
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
                 lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
@@ -178,7 +169,7 @@ class TrainStep:
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
-        if self.disc_trains(global_step):
+        if disc_trains(args, global_step):
             fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
             with self.precision.autocast():                                               # 3. discriminator
                 d_loss, d_logs = discriminator_objective(
@@ -201,45 +192,57 @@ class TrainStep:
                       self.model.family.last_layers(self.model.vae)[1])
 
     def optimizer_step(self, global_step: int) -> StepReport:
-        """The update after the last micro-batch of optimizer step `global_step` (0-based), as numbered."""
-        gan, precision = self.disc_trains(global_step), self.precision  # the discriminator's update
-        vae_params = self.model.vae_parameters()
-        disc_params = self.model.discriminator_parameters() if gan else []
-        sync_gradients(vae_params + disc_params, fill_missing=self.clips)                 # 1. all-reduce
-        precision.vae_scaler.unscale_(self.vae_optimizer)                                 # 2. unscale
-        if gan:
-            precision.disc_scaler.unscale_(self.disc_optimizer)
-        vae_norm, disc_norm = grad_norm(vae_params), grad_norm(disc_params)
-        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(), "train/grad_norm": vae_norm,
-                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),  # before they step
-                                      **({"train/disc_grad_norm": disc_norm} if gan else {})}
-        losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(vae_norm, disc_norm)  # 3.
-        loss_scales = {"vae": precision.vae_scaler.scale_value, "discriminator": precision.disc_scaler.scale_value}
-        take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
-                                 gan_overflows, precision.scales_losses, loss_scales)
-        if take["vae"]:
-            clip_grads(vae_params, vae_norm, self.max_grad_norm)                          # 4. clip
-            self.vae_optimizer.step()                                                     # 5. VAE update
-        self.vae_scheduler.step()                                                         # 6. schedule
-        precision.vae_scaler.update_after(not take["vae"])                                # 7. loss scale
-        if gan:                                                                           # 8. the same for D
-            if take["discriminator"]:
-                clip_grads(disc_params, disc_norm, self.max_grad_norm)
-                self.disc_optimizer.step()
-            self.disc_scheduler.step()
-            precision.disc_scaler.update_after(not take["discriminator"])
+        """The update after the last micro-batch of optimizer step `global_step` (0-based): the gradients all-reduced;
+        for each network that trains (the VAE, and the discriminator from its start) unscale; one finite check of
+        both; for each, clip, step and its loss scale; the gradients freed, the BatchNorm statistics averaged over
+        ranks and the EMA stepped. The learning rates move on in `schedule`."""
+        precision = self.precision
+        trained = {"vae": (self.model.vae_parameters(), self.vae_optimizer, precision.vae_scaler)}
+        if disc_trains(self.loss_args, global_step):
+            trained["discriminator"] = (self.model.discriminator_parameters(), self.disc_optimizer,
+                                        precision.disc_scaler)
+        sync_gradients([p for params, _, _ in trained.values() for p in params], fill_missing=self.clips)  # all-reduce
+        for _, optimizer, scaler in trained.values():
+            scaler.unscale_(optimizer)                                                    # unscale
+        norms = {name: grad_norm(params) for name, (params, _, _) in trained.items()}
+        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(), "train/grad_norm": norms["vae"],
+                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),  # before they move on
+                                      **({"train/disc_grad_norm": norms["discriminator"]} if len(trained) > 1 else {})}
+        take, stop = self._finite_check(global_step, norms)                               # finite check
+        for name, (params, optimizer, scaler) in trained.items():
+            if take[name]:
+                clip_grads(params, norms[name], self.max_grad_norm)                       # clip
+                optimizer.step()                                                          # step
+            scaler.update_after(not take[name])                                           # loss scale
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
         # as its weights (335 MB for SD), and between steps nothing needs them.
         self.vae_optimizer.clear_grad(set_to_zero=False)
         self.disc_optimizer.clear_grad(set_to_zero=False)
-        average_over_ranks(self._norm_statistics)                                         # 9. BatchNorm statistics
-        if self.ema is not None:                                                          # 10. EMA
+        average_over_ranks(self._norm_statistics)                                         # BatchNorm statistics
+        if self.ema is not None:                                                          # EMA
             self.ema.step(self.model.vae.parameters())
         scalars.update(self.guard.counters())
         if precision.scales_losses:
             scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
                             "train/disc_loss_scale": precision.disc_scaler.scale_value})
         return StepReport(scalars, stop)
+
+    def schedule(self, global_step: int) -> None:
+        """After `optimizer_step` of `global_step`: the learning rate of each network that trained moves on."""
+        self.vae_scheduler.step()
+        if disc_trains(self.loss_args, global_step):
+            self.disc_scheduler.step()
+
+    def _finite_check(self, global_step: int, norms: Dict[str, paddle.Tensor]) -> Tuple[Dict[str, bool], bool]:
+        """({network: take its step?}, stop?) from `_read_checks` and the guard's decision (which raises when a run
+        is broken)."""
+        zero = paddle.zeros([], "float32")
+        losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(
+            norms["vae"], norms.get("discriminator", zero))
+        scales = {"vae": self.precision.vae_scaler.scale_value, "discriminator": self.precision.disc_scaler.scale_value}
+        take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
+                                 gan_overflows, self.precision.scales_losses, scales)
+        return take, stop
 
     def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
         """THE host sync of an optimizer step, one read of a few numbers summed over ranks: (losses finite on every
@@ -260,12 +263,6 @@ def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
     frozen one's (no trainable weight: kept in eval mode), whose statistics must stay as loaded, bit for bit."""
     return [tensor for layer in vae.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)
             and any(not p.stop_gradient for p in layer.parameters()) for tensor in (layer._mean, layer._variance)]
-
-
-def disc_update_start(loss_args) -> int:
-    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters) or --disc_start."""
-    start = loss_args.disc_update_start
-    return loss_args.disc_start if start is None else min(start, loss_args.disc_start)
 
 
 def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, paddle.Tensor]:

@@ -1,9 +1,10 @@
 """The PaddleNLP Trainer driver (train_vae_trainer.py): the Trainer's loop, progress bar, console log and
-`--save_steps` timing around the plain loop's step and bookkeeping (`loop.Run`). The Trainer steps its `optimizer`
-and `lr_scheduler` itself after each optimizer step: they do nothing here, `TrainStep.optimizer_step` did it."""
+`--save_steps` timing around the plain loop's step and bookkeeping (`loop.Run`). The Trainer's own places hold the
+real update: `training_step` is the step's forward and backward of one micro-batch; after the last one, the Trainer
+calls its `optimizer.step()`, the update of both networks (`TrainStep.optimizer_step`), and its
+`lr_scheduler.step()`, their learning rates (`TrainStep.schedule`)."""
 
 import copy
-from types import SimpleNamespace
 from typing import Dict, Optional
 
 import paddle
@@ -11,6 +12,34 @@ from paddlenlp.trainer import Trainer, TrainerCallback
 
 from .loop import Run, start
 from .user_errors import start_up
+
+
+class Update:
+    """What the Trainer calls its optimizer: `step` is both networks' update after the last micro-batch (all-reduce,
+    unscale, finite check, clip, step, loss scales, EMA), whose report the Trainer's callback logs."""
+
+    def __init__(self, trainer: "VAETrainer"):
+        self.trainer = trainer
+
+    def step(self) -> None:
+        trainer = self.trainer
+        trainer.step_report = trainer.run.step.optimizer_step(trainer.state.global_step)
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Nothing left to clear: the update freed the gradients."""
+
+    def get_lr(self) -> float:
+        return self.trainer.run.step.vae_optimizer.get_lr()  # the console's learning rate
+
+
+class Schedules:
+    """What the Trainer calls its lr_scheduler: `step` moves both networks' learning rates on."""
+
+    def __init__(self, trainer: "VAETrainer"):
+        self.trainer = trainer
+
+    def step(self) -> None:
+        self.trainer.run.step.schedule(self.trainer.state.global_step)
 
 
 class VAETrainer(Trainer, TrainerCallback):
@@ -36,9 +65,7 @@ class VAETrainer(Trainer, TrainerCallback):
             super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def create_optimizer_and_scheduler(self, num_training_steps: int):
-        self.optimizer = self.lr_scheduler = SimpleNamespace(
-            step=lambda: None, clear_grad=lambda set_to_zero=True: None,
-            get_lr=self.run.step.vae_optimizer.get_lr)  # the console's learning rate
+        self.optimizer, self.lr_scheduler = Update(self), Schedules(self)
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
@@ -50,8 +77,6 @@ class VAETrainer(Trainer, TrainerCallback):
         micro_batch = self.micro_steps % self.args.gradient_accumulation_steps
         self.micro = self.run.micro_step(inputs, self.state.global_step, micro_batch)
         self.micro_steps += 1
-        if micro_batch == self.args.gradient_accumulation_steps - 1:
-            self.step_report = self.run.step.optimizer_step(self.state.global_step)
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
         loss = self.micro.logs["loss/total"] / self.args.gradient_accumulation_steps
         return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss))

@@ -9,7 +9,6 @@ import math
 import os
 import warnings
 
-import numpy as np
 import paddle
 from paddle import nn
 
@@ -35,7 +34,7 @@ def _init_weights(layer: nn.Layer) -> nn.Layer:
 class PatchDiscriminator(nn.Layer):
     """PatchGAN: `num_layers` stride-2 convs, one stride-1 conv, then a 1-channel conv of patch logits."""
 
-    takes_clips = False  # a 2-D discriminator scores a clip's frames one by one (losses.discriminate)
+    takes_clips = False  # a 2-D discriminator scores a clip's frames one by one (objectives.gan.discriminate)
     _conv_layer, _batch_norm = nn.Conv2D, nn.BatchNorm2D
     kernel, strided = 4, 2  # conv kernel size; the stride of a strided layer
 
@@ -183,41 +182,3 @@ def convert_batchnorm_to_sync(layer: nn.Layer, device: str | None = None) -> nn.
         warnings.warn("SyncBatchNorm has no CPU kernel; BatchNorm statistics stay per rank", stacklevel=2)
         return layer
     return nn.SyncBatchNorm.convert_sync_batchnorm(layer)
-
-
-class FakeReplay:
-    """Past reconstructions shown to the discriminator (Shrivastava et al. 2017; CycleGAN's image pool), with the
-    latents they were decoded from: until `size` are held each new one is kept and shown; then each is, with
-    probability 1/2, swapped for a random held one (the old one shown, the new one kept). One per rank, its draws
-    from its own generator; `state_dict` goes into the rank's checkpoint state, so a resume replays the same."""
-
-    def __init__(self, size: int, seed: int):
-        self.size, self.rng = size, np.random.default_rng([0x52504C59, seed])  # "RPLY": a stream of its own
-        self.fakes: list = []  # [(fake, condition or None)], detached
-
-    def mix(self, fakes: paddle.Tensor, conditions: paddle.Tensor | None) -> tuple:
-        """(fakes, conditions) to show, as many as given; a batch of another shape than those held empties it. Each
-        row is held as a copy of its own (a view would keep its whole batch), non-finite values as 0 (an fp16
-        overflow's fakes, whose step the guard skips, must not come back later)."""
-        if self.fakes and self.fakes[0][0].shape != fakes.shape[1:]:
-            self.fakes = []
-        shown, held = [], paddle.nan_to_num(fakes.detach(), nan=0.0, posinf=0.0, neginf=0.0)
-        for row in range(held.shape[0]):
-            new = (held[row].clone(), None if conditions is None else conditions[row].detach().clone())
-            if len(self.fakes) < self.size:
-                self.fakes.append(new)
-            elif self.rng.random() < 0.5:
-                slot = int(self.rng.integers(self.size))
-                self.fakes[slot], new = new, self.fakes[slot]
-            shown.append(new)
-        stacked = [paddle.stack(part) if part[0] is not None else None for part in zip(*shown)]
-        return stacked[0], stacked[1]
-
-    def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "fakes": [fake.numpy() for fake, _ in self.fakes],
-                "conditions": [None if c is None else c.numpy() for _, c in self.fakes]}
-
-    def set_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        self.fakes = [(paddle.to_tensor(f), None if c is None else paddle.to_tensor(c))
-                      for f, c in zip(state["fakes"], state["conditions"])]

@@ -26,7 +26,7 @@ Items = Tuple[Tuple[str, str], ...]
 
 
 class Normalisation:
-    """What every kind answers; the defaults are those of a kind measured from the latents alone."""
+    """What every kind answers; the defaults are a Scale's."""
 
     keys: Tuple[str, ...] = ()  # the config entries that hold it, kept from a source at loading
     name = "scaling factor"  # in messages and latent_stats.json
@@ -48,19 +48,25 @@ class Normalisation:
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         """The export's updates (config entries, or weights by state-dict name) from measured statistics."""
-        raise NotImplementedError
+        updates = {"scaling_factor": stats.scaling_factor}
+        if vae.config.get("shift_factor") is not None:
+            updates["shift_factor"] = stats.shift_factor
+        return updates
 
     def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
         """The exported normalisation, as latent_stats.json states it."""
-        raise NotImplementedError
+        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
 
     def text(self, record: Mapping[str, Any]) -> str:
         """`record` in the export's log line."""
-        raise NotImplementedError
+        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         """What latent_stats.json says was measured, beyond where and how many."""
-        return {"latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
+        statistic = ("the latents (the encoder is deterministic)" if deterministic
+                     else "posterior samples, exact expectation from the posterior means and variances")
+        return {"statistic": statistic, **moments(stats), "suggested_scaling_factor": stats.scaling_factor,
+                "suggested_shift_factor": stats.shift_factor}
 
     def protocol(self, measured_view: bool) -> Items:
         """(name, text) an evaluation's protocol adds; `measured_view`: the statistics of `view` were measured."""
@@ -69,7 +75,13 @@ class Normalisation:
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode,
         the pattern tiled over latent positions with period p (teacher.to_pipeline)."""
-        raise NotImplementedError
+        config, channels = vae.config, vae.config.latent_channels
+        if config.get("latents_mean") is not None and config.get("latents_std") is not None:
+            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
+        else:
+            mean = np.full(channels, config.get("shift_factor") or 0.0)
+            std = np.full(channels, 1 / config.scaling_factor)
+        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
 
     def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
         """Weights the export writes in place of the network's own (by state-dict name)."""
@@ -95,10 +107,9 @@ class Normalisation:
         return []
 
 
-def stated_statistics(deterministic: bool) -> str:
-    """What a Scale's statistics are of."""
-    return ("the latents (the encoder is deterministic)" if deterministic
-            else "posterior samples, exact expectation from the posterior means and variances")
+def moments(stats) -> Dict[str, Any]:
+    """The per-channel statistics of posterior samples that every record lists."""
+    return {"latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
 
 class Scale(Normalisation):
@@ -108,31 +119,6 @@ class Scale(Normalisation):
 
     def __init__(self, keys: Tuple[str, ...] = ("scaling_factor",)):
         self.keys = keys
-
-    def measured(self, vae: Layer, stats) -> Dict[str, Any]:
-        updates = {"scaling_factor": stats.scaling_factor}
-        if vae.config.get("shift_factor") is not None:
-            updates["shift_factor"] = stats.shift_factor
-        return updates
-
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
-        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
-
-    def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": stated_statistics(deterministic), **super().measured_record(stats, deterministic),
-                "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor}
-
-    def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        config, channels = vae.config, vae.config.latent_channels
-        if config.get("latents_mean") is not None and config.get("latents_std") is not None:
-            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
-        else:
-            mean = np.full(channels, config.get("shift_factor") or 0.0)
-            std = np.full(channels, 1 / config.scaling_factor)
-        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
 
 
 class Fixed(Scale):
@@ -170,7 +156,7 @@ class PerChannel(Normalisation):
         return {"statistic": "per channel of the posterior mode, population mean and std over all images and "
                              "positions (what latents_mean / latents_std hold)",
                 "mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []],
-                **super().measured_record(stats, deterministic)}
+                **moments(stats)}
 
     def protocol(self, measured_view: bool) -> Items:
         if not measured_view:
@@ -228,7 +214,7 @@ class PerPosition(PerChannel):
                 f"{record['latent_normalisation']['latents_mean / latents_std']}")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": self.statistic, "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
+        return {"statistic": self.statistic, **moments(stats)}
 
     def protocol(self, measured_view: bool) -> Items:
         items = (("latent statistics", f"per channel, of the latents encode returns: {self.formula}"),)
@@ -313,7 +299,7 @@ class HeldInWeights(Normalisation):
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": "per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order): "
                              "population mean and variance over all images and positions",
-                **self.listed(stats), **super().measured_record(stats, deterministic)}
+                **self.listed(stats), **moments(stats)}
 
     def protocol(self, measured_view: bool) -> Items:
         if not measured_view:

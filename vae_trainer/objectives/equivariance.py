@@ -1,17 +1,49 @@
 """EQ-VAE's spatial transforms of a latent and its image alike (a downscale or a quarter turn), drawn from (seed,
-step, micro-batch) alone; also the latent diagnostics' halved pair. docs/techniques.md, sections 9-10."""
+step, micro-batch) alone; also the latent diagnostics' halved pair, and the refusals of its flags. docs/techniques.md,
+sections 9-10."""
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 
+from ..flag_checks import FROZEN_LATENT
+
 TRANSFORMS = ("scale", "rotate")
 MIN_SCALED_SIDE = 24  # px: the smallest image the default 3-layer PatchGAN scores (3 * 2 ** layers)
 DEFAULT_TRANSFORMS = "scale,rotate"
+HALF_NYQUIST = 0.25  # cycles per sample: the latent diagnostics' high-frequency band starts there
+DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
+# How its diagnostics are made (evaluation.py states them in the protocol).
+DEFINITIONS = {
+    "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
+                               "the 0.5x antialiased bilinear downscale (latent h x w -> h//2 x w//2)",
+    "rotation_equivariance_psnr": "PSNR on [0, 1] of decode(rot90(z)) against rot90(x), z the posterior mode",
+    "latent_high_frequency_share": "share of the posterior modes' spatial energy (|FFT2|^2 per image and channel, "
+                                   f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
+                                   "Nyquist), summed over images and channels before dividing",
+}
 _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of the seed
+
+
+# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("equivariance_prob",), lambda f: not 0 <= f.equivariance_prob <= 1, "it is a probability in [0, 1]"),
+    (("equivariance_min_scale",), lambda f: not 0 < f.equivariance_min_scale < 1,
+     "it is the smallest downscale factor, in (0, 1)"),
+    (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.freeze_encoder,
+     "it shapes the latent space, and the latent space belongs to the encoder, which --freeze_encoder keeps as it "
+     "is: drop one of them (an equivariance fine-tune trains the encoder and the decoder together)"),
+    (("equivariance_prob",), lambda f: f.equivariance_prob > 0 and f.frozen_latent,
+     f"it shapes the latent space, and {FROZEN_LATENT}: drop it"),
+    (("equivariance_min_scale", "equivariance_transforms"), lambda f: f.equivariance_prob == 0,
+     "it shapes the transforms of --equivariance_prob, which is 0 (off): add --equivariance_prob 0.5, or drop it"),
+    (("equivariance_min_scale",), lambda f: f.equivariance_prob > 0 and "scale" not in parse_transforms(f.equivariance_transforms),
+     "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale, or drop it"),
+)
 
 
 def parse_transforms(value: str) -> Tuple[str, ...]:
@@ -106,3 +138,33 @@ def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Te
     with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
         target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
     return resize(latent, half), target
+
+
+def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images: paddle.Tensor,
+                       latents: paddle.Tensor, scale: bool = True) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
+    """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs, one decode each; the scale one only if
+    `scale` (not for a decoder of one input grid and output size: RAE's)."""
+    pairs = {}
+    if scale:
+        half_latents, half_images = halved_pair(latents, images)
+        pairs["scale_equivariance_psnr"] = (decode(half_latents), half_images)
+    rotation = Transform("rotate", quarter_turns=1)
+    pairs["rotation_equivariance_psnr"] = (decode(rotation.latent(latents, images.shape[2:])),
+                                           rotation.images(images, latents.shape[2:]))
+    return pairs
+
+
+def spectrum_energies(latents: paddle.Tensor) -> tuple[float, float]:
+    """(energy above half Nyquist, all energy) of [B, C, h, w] latents, each channel's mean removed."""
+    z = latents.astype("float32")
+    z = z - z.mean(axis=[2, 3], keepdim=True)
+    power = paddle.abs(paddle.fft.fft2(z)) ** 2
+    fy, fx = np.fft.fftfreq(z.shape[2])[:, None], np.fft.fftfreq(z.shape[3])[None, :]
+    mask = paddle.to_tensor((np.sqrt(fx**2 + fy**2) > HALF_NYQUIST).astype(np.float32))
+    return float((power * mask).sum()), float(power.sum())
+
+
+def high_frequency_share(energies: tuple[float, float] | np.ndarray) -> float:
+    """`latent_high_frequency_share` of `spectrum_energies` (summed over batches): 0 for constant latents."""
+    high, total = energies
+    return float(high / total) if total > 0 else 0.0

@@ -1,0 +1,106 @@
+"""Latents aligned with a frozen vision foundation model: the token grid matching, VA-VAE's VF loss and the
+`vf_alignment_cka` diagnostic (linear CKA), the VF term's adaptive weight, and the refusals of its flags. Formulas
+and the recipe: docs/techniques.md, section 12."""
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from ..flag_checks import FROZEN_LATENT
+from ..metrics import all_reduce_sum
+from .gan import ADAPTIVE_WEIGHT_EPS, adaptive_weight, last_layer_gradient
+
+Tensor = paddle.Tensor
+VF_WEIGHT_MAX = 1e8  # VA-VAE's bound on the adaptive VF weight, in its units: ours is this / N (docs)
+DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foundation model's token grid, and its "
+              "patch tokens, over all tokens of the evaluation images: ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F "
+              "||Yc^T Yc||_F), Xc, Yc the token matrices with their column means removed")
+
+
+# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.frozen_latent,
+     f"it aligns the latents with a DINOv2, and {FROZEN_LATENT}: drop it (or --vf_weight 0 for the diagnostic only)"),
+    (("vf_weight",), lambda f: f.vf_weight < 0, "it must be >= 0 (0: no VF loss)"),
+    (("distmat_margin",), lambda f: f.distmat_margin < 0, "it must be >= 0"),
+    (("cos_margin",), lambda f: f.cos_margin < 0, "it must be >= 0"),
+    (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.freeze_encoder,
+     "it aligns the latent space, and the latent space belongs to the encoder, which --freeze_encoder keeps as it "
+     "is: drop one of them (or --vf_weight 0 for the diagnostic only)"),
+    (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.loss_balancing == "gradnorm",
+     "its VF loss is weighted against the nll, which --loss_balancing gradnorm replaces: drop one of them"),
+    (("vf_weight", "distmat_margin", "cos_margin", "adaptive_vf", "vf_input_convention"), lambda f: not f.vf_model_path,
+     "it shapes the VF loss of --vf_model_path, which is not given: add it, or drop it"),
+    (("distmat_margin", "cos_margin", "adaptive_vf"), lambda f: bool(f.vf_model_path) and f.vf_weight == 0,
+     "--vf_weight 0 turns the VF loss off: drop it, or give --vf_weight > 0"),
+)
+
+
+def to_token_grid(latents: Tensor, grid: tuple[int, int]) -> Tensor:
+    """[B, C, h, w] latents area-averaged to the token grid, as [B, grid_h * grid_w, C] tokens."""
+    return F.adaptive_avg_pool2d(latents.astype("float32"), list(grid)).flatten(2).transpose([0, 2, 1])
+
+
+def vf_loss(projected: Tensor, features: Tensor, distmat_margin: float = 0.0,
+            cos_margin: float = 0.0) -> tuple[Tensor, Tensor]:
+    """VA-VAE's two VF terms between projected latent tokens p and foundation-model tokens f, both [B, N, C]:
+    (L_mdms, L_mcos) = (mean over token pairs of relu(|cos(p_i, p_j) - cos(f_i, f_j)| - m1),
+                        mean over tokens of relu(1 - m2 - cos(p_i, f_i))); cosines over channels."""
+    p = F.normalize(projected.astype("float32"), axis=-1)
+    f = F.normalize(features.astype("float32"), axis=-1)
+    distances = (paddle.matmul(p, p, transpose_y=True) - paddle.matmul(f, f, transpose_y=True)).abs()
+    return F.relu(distances - distmat_margin).mean(), F.relu(1.0 - cos_margin - (p * f).sum(axis=-1)).mean()
+
+
+class CKAAccumulator:
+    """Linear CKA between latent tokens X and foundation-model tokens Y, summed over batches and ranks:
+    only the sums of X, Y, X^T X, Y^T Y and Y^T X are kept (float64 on the host)."""
+
+    def __init__(self) -> None:
+        self.count, self.sums = 0, None
+
+    def add(self, latent_tokens: Tensor, feature_tokens: Tensor) -> None:
+        x = latent_tokens.reshape([-1, latent_tokens.shape[-1]]).astype("float64").numpy()
+        y = feature_tokens.reshape([-1, feature_tokens.shape[-1]]).astype("float64").numpy()
+        parts = [x.sum(0), y.sum(0), x.T @ x, y.T @ y, y.T @ x]
+        self.sums = parts if self.sums is None else [a + b for a, b in zip(self.sums, parts)]
+        self.count += x.shape[0]
+
+    def result(self) -> float:
+        """The CKA over every rank's tokens (a collective: every rank calls it, with or without tokens)."""
+        flat = all_reduce_sum(np.concatenate([[self.count]] + [part.ravel() for part in self.sums]))
+        ends = np.cumsum([part.size for part in self.sums])[:-1]
+        sx, sy, xx, yy, yx = (part.reshape(like.shape) for part, like in zip(np.split(flat[1:], ends), self.sums))
+        count = flat[0]
+        xx, yy, yx = xx - np.outer(sx, sx) / count, yy - np.outer(sy, sy) / count, yx - np.outer(sy, sx) / count
+        return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))
+
+
+@dataclass
+class VFTerm:
+    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each), encoder's last layer."""
+
+    projected: Tensor
+    features: Tensor
+    encoder_last_layer: Tensor
+
+
+def weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, grad_scale,
+                      pixels_per_image: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """w * (L_mdms + L_mcos) and its logs; w adaptive from the encoder's last layer with --adaptive_vf (a
+    non-finite w is 0); `nll_grad`: nll's scaled gradient at the reconstruction."""
+    mdms, mcos = vf_loss(vf.projected, vf.features, loss_args.distmat_margin, loss_args.cos_margin)
+    value = mdms + mcos
+    weight = paddle.full([], loss_args.vf_weight, "float32")
+    if loss_args.adaptive_vf:
+        nll_at_encoder = last_layer_gradient(recon, nll_grad, vf.encoder_last_layer)
+        vf_at_encoder = paddle.grad(value * grad_scale, vf.encoder_last_layer, retain_graph=True)[0]
+        ratio = adaptive_weight(nll_at_encoder, vf_at_encoder, max_weight=VF_WEIGHT_MAX / pixels_per_image,
+                                eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
+        weight = paddle.where(paddle.isfinite(ratio), ratio, paddle.zeros_like(ratio)) * loss_args.vf_weight
+    return weight * value, {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
+                            "train/vf_cos_loss": mcos}
