@@ -38,7 +38,8 @@ from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     protocol_of, result_record)
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags, refuse  # noqa: E402
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
+from vae_trainer.refusals import refuse  # noqa: E402
 from vae_trainer.objectives.clips import CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID  # noqa: E402
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
 from vae_trainer.models.families import check_reconstruction_shape, family_of  # noqa: E402

@@ -254,7 +254,7 @@ def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelis
     import vae_trainer.evaluation as evaluation
     from vae_trainer.ema import build_ema
     from vae_trainer.final_save import save_final_models
-    from vae_trainer.models.families import encoder_parameters, family_of
+    from vae_trainer.models.families import encoder_parameters
 
     networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder, {"freeze_encoder": freeze_encoder})
     vae = networks.model.vae

@@ -14,7 +14,7 @@ from vae_trainer.build import build_networks, build_optimization
 from vae_trainer.evaluation import evaluate_vae
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, save_discriminator
-from vae_trainer.models.families import check_reconstruction_shape, encoder_parameters, family_of
+from vae_trainer.models.families import check_reconstruction_shape, encoder_parameters
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
 from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer

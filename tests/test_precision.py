@@ -140,7 +140,7 @@ def test_o2_keeps_a_frozen_encoder_float32_so_the_ema_and_the_export_keep_it_bit
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
     from vae_trainer.build import build_networks, build_optimization
-    from vae_trainer.models.families import encoder_parameters, family_of
+    from vae_trainer.models.families import encoder_parameters
     from vae_trainer.precision import restore_float32
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)

@@ -13,9 +13,12 @@ from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, INHERITED_REFUSALS, PADDLENLP_FLAGS, RECIPES,
                         UNSUPPORTED_FLAGS, DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
-from .flag_checks import REFUSALS as GENERAL_REFUSALS
-from .flag_checks import check_eval_batch_size, check_sizes, flag_values, refuse
+from . import ema, evaluation, optim, precision, train_logging
+from .data import buckets
+from .flag_checks import check_eval_batch_size, check_sizes, flag_values
+from .models import latent_scale, trainable, vae_loading
 from .objectives import alignment, clips, distillation, equivariance, gan, reconstruction
+from .refusals import refuse
 
 GROUPS = {"data": "data: training images and preprocessing", "model": "model: the VAE to train",
           "loss": "loss: the VAE objective", "discriminator": "discriminator: the adversarial term and its network",
@@ -28,8 +31,10 @@ USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
 Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
 # Every parse-time refusal, each table beside what it guards.
-REFUSALS = (INHERITED_REFUSALS + GENERAL_REFUSALS + reconstruction.REFUSALS + gan.REFUSALS + clips.REFUSALS
-            + alignment.REFUSALS + equivariance.REFUSALS + distillation.REFUSALS)
+REFUSALS = (INHERITED_REFUSALS + vae_loading.REFUSALS + trainable.REFUSALS + buckets.REFUSALS + reconstruction.REFUSALS
+            + clips.REFUSALS + equivariance.REFUSALS + alignment.REFUSALS + evaluation.REFUSALS + gan.REFUSALS
+            + latent_scale.REFUSALS + ema.REFUSALS + train_logging.REFUSALS + precision.REFUSALS + optim.REFUSALS
+            + distillation.REFUSALS)
 
 
 class _FlagTarget:

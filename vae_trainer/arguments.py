@@ -21,7 +21,7 @@ from paddlenlp.trainer.trainer_utils import SchedulerType
 
 from .checkpoint import resume_requested
 from .objectives.equivariance import DEFAULT_TRANSFORMS
-from .flag_checks import refuse
+from .refusals import refuse
 from .metrics import HIGHER_IS_BETTER
 from .models.discriminator import NORM_TYPES
 from .models.dinov2 import INPUT_CONVENTIONS

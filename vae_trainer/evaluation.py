@@ -53,6 +53,33 @@ METRIC_DEFINITIONS = {
     **distillation.DEFINITIONS,
 }
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("eval_steps",), lambda f: f.eval_steps is not None and f.eval_steps < 1,
+     "it must be >= 1 (leave it out to not evaluate)"),
+    (("eval_steps",), lambda f: f.eval_steps and not f.eval_file_list,
+     "it needs --eval_file_list: the held-out images to evaluate on"),
+    (("eval_file_list",), lambda f: f.eval_file_list and not f.eval_steps,
+     "it is never evaluated without --eval_steps: add --eval_steps N (every N steps and at the end; --eval_steps "
+     "equal to --max_steps evaluates once, at the end)"),
+    (("metric_for_best_model",), lambda f: f.metric and not f.evaluates,
+     "it needs evaluations: add --eval_file_list and --eval_steps"),
+    (("metric_for_best_model",), lambda f: f.metric == "rfid" and not f.inception_weights,
+     "rFID is measured only with --inception_weights: add them"),
+    (("metric_for_best_model",), lambda f: f.metric == "lpips" and f.lpips_missing,
+     "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
+    (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
+     "the alignment is measured only with --vf_model_path: add it"),
+    (("metric_for_best_model",), lambda f: f.metric == "flicker" and f.num_frames == 1,
+     "flicker is measured on clips: add --num_frames N (> 1), or pick another metric"),
+    (("inception_weights",), lambda f: not f.evaluates, "rFID is measured in evaluations: add --eval_file_list and "
+     "--eval_steps, or drop it (scripts/eval_vae.py --inception_weights measures a saved VAE)"),
+    (("eval_tiled", "eval_tile_size"), lambda f: not f.evaluates and not f.measures_scale,
+     "it tiles evaluations and the measurement of the scaling factor, and this run has neither: add "
+     "--eval_file_list and --eval_steps (or --scaling_factor measure), or drop it"),
+)
+
 
 def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
                     flag: str = "--per_device_eval_batch_size") -> int:

@@ -9,6 +9,17 @@ from paddlenlp.trainer.trainer_utils import get_scheduler
 from .distributed import world_size
 from .precision import uses_master_weights
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("num_cycles",), lambda f: f.scheduler != "cosine", "only --lr_scheduler_type cosine reads it: drop it"),
+    (("lr_end", "power"), lambda f: f.scheduler != "polynomial",
+     "only --lr_scheduler_type polynomial reads it: drop it"),
+    (("warmup_steps", "warmup_ratio"), lambda f: f.scheduler == "constant",
+     "--lr_scheduler_type constant has no warm-up (constant_with_warmup has): drop it"),
+    (("warmup_ratio",), lambda f: f.warmup_steps > 0, "--warmup_steps > 0 wins over it: drop one"),
+)
+
 
 def build_scheduler(args, learning_rate: float, num_training_steps: int) -> paddle.optimizer.lr.LRScheduler:
     warmup = args.warmup_steps if args.warmup_steps > 0 else int(args.warmup_ratio * num_training_steps)

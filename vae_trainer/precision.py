@@ -12,6 +12,15 @@ logger = logging.getLogger("vae_trainer")
 
 HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("fp16_opt_level",), lambda f: not (f.fp16 or f.bf16), "it does nothing without --fp16 or --bf16: add one, or "
+                                                             "drop it"),
+    (("scale_loss", "min_loss_scale", "max_consecutive_overflow_steps"), lambda f: not f.fp16,
+     "only --fp16 scales the loss (bf16 needs no scaling): add --fp16, or drop it"),
+)
+
 
 class LossScaler(paddle.amp.GradScaler):
     """Paddle's GradScaler, updated from the step's own overflow decision, never below `min_loss_scale`, its scale

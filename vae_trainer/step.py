@@ -205,9 +205,11 @@ class TrainStep:
         for _, optimizer, scaler in trained.values():
             scaler.unscale_(optimizer)                                                    # unscale
         norms = {name: grad_norm(params) for name, (params, _, _) in trained.items()}
-        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(), "train/grad_norm": norms["vae"],
-                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),  # before they move on
-                                      **({"train/disc_grad_norm": norms["discriminator"]} if len(trained) > 1 else {})}
+        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),  # before they move on
+                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),
+                                      "train/grad_norm": norms["vae"]}
+        if "discriminator" in norms:
+            scalars["train/disc_grad_norm"] = norms["discriminator"]
         take, stop = self._finite_check(global_step, norms)                               # finite check
         for name, (params, optimizer, scaler) in trained.items():
             if take[name]:

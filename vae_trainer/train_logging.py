@@ -24,6 +24,18 @@ logger = logging.getLogger("vae_trainer")
 
 SUMMARY_FILES = 20  # files named in the end-of-run summary of skipped records, those with the most bad records
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("num_logged_images",), lambda f: not (f.visualdl and (f.image_logging_steps > 0 or f.evaluates)),
+     "no image grid is logged (it needs VisualDL logs, --report_to visualdl, and --image_logging_steps > 0 or "
+     "evaluation): drop it"),
+    (("image_logging_steps",), lambda f: f.image_logging_steps > 0 and not f.visualdl,
+     "images are logged to VisualDL only: drop it or --report_to none"),
+    (("logging_dir",), lambda f: not f.visualdl,
+     "it is the VisualDL log folder, and --report_to none writes none: drop one of them"),
+)
+
 
 def peak_memory_gb() -> float:
     """Peak memory of this process: device memory on GPU, resident set size on CPU."""

@@ -5,6 +5,15 @@ import math
 BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs
 MAX_ASPECT_RATIO = 2.0
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.input_size is not None,
+     "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),
+    (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.resolution % BUCKET_MULTIPLE,
+     f"it needs a --resolution that is a multiple of {BUCKET_MULTIPLE} (bucket sides are)"),
+)
+
 
 def bucket_shapes(resolution: int) -> list[tuple[int, int]]:
     """The (width, height) buckets for `resolution` (a multiple of 8), widest first; the grid step is resolution / 16

@@ -259,7 +259,8 @@ class HeldInWeights(Normalisation):
 
     name = "latent normalisation"
     held = "bn statistics"
-    buffers = {"running_mean": "bn._mean", "running_var": "bn._variance", "num_batches_tracked": "bn.num_batches_tracked"}
+    buffers = {"running_mean": "bn._mean", "running_var": "bn._variance",  # PyTorch's names: Paddle's buffers
+               "num_batches_tracked": "bn.num_batches_tracked"}
     formula = ("(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior mode, patchify 2x2 "
                "(Flux2Pipeline)")
 

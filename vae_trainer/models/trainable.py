@@ -16,6 +16,17 @@ import paddle
 
 from .families import encoder_parameters, family_of
 
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("freeze_encoder", "trainable_modules"),
+     lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights and not f.distils,
+     "it keeps weights as loaded, and a VAE trained from scratch has only random ones: add "
+     "--pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
+    (("input_size",), lambda f: f.input_size is not None and (len(f.input_size) != 2 or min(f.input_size) < 1),
+     "it takes two positive numbers H W"),
+)
+
 
 def encoder_input(images: paddle.Tensor, input_size: Optional[Sequence[int]]) -> paddle.Tensor:
     """The images, or with --input_size H W the images bilinearly resized to HxW."""

@@ -1,5 +1,5 @@
 """`build_vae`, the VAE constructor of both drivers and the scripts: fresh from a config JSON (its family's class:
-families.py), or a LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
+families/), or a LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
 --init_from_ckpt's weights. Nothing is downloaded; PyTorch files are read without torch (torch_files.py).
 """
 
@@ -27,6 +27,7 @@ from .family import constructor_defaults
 from .families.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
 from .families.kl import KL
 from .torch_files import read_state_dict
+from ..refusals import FROZEN_LATENT
 
 logger = logging.getLogger("vae_trainer")
 
@@ -41,6 +42,21 @@ SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 CONFIG_NAME = AutoencoderKL.config_name  # config.json
 SD_NORM_GROUPS = 32  # a single file's GroupNorm groups: not in its tensors
 COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
+
+# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
+# why and what to do instead).
+REFUSALS = (
+    (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
+     "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
+    (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and f.reinitialises_encoder,
+     f"{FROZEN_LATENT}: re-initialised, it would stay random; leave the encoder's weights out of it"),
+    (("rae_encoder_path",), lambda f: f.rae_encoder_path and (f.loads_weights or not f.vae_config_file),
+     "it is the encoder of an RAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
+     "checkpoint holds its own encoder; drop it"),
+    (("noise_tau",), lambda f: f.noise_tau is not None and f.noise_tau < 0, "it is a noise level: >= 0"),
+    (("subfolder",), lambda f: not f.pretrained_model_name_or_path,
+     "it is a folder inside --pretrained_model_name_or_path: add that, or drop it"),
+)
 
 
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,

@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ..flag_checks import FROZEN_LATENT
+from ..refusals import FROZEN_LATENT
 from ..metrics import all_reduce_sum
 from .gan import ADAPTIVE_WEIGHT_EPS, adaptive_weight, last_layer_gradient
 

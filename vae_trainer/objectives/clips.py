@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 import paddle
 
-from ..flag_checks import FAMILY, FRAME_COUNTS, FRAMES, SINGLE_FRAMES
+from ..refusals import FAMILY, FRAME_COUNTS, FRAMES, SINGLE_FRAMES
 
 Tensor = paddle.Tensor
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
@@ -59,8 +59,8 @@ DEFINITIONS = {
     "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
                "frame pairs of every clip (0: the same error in every frame)",
     "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
-    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + GROUP_FRAMES}, ...: place {p} in the later groups of 4 frames that "
-       "one latent frame codes" for p in range(1, 5)},
+    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + GROUP_FRAMES}, ...: place {p} in the later groups of 4 "
+       "frames that one latent frame codes" for p in range(1, 5)},
 }
 
 

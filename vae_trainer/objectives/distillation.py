@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 import paddle
 
-from ..flag_checks import FAMILY
+from ..refusals import FAMILY
 from ..metrics import MetricAccumulator, psnr, ssim, to_unit_range
 
 Tensor = paddle.Tensor

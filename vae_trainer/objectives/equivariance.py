@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from ..flag_checks import FROZEN_LATENT
+from ..refusals import FROZEN_LATENT
 
 TRANSFORMS = ("scale", "rotate")
 MIN_SCALED_SIDE = 24  # px: the smallest image the default 3-layer PatchGAN scores (3 * 2 ** layers)
@@ -41,7 +41,8 @@ REFUSALS = (
      f"it shapes the latent space, and {FROZEN_LATENT}: drop it"),
     (("equivariance_min_scale", "equivariance_transforms"), lambda f: f.equivariance_prob == 0,
      "it shapes the transforms of --equivariance_prob, which is 0 (off): add --equivariance_prob 0.5, or drop it"),
-    (("equivariance_min_scale",), lambda f: f.equivariance_prob > 0 and "scale" not in parse_transforms(f.equivariance_transforms),
+    (("equivariance_min_scale",),
+     lambda f: f.equivariance_prob > 0 and "scale" not in parse_transforms(f.equivariance_transforms),
      "it is the range of the scale transform, which --equivariance_transforms leaves out: add scale, or drop it"),
 )
 

@@ -10,7 +10,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..distributed import sum_over_ranks, world_size
-from ..flag_checks import FAMILY, FROZEN_LATENT
+from ..refusals import FAMILY, FROZEN_LATENT
 
 Tensor = paddle.Tensor
 GRADNORM_EPS = 1e-12

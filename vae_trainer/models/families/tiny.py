@@ -1,7 +1,7 @@
 """ppdiffusers' `AutoencoderTiny` (TAESD) as a family (family.py), the student of a distillation: a deterministic
 encoder (no posterior) whose latents live in its teacher's pipeline latent space (so its scale is fixed: scaling_factor
-1.0, never measured: latent_normalisation.Fixed), the layers training reads, and `student_config`, a TAESD-shaped config following a teacher's
-geometry, with `init_mid_grey` for a fresh decoder.
+1.0, never measured: latent_normalisation.Fixed), the layers training reads, and `student_config`, a TAESD-shaped
+config following a teacher's geometry, with `init_mid_grey` for a fresh decoder.
 
 The classes map the ranges themselves: EncoderTiny takes [-1, 1] images to [0, 1] before its layers, DecoderTiny
 soft-clamps the latents (3 * tanh(z / 3)) and maps its [0, 1] output back to [-1, 1]. Their own gradient

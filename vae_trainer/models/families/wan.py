@@ -4,16 +4,17 @@
 go through as they are, with (N, C, T', h, w) latents.
 
 - The loss sees the decoder's output before the clamp diffusers' decode applies (a clamp stops gradients).
-- The latent normalisation is the config's per-channel `latents_mean` / `latents_std` (latent_normalisation.PerChannel),
-  the pipelines' `(z - latents_mean) / latents_std`: kept from the source, or measured per channel (--scaling_factor
-  measure); there is no scaling_factor, so a number for --scaling_factor is refused.
+- The latent normalisation is the config's per-channel `latents_mean` / `latents_std`
+  (latent_normalisation.PerChannel), the pipelines' `(z - latents_mean) / latents_std`: kept from the source, or
+  measured per channel (--scaling_factor measure); there is no scaling_factor, so a number for --scaling_factor is
+  refused.
 - --recompute: one-frame passes are cache-free (autoencoder_kl_wan.py), so the encoder's and decoder's blocks are
   re-run one by one; a clip's encoder and decoder are re-run chunk by chunk, the causal cache entering and leaving
   each chunk as tensors (`ChunkPass`), which gives the one-shot gradients exactly.
 - --eval_tiled uses the classes' own (diffusers') tiling; --freeze_encoder freezes encoder and quant_conv.
-- `Geometry.frames` 4 (1 + 4k frames): the trainer warns when the encoder trains. The temporal weights one frame never reaches
-  (`video_only_weights`: the time_convs, the earlier-frame taps of every 3x3x3 causal conv) get no gradient, or an
-  exactly zero one, so AdamW without weight decay, clipping and the EMA leave them bit-identical; weight decay and
+- `Geometry.frames` 4 (clips of 1 + 4k frames): the trainer warns when the encoder trains. The temporal weights one
+  frame never reaches (`video_only_weights`: the time_convs, the earlier-frame taps of every 3x3x3 causal conv) get
+  no gradient, or an exactly zero one, so AdamW without weight decay, clipping and the EMA leave them bit-identical; weight decay and
   O2's half-precision weights would not, and those are refused for these families.
 """
 

@@ -1,0 +1,46 @@
+"""The mechanism of the parse-time refusals, which live beside what they guard (each module's `REFUSALS`, gathered
+in argument_parser.py): `refuse` checks the rows for the flags a user gave, and what a reason may name."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Set, Tuple
+
+# (flags, when they are refused given the other flags, why and what to do instead).
+Rows = Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...]
+SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
+FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
+FRAMES, FRAME_COUNTS = "{frames}", "{frame_counts}"  # and its temporal factor k, the first clip lengths 1 + k n
+FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
+
+# A flag given its value that does nothing is never refused as idle: ppdiffusers' commands pass e.g.
+# `--lr_scheduler_type constant --warmup_steps 0`. Any other value of these flags stays refused where idle.
+INERT_VALUES: Dict[str, Any] = {"warmup_steps": 0, "warmup_ratio": 0.0, "lecam_weight": 0.0, "image_logging_steps": 0,
+                                "subfolder": "", "eval_tiled": False, "vf_weight": 0.0, "disc_weight_warmup_steps": 0,
+                                "disc_replay_size": 0, "latent_distill_weight": 0.0}
+
+
+def _shown(value: Any) -> str:
+    """A flag's value as typed after it."""
+    value = getattr(value, "value", value)  # an Enum
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "", otherwise: Optional[str] = None) -> None:
+    """Raise one ValueError naming each flag in `given` that one of `rows` refuses with the values of `flags`;
+    `otherwise`: the reason for a given flag no row names."""
+    family, frames, lines = getattr(flags, "family", None), getattr(flags, "video", 0) or 4, []
+    for names, when, why in rows:
+        why = why.replace(FAMILY, family.class_name if family else "this autoencoder").replace(FRAMES, str(frames))
+        why = why.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
+        for name in names:
+            if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
+                continue
+            if when(flags):
+                lines.append(f"--{name} {_shown(getattr(flags, name))}: {why}")
+    if otherwise:
+        named = {name for names, _, _ in rows for name in names}
+        lines += [f"--{name} {_shown(getattr(flags, name))}: {otherwise}" for name in sorted(given - named)]
+    if lines:
+        raise ValueError("\n  ".join([header + ":"] + lines if header else lines))
