@@ -14,8 +14,8 @@ go through as they are, with (N, C, T', h, w) latents.
 - --eval_tiled uses the classes' own (diffusers') tiling; --freeze_encoder freezes encoder and quant_conv.
 - `Geometry.frames` 4 (clips of 1 + 4k frames): the trainer warns when the encoder trains. The temporal weights one
   frame never reaches (`video_only_weights`: the time_convs, the earlier-frame taps of every 3x3x3 causal conv) get
-  no gradient, or an exactly zero one, so AdamW without weight decay, clipping and the EMA leave them bit-identical; weight decay and
-  O2's half-precision weights would not, and those are refused for these families.
+  no gradient, or an exactly zero one, so AdamW without weight decay, clipping and the EMA leave them bit-identical;
+  weight decay and O2's half-precision weights would not, and those are refused for these families.
 """
 
 from __future__ import annotations
