@@ -1,4 +1,4 @@
-"""The training objective on clips [B, C, T, H, W] (issue 43; vae_trainer/losses.py, step.py): per-frame pixel loss,
+"""The training objective on clips [B, C, T, H, W] (issue 43; vae_trainer/objectives/, step.py): per-frame pixel loss,
 LPIPS (every frame or K drawn per clip) and 2-D discriminators, the temporal term (L1 between frame differences), the
 KL per C*T*H*W, the 3-D PatchGAN (`--disc_type patchgan3d`), and decoder-only training steps of tiny Wan 2.1- and
 2.2-shaped VAEs on clips and on images in one run."""

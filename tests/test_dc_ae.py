@@ -1,7 +1,7 @@
 """SANA's DC-AE (AutoencoderDC), issue 35: a diffusers folder in, fine-tuned by both entry points (decoder-only,
 --trainable_modules, with EQ-VAE and the VF loss), trained from scratch, resumed exactly, run on 2 processes, and out
 again into diffusers' own class; the flags that mean nothing without a posterior refused. The network's equality with
-diffusers' is tests/test_autoencoder_dc.py's; here it is the trainer around it (models/dc_ae.py, the family seam)."""
+diffusers' is tests/test_autoencoder_dc.py's; here it is the trainer around it (models/families/dc_ae.py, the family seam)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EQ-VAE's equivariance objective (vae_trainer/equivariance.py, the step): the transforms' math, the draws,
+"""EQ-VAE's equivariance objective (vae_trainer/objectives/equivariance.py, the step): the transforms' math, the draws,
 the transformed objective, both entry points, exact resume, two ranks, and the flags' refusals."""
 
 import os

@@ -93,7 +93,7 @@ def test_metrics_equal_those_computed_directly_on_the_reconstructions(vae, image
 class _Brighter(paddle.nn.Layer):
     """A stand-in VAE whose latent is the image and whose reconstruction is it `shift` brighter ([-1, 1] units)."""
 
-    config = {}  # read as an AutoencoderKL's (models/families.py)
+    config = {}  # read as an AutoencoderKL's (models/families/)
 
     def __init__(self, shift: float):
         super().__init__()

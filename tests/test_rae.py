@@ -3,7 +3,7 @@ points (the encoder and the latent statistics out bit-identical), a decoder trai
 (its latents_mean / latents_std measured on the training data, as RAE's stat.pt, equal to an independent
 computation), 2 processes under the launcher, the exports in diffusers' own class, the authors' files converted
 (scripts/convert_rae.py), RAE's DINO discriminator and DiffAugment against numpy, and the refusals. The network's
-equality with diffusers' is tests/test_autoencoder_rae.py's; here it is the trainer around it (models/rae.py).
+equality with diffusers' is tests/test_autoencoder_rae.py's; here it is the trainer around it (models/families/rae.py).
 
 The PyTorch side (diffusers 0.42.1, transformers 5.24) runs in .venv-flux2 (tests/diffusers_side.py), twice per
 module: once to make the sources, once to read the results.

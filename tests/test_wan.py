@@ -1,4 +1,4 @@
-"""The Qwen-Image and Wan causal 3D VAEs fine-tuned on images (issue 37; vae_trainer/models/wan.py): diffusers folders
+"""The Qwen-Image and Wan causal 3D VAEs fine-tuned on images (issue 37; vae_trainer/models/families/wan.py): diffusers folders
 in, fine-tuned by both entry points (decoder-only, the whole model, --trainable_modules, from scratch with EQ-VAE / VF,
 resumed exactly, 2 processes), out again into diffusers' own classes, which still run clips; the temporal weights
 images never reach go out bit-identical; the start warning when the encoder trains; bad input refused. The

@@ -3,7 +3,7 @@ ChunkPass): each chunk's encoder and decoder pass is re-run whole in the backwar
 leaving it as tensors, and the loss and every gradient are bit-identical to the one-shot computation's.
 
 Tiny Wan 2.1-, Wan 2.2- (residual, 2x2 patchify) and Qwen-Image-shaped models with random weights, clips of 5 and 9
-frames at 32 px, run through the family as the trainer runs them (models/wan.py: NCTHW clips in, NCTHW out). That
+frames at 32 px, run through the family as the trainer runs them (models/families/wan.py: NCTHW clips in, NCTHW out). That
 the clip forward itself is diffusers' is tests/test_autoencoder_kl_wan.py's (clips of 5 and 9 frames)."""
 
 from __future__ import annotations

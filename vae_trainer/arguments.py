@@ -2,7 +2,8 @@
 
 A field is a flag: type (a `Literal` gives its choices), default, one line of --help, and its --help group
 (its dataclass's `_group` unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
-the ppdiffusers scripts' spellings and the --recipe presets. The refusals are flag_checks.REFUSALS.
+the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the other refusals
+sit beside what they guard (argument_parser.REFUSALS gathers them).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from ppdiffusers.training_utils import EMAModel
 EMA_NAME = "ema.pdparams"  # the EMA's file in a checkpoint-N
 NAMES_KEY = "parameter_names"  # its state's names of the weights averaged (before: every weight, unnamed)
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("ema_decay",), lambda f: not f.use_ema, "it does nothing without --use_ema true: add that, or drop it"),
 )

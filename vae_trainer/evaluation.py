@@ -53,8 +53,7 @@ METRIC_DEFINITIONS = {
     **distillation.DEFINITIONS,
 }
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("eval_steps",), lambda f: f.eval_steps is not None and f.eval_steps < 1,
      "it must be >= 1 (leave it out to not evaluate)"),

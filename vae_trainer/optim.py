@@ -9,8 +9,7 @@ from paddlenlp.trainer.trainer_utils import get_scheduler
 from .distributed import world_size
 from .precision import uses_master_weights
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("num_cycles",), lambda f: f.scheduler != "cosine", "only --lr_scheduler_type cosine reads it: drop it"),
     (("lr_end", "power"), lambda f: f.scheduler != "polynomial",

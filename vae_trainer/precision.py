@@ -12,8 +12,7 @@ logger = logging.getLogger("vae_trainer")
 
 HALF_DTYPES = {paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("fp16_opt_level",), lambda f: not (f.fp16 or f.bf16), "it does nothing without --fp16 or --bf16: add one, or "
                                                              "drop it"),

@@ -5,8 +5,7 @@ import math
 BUCKET_MULTIPLE = 8  # the downsampling factor of the SD, SDXL and FLUX VAEs
 MAX_ASPECT_RATIO = 2.0
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("aspect_ratio_buckets",), lambda f: f.aspect_ratio_buckets and f.input_size is not None,
      "it cannot be combined with --input_size (one fixed encoder input; each bucket has its own shape): drop one"),

@@ -686,7 +686,7 @@ def joined_in_backward(outputs: Sequence[Any]) -> List[Any]:
 class ChunkPass:
     """The encoder's or decoder's pass over one chunk of a clip as a function of tensors alone:
     `forward(chunk, *previous) -> (output, *next)`, `previous` and `next` the cache's slots (`ChunkCache`; the
-    decoder's first chunk is flagged). It reads and writes nothing else, so --recompute (models/vae.py) may re-run it
+    decoder's first chunk is flagged). It reads and writes nothing else, so --recompute (models/recompute.py) may re-run it
     whole in the backward, from the same cache tensors: a clip then keeps each chunk's input, output and cache, and
     one chunk's activations at a time. Not a Layer: the parameters are its coder's."""
 

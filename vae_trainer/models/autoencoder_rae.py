@@ -5,7 +5,7 @@ This module owns the model (same constructor, config keys and state-dict names a
 `convert_pytorch_state_dict_to_paddle` reads diffusers' files and `save_pretrained(..., to_diffusers=True)` writes
 folders diffusers loads), its latent (de)normalisation and training noise, and `encoder_state_from_dinov2`, which
 puts a downloaded DINOv2's weights under this model's names. Reading DINOv2 files and resizing position embeddings
-the way DINOv2's libraries do are models/dinov2.py's. Training it is models/rae.py's (its family).
+the way DINOv2's libraries do are models/dinov2.py's. Training it is models/families/rae.py's (its family).
 
 Images go in and come out on [0, 1], as in diffusers. Nothing is downloaded.
 """

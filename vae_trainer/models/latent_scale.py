@@ -23,8 +23,7 @@ DEFAULT_SCALING_FACTOR = 0.18215  # ppdiffusers' default, Stable Diffusion's (SD
 # Where a VAE's scale came from: an attribute of the built VAE, and an entry of a checkpoint's export_config.json.
 EXPORT_ORIGIN_KEY = "latent_scale_origin"
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("latent_stats_num_images",), lambda f: not f.measures_scale, "it counts the images of a measured scaling "
      "factor, and this run keeps or is given its factor: add --scaling_factor measure, or drop it"),

@@ -16,8 +16,7 @@ import paddle
 
 from .families import encoder_parameters, family_of
 
-# The parse-time refusals of its flags (refusals.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("freeze_encoder", "trainable_modules"),
      lambda f: (f.freeze_encoder or f.trainable_modules) and not f.loads_weights and not f.distils,

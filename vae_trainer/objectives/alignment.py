@@ -20,8 +20,7 @@ DEFINITION = ("linear CKA between the posterior modes, area-averaged to the foun
               "||Yc^T Yc||_F), Xc, Yc the token matrices with their column means removed")
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("vf_model_path",), lambda f: f.vf_model_path and f.vf_weight > 0 and f.frozen_latent,
      f"it aligns the latents with a DINOv2, and {FROZEN_LATENT}: drop it (or --vf_weight 0 for the diagnostic only)"),

@@ -19,8 +19,7 @@ CLIPS_NO_RFID = ("rFID is defined on images and clips are evaluated (--num_frame
 CLIPS_NO_INPUT_SIZE = "the encoder's input size is for images; clips are encoded at --resolution: drop it"
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("weight_decay",), lambda f: f.video and f.single_frames and f.loads_weights and f.weight_decay > 0,
      "it would shrink the loaded temporal weights of this video VAE that images never train (earlier-frame kernel "

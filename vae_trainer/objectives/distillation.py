@@ -28,8 +28,7 @@ DEFINITIONS = {
 }
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("teacher_subfolder", "cache_teacher_latents", "student_width", "student_depth", "latent_distill_weight",
       "latent_distill_loss"), lambda f: not f.distils,

@@ -28,8 +28,7 @@ DEFINITIONS = {
 _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of the seed
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("equivariance_prob",), lambda f: not 0 <= f.equivariance_prob <= 1, "it is a probability in [0, 1]"),
     (("equivariance_min_scale",), lambda f: not 0 < f.equivariance_min_scale < 1,

@@ -26,8 +26,7 @@ DISCRIMINATOR_FLAGS = ("discriminator_path", "disc_type", "disc_norm", "disc_num
                        "adaptive_disc_weight_max", "disc_weight_warmup_steps", "disc_replay_size")
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (DISCRIMINATOR_FLAGS, lambda f: f.disc_weight == 0,
      "with --disc_weight 0 the discriminator never trains: drop it, or set --disc_weight > 0"),

@@ -24,8 +24,7 @@ _BLUR = (np.outer(_GAUSSIAN, _GAUSSIAN) / np.outer(_GAUSSIAN, _GAUSSIAN).sum()).
 _MIN_EDGE_ENERGY = 1.0
 
 
-# The parse-time refusals of its flags (flag_checks.refuse): (flags, when they are refused given the other flags,
-# why and what to do instead).
+# Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("kl_weight",), lambda f: f.deterministic, f"{FAMILY}'s encoder is deterministic: no posterior, so no KL term "
      "to weigh; drop it (--posterior_std S adds noise to its latent in training; for RAE, its own --noise_tau T)"),
