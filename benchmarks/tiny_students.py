@@ -148,11 +148,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     columns = ["family", "latent (C x h x w)", "decoder params teacher / student", "ratio",
                "encoder params teacher / student", "decode ms teacher / student", "ratio",
                "peak RSS MB teacher / student", "ratio", "RSS MB after the build teacher / student"]
-    print(f"\n{harness.markdown(columns, [table_row(*pair) for pair in pairs])}\n\n{args.resolution} px, batch 1, "
-          "float32, "
-          f"paddle.no_grad, {args.threads} thread(s); decode: the median of {args.runs} after a warm-up; peak RSS: the "
-          f"build and one decode, a fresh process each; random weights. Load average after {harness.load()}; "
-          f"{time.perf_counter() - started:.0f} s in all.")
+    print(f"\n{harness.markdown(columns, [table_row(*pair) for pair in pairs])}\n")
+    print(f"{args.resolution} px, batch 1, float32, paddle.no_grad, {args.threads} thread(s); decode: the median of "
+          f"{args.runs} after a warm-up; peak RSS: the build and one decode, a fresh process each; random weights. "
+          f"Load average after {harness.load()}; {time.perf_counter() - started:.0f} s in all.")
 
 
 if __name__ == "__main__":

@@ -172,24 +172,26 @@ def lpips_designs(setting: Dict, blocks: List[float]):
 
 
 def vf_costs(setting: Dict, blocks: List[float]):
-    vf_model = setting["vf_model_path"] or random_vit_file("dinov2_small_random.safetensors", **DINOV2_S)
+    vf_model = setting["vf_model_path"] or random_vit_file(setting["folder"], "dinov2_small.safetensors", **DINOV2_S)
     runs = {"no VF": run_of(setting), "VF": run_of(setting, vf_model_path=vf_model),
             "VF, --adaptive_vf false": run_of(setting, vf_model_path=vf_model, adaptive_vf="false")}
     return runs["no VF"], {name: run.train_step for name, run in runs.items()}
 
 
 def rae_step(setting: Dict, blocks: List[float]):
-    (decoder, gan), config = setting["config"], os.path.join(tempfile.mkdtemp(), "rae.json")
+    (decoder, gan), config = setting["config"], os.path.join(setting["folder"], "rae.json")
     width, layers, heads, hidden = RAE_DECODERS[decoder]
     with open(config, "w") as handle:
         json.dump({"_class_name": "AutoencoderRAE", "encoder_input_size": 224, "patch_size": 16, "noise_tau": 0.8,
                    "decoder_hidden_size": width, "decoder_num_hidden_layers": layers,
                    "decoder_num_attention_heads": heads, "decoder_intermediate_size": hidden}, handle)
-    dino = {"disc_type": "dino", "disc_backbone_path": random_vit_file("dino.safetensors", **DINO_VITS8)} if \
-        gan == "dino" else {"disc_start": 10**9}
-    run = run_of(setting, vae_config_file=config, rae_encoder_path=random_vit_file("dinov2.safetensors", **DINOV2_B),
+    folder = setting["folder"]
+    gan_flags = {"disc_type": "dino", "disc_backbone_path": random_vit_file(folder, "dino.safetensors", **DINO_VITS8)} \
+        if gan == "dino" else {"disc_start": 10**9}
+    run = run_of(setting, vae_config_file=config, rae_encoder_path=random_vit_file(folder, "dinov2.safetensors",
+                                                                                   **DINOV2_B),
                  disc_weight=0.75, adaptive_disc_weight_max=1e4, pixel_weight=0.5, learning_rate=2e-4, adam_beta1=0.9,
-                 adam_beta2=0.95, max_steps=setting["warmup"] + setting["steps"], **dino)
+                 adam_beta2=0.95, max_steps=setting["warmup"] + setting["steps"], **gan_flags)
     return run, {"step": run.train_step}
 
 
@@ -197,18 +199,21 @@ MODES = {"schemes": schemes, "breakdown": breakdown, "lpips": lpips_designs, "vf
 
 
 def measure(setting: Dict) -> Dict:
-    """Build, warm up, time the mode's variants interleaved, one global step counter over them all."""
+    """Build, warm up, time the mode's variants interleaved, one global step counter over them all. Written files
+(random weights, an RAE config) live in a folder of the worker's that goes with it."""
     blocks: List[float] = []
-    run, variants = MODES[setting["mode"]](setting, blocks)
-    batches, global_steps = photo_batches(setting), itertools.count()
+    with tempfile.TemporaryDirectory(prefix="training_step_") as folder:
+        run, variants = MODES[setting["mode"]]({**setting, "folder": folder}, blocks)
+        batches, global_steps = photo_batches(setting), itertools.count()
 
-    def call(variant: Callable) -> Callable:
-        def one():
-            step = next(global_steps)
-            variant(batches[step % len(batches)], step)
-        return one
+        def call(variant: Callable) -> Callable:
+            def one():
+                step = next(global_steps)
+                variant(batches[step % len(batches)], step)
+            return one
 
-    timed = harness.interleaved({name: call(v) for name, v in variants.items()}, setting["steps"], setting["warmup"])
+        timed = harness.interleaved({name: call(v) for name, v in variants.items()}, setting["steps"],
+                                    setting["warmup"])
     first = next(iter(timed.values()))
     result = {"vae_params": harness.parameter_count(run.vae), "disc_params": harness.parameter_count(run.discriminator),
               "peak_rss_mib": first["rss_after_warmup_bytes"] / 2**20,
@@ -244,10 +249,10 @@ def photo_batches(setting: Dict, count: int = 4) -> List:
     return [paddle.to_tensor(np.stack(crops[i::count])) for i in range(count)]
 
 
-def random_vit_file(name: str, width: int, depth: int, patch: int, grid: int, registers: int = 0,
+def random_vit_file(folder: str, name: str, width: int, depth: int, patch: int, grid: int, registers: int = 0,
                     layer_scale: bool = True) -> str:
     """A timm-layout ViT state dict of seeded random weights (DINOv2: layer scales, registers if any; DINO v1: no
-    layer scale), laid out as a user's downloaded file, in a temporary folder."""
+    layer scale), laid out as a user's downloaded file: FOLDER/NAME."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -269,7 +274,7 @@ def random_vit_file(name: str, width: int, depth: int, patch: int, grid: int, re
                  "mlp.fc2.weight": normal(width, 4 * width), "mlp.fc2.bias": normal(width),
                  **({"ls1.gamma": ones, "ls2.gamma": ones} if layer_scale else {})}
         state.update({f"blocks.{i}.{k}": v for k, v in block.items()})
-    path = os.path.join(tempfile.mkdtemp(), name)
+    path = os.path.join(folder, name)
     save_file(state, path)
     return path
 
@@ -372,13 +377,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     args, settings = parse_args(argv)
     harness.header(__file__, argv)
-    results = [harness.in_fresh_process(__file__, s, s["threads"], without_torch=s["mode"] == "rae",
-                                        label=describe(s))
+    results = [harness.in_fresh_process(__file__, s, s["threads"], without_torch=s["mode"] == "rae", label=describe(s))
                for s in settings]
     tables = {"schemes": schemes_table, "breakdown": breakdown_table, "lpips": lpips_table, "vf": vf_table,
               "rae": rae_table}
     print(f"\n{tables[args.mode](results)}")
-    what = "LPIPS calls per variant" if args.mode == "lpips" else "optimizer steps per variant"
+    what = {"lpips": "LPIPS calls per variant", "schemes": "optimizer steps per scheme"}
+    what = what.get(args.mode, "optimizer steps per variant")
     speedup = "; speedup = median over step pairs of two-forward time / ours" if args.mode == "schemes" else ""
     print(f"\nMedian of {args.steps} timed {what} after {args.warmup} warm-up ones, interleaved, {settings[0]['data']} "
           f"batches{speedup}. Load average after: {harness.load()}.")
