@@ -18,16 +18,14 @@ import os
 import sys
 from typing import Dict, List
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+import paddle
 
-import paddle  # noqa: E402
-
-from vae_trainer.argument_parser import parse_arguments  # noqa: E402
-from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
-from vae_trainer.evaluation import evaluate_vae  # noqa: E402
-from vae_trainer.loop import train  # noqa: E402
-from vae_trainer.models.lpips import LPIPS  # noqa: E402
+import harness
+from vae_trainer.argument_parser import parse_arguments
+from vae_trainer.data.dataset import build_eval_dataloader
+from vae_trainer.evaluation import evaluate_vae
+from vae_trainer.loop import train
+from vae_trainer.models.lpips import LPIPS
 
 # name -> extra flags. Single techniques are added to the LDM recipe one at a time.
 VARIANTS: Dict[str, List[str]] = {
@@ -60,14 +58,13 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
 
 def training_argv(args: argparse.Namespace, name: str) -> List[str]:
     run_dir = os.path.join(args.output_dir, name.replace(" + ", "_").replace(" ", "_").replace("-", ""))
-    common = {
+    return harness.argv({
         "file_list": args.file_list, "vae_config_file": args.vae_config_file, "output_dir": run_dir,
         "resolution": args.resolution, "per_device_train_batch_size": args.batch_size, "max_steps": args.steps,
         "disc_start": args.steps // 2, "learning_rate": args.learning_rate, "seed": args.seed, "device": "cpu",
         "dataloader_num_workers": 0, "logging_steps": max(args.steps // 10, 1), "save_steps": 0,
         "image_logging_steps": 0, "report_to": "none", "disable_tqdm": "true", "overwrite_output_dir": "true",
-    }
-    return [item for key, value in common.items() for item in (f"--{key}", str(value))] + VARIANTS[name]
+    }) + VARIANTS[name]
 
 
 def train_and_evaluate(args: argparse.Namespace, name: str, lpips: LPIPS) -> Dict[str, float]:
@@ -82,10 +79,8 @@ def train_and_evaluate(args: argparse.Namespace, name: str, lpips: LPIPS) -> Dic
 
 
 def markdown_table(results: Dict[str, Dict[str, float]]) -> str:
-    lines = ["| variant | PSNR (dB) ↑ | SSIM ↑ | LPIPS ↓ |", "|---|---|---|---|"]
-    for name, metrics in results.items():
-        lines.append(f"| {name} | {metrics['psnr']:.2f} | {metrics['ssim']:.4f} | {metrics['lpips']:.4f} |")
-    return "\n".join(lines)
+    return harness.markdown(["variant", "PSNR (dB) ↑", "SSIM ↑", "LPIPS ↓"], [
+        [name, f"{m['psnr']:.2f}", f"{m['ssim']:.4f}", f"{m['lpips']:.4f}"] for name, m in results.items()])
 
 
 def main(argv: List[str] | None = None) -> None:

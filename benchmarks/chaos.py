@@ -43,7 +43,8 @@ import sys
 import tarfile
 import time
 
-from common import REPO_ROOT, machine_description
+import harness
+from harness import REPO_ROOT, descendants, send
 
 DRIVERS = ("train_vae_trainer.py", "train_vae_no_trainer.py")
 LAUNCHER_SIGNALS = {"launcher_term": signal.SIGTERM, "launcher_int": signal.SIGINT, "launcher_usr1": signal.SIGUSR1}
@@ -61,40 +62,10 @@ exec cat "$1"
 """
 
 
-# ------------------------------------------------------------------------------------------ process tree
-def children(zombies: bool = False) -> dict:
-    """{ppid: [pid, ...]} of every process (zombies only if asked), from /proc."""
-    tree: dict = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if zombies or fields[0] != "Z":
-            tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
-
-
-def descendants(pid: int) -> list:
-    tree, found, todo = children(), [], [pid]
-    while todo:
-        kids = tree.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-def send(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
+# ------------------------------------------------------------------------------------------ runs and results
 def rank_pid(launcher: int, rank: int):
     """The launcher's child with PADDLE_TRAINER_ID == rank (a rank's main process), or None."""
-    for pid in children().get(launcher, []):
+    for pid in harness.children().get(launcher, []):
         try:
             if f"PADDLE_TRAINER_ID={rank}".encode() in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
                 return pid
@@ -103,60 +74,6 @@ def rank_pid(launcher: int, rank: int):
     return None
 
 
-def is_run_process(pid: int) -> bool:
-    """A launcher, rank or data-loader worker (not a pipe: command some process left behind)."""
-    try:
-        command = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-    except OSError:
-        return False
-    return "paddle.distributed.launch" in command or any(driver in command for driver in DRIVERS)
-
-
-def reap_orphans(keep: int) -> None:
-    """We are the child subreaper: the launcher's orphans end up our children; collect the ones that exited."""
-    for pid in children(zombies=True).get(os.getpid(), []):
-        if pid != keep:  # the launcher is Popen's to collect
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
-def run(command, env, log_path, bound, fire=None, due=None) -> dict:
-    """Run a launch until it and every rank it started (orphans included) ended, calling fire(launcher pid) once
-    due(seconds elapsed) is true, until it returns True. After `bound` seconds: SIGKILL to all, a hang. Processes
-    left over once the ranks ended (pipe: commands) are killed and counted."""
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        launcher = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-    fired, hung, wall = None, False, time.time()
-    try:
-        while True:
-            elapsed = time.monotonic() - start
-            if fire is not None and fired is None and launcher.poll() is None and due(elapsed) and fire(launcher.pid):
-                fired = elapsed
-            mine = descendants(os.getpid())
-            if launcher.poll() is not None and not any(map(is_run_process, mine)):
-                break
-            if elapsed > bound:
-                hung = True
-                send([launcher.pid] + mine, signal.SIGKILL)
-                launcher.wait()
-            reap_orphans(launcher.pid)
-            time.sleep(0.2)
-    except BaseException:  # Ctrl-C, an error here: leave no run behind
-        send([launcher.pid] + descendants(os.getpid()), signal.SIGKILL)
-        raise
-    leftovers = descendants(os.getpid())
-    send(leftovers, signal.SIGKILL)
-    time.sleep(0.2)
-    reap_orphans(launcher.pid)
-    return {"code": launcher.returncode, "hung": hung, "fired": fired, "leftovers": len(leftovers),
-            "seconds": time.monotonic() - start, "wall": wall}
-
-
-# ------------------------------------------------------------------------------------------ runs and results
 def pipe_data(root: str) -> str:
     """50 WebDataset tar shards of 4 demo images each, read through `pipe:sh shard.sh SHARD`: the stall's data."""
     folder = os.path.join(root, "pipe_data")
@@ -195,8 +112,7 @@ def command(args, driver, workers, data, out, logs, launch_logs, resume=False) -
     if resume:
         flags["resume_from_checkpoint"] = "latest"
     return [args.python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(args.nproc), "--log_dir",
-            launch_logs, os.path.join(REPO_ROOT, driver)] + [str(x) for flag, value in flags.items()
-                                                             for x in (f"--{flag}", value)]
+            launch_logs, os.path.join(REPO_ROOT, driver), *harness.argv(flags)]
 
 
 def checkpoints(out: str) -> list:
@@ -207,16 +123,7 @@ def checkpoints(out: str) -> list:
 
 def step_times(logs: str) -> dict:
     """{step: wall time} of the steps rank 0 logged to VisualDL (--logging_steps 1; the writer flushes each step)."""
-    from visualdl import LogReader
-
-    times = {}
-    for name in (n for n in os.listdir(logs) if n.startswith("vdlrecords")) if os.path.isdir(logs) else ():
-        try:
-            records = LogReader(file_path=os.path.join(logs, name)).get_data("scalar", "perf/seconds_per_step")
-            times.update({r.id: r.timestamp / 1000 for r in records})
-        except Exception:  # a record cut short by a kill
-            pass
-    return times
+    return {step: record.timestamp / 1000 for step, record in harness.scalars(logs, "perf/seconds_per_step").items()}
 
 
 def same_weights(a: str, b: str) -> bool:
@@ -266,7 +173,7 @@ def reference(args, driver, workers, data, env, cache: dict) -> dict:
     if done.get("key") != key:
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        result = run(cmd, env, os.path.join(folder, "launcher.txt"), bound=3600)
+        result = harness.launch(cmd, env, os.path.join(folder, "launcher.txt"), bound=3600)
         if result["code"] != 0 or not checkpoints(out) or checkpoints(out)[-1] != args.max_steps:
             sys.exit(f"error: the uninterrupted run {name} failed (exit {result['code']}); see {folder}")
         final = os.path.join(out, f"checkpoint-{args.max_steps}")
@@ -335,8 +242,9 @@ def one_fault(args, index, fault, env, cache) -> dict:
         return True
 
     try:
-        first = run(command(args, driver, workers, data, out, logs, os.path.join(work, "launch_0")), env,
-                    os.path.join(work, "launcher_0.txt"), bound, fire=None if kind == "disk_full" else fire, due=due)
+        first = harness.launch(command(args, driver, workers, data, out, logs, os.path.join(work, "launch_0")), env,
+                               os.path.join(work, "launcher_0.txt"), bound, fire=None if kind == "disk_full" else fire,
+                               due=due)
         saved = (checkpoints(out) or [0])[-1]
         lost = max(0, max(step_times(logs), default=0) - saved)
         if kind == "stall":
@@ -351,8 +259,8 @@ def one_fault(args, index, fault, env, cache) -> dict:
         runs = [first]
         while len(runs) == 1 or len(runs) <= MAX_RESUMES and runs[-1]["code"] in EXPECTED[kind] | {PREEMPTED}:
             k = len(runs)
-            runs.append(run(command(args, driver, workers, data, out, logs, os.path.join(work, f"launch_{k}"), True),
-                            env, os.path.join(work, f"launcher_{k}.txt"), bound))
+            resume = command(args, driver, workers, data, out, logs, os.path.join(work, f"launch_{k}"), True)
+            runs.append(harness.launch(resume, env, os.path.join(work, f"launcher_{k}.txt"), bound))
         final = os.path.join(out, f"checkpoint-{args.max_steps}", "model_state.pdparams")
         equal = runs[-1]["code"] == 0 and same_weights(final, ref["weights"])
     finally:
@@ -372,15 +280,13 @@ def one_fault(args, index, fault, env, cache) -> dict:
 
 def table(results) -> str:
     """One row per fault kind and a total: faults, missed, hangs, lost steps (sum, max), resumes equal."""
-    rows = [("kind", "faults", "missed", "hangs", "lost steps (sum / max)", "resumes equal")]
+    rows = []
     groups = {k: [r for r in results if r["kind"] == k] for k in dict.fromkeys(r["kind"] for r in results)}
     for name, group in [*groups.items(), ("all", results)]:
         lost = [r["lost"] for r in group]
-        rows.append((name, str(len(group)), str(sum(r["missed"] for r in group)), str(sum(r["hung"] for r in group)),
+        rows.append((name, len(group), sum(r["missed"] for r in group), sum(r["hung"] for r in group),
                      f"{sum(lost)} / {max(lost, default=0)}", f"{sum(r['equal'] for r in group)}/{len(group)}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in
-                     [rows[0], tuple("-" * w for w in widths), *rows[1:]])
+    return harness.markdown(("kind", "faults", "missed", "hangs", "lost steps (sum / max)", "resumes equal"), rows)
 
 
 def plan(args, kinds) -> list:
@@ -431,7 +337,7 @@ def main(argv=None) -> int:
           f"save_steps {args.save_steps}, seed {args.seed}; folders under {args.output_dir}", flush=True)
     results = [one_fault(args, i, fault, env, cache) for i, fault in enumerate(plan(args, kinds))]
     per_fault = sorted(r["seconds"] for r in results)[len(results) // 2] if results else 0
-    print(f"\n{table(results)}\n\nmachine: {machine_description()}\ntotal {time.monotonic() - start:.0f} s "
+    print(f"\n{table(results)}\n\nmachine: {harness.machine_description()}\ntotal {time.monotonic() - start:.0f} s "
           f"(uninterrupted runs included); median {per_fault:.0f} s per fault (its run and resumes)")
     return 0 if results and not any(r["hung"] or not r["equal"] for r in results) else 1
 

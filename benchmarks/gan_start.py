@@ -30,9 +30,8 @@ from typing import Dict, List
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before Paddle loads (vae_trainer/threads.py): the tiny models' fastest
 
-from common import REPO_ROOT, machine_description  # noqa: E402
-
-sys.path.insert(0, REPO_ROOT)
+import harness  # noqa: E402
+from harness import REPO_ROOT  # noqa: E402
 
 # Qwen-Image's layout (Wan 2.1's causal 3D VAE), tiny: as tests/test_wan.py's TINY_QWEN.
 TINY_QWEN = {"_class_name": "AutoencoderKLQwenImage", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2],
@@ -59,12 +58,11 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
 
 
 def common_flags(args: argparse.Namespace, config: str) -> List[str]:
-    flags = {"file_list": "data/filelist/demo.filelist.list", "vae_config_file": config,
-             "resolution": 64, "per_device_train_batch_size": 4, "learning_rate": args.learning_rate,
-             "seed": args.seed, "device": "cpu", "dataloader_num_workers": 0, "logging_steps": 1,
-             "image_logging_steps": 0, "disable_tqdm": "true", "eval_file_list": EVAL_LIST,
-             "eval_num_images": NUM_EVAL}
-    return [item for key, value in flags.items() for item in (f"--{key}", str(value))]
+    return harness.argv({"file_list": "data/filelist/demo.filelist.list", "vae_config_file": config,
+                         "resolution": 64, "per_device_train_batch_size": 4, "learning_rate": args.learning_rate,
+                         "seed": args.seed, "device": "cpu", "dataloader_num_workers": 0, "logging_steps": 1,
+                         "image_logging_steps": 0, "disable_tqdm": "true", "eval_file_list": EVAL_LIST,
+                         "eval_num_images": NUM_EVAL})
 
 
 def train(argv: List[str], output_dir: str, reuse: bool) -> None:
@@ -107,15 +105,7 @@ def detail_ratio(vae_dir: str, num_images: int) -> float:
 
 def scalars(output_dir: str, tag: str) -> Dict[int, float]:
     """{step (1-based): value} of a VisualDL scalar over the run's record files."""
-    from visualdl import LogReader
-
-    logdir, values = os.path.join(output_dir, "logs"), {}
-    for name in sorted(os.listdir(logdir)):
-        if name.startswith("vdlrecords"):
-            reader = LogReader(file_path=os.path.join(logdir, name))
-            if tag in reader.get_tags().get("scalar", []):
-                values.update({record.id: record.value for record in reader.get_data("scalar", tag)})
-    return values
+    return {step: record.value for step, record in harness.scalars(os.path.join(output_dir, "logs"), tag).items()}
 
 
 def evaluations(output_dir: str) -> Dict[int, Dict[str, float]]:
@@ -170,13 +160,13 @@ def markdown_table(switch: int, results: Dict[str, Dict[str, object]]) -> str:
     header = ["start"] + [f"step {s}" + (" (switch)" if s == switch else "") for s in steps] + [
         *[f"pixel loss +{first}-{last}" for first, last in WINDOWS], "detail ratio, end",
         "GAN weight, last 10", "D margin, last 10"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for variant, result in results.items():
         cells = [f"{result['evals'][s]['psnr']:.2f} / {result['evals'][s]['lpips']:.3f}" for s in steps]
         extra = [f"{value:.4f}" for value in result["pixel"]] + [f"{result['detail_end']:.3f}"]
         extra += ["-", "-"] if variant == "no GAN" else [f"{result['gan_weight_end']:.4f}", f"{result['margin_end']:.2f}"]
-        lines.append("| " + " | ".join([variant] + cells + extra) + " |")
-    return "\n".join(lines)
+        rows.append([variant] + cells + extra)
+    return harness.markdown(header, rows)
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -187,7 +177,7 @@ def main(argv: List[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown families {unknown}; choose from {list(FAMILIES)}")
     command = "python benchmarks/gan_start.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    report = [f"`{command}` on {machine_description()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; "
+    report = [f"`{command}` on {harness.machine_description()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; "
               f"PSNR (dB) / LPIPS on the 28 held-out tiles."]
     for family in names:
         table = markdown_table(FAMILIES[family][1], run_family(args, family))

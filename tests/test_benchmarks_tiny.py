@@ -1,4 +1,4 @@
-"""benchmarks/benchmark_tiny.py at a tiny size: the SD VAE's decoder against its TAESD-shaped student, end to end
+"""benchmarks/tiny_students.py at a tiny size: the SD VAE's decoder against its TAESD-shaped student, end to end
 (one fresh process per network, as users run it): real counts, real shapes, positive times and peaks."""
 
 import json
@@ -8,11 +8,11 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-import benchmark_tiny  # noqa: E402
+import tiny_students  # noqa: E402
 
 
 def test_the_students_layout_follows_the_teachers_factor():
-    f8, f32 = benchmark_tiny.student_config(16, 8), benchmark_tiny.student_config(32, 32)
+    f8, f32 = tiny_students.student_config(16, 8), tiny_students.student_config(32, 32)
     assert f8["num_decoder_blocks"] == [3, 3, 3, 1] and f8["num_encoder_blocks"] == [1, 3, 3, 3]
     assert f32["num_decoder_blocks"] == [3] * 5 + [1] and f32["decoder_block_out_channels"] == [64] * 6
     assert (f8["latent_channels"], f32["latent_channels"]) == (16, 32)
@@ -20,7 +20,7 @@ def test_the_students_layout_follows_the_teachers_factor():
 
 def test_sd_at_64_px_prints_positive_figures_and_a_far_smaller_student(tmp_path, capsys):
     output = tmp_path / "tiny.json"
-    benchmark_tiny.main(["--resolution", "64", "--families", "sd", "--runs", "1", "--json", str(output)])
+    tiny_students.main(["--resolution", "64", "--families", "sd", "--runs", "1", "--json", str(output)])
     [[teacher, student]] = json.loads(output.read_text())
     assert "error" not in teacher and "error" not in student, (teacher, student)
     # The SD VAE's decoder side (post_quant_conv + decoder) and TAESD's decoder, counted by the script.

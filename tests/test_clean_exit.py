@@ -1,7 +1,7 @@
 """How a process of a run ends (distributed.run_and_exit) and the stress script that counts unclean exits.
 
 A finished multi-process run must exit 0 every time (issue: rank 0 died with SIGABRT after its last line,
-about one run in twenty). The race itself cannot be forced in a test; benchmarks/stress_launch.py measures it
+about one run in twenty). The race itself cannot be forced in a test; benchmarks/clean_exits.py measures it
 (docs/benchmarks.md "Clean exits"). These tests pin what the fix must keep: the exit status of every path,
 Python's exit functions and buffered output still run/flushed although the process ends with os._exit, and
 the stress script's counting.
@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import stress_launch  # noqa: E402
+import clean_exits  # noqa: E402
 
 SCRIPT = textwrap.dedent("""
     import atexit, os, sys
@@ -96,18 +96,18 @@ Container rank 1 status failed cmd ['/x/python', '-u', 'train_vae_no_trainer.py'
 
 
 def test_the_stress_script_reads_which_rank_ended_how():
-    assert stress_launch.failed_ranks(LAUNCHER_FAILURE) == {0: "signal SIGABRT", 1: "exit 2"}
-    assert stress_launch.failed_ranks("LAUNCH INFO Pod completed\nLAUNCH INFO Exit code 0\n") == {}
-    assert stress_launch.describe_code(-9) == "signal SIGKILL"
+    assert clean_exits.failed_ranks(LAUNCHER_FAILURE) == {0: "signal SIGABRT", 1: "exit 2"}
+    assert clean_exits.failed_ranks("LAUNCH INFO Pod completed\nLAUNCH INFO Exit code 0\n") == {}
+    assert clean_exits.describe_code(-9) == "signal SIGKILL"
     no_code = "Container rank 0 status failed cmd ['python']\nContainer rank 1 status failed cmd ['python'] code 2\n"
-    assert stress_launch.failed_ranks(no_code) == {0: "unknown", 1: "exit 2"}  # never the next rank's code
+    assert clean_exits.failed_ranks(no_code) == {0: "unknown", 1: "exit 2"}  # never the next rank's code
 
 
 def test_the_stress_script_counts_failed_launches(tmp_path):
     """Two launches of a command whose rank 1 exits 3: both counted, with the rank and its status."""
     script = tmp_path / "rank1_fails.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ.get('PADDLE_TRAINER_ID') == '1' else 0)\n")
-    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "stress_launch.py"), "--runs", "2",
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "clean_exits.py"), "--runs", "2",
                            "--work_dir", str(tmp_path / "runs"), "--", str(script)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -122,7 +122,7 @@ def test_a_hung_launch_is_counted_and_ended_with_its_workers(tmp_path):
     marker = f"hangs_{os.getpid()}"
     script = tmp_path / f"{marker}.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "stress_launch.py"), "--runs", "1",
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "clean_exits.py"), "--runs", "1",
                            "--timeout", "20", "--work_dir", str(tmp_path / "runs"), "--", str(script)],
                           capture_output=True, text=True, timeout=300)
     assert "1 x hung (timeout)" in done.stdout, done.stdout + done.stderr

@@ -186,7 +186,7 @@ def parse_only(script: str, flags) -> None:
     def parse_and_stop(parser, args=None, namespace=None):
         raise _Parsed(original(parser, args, namespace)[1])
 
-    sys.path.insert(0, os.path.dirname(path))  # as `python SCRIPT` does: the script's folder (benchmarks/common.py)
+    sys.path.insert(0, os.path.dirname(path))  # as `python SCRIPT` does: the script's folder (benchmarks/harness.py)
     argparse.ArgumentParser.parse_known_args = parse_and_stop
     try:
         spec.loader.exec_module(module)

@@ -1,8 +1,8 @@
 """Fine-tuning the Wan 2.1 VAE on clips (issue 43, memory): peak memory and time of a training step's forward and
 backward at 5, 9 and 17 frames, with and without --recompute's chunk recompute.
 
-    python benchmarks/benchmark_wan_clips.py                                  # decoder-only, 128 px, 5 / 9 / 17 frames
-    python benchmarks/benchmark_wan_clips.py --modes decoder full --resolution 64 --threads 2
+    python benchmarks/wan_clip_memory.py                                  # decoder-only, 128 px, 5 / 9 / 17 frames
+    python benchmarks/wan_clip_memory.py --modes decoder full --resolution 64 --threads 2
 
 The network is the real architecture (configs/wan21_vae.json: AutoencoderKLWan, base_dim 96, dim_mult [1, 2, 4, 4],
 127 M parameters) with random weights, built by the trainer's own `build_vae`, --recompute applied by its own
@@ -13,26 +13,21 @@ The network is the real architecture (configs/wan21_vae.json: AutoencoderKLWan, 
 - `full`: encode and decode with a graph, L1 + 1e-6 KL, backward through both.
 No optimizer (its state, AdamW's two moments of the trained weights, is the same whatever the clip length).
 
-Each setting is a fresh process (OpenMP threads are fixed when Paddle loads; RSS peaks are per process), run one
-after another. Reported per step (the last of --steps): seconds (the frozen encoder's share apart); the memory of
-Paddle's tensors, before the step (weights, and gradients after a first step) and at its peak (Paddle's host
-allocator statistics, reset before the step: what sizes a GPU, whose allocator counts the same tensors); and the
-process's resident set at its peak (Linux VmHWM, reset before the step through /proc/self/clear_refs), which glibc's
-heap keeps above the tensors' peak when freed blocks are not returned.
+Each setting is a fresh process, run one after another. Reported per step (the last of --steps): seconds (the
+frozen encoder's share apart); the memory of Paddle's tensors, before the step (weights, and gradients after a
+first step) and at its peak (Paddle's host allocator statistics, reset before the step: what sizes a GPU, whose
+allocator counts the same tensors); and the process's resident set at its peak (Linux VmHWM, reset before the step
+through /proc/self/clear_refs), which glibc's heap keeps above the tensors' peak when freed blocks are not returned.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import sys
 import time
 from typing import Dict, List, Optional
 
-from benchmark import busy_thread_count, parameter_count
-from common import REPO_ROOT, machine_description, run_setting
+import harness
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -45,8 +40,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2, help="Steps per setting; the last one is reported.")
     parser.add_argument("--json", help="Also write the results to this JSON file.")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON of one setting
-    parser.add_argument("--worker_output", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -72,16 +65,15 @@ def tensor_bytes(peak: bool = False) -> int:
     return stat("Allocated", 0)
 
 
-def run_worker(setting: Dict, output_path: str) -> None:
+def measure(setting: Dict) -> Dict:
     import paddle
 
-    sys.path.insert(0, REPO_ROOT)
     from vae_trainer.models.families import encoder_parameters, family_of
     from vae_trainer.models.recompute import enable_recompute
     from vae_trainer.models.vae_loading import build_vae
 
     paddle.seed(0)
-    vae = build_vae(os.path.join(REPO_ROOT, setting["config"]))
+    vae = build_vae(os.path.join(harness.REPO_ROOT, setting["config"]))
     family, decoder_only = family_of(vae), setting["mode"] == "decoder"
     if decoder_only:
         for param in encoder_parameters(vae):
@@ -108,63 +100,42 @@ def run_worker(setting: Dict, output_path: str) -> None:
                       "tensors_before_gib": before / 2**30, "tensors_peak_gib": tensor_bytes(peak=True) / 2**30,
                       "rss_peak_gib": memory_kib("VmHWM") / 2**20, "loss": loss.item()})
         del loss
-    result = {"setting": setting, "steps": steps, "parameters": parameter_count(vae),
-              "trained_parameters": sum(int(p.size) for p in vae.parameters() if not p.stop_gradient),
-              "busy_threads": busy_thread_count(),
-              "recomputed_chunks": {name: getattr(getattr(vae, name).forward, "calls", 0)
-                                    for name in ("encoder_pass", "decoder_pass")}}
-    with open(output_path, "w") as handle:
-        json.dump(result, handle)
-
-
-def measured(setting: Dict) -> Dict:
-    """One setting in its own process, with its wall seconds and the load average after it."""
-    started = time.perf_counter()
-    result = run_setting(__file__, setting, setting["threads"])
-    result.update(wall_seconds=time.perf_counter() - started, load_after=load())
-    print(f"  {setting['mode']} {setting['frames']} frames, recompute {setting['recompute']}: "
-          f"{'failed' if 'error' in result else 'done'} in {result['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
-    return result
-
-
-def load() -> float:
-    return os.getloadavg()[0]
+    return {"steps": steps, "parameters": harness.parameter_count(vae),
+            "trained_parameters": sum(int(p.size) for p in vae.parameters() if not p.stop_gradient),
+            "busy_threads": harness.busy_threads(),
+            "recomputed_chunks": {name: getattr(getattr(vae, name).forward, "calls", 0)
+                                  for name in ("encoder_pass", "decoder_pass")}}
 
 
 def table_row(result: Dict) -> List[str]:
     s = result["setting"]
     cells = [s["mode"], str(s["frames"]), s["recompute"]]
     if "error" in result:
-        return cells + ["failed: " + " ".join(result["error"])[-120:]] + [""] * 5
+        return cells + [harness.failed(result)] + [""] * 5
     last = result["steps"][-1]
     before, peak = last["tensors_before_gib"], last["tensors_peak_gib"]
     share = f" ({last['encoder_seconds']:.1f})" if s["mode"] == "decoder" else ""
     return cells + [f"{last['seconds']:.1f}{share}", f"{before:.2f}", f"{peak:.2f}", f"{peak - before:.2f}",
-                    f"{last['rss_peak_gib']:.2f}", f"{result['load_after']:.1f}"]
-
-
-def markdown_table(results: List[Dict]) -> str:
-    header = ["step", "frames", "recompute", "s/step (frozen encoder's)", "tensors before GiB", "tensors' peak GiB",
-              "peak - before GiB", "peak RSS GiB", "load after"]
-    rows = [header, ["---"] * len(header)] + [table_row(result) for result in results]
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+                    f"{last['rss_peak_gib']:.2f}", result["load_after"]]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    if harness.serve_worker(argv, measure):
+        return
     args = parse_args(argv)
-    if args.worker:
-        return run_worker(json.loads(args.worker), args.worker_output)
-    command = " ".join(["python", "benchmarks/benchmark_wan_clips.py", *(sys.argv[1:] if argv is None else argv)])
-    print(f"$ {command}\n{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {machine_description()}; load "
-          f"before {load():.1f}", flush=True)
-    results = [measured({"config": args.config, "mode": mode, "frames": frames, "recompute": recompute,
-                         "resolution": args.resolution, "threads": args.threads, "steps": args.steps})
-               for mode in args.modes for frames in args.frames for recompute in args.recompute]
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
-    print(f"\n{markdown_table(results)}\n\n{args.config}, {args.resolution} px, batch 1, {args.threads} thread(s), "
-          f"the last of {args.steps} steps per fresh process; random weights and pixels.")
+    harness.header(__file__, argv)
+    settings = [{"config": args.config, "mode": mode, "frames": frames, "recompute": recompute,
+                 "resolution": args.resolution, "threads": args.threads, "steps": args.steps}
+                for mode in args.modes for frames in args.frames for recompute in args.recompute]
+    results = [harness.in_fresh_process(__file__, s, s["threads"], without_torch=True,
+                                        label=f"{s['mode']} {s['frames']} frames, recompute {s['recompute']}")
+               for s in settings]
+    harness.save_json(args.json, results)
+    columns = ["step", "frames", "recompute", "s/step (frozen encoder's)", "tensors before GiB", "tensors' peak GiB",
+               "peak - before GiB", "peak RSS GiB", "load after"]
+    print(f"\n{harness.markdown(columns, [table_row(r) for r in results])}\n\n{args.config}, {args.resolution} px, "
+          f"batch 1, {args.threads} thread(s), the last of {args.steps} steps per fresh process; random weights and "
+          "pixels.")
 
 
 if __name__ == "__main__":
