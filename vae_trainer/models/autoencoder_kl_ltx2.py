@@ -36,10 +36,12 @@ Options the trainer must watch (all ported, tested against diffusers):
     timestep_conditioning  the decoder is modulated by a timestep per sample (`decode(z, temb)`, required then);
                            LTX-2's pipelines pass `decode_timestep` (0.0 by default) after mixing the latents with
                            `decode_noise_scale` parts of noise. The published LTX-2 VAE has it off.
-    decoder_inject_noise   ResNet blocks of the decoder add spatial Gaussian noise (one (H, W) draw per block and
-                           conv, shared over batch, channels' scales and frames) from the global RNG (diffusers never
-                           passes a generator to it; `decode(..., generator=)` may here). Such blocks are not pure
-                           functions of their inputs, so `checkpoint_segments` leaves them out. Published: off.
+    decoder_inject_noise   ResNet blocks of the decoder add spatial Gaussian noise: one (H, W) draw after each of
+                           their two convs, shared by every sample and frame, scaled per channel by the trainable
+                           per_channel_scale1 / 2 (zero at first). It comes from the global RNG (diffusers never passes
+                           a generator to it; `decode(..., generator=)` may here). The flags are listed encoder-side
+                           first (the last one is the mid block's), as in diffusers. Such blocks are not pure functions
+                           of their inputs, so `checkpoint_segments` leaves them out. Published: off.
 
 Where this port knowingly differs from diffusers 0.42.1:
     - half precision: the per-pixel RMS norm and the shortcut's LayerNorm are computed in float32 and cast back
