@@ -4,9 +4,10 @@ drives it.
 
     make CLASS FOLDER --config JSON [--seed S] [--variant fp16] [--stress F]
         a seeded diffusers CLASS whose every weight is moved away from its initialisation (BatchNorm statistics
-        made non-trivial too), saved with diffusers' save_pretrained (safetensors); --stress: then the scales of the
-        trainable normalisation layers not in front of an attention multiplied by F (_stress), so that the
-        activations after them see inputs F times their ordinary range
+        made non-trivial too, and latent statistics kept as buffers named latents_mean / latents_std, LTX-2's),
+        saved with diffusers' save_pretrained (safetensors); --stress: then the scales of the trainable
+        normalisation layers not in front of an attention multiplied by F (_stress), so that the activations after
+        them see inputs F times their ordinary range (LTX-2, whose RMS norms have no scale: its timestep modulation)
     run CLASS FOLDER --images IN.npy --out OUT.npz [--latents IN.npy] [--variant fp16] [--tile T --stride S]
         load FOLDER as CLASS (eval mode, float32) and write: the latent (a posterior's mode), the posterior's mean
         and log-variance when there is one, the decode of that latent, the decode of --latents when given, and
@@ -26,6 +27,8 @@ drives it.
             (the decoder's output before a decode's final clamp); fails if decode never called torch.clamp
         --prelude FILE.py: python run before loading (a test's minimal fix-up of a known diffusers bug); in a
             batch it stays in force for the jobs after it
+        --temb T: every decode (and --train's) given the timestep T for each sample (decode(z, temb): LTX-2's
+            timestep_conditioning)
     dinov2 FOLDER --config JSON [--seed S]
         a seeded transformers Dinov2WithRegistersModel (weights moved off their initialisation), save_pretrained
     vit FOLDER --config JSON [--seed S]
@@ -52,7 +55,10 @@ drives it.
     pipeline_encode FOLDER --config {"class": CLASS} --images IN.npy --out OUT.npy
         the latents a diffusion pipeline makes of the images with its own code: AutoencoderKLFlux2 through
         Flux2Pipeline._encode_vae_image (patchify, bn normalisation) then Flux2Pipeline._unpatchify_latents (NCHW);
-        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image (one-frame clips; frame axis dropped)
+        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image (one-frame clips; frame axis dropped);
+        AutoencoderKLLTX2Video as LTX2ImageToVideoPipeline.prepare_latents encodes its image (each image a one-frame
+        clip, its module's retrieve_latents "argmax", LTX2ImageToVideoPipeline._normalize_latents by the VAE's
+        latents_mean / latents_std buffers; 5-D, one frame)
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -82,6 +88,10 @@ def make(class_name: str, folder: str, config: dict, seed: int, variant: str | N
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
                 module.running_mean.copy_(torch.randn_like(module.running_mean) * 0.3)
                 module.running_var.copy_(torch.rand_like(module.running_var) * 2.0 + 0.5)
+        for name, buffer in model.named_buffers():
+            if name in ("latents_mean", "latents_std"):  # statistics in the weights (LTX-2): not 0 / 1
+                buffer.copy_(torch.randn_like(buffer) * 0.5 if name == "latents_mean"
+                             else torch.rand_like(buffer) * 1.5 + 0.25)
         if stress != 1.0:
             _stress(model, stress)
     if variant == "fp16":
@@ -93,7 +103,13 @@ def _stress(model, factor: float) -> None:
     """The scale of every trainable normalisation layer (GroupNorm, LayerNorm, BatchNorm, diffusers' and Wan's RMS
     norms; not RAE's frozen encoder) times `factor`, but those in front of an attention's scores (in an attention
     block, or a ViT layer's layernorm_before): float32 softmax of logits `factor` ** 2 times their size is too
-    ill-conditioned for any comparison (PyTorch's float32 gradients are then percents off its float64 ones)."""
+    ill-conditioned for any comparison (PyTorch's float32 gradients are then percents off its float64 ones).
+    LTX-2's RMS norms have no parameters (their output is bounded by sqrt(channels)); what can push its activations
+    that far is the timestep modulation, so there every `scale_shift_table` and each time embedder's first linear
+    (`timestep_embedder.linear_1`, before its SiLU) are multiplied instead."""
+    for name, param in model.named_parameters():
+        if name.endswith("scale_shift_table") or name.endswith("timestep_embedder.linear_1.weight"):
+            param.mul_(factor)
     for parent in model.modules():
         in_attention = "attention" in type(parent).__name__.lower()
         for child_name, child in parent.named_children():
@@ -111,13 +127,17 @@ def _encode(model, images: torch.Tensor) -> dict:
     return {"latent": output.latents if hasattr(output, "latents") else output.latent}  # AutoencoderTiny's: latents
 
 
-def _train_step(model, images: torch.Tensor) -> dict:
+def _decode_kwargs(temb: float | None, batch: int) -> dict:
+    return {} if temb is None else {"temb": torch.full((batch,), float(temb))}
+
+
+def _train_step(model, images: torch.Tensor, temb: float | None = None) -> dict:
     model.train()
     kind = type(model).__name__
     video, rae = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), kind == "AutoencoderRAE"
     latent = _encode(model, (images + 1) / 2 if rae else images)["latent"]
     with _clamp_made_identity([]) if video else contextlib.nullcontext():
-        decoded = model.decode(latent).sample
+        decoded = model.decode(latent, **_decode_kwargs(temb, latent.shape[0])).sample
     decoded = decoded * 2 - 1 if rae else decoded
     (decoded - images).pow(2).mean().backward()
     out = {"train_decoded": decoded.detach()}
@@ -138,10 +158,10 @@ def _clamp_made_identity(calls: list):
         yield
 
 
-def _decode_unclamped(model, latents: torch.Tensor) -> torch.Tensor:
+def _decode_unclamped(model, latents: torch.Tensor, temb: float | None = None) -> torch.Tensor:
     calls = []
     with _clamp_made_identity(calls):
-        decoded = model.decode(latents).sample
+        decoded = model.decode(latents, **_decode_kwargs(temb, latents.shape[0])).sample
     if not calls:
         raise SystemExit(f"--unclamped: {type(model).__name__}.decode never called torch.clamp")
     return decoded
@@ -149,7 +169,8 @@ def _decode_unclamped(model, latents: torch.Tensor) -> torch.Tensor:
 
 def run(class_name: str, folder: str, images_file: str, out_file: str, latents_file: str | None,
         variant: str | None, tile: int | None, stride: int | None, more: list[str] | None = None,
-        unclamped: bool = False, prelude: str | None = None, train: bool = False) -> None:
+        unclamped: bool = False, prelude: str | None = None, train: bool = False,
+        temb: float | None = None) -> None:
     if prelude:
         with open(prelude) as handle:
             exec(compile(handle.read(), prelude, "exec"), {"__name__": "prelude"})
@@ -162,14 +183,16 @@ def run(class_name: str, folder: str, images_file: str, out_file: str, latents_f
     with torch.no_grad():
         for prefix, path in inputs:
             encoded = _encode(model, torch.from_numpy(np.load(path)))
-            encoded["decoded"] = model.decode(encoded["latent"]).sample
+            decode_kwargs = _decode_kwargs(temb, encoded["latent"].shape[0])
+            encoded["decoded"] = model.decode(encoded["latent"], **decode_kwargs).sample
             out.update({prefix + key: value for key, value in encoded.items()})
         if latents_file:
-            out["decoded_latents"] = model.decode(torch.from_numpy(np.load(latents_file))).sample
+            latents = torch.from_numpy(np.load(latents_file))
+            out["decoded_latents"] = model.decode(latents, **_decode_kwargs(temb, latents.shape[0])).sample
             if unclamped:
-                out["decoded_latents_unclamped"] = _decode_unclamped(model, torch.from_numpy(np.load(latents_file)))
+                out["decoded_latents_unclamped"] = _decode_unclamped(model, latents, temb)
     if train:
-        out.update(_train_step(model, torch.from_numpy(np.load(images_file))))
+        out.update(_train_step(model, torch.from_numpy(np.load(images_file)), temb))
     loading = {key: sorted(map(str, value)) for key, value in info.items()}
     loading["class"] = type(model).__name__
     np.savez(out_file, **{key: value.numpy() for key, value in out.items()}, loading_info=json.dumps(loading))
@@ -349,6 +372,12 @@ def pipeline_encode(folder: str, class_name: str, images_file: str, out_file: st
         if class_name == "AutoencoderKLFlux2":
             owner = SimpleNamespace(vae=vae, _patchify_latents=Flux2Pipeline._patchify_latents)
             latents = Flux2Pipeline._unpatchify_latents(Flux2Pipeline._encode_vae_image(owner, images, None))
+        elif class_name == "AutoencoderKLLTX2Video":
+            from diffusers.pipelines.ltx2 import pipeline_ltx2_image2video as ltx2
+
+            latents = torch.cat([ltx2.retrieve_latents(vae.encode(image.unsqueeze(0).unsqueeze(2)), None, "argmax")
+                                 for image in images])
+            latents = ltx2.LTX2ImageToVideoPipeline._normalize_latents(latents, vae.latents_mean, vae.latents_std)
         else:
             owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
             latents = QwenImageEditPipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)
@@ -382,12 +411,13 @@ def main(argv=None) -> None:
     parser.add_argument("--more", action="append", default=None, metavar="NAME=IN.npy")
     parser.add_argument("--unclamped", action="store_true")
     parser.add_argument("--prelude", default=None)
+    parser.add_argument("--temb", type=float, default=None)
     args = parser.parse_args(argv)
     if args.command == "make":
         make(args.class_name, args.folder, json.loads(args.config), args.seed, args.variant, args.stress)
     else:
         run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride,
-            args.more, args.unclamped, args.prelude, args.train)
+            args.more, args.unclamped, args.prelude, args.train, args.temb)
 
 
 def _side_command(argv) -> None:
