@@ -103,15 +103,17 @@ def _stress(model, factor: float) -> None:
     """The scale of every trainable normalisation layer (GroupNorm, LayerNorm, BatchNorm, diffusers' and Wan's RMS
     norms; not RAE's frozen encoder) times `factor`, but those in front of an attention's scores (in an attention
     block, or a ViT layer's layernorm_before): float32 softmax of logits `factor` ** 2 times their size is too
-    ill-conditioned for any comparison (PyTorch's float32 gradients are then percents off its float64 ones).
-    LTX-2's RMS norms have no parameters (their output is bounded by sqrt(channels)); what can push its activations
-    that far is the timestep modulation, so there every `scale_shift_table` and each time embedder's first linear
+    ill-conditioned for any comparison (PyTorch's float32 gradients are then percents off its float64 ones). An
+    "...AttnBlock" (HunyuanVideo 1.5's mid-block attention) is an attention block too. LTX-2's RMS norms have no
+    parameters (their output is bounded by sqrt(channels)); what can push its activations that far is the timestep
+    modulation, so there every `scale_shift_table` and each time embedder's first linear
     (`timestep_embedder.linear_1`, before its SiLU) are multiplied instead."""
     for name, param in model.named_parameters():
         if name.endswith("scale_shift_table") or name.endswith("timestep_embedder.linear_1.weight"):
             param.mul_(factor)
     for parent in model.modules():
-        in_attention = "attention" in type(parent).__name__.lower()
+        parent_kind = type(parent).__name__.lower()
+        in_attention = "attention" in parent_kind or parent_kind.endswith("attnblock")
         for child_name, child in parent.named_children():
             if "norm" in type(child).__name__.lower() and not in_attention and child_name != "layernorm_before":
                 for name, param in child.named_parameters(recurse=False):
