@@ -52,7 +52,8 @@ drives it.
     pipeline_encode FOLDER --config {"class": CLASS} --images IN.npy --out OUT.npy
         the latents a diffusion pipeline makes of the images with its own code: AutoencoderKLFlux2 through
         Flux2Pipeline._encode_vae_image (patchify, bn normalisation) then Flux2Pipeline._unpatchify_latents (NCHW);
-        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image (one-frame clips; frame axis dropped)
+        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image, AutoencoderKLQwenImage21 through
+        QwenImage21Pipeline._encode_vae_image (one-frame clips; frame axis dropped)
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -114,7 +115,8 @@ def _encode(model, images: torch.Tensor) -> dict:
 def _train_step(model, images: torch.Tensor) -> dict:
     model.train()
     kind = type(model).__name__
-    video, rae = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), kind == "AutoencoderRAE"
+    video = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLQwenImage21")
+    rae = kind == "AutoencoderRAE"
     latent = _encode(model, (images + 1) / 2 if rae else images)["latent"]
     with _clamp_made_identity([]) if video else contextlib.nullcontext():
         decoded = model.decode(latent).sample
@@ -349,6 +351,11 @@ def pipeline_encode(folder: str, class_name: str, images_file: str, out_file: st
         if class_name == "AutoencoderKLFlux2":
             owner = SimpleNamespace(vae=vae, _patchify_latents=Flux2Pipeline._patchify_latents)
             latents = Flux2Pipeline._unpatchify_latents(Flux2Pipeline._encode_vae_image(owner, images, None))
+        elif class_name == "AutoencoderKLQwenImage21":
+            from diffusers import QwenImage21Pipeline
+
+            owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
+            latents = QwenImage21Pipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)
         else:
             owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
             latents = QwenImageEditPipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)
