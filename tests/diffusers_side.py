@@ -55,10 +55,11 @@ drives it.
     pipeline_encode FOLDER --config {"class": CLASS} --images IN.npy --out OUT.npy
         the latents a diffusion pipeline makes of the images with its own code: AutoencoderKLFlux2 through
         Flux2Pipeline._encode_vae_image (patchify, bn normalisation) then Flux2Pipeline._unpatchify_latents (NCHW);
-        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image (one-frame clips; frame axis dropped);
-        AutoencoderKLLTX2Video as LTX2ImageToVideoPipeline.prepare_latents encodes its image (each image a one-frame
-        clip, its module's retrieve_latents "argmax", LTX2ImageToVideoPipeline._normalize_latents by the VAE's
-        latents_mean / latents_std buffers; 5-D, one frame)
+        AutoencoderKLQwenImage through QwenImageEditPipeline._encode_vae_image, AutoencoderKLQwenImage21 through
+        QwenImage21Pipeline._encode_vae_image (one-frame clips; frame axis dropped); AutoencoderKLLTX2Video as
+        LTX2ImageToVideoPipeline.prepare_latents encodes its image (each image a one-frame clip, its module's
+        retrieve_latents "argmax", LTX2ImageToVideoPipeline._normalize_latents by the VAE's latents_mean /
+        latents_std buffers; 5-D, one frame)
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -136,7 +137,8 @@ def _decode_kwargs(temb: float | None, batch: int) -> dict:
 def _train_step(model, images: torch.Tensor, temb: float | None = None) -> dict:
     model.train()
     kind = type(model).__name__
-    video, rae = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage"), kind == "AutoencoderRAE"
+    video = kind in ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLQwenImage21")
+    rae = kind == "AutoencoderRAE"
     latent = _encode(model, (images + 1) / 2 if rae else images)["latent"]
     with _clamp_made_identity([]) if video else contextlib.nullcontext():
         decoded = model.decode(latent, **_decode_kwargs(temb, latent.shape[0])).sample
@@ -380,6 +382,11 @@ def pipeline_encode(folder: str, class_name: str, images_file: str, out_file: st
             latents = torch.cat([ltx2.retrieve_latents(vae.encode(image.unsqueeze(0).unsqueeze(2)), None, "argmax")
                                  for image in images])
             latents = ltx2.LTX2ImageToVideoPipeline._normalize_latents(latents, vae.latents_mean, vae.latents_std)
+        elif class_name == "AutoencoderKLQwenImage21":
+            from diffusers import QwenImage21Pipeline
+
+            owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
+            latents = QwenImage21Pipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)
         else:
             owner = SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
             latents = QwenImageEditPipeline._encode_vae_image(owner, images.unsqueeze(2), None).squeeze(2)

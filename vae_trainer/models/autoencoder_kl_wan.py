@@ -208,9 +208,25 @@ class WanCausalConv3d(nn.Conv3D):
         return self(x, previous)
 
 
+# Floats narrower than float32. diffusers (PR #13316) normalises them in float32: a float16 sum of squares over a
+# few hundred channels overflows, bfloat16's and float8's lose most of their digits. (Paddle's CPU has no float16,
+# bfloat16 or float8 kernel for the norm at all.)
+NARROW_FLOATS = tuple(getattr(paddle, name) for name in ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+                      if hasattr(paddle, name))
+
+
+def unit_normalize(x: paddle.Tensor, axis: int) -> paddle.Tensor:
+    """x / max(||x||_2, 1e-12) along `axis` (torch's F.normalize), in float32 for a narrow float x, then cast back
+    to x's dtype (as diffusers' RMS norms: the scale and gamma are applied after the cast)."""
+    if x.dtype not in NARROW_FLOATS:
+        return F.normalize(x, p=2, axis=axis, epsilon=1e-12)
+    return F.normalize(x.astype("float32"), p=2, axis=axis, epsilon=1e-12).astype(x.dtype)
+
+
 class WanRMSNorm(nn.Layer):
     """x / ||x||_2 over the channels (axis 1) * sqrt(dim) * gamma (+ bias): diffusers' WanRMS_norm. `images`: gamma
-    broadcasts over (H, W), else over (T, H, W). Half precision is normalised in float32."""
+    broadcasts over (H, W), else over (T, H, W). Narrow floats (float16, bfloat16, float8) are normalised in float32
+    and cast back before the scale (`unit_normalize`), as diffusers does."""
 
     def __init__(self, dim: int, channel_first: bool = True, images: bool = True, bias: bool = False) -> None:
         super().__init__()
@@ -222,10 +238,7 @@ class WanRMSNorm(nn.Layer):
         self.bias = self.create_parameter(shape, default_initializer=nn.initializer.Constant(0.0)) if bias else 0.0
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        upcast = x.dtype in (paddle.float16, paddle.bfloat16)
-        normalized = F.normalize(x.astype("float32") if upcast else x, p=2, axis=1 if self.channel_first else -1,
-                                 epsilon=1e-12).astype(x.dtype)
-        return normalized * self.scale * self.gamma + self.bias
+        return unit_normalize(x, axis=1 if self.channel_first else -1) * self.scale * self.gamma + self.bias
 
 
 class WanUpsample2x(nn.Layer):
