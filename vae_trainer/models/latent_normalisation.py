@@ -252,82 +252,114 @@ def patchify(latents: Tensor, patch_size: Sequence[int] = (2, 2)) -> Tensor:
 
 
 class HeldInWeights(Normalisation):
-    """Per-channel statistics in buffers of the weights: FLUX.2's `bn`, a BatchNorm over the 2x2-patchified posterior
-    modes that its forward never calls; Flux2Pipeline takes (patchify(z) - running_mean) / sqrt(running_var +
-    batch_norm_eps). Measured: per patchified channel, the modes' population mean and variance (the counter: the
-    images); kept from the source, or measured, at export."""
+    """Per-channel statistics of the posterior modes, held in buffers of the weights that the forward never applies:
+    (z' - mean) / spread, z' the mode (patchified first where the pipeline patchifies it), kept from the source or
+    measured at export. FLUX.2's `bn` (`FLUX2_BN`) holds the 2x2-patchified modes' mean and variance (the spread
+    sqrt(var + batch_norm_eps); its counter: the images measured); LTX-2's `latents_mean` / `latents_std` buffers
+    (`LTX2_BUFFERS`) a mean and std, the pipelines' spread std / scaling_factor."""
 
     name = "latent normalisation"
-    held = "bn statistics"
-    buffers = {"running_mean": "bn._mean", "running_var": "bn._variance",  # PyTorch's names: Paddle's buffers
-               "num_batches_tracked": "bn.num_batches_tracked"}
-    formula = ("(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior mode, patchify 2x2 "
-               "(Flux2Pipeline)")
+
+    def __init__(self, held: str, buffers: Mapping[str, str], formula: str, variance: bool = False,
+                 eps_key: str = "", patch_key: str = "", counter: str = "", label: str = "",
+                 keys: Tuple[str, ...] = ()):
+        self.held, self.formula, self.label = held, formula, label  # held: what the weights hold, for messages
+        self.buffers = dict(buffers)  # {mean's name, spread's name: state-dict name}, as latent_stats.json names them
+        self.variance, self.eps_key, self.patch_key, self.counter = variance, eps_key, patch_key, counter
+        self.keys = keys  # config keys kept beside them (LTX-2's scaling_factor, applied after)
+        self.mean_name, self.spread_name = list(self.buffers)
+
+    @property
+    def numbers(self) -> bool:
+        return False  # its statistics are measured or kept, never given
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        return patchify(posterior.mode().astype("float32"), vae.config.patch_size)
+        mode = posterior.mode().astype("float32")
+        return patchify(mode, vae.config[self.patch_key]) if self.patch_key else mode
 
     def listed(self, result) -> Dict[str, Any]:
-        return {"patchified_mode_mean": result.view_mean, "patchified_mode_var": result.view_var}
+        patched = "patchified_" if self.patch_key else ""
+        return {f"{patched}mode_mean": result.view_mean, f"{patched}mode_var": result.view_var}
 
     def held_values(self, vae: Layer, updates: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-        """running_mean, running_var (lists) and num_batches_tracked: the export's `updates`, else the weights'."""
+        """The buffers' values as lists (a counter as a number): the export's `updates`, else the weights'."""
         state, updates = vae.state_dict(), updates or {}
+        names = {**self.buffers, **({"num_batches_tracked": self.counter} if self.counter else {})}
         values = {name: np.asarray(updates[key]) if key in updates else state[key].astype("float32").numpy()
-                  for name, key in self.buffers.items()}
-        return {"running_mean": values["running_mean"].astype(np.float32).tolist(),
-                "running_var": values["running_var"].astype(np.float32).tolist(),
-                "num_batches_tracked": int(values["num_batches_tracked"].reshape(-1)[0])}
+                  for name, key in names.items()}
+        return {name: int(value.reshape(-1)[0]) if name == "num_batches_tracked" else value.astype(np.float32).tolist()
+                for name, value in values.items()}
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
-            raise ValueError("measuring FLUX.2's latent normalisation needs the patchified latents' statistics")
-        # num_batches_tracked counts the images (PyTorch's counter; no pipeline reads it)
-        measured = (stats.view_mean, stats.view_var, [stats.num_images])
-        return {key: np.asarray(value, np.int64 if key.endswith("tracked") else np.float32)
-                for key, value in zip(self.buffers.values(), measured)}
+            raise ValueError(f"measuring {type(vae).__name__}'s latent normalisation needs its modes' statistics")
+        spread = stats.view_var if self.variance else np.sqrt(stats.view_var)
+        mean_key, spread_key = self.buffers.values()
+        updates = {mean_key: np.asarray(stats.view_mean, np.float32), spread_key: np.asarray(spread, np.float32)}
+        if self.counter:  # PyTorch's counter (no pipeline reads it): the images measured
+            updates[self.counter] = np.asarray([stats.num_images], np.int64)
+        return updates
 
     def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+        config = {key: vae.config[key] for key in (self.eps_key, *self.keys) if key}
         return {"class": type(vae).__name__, "latent_normalisation": {
-            **self.held_values(vae, updates), "batch_norm_eps": vae.config.batch_norm_eps,
-            "normalisation": self.formula}}
+            **self.held_values(vae, updates), **config, "normalisation": self.formula}}
 
     def text(self, record: Mapping[str, Any]) -> str:
         normalisation = record["latent_normalisation"]
-        return (f"latent normalisation (bn statistics of {len(normalisation['running_mean'])} patchified channels, "
-                f"eps {normalisation['batch_norm_eps']})")
+        eps = f", eps {normalisation[self.eps_key]}" if self.eps_key else ""
+        return (f"latent normalisation ({self.held} of {len(normalisation[self.mean_name])} "
+                f"{'patchified ' if self.patch_key else ''}channels{eps})")
+
+    def statistic(self) -> str:
+        where = ("per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order)" if self.patch_key
+                 else "per channel of the posterior mode")
+        return f"{where}: population mean and variance over all images and positions"
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": "per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order): "
-                             "population mean and variance over all images and positions",
-                **self.listed(stats), **moments(stats)}
+        return {"statistic": self.statistic(), **self.listed(stats), **moments(stats)}
 
     def protocol(self, measured_view: bool) -> Items:
         if not measured_view:
             return ()
-        return (("patchified latent statistics", "FLUX.2's VAE: per channel of the 2x2-patchified posterior mode "
-                 "(Flux2Pipeline's channel order), population mean and variance over all images and positions, what "
-                 "its bn statistics hold"),)
+        name = "patchified latent statistics" if self.patch_key else "latent normalisation statistics"
+        return ((name, f"{self.statistic()}, what its {self.held} hold"),)
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """Flux2Pipeline's normalisation un-patchified: patchified channel c * ph * pw + i * pw + j is channel c at
-        (i, j) of each patch; no scaling_factor applies."""
-        ph, pw = vae.config.patch_size
-        shape = [vae.config.latent_channels, ph, pw]
+        """For NCHW image latents. Patchified, un-patchified: patchified channel c * ph * pw + i * pw + j is channel
+        c at (i, j) of each patch."""
+        patch = vae.config[self.patch_key] if self.patch_key else (1, 1)
+        shape = [len(self.held_values(vae)[self.mean_name]) // (patch[0] * patch[1]), *patch]
         held = self.held_values(vae)
-        mean = np.asarray(held["running_mean"], np.float32).reshape(shape)
-        std = np.sqrt(np.asarray(held["running_var"], np.float32) + vae.config.batch_norm_eps).reshape(shape)
-        return mean, std.astype(np.float32)
+        spread = np.asarray(held[self.spread_name], np.float32)
+        if self.variance:
+            spread = np.sqrt(spread + vae.config[self.eps_key])
+        elif "scaling_factor" in self.keys:
+            spread = spread / vae.config.scaling_factor
+        return (np.asarray(held[self.mean_name], np.float32).reshape(shape),
+                spread.astype(np.float32).reshape(shape))
 
     def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        return {key: value for key, value in updates.items() if key in self.buffers.values()}
+        written = {*self.buffers.values(), self.counter}
+        return {key: value for key, value in updates.items() if key in written}
 
     def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
-        held = self.held_values(vae)
-        return [("bn running_mean (the VAE's)", held["running_mean"]),
-                ("patchified mode mean (measured)", result.view_mean),
-                ("bn running_var (the VAE's)", held["running_var"]),
-                ("patchified mode var (measured)", result.view_var)]
+        held, (mean_listed, var_listed) = self.held_values(vae), self.listed(result)
+        return [(f"{self.label}{self.mean_name} (the VAE's)", held[self.mean_name]),
+                (f"{mean_listed.replace('_', ' ')} (measured)", result.view_mean),
+                (f"{self.label}{self.spread_name} (the VAE's)", held[self.spread_name]),
+                (f"{var_listed.replace('_', ' ')} (measured)", result.view_var)]
+
+
+FLUX2_BN = HeldInWeights(
+    "bn statistics", {"running_mean": "bn._mean", "running_var": "bn._variance"},  # PyTorch's names: Paddle's
+    "(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior mode, patchify 2x2 "
+    "(Flux2Pipeline)", variance=True, eps_key="batch_norm_eps", patch_key="patch_size",
+    counter="bn.num_batches_tracked", label="bn ")
+LTX2_BUFFERS = HeldInWeights(
+    "latents_mean / latents_std buffers", {"latents_mean": "latents_mean", "latents_std": "latents_std"},
+    "(z - latents_mean) * scaling_factor / latents_std per channel, z the posterior mode (the LTX-2 pipelines)",
+    keys=("scaling_factor",))
 
 
 def token_shape(config: Mapping[str, Any]) -> List[int]:

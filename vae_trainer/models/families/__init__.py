@@ -10,14 +10,17 @@ from typing import Any, List, Mapping, Optional, Sequence
 from ..family import Family, Layer, Tensor, encoder_layers
 from .dc_ae import DC_AE
 from .flux2 import FLUX2
+from .hunyuanvideo15 import HUNYUAN_VIDEO15
 from .kl import KL
+from .ltx2 import LTX2
+from .qwenimage21 import QWEN_IMAGE21
 from .rae import RAE
 from .tiny import TINY
 from .wan import QWEN_IMAGE, WAN
 
 # A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last;
-# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE.
-FAMILIES = (TINY, QWEN_IMAGE, WAN, DC_AE, FLUX2, RAE, KL)
+# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's.
+FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, FLUX2, RAE, LTX2, HUNYUAN_VIDEO15, KL)
 
 
 def trained_classes() -> str:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 
 from ..autoencoder_kl_flux2 import AutoencoderKLFlux2
 from ..family import Layer
-from ..latent_normalisation import HeldInWeights
+from ..latent_normalisation import FLUX2_BN
 from .kl import KLFamily, widths
 
 CLASS_NAME = "AutoencoderKLFlux2"
@@ -22,7 +22,7 @@ class Flux2Family(KLFamily):
     class_name = CLASS_NAME
     network = AutoencoderKLFlux2
     encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
-    normalisation = HeldInWeights()
+    normalisation = FLUX2_BN
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         """An AutoencoderKL-shaped config (block_out_channels) with a key of this class's."""

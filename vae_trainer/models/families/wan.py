@@ -46,6 +46,7 @@ class CausalVideoFamily(Family):
     encoder_prefixes = ("encoder.", "quant_conv.")
     normalisation = PerChannel()
     retired_keys: ClassVar[Tuple[str, ...]] = ()  # config keys diffusers 0.42.1's class no longer takes and ignores
+    frames: ClassVar[int] = 4  # its temporal factor: clips of 1 + 4k frames
     patch_key: ClassVar[str] = ""  # the config key of a pixel patchify before the encoder (Wan 2.2's patch_size)
 
     # ---- config
@@ -54,7 +55,8 @@ class CausalVideoFamily(Family):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = 2 ** (len(config["dim_mult"]) - 1) * int(config.get(self.patch_key) or 1)
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
-        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=4)
+        channels = int(config.get("in_channels", config.get("input_channels", 3)))
+        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

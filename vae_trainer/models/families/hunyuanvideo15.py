@@ -1,0 +1,63 @@
+"""HunyuanVideo 1.5's VAE (diffusers' `AutoencoderKLHunyuanVideo15`, autoencoder_kl_hunyuanvideo15.py) as a family
+(family.py): a causal 3D VAE like Wan's (wan.py: images as one-frame clips, clips of 1 + 4k frames as they are), f16 x
+4, 32 latent channels, whole clips in one pass (no feature cache); its pipelines scale the posterior mode by the
+config's `scaling_factor` (latent_normalisation.Scale). Its encoder adds a channel-mean shortcut to the moments'
+conv, so no weights give its posterior a constant std: --posterior_std is refused when it is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..autoencoder_kl_hunyuanvideo15 import AutoencoderKLHunyuanVideo15
+from ..family import Geometry, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
+from ..latent_normalisation import Scale
+from .wan import TILE_OVERLAP, CausalVideoFamily, diffusers_tiling
+
+TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
+                "tile_latent_min_width", "tile_overlap_factor")
+
+
+class HunyuanVideo15Family(CausalVideoFamily):
+    class_name = "AutoencoderKLHunyuanVideo15"
+    network = AutoencoderKLHunyuanVideo15
+    encoder_prefixes = ("encoder.",)
+    normalisation = Scale()
+    tiling = diffusers_tiling("AutoencoderKLHunyuanVideo15")
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return "downsample_match_channel" in config or "upsample_match_channel" in config
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
+        factor = int(config["spatial_compression_ratio"])
+        return Geometry(factor, factor, int(config["latent_channels"]), "spatial_compression_ratio",
+                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]))
+
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        check_config_keys(config, self, where)
+        return self.network.from_config(dict(config))
+
+    @contextlib.contextmanager
+    def tiled(self, vae: Layer, tile: int):
+        """Its own enable_tiling: square `tile` px tiles and their latent tiles, overlapping by a quarter."""
+        latent_tile = tile // vae.spatial_compression_ratio
+        with attributes_set(vae, **{name: getattr(vae, name) for name in TILING_STATE}):
+            vae.enable_tiling(tile, tile, latent_tile, latent_tile, TILE_OVERLAP)
+            yield
+
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
+        return vae.decoder_last_layer(), vae.encoder_last_layer().weight
+
+    def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
+        if posterior_std and posterior_std > 0:
+            raise ValueError(f"--posterior_std {posterior_std}: {self.class_name}'s encoder adds a channel-mean "
+                             "shortcut to its moments, so no export can give its posterior that constant std: drop it")
+        return {}
+
+
+HUNYUAN_VIDEO15 = HunyuanVideo15Family()

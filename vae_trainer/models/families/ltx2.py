@@ -1,0 +1,72 @@
+"""LTX-2's video VAE (diffusers' `AutoencoderKLLTX2Video`, autoencoder_kl_ltx2.py) as a family (family.py): a causal
+3D VAE like Wan's (wan.py: images as one-frame clips, clips of 1 + 8k frames as they are), patchified 4x4 before its
+first conv, f32 x 8, whole clips in one pass (no feature cache). Its latent normalisation is held in its weights, the
+`latents_mean` / `latents_std` buffers (latent_normalisation.LTX2_BUFFERS) with the config's scaling_factor.
+
+The options the trainer cannot honour are refused when it is built: `timestep_conditioning` (its decoder needs a
+timestep per sample, which the pipelines draw with noise mixed into the latents) and `decoder_inject_noise` (its
+decoder draws noise from the global generator inside the forward). The published LTX-2 VAE has both off. It has no
+tiled passes here (diffusers' are inference memory savers, not ported).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..autoencoder_kl_ltx2 import STRIDES, AutoencoderKLLTX2Video, _per_block
+from ..family import Geometry, Layer, Tensor, check_config_keys, constant_logvar_values, constructor_defaults
+from ..latent_normalisation import LTX2_BUFFERS
+from .wan import CausalVideoFamily
+
+UNHONOURED = {"timestep_conditioning": "its decoder then needs a timestep per sample, which the pipelines draw beside "
+                                       "noise mixed into the latents and the trainer does not give",
+              "decoder_inject_noise": "its decoder then draws noise inside the forward, from the global generator, "
+                                      "which recompute and exact resume do not cover"}
+
+
+class LTX2Family(CausalVideoFamily):
+    class_name = "AutoencoderKLLTX2Video"
+    network = AutoencoderKLLTX2Video
+    encoder_prefixes = ("encoder.", "latents_mean", "latents_std")  # the buffers define the latent's normalisation
+    normalisation = LTX2_BUFFERS
+    tiling = ""
+
+    def owns(self, config: Mapping[str, Any]) -> bool:
+        return "spatio_temporal_scaling" in config or "decoder_inject_noise" in config
+
+    def geometry(self, config: Mapping[str, Any]) -> Geometry:
+        """The encoder's factors: the patch, then the stride of each down block that scales; the decoder's: the
+        patch, then the stride of each up block that scales."""
+        config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
+        down = [STRIDES[kind] for kind, on in zip(config["downsample_type"],
+                                                  _per_block(config["spatio_temporal_scaling"],
+                                                             len(config["layers_per_block"]) - 1)) if on]
+        up = [STRIDES[kind] for kind, on in zip(config["upsample_type"],
+                                                _per_block(config["decoder_spatio_temporal_scaling"],
+                                                           len(config["decoder_layers_per_block"]) - 1)) if on]
+        patch = int(config["patch_size"])
+        return Geometry(patch * math.prod(s[1] for s in down), patch * math.prod(s[1] for s in up),
+                        int(config["latent_channels"]), "patch_size x the down blocks' strides",
+                        frames=int(config["patch_size_t"]) * math.prod(s[0] for s in down),
+                        channels=int(config["in_channels"]))
+
+    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
+              encoder_path: Optional[str] = None) -> Layer:
+        check_config_keys(config, self, where)
+        for key, why in UNHONOURED.items():
+            if any(np.atleast_1d(config.get(key, False))):
+                raise ValueError(f"{where}: {key} is set, and {why}: this trainer cannot train it (LTX-2's published "
+                                 "VAE has it off)")
+        return self.network.from_config(dict(config))
+
+    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
+        return vae.decoder_last_layer(), vae.encoder.conv_out.conv.weight  # the conv making the moments
+
+    def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
+        return constant_logvar_values(vae, "encoder.conv_out.conv.", vae.config.latent_channels, posterior_std)
+
+
+LTX2 = LTX2Family()
