@@ -250,6 +250,49 @@ class Run:
             for name, value in saved.items():
                 setattr(self.loss_args, name, value)
 
+    def plain_autograd_step(self, pixel_values, global_step: int) -> None:
+        """BASELINE, not used in training: the VAE objective by plain autograd, as taming's LPIPSWithDiscriminator
+        computes it: the adaptive weight from paddle.grad of the nll and of the GAN term at the decoder's last layer
+        (each through LPIPS or the discriminator, the graph kept), then one backward of nll + KL + d * GAN; the
+        discriminator's loss on the detached reconstruction (one VAE forward, as ours); both updates."""
+        import paddle
+
+        from vae_trainer.models.families import family_of
+        from vae_trainer.objectives.gan import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, adaptive_weight,
+                                                discriminator_objective, generator_loss)
+        from vae_trainer.objectives.reconstruction import kl_loss, pixel_term
+
+        model, args, x = self.model, self.loss_args, pixel_values
+        model.train()
+        for param in model.discriminator_parameters():  # taming's toggle_optimizer: the VAE's pass leaves D alone
+            param.stop_gradient = True
+        recon, mean, logvar = model(x, sample_posterior=args.sample_posterior)
+        weighted = args.pixel_weight * pixel_term(x, recon, args) + args.perceptual_weight * self.lpips(x, recon).mean()
+        nll = weighted / model.logvar.exp() + model.logvar
+        gan = generator_loss(model.discriminator(recon), args.disc_loss)
+        last = family_of(model.vae).last_layers(model.vae)[0]
+        nll_grad, gan_grad = (paddle.grad(term, last, retain_graph=True)[0] for term in (nll, gan))
+        pixels = float(x.shape[1] * x.shape[2] * x.shape[3])
+        d = adaptive_weight(nll_grad, gan_grad, ADAPTIVE_WEIGHT_MAX / pixels, ADAPTIVE_WEIGHT_EPS) * args.disc_weight
+        (nll + args.kl_weight * kl_loss(mean, logvar).mean() / pixels + d * gan).backward()
+        for param in model.discriminator_parameters():
+            param.stop_gradient = False
+        discriminator_objective(model.discriminator, x, recon, args.disc_loss)[0].backward()
+        self._update()
+
+    def _update(self) -> None:
+        """Both networks clipped and stepped, their schedules moved on (the baselines' update)."""
+        from vae_trainer.optim import clip_grads, grad_norm
+
+        step = self.step
+        for params, optimizer, scheduler in ((self.model.vae_parameters(), step.vae_optimizer, step.vae_scheduler),
+                                             (self.model.discriminator_parameters(), step.disc_optimizer,
+                                              step.disc_scheduler)):
+            clip_grads(params, grad_norm(params), step.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.clear_grad()
+
     def two_forward_step(self, pixel_values, global_step: int) -> None:
         """BASELINE, not used in training: the "two VAE forwards per step" scheme of public VAE trainers.
 

@@ -5,6 +5,7 @@ and for RAE's decoders? Seconds per optimizer step, images/s, peak memory, param
     python benchmarks/training_step.py --configs configs/sd_vae.json --resolution 64 --batch_size 1 --threads 2
     python benchmarks/training_step.py --breakdown      # where our step's time goes
     python benchmarks/training_step.py --lpips          # LPIPS: our design against the rejected ones
+    python benchmarks/training_step.py --heads          # the heads on a leaf of the reconstruction, or plain autograd
     python benchmarks/training_step.py --vf --configs configs/vae_tiny.json --resolution 256 --batch_size 1
     python benchmarks/training_step.py --rae ViTB ViTXL --gan none dino --resolution 256 --batch_size 1 --threads 2
 
@@ -22,6 +23,10 @@ interleaved call by call (harness.interleaved). Timed: the optimizer step (batch
   optimizer-step block alone; the differences to the full step are the parts' costs;
 - `--lpips`: LPIPS alone, forward and (training) backward: our design against one VGG16 batch with a graph
   (training) and two passes (evaluation);
+- `--heads`: our step (the heads' gradients taken once at a leaf copy of the reconstruction, the adaptive weight's
+  at the last layer from there: objectives/__init__.py) against plain autograd (`Run.plain_autograd_step`: the
+  adaptive weight by paddle.grad of the nll and of the GAN term at the last layer through LPIPS and the
+  discriminator, then one backward of the weighted sum, as taming's LPIPSWithDiscriminator);
 - `--vf`: our step without the VF loss (VA-VAE), with it, and with it but --adaptive_vf false, one run each;
 - `--rae DECODER...`: our step for RAE's decoders (the sizes of the authors' configs/decoder) on a DINOv2-B encoder
   with registers (86.6 M parameters, frozen, its forward at 224 px in the step), L1 (--pixel_weight 0.5) + LPIPS,
@@ -77,6 +82,7 @@ def parse_args(argv: Optional[List[str]]):
                         help="Batches of crops of scikit-image photos, or uniform noise in [-1, 1].")
     parser.add_argument("--breakdown", action="store_true", help="Our step with parts switched off.")
     parser.add_argument("--lpips", action="store_true", help="LPIPS alone: our design against the rejected ones.")
+    parser.add_argument("--heads", action="store_true", help="The heads on a leaf copy against plain autograd.")
     parser.add_argument("--vf", action="store_true", help="Our step without the VF loss, with it, and with it but "
                                                           "--adaptive_vf false.")
     parser.add_argument("--vf_model_path", help="--vf: the foundation model (default: a random DINOv2-small file).")
@@ -84,7 +90,7 @@ def parse_args(argv: Optional[List[str]]):
     parser.add_argument("--gan", nargs="+", default=["none", "dino"], choices=("none", "dino"), help="--rae: its GANs.")
     parser.add_argument("--json", help="Also write the raw results (per-call times) to this JSON file.")
     args = parser.parse_args(argv)
-    args.mode = next((mode for mode in ("breakdown", "lpips", "vf", "rae") if getattr(args, mode)), "schemes")
+    args.mode = next((mode for mode in ("breakdown", "lpips", "heads", "vf", "rae") if getattr(args, mode)), "schemes")
     count = len(args.rae or args.configs or [None])
 
     def per_config(values: Optional[List[int]], default: int) -> List[int]:
@@ -171,6 +177,11 @@ def lpips_designs(setting: Dict, blocks: List[float]):
                  "evaluation: ours (one batch)": evaluation(lpips), "evaluation: two passes": evaluation(two_passes)}
 
 
+def heads(setting: Dict, blocks: List[float]):
+    run = run_of(setting)
+    return run, {"heads on a leaf": run.train_step, "plain autograd": run.plain_autograd_step}
+
+
 def vf_costs(setting: Dict, blocks: List[float]):
     vf_model = setting["vf_model_path"] or random_vit_file(setting["folder"], "dinov2_small.safetensors", **DINOV2_S)
     runs = {"no VF": run_of(setting), "VF": run_of(setting, vf_model_path=vf_model),
@@ -195,7 +206,8 @@ def rae_step(setting: Dict, blocks: List[float]):
     return run, {"step": run.train_step}
 
 
-MODES = {"schemes": schemes, "breakdown": breakdown, "lpips": lpips_designs, "vf": vf_costs, "rae": rae_step}
+MODES = {"schemes": schemes, "breakdown": breakdown, "lpips": lpips_designs, "heads": heads, "vf": vf_costs,
+         "rae": rae_step}
 
 
 def measure(setting: Dict) -> Dict:
@@ -351,11 +363,13 @@ def lpips_table(results: List[Dict]) -> str:
                              "ratio to ours", "CPU ratio to ours"], rows(results, 5, row))
 
 
-def vf_table(results: List[Dict]) -> str:
+def variants_table(results: List[Dict]) -> str:
+    """Each variant's s/step and its ratio to the first's (--heads, --vf)."""
     def row(result, s):
-        none = result["no VF"]["median_s"]
-        return [[describe(s), name, f"{result[name]['median_s']:.2f}", f"{result[name]['median_s'] / none:.2f}"]
-                for name in ("no VF", "VF", "VF, --adaptive_vf false")]
+        names = [name for name, value in result.items() if isinstance(value, dict) and "median_s" in value]
+        first = result[names[0]]["median_s"]
+        return [[describe(s), name, f"{result[name]['median_s']:.2f}", f"{result[name]['median_s'] / first:.2f}"]
+                for name in names]
 
     return harness.markdown(["config px batch threads", "step", "s/step", "ratio"], rows(results, 4, row))
 
@@ -379,8 +393,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     harness.header(__file__, argv)
     results = [harness.in_fresh_process(__file__, s, s["threads"], without_torch=s["mode"] == "rae", label=describe(s))
                for s in settings]
-    tables = {"schemes": schemes_table, "breakdown": breakdown_table, "lpips": lpips_table, "vf": vf_table,
-              "rae": rae_table}
+    tables = {"schemes": schemes_table, "breakdown": breakdown_table, "lpips": lpips_table, "heads": variants_table,
+              "vf": variants_table, "rae": rae_table}
     print(f"\n{tables[args.mode](results)}")
     what = {"lpips": "LPIPS calls per variant", "schemes": "optimizer steps per scheme"}
     what = what.get(args.mode, "optimizer steps per variant")

@@ -1,6 +1,8 @@
-"""The training step shared by both drivers (docs/training.md): `forward_backward` (one VAE forward, the VAE's and
-the discriminator's backward, no read from the device; it communicates only for LeCAM's logit EMA, gradnorm's global
-scope and a SyncBatchNorm discriminator), `optimizer_step` and `NonFiniteGuard` (docs/reliability.md)."""
+"""The training step shared by both drivers (docs/training.md, docs/architecture.md), nanoGPT's in shape:
+`forward_backward` per micro-batch (forward, the objective's parts, backward; then the discriminator's loss and
+backward: no read from the device; it communicates only for LeCAM's logit EMA, gradnorm's global scope and a
+SyncBatchNorm discriminator), then `optimizer_step` (for each network: all-reduce, unscale, one finite check,
+clip, step) and `schedule`; `NonFiniteGuard` decides the skips (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -147,16 +149,16 @@ class TrainStep:
                          self.transforms)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
-        taught = self.teacher.latents(clean) if self.teacher is not None else None  # 0. the teacher's latents
+        taught = self.teacher.latents(clean) if self.teacher is not None else None  # distillation's targets
         # Distillation's discriminator sees the latent an image was decoded from (a conditioned PatchGAN).
         discriminator = model.discriminator if taught is None else functools.partial(model.discriminator,
                                                                                      condition=taught)
         with self.precision.autocast():
-            recon, post_mean, post_logvar, z = model(                                     # 1. forward
+            recon, post_mean, post_logvar, z = model(                                     # forward
                 clean, sample_posterior=args.sample_posterior, return_latent=True, decoded=taught,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
-            vae_loss = vae_objective(                                                     # 2. VAE objective
+            vae_loss = vae_objective(                                                     # losses
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
                 gan_weight=gan_weight(args, global_step), vf=self._vf_term(clean, z),
@@ -164,6 +166,9 @@ class TrainStep:
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
                 lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
                 latent=z if clean.ndim == 5 else None, latent_target=taught)
+        # backward: one pass. The heads' gradient at the reconstruction was taken once, on a leaf copy (so the
+        # adaptive GAN weight costs one small conv's backward, not a second pass through LPIPS and the discriminator:
+        # benchmarks/training_step.py --heads); it enters here beside the direct terms' (the KL, the latent ones).
         vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
@@ -171,13 +176,13 @@ class TrainStep:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
         if disc_trains(args, global_step):
             fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
-            with self.precision.autocast():                                               # 3. discriminator
+            with self.precision.autocast():                                               # discriminator: loss
                 d_loss, d_logs = discriminator_objective(
                     discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
                     fake_discriminator=None if taught is None else functools.partial(model.discriminator,
                                                                                      condition=condition))
-            self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()
+            self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
