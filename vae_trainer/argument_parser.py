@@ -16,7 +16,7 @@ from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, INHERITED_
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
 from .flag_checks import check_eval_batch_size, check_sizes, flag_values
-from .models import latent_scale, trainable, vae_loading
+from .models import latent_scale, rgba, trainable, vae_loading
 from .objectives import alignment, clips, distillation, equivariance, gan, reconstruction
 from .refusals import refuse
 
@@ -34,7 +34,7 @@ Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArgum
 REFUSALS = (INHERITED_REFUSALS + vae_loading.REFUSALS + trainable.REFUSALS + buckets.REFUSALS + reconstruction.REFUSALS
             + clips.REFUSALS + equivariance.REFUSALS + alignment.REFUSALS + evaluation.REFUSALS + gan.REFUSALS
             + latent_scale.REFUSALS + ema.REFUSALS + train_logging.REFUSALS + precision.REFUSALS + optim.REFUSALS
-            + distillation.REFUSALS)
+            + distillation.REFUSALS + rgba.REFUSALS)
 
 
 class _FlagTarget:

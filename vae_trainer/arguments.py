@@ -83,6 +83,8 @@ class ModelArguments:
     ignore_keys: Optional[List[str]] = flag(None, "Weight-name prefixes not loaded (re-initialised), e.g. decoder.")
     init_from_ckpt: Optional[str] = flag(None, "VAE weights only, from a checkpoint-N or a weight file.")
     freeze_encoder: bool = flag(False, "Freeze the encoder (all that defines the latent): decoder-only fine-tuning.")
+    expand_to_rgba: bool = flag(False, "Grow the loaded RGB VAE to RGBA (4 channels in and out) before training: at "
+                                       "step 0 opaque images give the source's latents and RGB.")
     trainable_modules: Optional[List[str]] = flag(
         None, "Glob patterns of the VAE's parameter names that train, e.g. 'decoder.*' or 'encoder.conv_out.*' "
               "'decoder.conv_in.*'; every other weight stays as loaded (exported bit-identical).")

@@ -79,7 +79,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         vae = build_vae(model_args.vae_config_file, model_args.pretrained_model_name_or_path, model_args.subfolder,
                         ignore_keys=model_args.ignore_keys or (), init_from_ckpt=model_args.init_from_ckpt,
                         encoder_path=model_args.rae_encoder_path, noise_tau=model_args.noise_tau,
-                        config=derived_student_config(model_args))
+                        config=derived_student_config(model_args), expand_to_rgba=model_args.expand_to_rgba)
         if resolution is not None:
             check_reconstruction_shape(vae.config, model_args.input_size, resolution)
         if training_args.recompute:  # the family's segments: blocks of the encoder and decoder (models/recompute.py)

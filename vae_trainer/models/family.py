@@ -67,6 +67,20 @@ class Geometry:
                 "--resolution.")
 
 
+@dataclass(frozen=True)
+class ImageConvs:
+    """Where the image's channels enter and leave a network (--expand_to_rgba grows them: models/rgba.py): the conv
+    that reads them and the one that writes them; how many of a conv's channels one image channel is (p * p beside a
+    p x p patchify, 4 before a pixel shuffle; an image channel's are contiguous, in channel order); and the config
+    entries of the network grown to RGBA."""
+
+    first: Layer
+    last: Layer
+    rgba_config: Mapping[str, int]
+    first_group: int = 1
+    last_group: int = 1
+
+
 class Deterministic:
     """A deterministic encoder's latent read as a posterior (the reads of ppdiffusers' DiagonalGaussianDistribution):
     its mean, mode and sample are the latent; it has no variance, so no KL term. `raw`: the latent before a
@@ -94,6 +108,8 @@ class Family:
     # re-initialises the latent space (FLUX.2's bn statistics are among them).
     encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)
     tiling: ClassVar[str] = ""  # how --eval_tiled tiles, for the protocol ("": it cannot)
+    # Why --expand_to_rgba cannot grow its image channels ("": `image_convs` says where they are).
+    rgba_refusal: ClassVar[str] = "where its image channels enter and leave is not known here"
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         """Is a config without `_class_name` this family's (by its keys)?"""
@@ -138,6 +154,10 @@ class Family:
     def diffusers_problem(self, vae: Layer) -> Optional[str]:
         """Why PyTorch diffusers could not load this network as its class, or None."""
         return None
+
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        """Where the image's channels enter and leave `vae` (families whose `rgba_refusal` is "")."""
+        raise ValueError(f"--expand_to_rgba: {self.class_name}: {self.rgba_refusal}")
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:

@@ -19,7 +19,7 @@ from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_di
 from ppdiffusers.utils import constants as names
 from safetensors import safe_open
 
-from . import latent_scale
+from . import latent_scale, rgba
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
 from .families import family_for_config
@@ -61,11 +61,12 @@ REFUSALS = (
 def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_path: Optional[str] = None,
               subfolder: Optional[str] = None, ignore_keys: Sequence[str] = (),
               init_from_ckpt: Optional[str] = None, encoder_path: Optional[str] = None,
-              noise_tau: Optional[float] = None, config: Optional[Dict[str, Any]] = None) -> paddle.nn.Layer:
+              noise_tau: Optional[float] = None, config: Optional[Dict[str, Any]] = None,
+              expand_to_rgba: bool = False) -> paddle.nn.Layer:
     """The VAE to train (fresh weights from Paddle's global RNG: seed first), with its sources' latent scale;
     `encoder_path` (--rae_encoder_path): the weights of a fresh RAE's encoder; `noise_tau` (--noise_tau): the config's
     noise_tau (RAE's training noise) in place of the source's; `config`: a fresh VAE of that config (a distilled
-    student's, derived from its teacher)."""
+    student's, derived from its teacher); `expand_to_rgba`: the loaded VAE grown from RGB to RGBA (rgba.py)."""
     overrides = {} if noise_tau is None else {"noise_tau": float(noise_tau)}
     if vae_config_file is None and pretrained_model_name_or_path is None and init_from_ckpt is None and not config:
         raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
@@ -101,6 +102,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
                                 "this version): give the architecture with --vae_config_file")
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
+    if expand_to_rgba:  # after every weight is loaded (a checkpoint's too): it grows the source
+        rgba.expand_to_rgba(vae)
     latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
     check_ignore_keys(vae, ignore_keys)
     return vae

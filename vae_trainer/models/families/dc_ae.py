@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Tuple
 
-from ..autoencoder_dc import AutoencoderDC
-from ..family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults,
-                      holds_batch_norm, tiling_enabled)
+from ..autoencoder_dc import AutoencoderDC, DCUpBlock2d
+from ..family import (Deterministic, Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys,
+                      constructor_defaults, holds_batch_norm, tiling_enabled)
 from ..latent_normalisation import Scale
 
 TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
@@ -34,6 +34,7 @@ class DCFamily(Family):
     normalisation = Scale()
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
               "tiled_decode, as diffusers')")
+    rgba_refusal = ""
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
@@ -42,7 +43,7 @@ class DCFamily(Family):
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
                         2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]),
-                        "2 ** (stages - 1)", deterministic=True)
+                        "2 ** (stages - 1)", deterministic=True, channels=int(config["in_channels"]))
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
@@ -62,6 +63,14 @@ class DCFamily(Family):
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         conv_out = vae.decoder.conv_out
         return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight  # a DCUpBlock2d holds its conv
+
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        """conv_in and conv_out, or the convs of the shortcut-free DCDownBlock2d / DCUpBlock2d standing for them when
+        layers_per_block[0] == 0; a pixel-shuffled one writes factor ** 2 channels per image channel."""
+        first, last = vae.encoder.conv_in, vae.decoder.conv_out
+        shuffled = isinstance(last, DCUpBlock2d) and not last.interpolate
+        return ImageConvs(getattr(first, "conv", first), getattr(last, "conv", last), {"in_channels": 4},
+                          last_group=last.factor ** 2 if shuffled else 1)
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """Every block of the encoder's and decoder's stages (residual, EfficientViT, down- and upsampling), not

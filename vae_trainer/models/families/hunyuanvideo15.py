@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from ..autoencoder_kl_hunyuanvideo15 import AutoencoderKLHunyuanVideo15
-from ..family import Geometry, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
+from ..family import Geometry, ImageConvs, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
 from ..latent_normalisation import Scale
 from .wan import TILE_OVERLAP, CausalVideoFamily, diffusers_tiling
 
@@ -52,6 +52,9 @@ class HunyuanVideo15Family(CausalVideoFamily):
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         return vae.decoder_last_layer(), vae.encoder_last_layer().weight
+
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        return ImageConvs(vae.encoder.conv_in.conv, vae.decoder.conv_out.conv, {"in_channels": 4, "out_channels": 4})
 
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         if posterior_std and posterior_std > 0:

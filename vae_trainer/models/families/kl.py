@@ -12,7 +12,8 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values, constructor_defaults
+from ..family import (Family, Geometry, ImageConvs, Layer, Tensor, attributes_set, constant_logvar_values,
+                      constructor_defaults)
 from ..latent_normalisation import Scale
 
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
@@ -25,6 +26,7 @@ class KLFamily(Family):
     normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
               "tiled_decode)")
+    rgba_refusal = ""
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return True  # the fallback: a config of no other family's keys (families.py asks it last)
@@ -32,7 +34,7 @@ class KLFamily(Family):
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
-                        int(config["latent_channels"]), "2 ** (down blocks - 1)")
+                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]))
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
@@ -89,6 +91,9 @@ class KLFamily(Family):
             for name in stand_ins:
                 delattr(vae, name)  # out of the sublayers, then back to the plain None attribute it was
                 setattr(vae, name, None)
+
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        return ImageConvs(vae.encoder.conv_in, vae.decoder.conv_out, {"in_channels": 4, "out_channels": 4})
 
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         prefix = "quant_conv." if vae.quant_conv is not None else "encoder.conv_out."  # FLUX has no quant_conv

@@ -17,7 +17,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from ..autoencoder_kl_ltx2 import STRIDES, AutoencoderKLLTX2Video, _per_block
-from ..family import Geometry, Layer, Tensor, check_config_keys, constant_logvar_values, constructor_defaults
+from ..family import (Geometry, ImageConvs, Layer, Tensor, check_config_keys, constant_logvar_values,
+                      constructor_defaults)
 from ..latent_normalisation import LTX2_BUFFERS
 from .wan import CausalVideoFamily
 
@@ -64,6 +65,13 @@ class LTX2Family(CausalVideoFamily):
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         return vae.decoder_last_layer(), vae.encoder.conv_out.conv.weight  # the conv making the moments
+
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        """The Conv3Ds of encoder.conv_in and decoder.conv_out, on the patch_size ** 2 channels of each image channel's
+        patches (its config counts image channels)."""
+        group = int(vae.config.patch_size) ** 2
+        return ImageConvs(vae.encoder.conv_in.conv, vae.decoder.conv_out.conv, {"in_channels": 4, "out_channels": 4},
+                          group, group)
 
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         return constant_logvar_values(vae, "encoder.conv_out.conv.", vae.config.latent_channels, posterior_std)

@@ -24,6 +24,8 @@ class RAEFamily(Family):
     class_name = CLASS_NAME
     network = AutoencoderRAE
     normalisation = PerPosition()
+    rgba_refusal = ("its latent is a frozen DINOv2's tokens of RGB (normalised by ImageNet's three means and stds): "
+                    "an alpha channel has no way into that representation")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "decoder_hidden_size" in config or "encoder_input_size" in config

@@ -32,6 +32,8 @@ class TinyFamily(Family):
     class_name = CLASS_NAME
     network = AutoencoderTiny
     normalisation = Fixed()
+    rgba_refusal = ("it is a distillation student (docs/distillation.md), and it learns its teacher's RGB images and "
+                    "latents")
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return any(key in config for key in TINY_ONLY_KEYS)

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from ..autoencoder_kl_wan import AutoencoderKLWan, DiagonalGaussianDistribution
-from ..family import (Family, Geometry, Layer, Tensor, check_config_keys, constant_logvar_values, constructor_defaults,
-                      tiling_enabled)
+from ..family import (Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys, constant_logvar_values,
+                      constructor_defaults, tiling_enabled)
 from ..latent_normalisation import PerChannel
 
 TILE_OVERLAP = 0.25  # diffusers' defaults: 256 px tiles, stride 192
@@ -48,6 +48,8 @@ class CausalVideoFamily(Family):
     retired_keys: ClassVar[Tuple[str, ...]] = ()  # config keys diffusers 0.42.1's class no longer takes and ignores
     frames: ClassVar[int] = 4  # its temporal factor: clips of 1 + 4k frames
     patch_key: ClassVar[str] = ""  # the config key of a pixel patchify before the encoder (Wan 2.2's patch_size)
+    rgba_refusal = ""
+    image_channel_keys: ClassVar[Tuple[str, ...]] = ("in_channels", "out_channels")  # Wan 2.2's: patchified
 
     # ---- config
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
@@ -55,7 +57,8 @@ class CausalVideoFamily(Family):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = 2 ** (len(config["dim_mult"]) - 1) * int(config.get(self.patch_key) or 1)
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
-        channels = int(config.get("in_channels", config.get("input_channels", 3)))
+        patchified = int(config.get("in_channels", config.get("input_channels", 3)))  # Wan 2.2's: p * p per channel
+        channels = patchified // int(config.get(self.patch_key) or 1) ** 2
         return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
@@ -87,6 +90,12 @@ class CausalVideoFamily(Family):
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         return vae.decoder_last_layer(), vae.encoder_last_layer().weight  # quant_conv: it makes the moments
 
+    def image_convs(self, vae: Layer) -> ImageConvs:
+        """encoder.conv_in and decoder.conv_out, on the p * p channels of each image channel's patches (Wan 2.2)."""
+        group = int(vae.config.get(self.patch_key) or 1) ** 2
+        return ImageConvs(vae.encoder.conv_in, vae.decoder.conv_out,
+                          {key: 4 * group for key in self.image_channel_keys}, group, group)
+
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """The encoder's and decoder's blocks (pure functions of their input on the one-frame path) and their chunk
         passes over clips (pure functions of the chunk and the cache tensors it is given)."""
@@ -114,6 +123,7 @@ class QwenImageFamily(CausalVideoFamily):
     class_name = "AutoencoderKLQwenImage"
     network = AutoencoderKLQwenImage
     tiling = diffusers_tiling("AutoencoderKLQwenImage")
+    image_channel_keys = ("input_channels",)  # in and out
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "z_dim" in config and "input_channels" in config
