@@ -138,7 +138,8 @@ def test_a_tiny_config_is_read_by_its_keys_before_dc_ae_and_refuses_what_it_cann
 
 def test_geometry_and_the_layers_training_reads():
     vae = TINY.build(STUDENT, "here")
-    assert TINY.geometry(STUDENT) == Geometry(8, 8, 4, "2 ** (encoder stages - 1)", deterministic=True)
+    assert TINY.geometry(STUDENT) == Geometry(8, 8, 4, "2 ** (encoder stages - 1)", deterministic=True,
+                                              rgba_refusal=TINY.geometry(STUDENT).rgba_refusal)
     with paddle.no_grad():
         latent = TINY.encode(vae, paddle.zeros([1, 3, 32, 32])).mode()
         assert latent.shape == [1, 4, 4, 4] and TINY.decode(vae, latent).shape == [1, 3, 32, 32]
@@ -176,7 +177,9 @@ def test_student_config_follows_the_teachers_geometry(factor, channels, stages):
     config = student_config(Geometry(factor, factor, channels), width=8, depth=1)
     assert len(config["num_encoder_blocks"]) == len(config["num_decoder_blocks"]) == stages
     assert config["latent_channels"] == channels
-    assert TINY.geometry(config) == Geometry(factor, factor, channels, TINY.geometry(config).rule, deterministic=True)
+    geometry = TINY.geometry(config)
+    assert geometry == Geometry(factor, factor, channels, geometry.rule, deterministic=True,
+                                rgba_refusal=geometry.rgba_refusal)
 
 
 @pytest.mark.parametrize("geometry, message", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
-# (flags, when they are refused given the other flags, why and what to do instead).
+# (flags, when they are refused given the other flags, why and what to do instead: a text, or made of the flags).
 Rows = Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...]
 SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
@@ -32,13 +32,15 @@ def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "", otherwise:
     `otherwise`: the reason for a given flag no row names."""
     family, frames, lines = getattr(flags, "family", None), getattr(flags, "video", 0) or 4, []
     for names, when, why in rows:
-        why = why.replace(FAMILY, family.class_name if family else "this autoencoder").replace(FRAMES, str(frames))
-        why = why.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
         for name in names:
             if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
                 continue
             if when(flags):
-                lines.append(f"--{name} {_shown(getattr(flags, name))}: {why}")
+                reason = why(flags) if callable(why) else why  # a reason the flags' facts word (a family's own)
+                reason = reason.replace(FAMILY, family.class_name if family else "this autoencoder")
+                reason = reason.replace(FRAMES, str(frames))
+                reason = reason.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
+                lines.append(f"--{name} {_shown(getattr(flags, name))}: {reason}")
     if otherwise:
         named = {name for names, _, _ in rows for name in names}
         lines += [f"--{name} {_shown(getattr(flags, name))}: {otherwise}" for name in sorted(given - named)]

@@ -40,6 +40,8 @@ class Geometry:
     deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
     encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
     channels: int = 3  # image channels in and out
+    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are).
+    rgba_refusal: str = "where its image channels enter and leave is not known here"
 
     def check_reconstruction(self, input_size: Optional[Sequence[int]], resolution: int, where: str,
                              class_name: str) -> None:
@@ -65,20 +67,6 @@ class Geometry:
                 "targets (--resolution). With --input_size H W the decoder needs more up blocks than the encoder has "
                 "down blocks (up_block_types / up_block_out_channels in --vae_config_file), so that it returns "
                 "--resolution.")
-
-
-@dataclass(frozen=True)
-class ImageConvs:
-    """Where the image's channels enter and leave a network (--expand_to_rgba grows them: models/rgba.py): the conv
-    that reads them and the one that writes them; how many of a conv's channels one image channel is (p * p beside a
-    p x p patchify, 4 before a pixel shuffle; an image channel's are contiguous, in channel order); and the config
-    entries of the network grown to RGBA."""
-
-    first: Layer
-    last: Layer
-    rgba_config: Mapping[str, int]
-    first_group: int = 1
-    last_group: int = 1
 
 
 class Deterministic:
@@ -108,8 +96,6 @@ class Family:
     # re-initialises the latent space (FLUX.2's bn statistics are among them).
     encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)
     tiling: ClassVar[str] = ""  # how --eval_tiled tiles, for the protocol ("": it cannot)
-    # Why --expand_to_rgba cannot grow its image channels ("": `image_convs` says where they are).
-    rgba_refusal: ClassVar[str] = "where its image channels enter and leave is not known here"
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         """Is a config without `_class_name` this family's (by its keys)?"""
@@ -155,9 +141,10 @@ class Family:
         """Why PyTorch diffusers could not load this network as its class, or None."""
         return None
 
-    def image_convs(self, vae: Layer) -> ImageConvs:
-        """Where the image's channels enter and leave `vae` (families whose `rgba_refusal` is "")."""
-        raise ValueError(f"--expand_to_rgba: {self.class_name}: {self.rgba_refusal}")
+    def image_convs(self, vae: Layer) -> Any:
+        """Where the image's channels enter and leave `vae` (rgba.ImageConvs), where its geometry's `rgba_refusal`
+        is ""."""
+        raise ValueError(f"--expand_to_rgba: {self.class_name}: {self.geometry(vae.config).rgba_refusal}")
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional, Tuple
 
 from ..autoencoder_dc import AutoencoderDC, DCUpBlock2d
-from ..family import (Deterministic, Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys,
+from ..family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys,
                       constructor_defaults, holds_batch_norm, tiling_enabled)
 from ..latent_normalisation import Scale
+from ..rgba import ImageConvs
 
 TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
@@ -34,8 +35,6 @@ class DCFamily(Family):
     normalisation = Scale()
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
               "tiled_decode, as diffusers')")
-    rgba_refusal = ""
-
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
 
@@ -43,7 +42,8 @@ class DCFamily(Family):
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
                         2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]),
-                        "2 ** (stages - 1)", deterministic=True, channels=int(config["in_channels"]))
+                        "2 ** (stages - 1)", deterministic=True, channels=int(config["in_channels"]),
+                        rgba_refusal="")
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

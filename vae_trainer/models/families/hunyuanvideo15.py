@@ -13,8 +13,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from ..autoencoder_kl_hunyuanvideo15 import AutoencoderKLHunyuanVideo15
-from ..family import Geometry, ImageConvs, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
+from ..family import Geometry, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
 from ..latent_normalisation import Scale
+from ..rgba import ImageConvs
 from .wan import TILE_OVERLAP, CausalVideoFamily, diffusers_tiling
 
 TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
@@ -35,7 +36,8 @@ class HunyuanVideo15Family(CausalVideoFamily):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = int(config["spatial_compression_ratio"])
         return Geometry(factor, factor, int(config["latent_channels"]), "spatial_compression_ratio",
-                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]))
+                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]),
+                        rgba_refusal="")
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

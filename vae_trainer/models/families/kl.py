@@ -12,9 +12,10 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import (Family, Geometry, ImageConvs, Layer, Tensor, attributes_set, constant_logvar_values,
+from ..family import (Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values,
                       constructor_defaults)
 from ..latent_normalisation import Scale
+from ..rgba import ImageConvs
 
 TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
@@ -26,15 +27,14 @@ class KLFamily(Family):
     normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
               "tiled_decode)")
-    rgba_refusal = ""
-
     def owns(self, config: Mapping[str, Any]) -> bool:
         return True  # the fallback: a config of no other family's keys (families.py asks it last)
 
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
-                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]))
+                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]),
+                        rgba_refusal="")
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

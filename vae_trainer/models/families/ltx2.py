@@ -17,9 +17,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from ..autoencoder_kl_ltx2 import STRIDES, AutoencoderKLLTX2Video, _per_block
-from ..family import (Geometry, ImageConvs, Layer, Tensor, check_config_keys, constant_logvar_values,
+from ..family import (Geometry, Layer, Tensor, check_config_keys, constant_logvar_values,
                       constructor_defaults)
 from ..latent_normalisation import LTX2_BUFFERS
+from ..rgba import ImageConvs
 from .wan import CausalVideoFamily
 
 UNHONOURED = {"timestep_conditioning": "its decoder then needs a timestep per sample, which the pipelines draw beside "
@@ -52,7 +53,7 @@ class LTX2Family(CausalVideoFamily):
         return Geometry(patch * math.prod(s[1] for s in down), patch * math.prod(s[1] for s in up),
                         int(config["latent_channels"]), "patch_size x the down blocks' strides",
                         frames=int(config["patch_size_t"]) * math.prod(s[0] for s in down),
-                        channels=int(config["in_channels"]))
+                        channels=int(config["in_channels"]), rgba_refusal="")
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

@@ -17,6 +17,8 @@ from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_confi
 from ..latent_normalisation import PerPosition
 
 CLASS_NAME = "AutoencoderRAE"
+RGB_TOKENS = ("its latent is a frozen DINOv2's tokens of RGB (normalised by ImageNet's three means and stds): "
+              "an alpha channel has no way into that representation")
 STAT_EPS = PerPosition.eps  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
 
 
@@ -24,9 +26,6 @@ class RAEFamily(Family):
     class_name = CLASS_NAME
     network = AutoencoderRAE
     normalisation = PerPosition()
-    rgba_refusal = ("its latent is a frozen DINOv2's tokens of RGB (normalised by ImageNet's three means and stds): "
-                    "an alpha channel has no way into that representation")
-
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "decoder_hidden_size" in config or "encoder_input_size" in config
 
@@ -36,7 +35,7 @@ class RAEFamily(Family):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         grid, patch = int(config["encoder_input_size"]) // int(config["encoder_patch_size"]), int(config["patch_size"])
         return Geometry(patch, patch, int(config["encoder_hidden_size"]), output_size=patch * grid, deterministic=True,
-                        encoder_trains=False)
+                        encoder_trains=False, rgba_refusal=RGB_TOKENS)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

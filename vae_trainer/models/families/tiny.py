@@ -20,6 +20,8 @@ from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_confi
 from ..latent_normalisation import Fixed
 
 CLASS_NAME = "AutoencoderTiny"
+A_STUDENT = ("it is a distillation student (docs/distillation.md), and it learns its teacher's RGB images and "
+             "latents")
 # Keys only this class has (DC-AE's configs also have encoder_block_out_channels).
 TINY_ONLY_KEYS = ("num_encoder_blocks", "num_decoder_blocks", "latent_magnitude", "upsampling_scaling_factor")
 # diffusers 0.42.1's keys ppdiffusers 0.29 lacks, read at their only value it builds (the defaults); the saved config
@@ -32,9 +34,6 @@ class TinyFamily(Family):
     class_name = CLASS_NAME
     network = AutoencoderTiny
     normalisation = Fixed()
-    rgba_refusal = ("it is a distillation student (docs/distillation.md), and it learns its teacher's RGB images and "
-                    "latents")
-
     def owns(self, config: Mapping[str, Any]) -> bool:
         return any(key in config for key in TINY_ONLY_KEYS)
 
@@ -44,7 +43,8 @@ class TinyFamily(Family):
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["num_encoder_blocks"]) - 1),
                         int(config["upsampling_scaling_factor"]) ** (len(config["num_decoder_blocks"]) - 1),
-                        int(config["latent_channels"]), "2 ** (encoder stages - 1)", deterministic=True)
+                        int(config["latent_channels"]), "2 ** (encoder stages - 1)", deterministic=True,
+                        rgba_refusal=A_STUDENT)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

@@ -26,9 +26,10 @@ import numpy as np
 
 from ..autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from ..autoencoder_kl_wan import AutoencoderKLWan, DiagonalGaussianDistribution
-from ..family import (Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys, constant_logvar_values,
+from ..family import (Family, Geometry, Layer, Tensor, check_config_keys, constant_logvar_values,
                       constructor_defaults, tiling_enabled)
 from ..latent_normalisation import PerChannel
+from ..rgba import ImageConvs
 
 TILE_OVERLAP = 0.25  # diffusers' defaults: 256 px tiles, stride 192
 TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
@@ -48,7 +49,6 @@ class CausalVideoFamily(Family):
     retired_keys: ClassVar[Tuple[str, ...]] = ()  # config keys diffusers 0.42.1's class no longer takes and ignores
     frames: ClassVar[int] = 4  # its temporal factor: clips of 1 + 4k frames
     patch_key: ClassVar[str] = ""  # the config key of a pixel patchify before the encoder (Wan 2.2's patch_size)
-    rgba_refusal = ""
     image_channel_keys: ClassVar[Tuple[str, ...]] = ("in_channels", "out_channels")  # Wan 2.2's: patchified
 
     # ---- config
@@ -59,7 +59,8 @@ class CausalVideoFamily(Family):
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
         patchified = int(config.get("in_channels", config.get("input_channels", 3)))  # Wan 2.2's: p * p per channel
         channels = patchified // int(config.get(self.patch_key) or 1) ** 2
-        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
+        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels,
+                        rgba_refusal="")
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
