@@ -40,6 +40,7 @@ class Geometry:
     deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
     encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
     channels: int = 3  # image channels in and out
+    min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
 
     def check_reconstruction(self, input_size: Optional[Sequence[int]], resolution: int, where: str,
                              class_name: str) -> None:
@@ -57,6 +58,11 @@ class Geometry:
             flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
             raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {self.factor} "
                              f"({self.rule}, {where})")
+        if min(height, width) // self.factor < self.min_latent_side:
+            flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
+            side = self.min_latent_side
+            raise ValueError(f"{flag} gives latents below {side}x{side}, the smallest {class_name} takes ({where}: its "
+                             f"reflect padding): give at least {side * self.factor} px")
         out = (height // self.factor * self.decoder_factor, width // self.factor * self.decoder_factor)
         if out != (resolution, resolution):
             raise ValueError(
