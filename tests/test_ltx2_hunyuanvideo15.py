@@ -303,6 +303,21 @@ def test_posterior_std_is_refused_before_training_where_no_export_can_hold_it(so
                          paddle.nn.Identity(), posterior_std=0.5)
 
 
+def test_a_number_for_scaling_factor_is_refused_where_the_weights_hold_the_statistics(sources):
+    """LTX-2's latents are normalised by its buffers (measured or kept, never given); its config's scaling_factor is
+    kept beside them, and the refusal says so (not "has no scaling_factor", FLUX.2's)."""
+    from types import SimpleNamespace
+
+    from vae_trainer.models.latent_scale import mode_for
+
+    vae = build_vae(pretrained_model_name_or_path=sources["ltx2"], subfolder="vae")
+    flags = SimpleNamespace(scaling_factor="0.5", ignore_keys=None, init_from_ckpt=None,
+                            pretrained_model_name_or_path="x")
+    with pytest.raises(ValueError, match=r"--scaling_factor 0\.5: AutoencoderKLLTX2Video its scaling_factor is its "
+                                         r"config's, kept; .* latents_mean / latents_std buffers"):
+        mode_for(vae, flags)
+
+
 # ---- --trainable_modules
 
 @pytest.fixture(scope="module")
