@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(VA-VAE's [-1, 1] images, not normalised)")
     parser.add_argument("--num_frames", type=int, default=1,
                         help="> 1: evaluate clips, each video's first window of N frames (a video VAE; Wan / "
-                             "Qwen-Image: 1 + 4k); adds flicker and psnr_position_0..4")
+                             "Qwen-Image / HunyuanVideo 1.5: 1 + 4k, LTX-2: 1 + 8k); adds flicker and "
+                             "psnr_position_0..k")
     parser.add_argument("--frame_stride", type=int, default=1, help="with --num_frames: every K-th frame")
     parser.add_argument("--teacher", default=None,
                         help="a distilled student's teacher VAE folder: the student (--vae, an AutoencoderTiny) "

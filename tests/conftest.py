@@ -43,6 +43,7 @@ def _subprocesses_without_torch():
 # on two pytest-xdist workers (--dist loadfile), which share out files in collection order, so these start first
 # and the many short files fill in around them.
 HEAVY_FILES = ("test_preemption.py", "test_architectures.py", "test_dc_ae.py", "test_wan.py", "test_rae.py",
+               "test_ltx2_hunyuanvideo15.py",
                "test_stall.py", "test_rank_failure.py", "test_train_e2e.py", "test_multinode.py", "test_alignment.py",
                "test_crash_safety.py", "test_disk.py", "test_untrained_kept.py")
 

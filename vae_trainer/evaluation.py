@@ -197,6 +197,9 @@ class _Pass:
         self.vae, self.family, self.input_size, self.rng, self.teacher = vae, family_of(vae), input_size, rng, teacher
         geometry = self.family.geometry(vae.config)
         self.fixed_output = geometry.output_size is not None
+        # the scale diagnostic decodes halved latents, which a decoder may not take (LTX-2's reflect padding at 2x2)
+        self.min_latent_side = geometry.min_latent_side
+        self.frames = geometry.frames or clips_part.GROUP_FRAMES  # the frames one latent frame codes after the first
         self.posterior_std = 0.0 if geometry.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
@@ -275,7 +278,8 @@ class _Pass:
                 latent = taught.astype(mode.dtype)
                 recons = distillation.timed(self.metrics, "decode_ms", lambda: self.family.decode(self.vae, latent))
             pairs = {} if clips or taught is not None else equivariance.equivariance_pairs(
-                lambda z: self.family.decode(self.vae, z), pixels, mode, scale=not self.fixed_output)
+                lambda z: self.family.decode(self.vae, z), pixels, mode,
+                scale=not self.fixed_output and min(mode.shape[2:]) // 2 >= self.min_latent_side)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
@@ -288,7 +292,7 @@ class _Pass:
         frame_psnr = psnr(unit_pixels, unit_recons)
         self.metrics.update("psnr", frame_psnr)
         if clips:
-            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0])
+            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0], self.frames)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))

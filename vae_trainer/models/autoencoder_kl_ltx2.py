@@ -71,6 +71,7 @@ from ppdiffusers.models.modeling_utils import ModelMixin
 from ppdiffusers.models.vae import DecoderOutput
 from ppdiffusers.utils import randn_tensor
 
+from .autoencoder_kl_hunyuanvideo15 import VideoOnlyChannels
 from .autoencoder_kl_wan import DiagonalGaussianDistribution
 
 HALF_DTYPES = (paddle.float16, paddle.bfloat16)
@@ -400,6 +401,13 @@ class LTX2VideoUpsampler3d(nn.Layer):
         cells = self.stride[0] * self.stride[1] * self.stride[2]
         shortcut = channels_to_space_time(x, self.stride).tile([1, cells // self.upscale_factor, 1, 1, 1])
         return out + shortcut[:, :, drop:]
+
+    def first_frame_channels(self) -> List[int]:
+        """The conv's output channels that one input frame keeps (the others unfold into the frames dropped)."""
+        packed = self.conv.conv.weight.shape[0]
+        probe = paddle.arange(packed, dtype="float32").reshape([1, packed, 1, 1, 1])
+        kept = channels_to_space_time(probe, self.stride)[:, :, self.stride[0] - 1:]
+        return sorted({int(v) for v in kept.flatten().numpy()})
 
 
 def _downsampler(kind: str, in_channels: int, out_channels: int, padding_mode: str) -> nn.Layer:
@@ -873,6 +881,19 @@ class AutoencoderKLLTX2Video(ModelMixin, ConfigMixin):
         decoder = [("decoder.mid_block", self.decoder.mid_block)]
         decoder += [(f"decoder.up_blocks.{i}", block) for i, block in enumerate(self.decoder.up_blocks)]
         return out + [(name, block) for name, block in decoder if not _injects_noise(block)]
+
+
+    def video_only_weights(self) -> List[VideoOnlyChannels]:
+        """What a one-frame (T = 1) pass never reaches: in each temporally upsampling conv of the decoder, the output
+        channels that unfold into the frames it drops (one latent frame keeps the last of stride_t). Every other
+        weight gets a gradient from images (each temporal tap meets the frame itself, repeated)."""
+        out = []
+        for name, layer in self.named_sublayers():
+            if isinstance(layer, LTX2VideoUpsampler3d) and layer.stride[0] > 1:
+                used = set(layer.first_frame_channels())
+                unused = tuple(k for k in range(layer.conv.conv.weight.shape[0]) if k not in used)
+                out += [VideoOnlyChannels(f"{name}.conv.conv.{leaf}", unused) for leaf in ("weight", "bias")]
+        return out
 
 
 def _injects_noise(block: nn.Layer) -> bool:

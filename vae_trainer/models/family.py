@@ -42,6 +42,7 @@ class Geometry:
     channels: int = 3  # image channels in and out
     # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are).
     rgba_refusal: str = "where its image channels enter and leave is not known here"
+    min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
 
     def check_reconstruction(self, input_size: Optional[Sequence[int]], resolution: int, where: str,
                              class_name: str) -> None:
@@ -59,6 +60,11 @@ class Geometry:
             flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
             raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {self.factor} "
                              f"({self.rule}, {where})")
+        if min(height, width) // self.factor < self.min_latent_side:
+            flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
+            side = self.min_latent_side
+            raise ValueError(f"{flag} gives latents below {side}x{side}, the smallest {class_name} takes ({where}: its "
+                             f"reflect padding): give at least {side * self.factor} px")
         out = (height // self.factor * self.decoder_factor, width // self.factor * self.decoder_factor)
         if out != (resolution, resolution):
             raise ValueError(

@@ -92,7 +92,10 @@ class Normalisation:
         (`encoder_frozen`: the latent space does not train)."""
         class_name = type(vae).__name__
         if not self.numbers and mode not in ("keep", "measure"):
-            return (f"--scaling_factor {mode}: {class_name} has no scaling_factor; its pipelines normalise the latents "
+            # LTX-2's config has a scaling_factor too, applied after its buffers: kept as the config states it
+            factor = ("its scaling_factor is its config's, kept" if "scaling_factor" in getattr(self, "keys", ())
+                      else "has no scaling_factor")
+            return (f"--scaling_factor {mode}: {class_name} {factor}; its pipelines normalise the latents "
                     f"with its {self.held or self.name}. Use --scaling_factor keep (the source's statistics) or "
                     "measure (from the trained encoder).")
         if not self.numbers and mode == "measure" and encoder_frozen:

@@ -46,6 +46,7 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         self.deterministic, self.encoder_trains = geometry.deterministic, geometry.encoder_trains
         self.discriminator = discriminator
         self.posterior_std = posterior_std
+        self.family.posterior_std_values(vae, posterior_std)  # a family that cannot export it refuses it at the start
         self.input_size = [int(n) for n in input_size] if input_size else None
         # The weights an optimizer could train (not e.g. BatchNorm statistics, which Paddle keeps as parameters);
         # a family's encoder that never trains (RAE's) is frozen whatever the flags, and kept float32 under O2.

@@ -13,6 +13,7 @@ from ..refusals import FAMILY, FRAME_COUNTS, FRAMES, SINGLE_FRAMES
 
 Tensor = paddle.Tensor
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
+MAX_GROUP_FRAMES = 8  # (of 8 for LTX-2: its temporal factor, `Geometry.frames`)
 _LPIPS_STREAM = 0x4C504653  # "LPFS": the LPIPS frame subsets' draws, apart from any other use of the seed
 CLIPS_NO_RFID = ("rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided (it needs "
                  "I3D weights, which nothing here downloads): drop it")
@@ -58,8 +59,8 @@ DEFINITIONS = {
     "flicker": "mean |(x[t+1] - x[t]) - (x_hat[t+1] - x_hat[t])| on [0, 1] over the pixels, channels and neighbouring "
                "frame pairs of every clip (0: the same error in every frame)",
     "psnr_position_0": "mean PSNR of each clip's first frame (the causal VAE codes it alone)",
-    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p + GROUP_FRAMES}, ...: place {p} in the later groups of 4 "
-       "frames that one latent frame codes" for p in range(1, 5)},
+    **{f"psnr_position_{p}": f"mean PSNR of frames {p}, {p} + k, ...: place {p} in the later groups of k frames that "
+       "one latent frame codes (k the VAE's temporal factor: 4, LTX-2's 8)" for p in range(1, MAX_GROUP_FRAMES + 1)},
 }
 
 
@@ -85,11 +86,11 @@ def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     return change.reshape([change.shape[0], -1]).mean(axis=1)
 
 
-def add_position_psnrs(metrics, frame_psnr: Tensor, clips: int) -> None:
-    """psnr_position_0..4 of the PSNRs [clips * T] of `clips` clips' frames (frame t of clip b at b * T + t) into
-    `metrics` (a MetricAccumulator): each frame's place in the causal layout, 0 for frame 0, then 1..4 within each
-    later group of 4 frames."""
+def add_position_psnrs(metrics, frame_psnr: Tensor, clips: int, group: int = GROUP_FRAMES) -> None:
+    """psnr_position_0..group of the PSNRs [clips * T] of `clips` clips' frames (frame t of clip b at b * T + t) into
+    `metrics` (a MetricAccumulator): each frame's place in the causal layout, 0 for frame 0, then 1..group within
+    each later group of `group` frames (the VAE's temporal factor)."""
     by_clip = frame_psnr.numpy().reshape([clips, -1])
-    places = np.array([0] + [(t - 1) % GROUP_FRAMES + 1 for t in range(1, by_clip.shape[1])])
+    places = np.array([0] + [(t - 1) % group + 1 for t in range(1, by_clip.shape[1])])
     for place in sorted(set(places)):
         metrics.update(f"psnr_position_{place}", by_clip[:, places == place])

@@ -19,8 +19,9 @@ from .tiny import TINY
 from .wan import QWEN_IMAGE, WAN
 
 # A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last;
-# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's.
-FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, FLUX2, RAE, LTX2, HUNYUAN_VIDEO15, KL)
+# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's;
+# LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2.
+FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, LTX2, FLUX2, RAE, HUNYUAN_VIDEO15, KL)
 
 
 def trained_classes() -> str:

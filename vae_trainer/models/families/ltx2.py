@@ -50,10 +50,13 @@ class LTX2Family(CausalVideoFamily):
                                                 _per_block(config["decoder_spatio_temporal_scaling"],
                                                            len(config["decoder_layers_per_block"]) - 1)) if on]
         patch = int(config["patch_size"])
+        # A reflect-padded conv at the latents' resolution needs sides of 2 (the published decoder's is reflect).
+        reflect = "reflect" in (config["encoder_spatial_padding_mode"], config["decoder_spatial_padding_mode"])
         return Geometry(patch * math.prod(s[1] for s in down), patch * math.prod(s[1] for s in up),
                         int(config["latent_channels"]), "patch_size x the down blocks' strides",
                         frames=int(config["patch_size_t"]) * math.prod(s[0] for s in down),
-                        channels=int(config["in_channels"]), rgba_refusal="")
+                        channels=int(config["in_channels"]), rgba_refusal="",
+                        min_latent_side=2 if reflect else 1)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
