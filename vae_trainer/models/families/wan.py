@@ -55,7 +55,8 @@ class CausalVideoFamily(Family):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = 2 ** (len(config["dim_mult"]) - 1) * int(config.get(self.patch_key) or 1)
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
-        channels = int(config.get("in_channels", config.get("input_channels", 3)))
+        patchified = int(config.get("in_channels", config.get("input_channels", 3)))  # after any patchify
+        channels = patchified // int(config.get(self.patch_key) or 1) ** 2  # Wan 2.2's 12: RGB in 2x2 patches
         return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
