@@ -6,7 +6,7 @@
     python scripts/eval_vae.py --vae out/tiny/vae --teacher sdxl/vae --data data/filelist --output_dir eval_out
 
 Prints the protocol once and a table, and writes metrics.json (the numbers, the protocol, the settings) and
-reconstructions.png to --output_dir. Data parallel under `python -m paddle.distributed.launch`: each process
+reconstructions.png (RGBA images on a checkerboard) to --output_dir. Data parallel under `python -m paddle.distributed.launch`: each process
 decodes its share of the same images, rank 0 prints and writes. Flags and protocol: docs/measuring.md.
 """
 
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> EvalResult:
                              "posterior to sample; drop it")
         frames = {"num_frames": args.num_frames, "frame_stride": args.frame_stride}
         dataloader = build_eval_dataloader(args.data, args.resolution, args.batch_size, rank(), world_size(),
-                                           args.num_images, **(frames if args.num_frames > 1 else {}))
+                                           args.num_images, channels=geometry.channels,
+                                           **(frames if args.num_frames > 1 else {}))
         convention = args.vf_input_convention or "imagenet"
         vf_model = load_dinov2(args.vf_model_path, convention) if args.vf_model_path else None
         teacher = load_teacher(args.teacher, args.teacher_subfolder, vae) if args.teacher else None

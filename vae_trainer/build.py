@@ -28,7 +28,7 @@ from .models.dinov2 import load_dinov2
 from .models.inception import load_fid_inception
 from .models.lpips import DEFAULT_LPIPS_WEIGHTS, LPIPS
 from .models.teacher import check_student, load_teacher
-from .models.families import check_reconstruction_shape
+from .models.families import check_reconstruction_shape, image_channels
 from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_disc_optimizer, build_vae_optimizer
@@ -88,6 +88,8 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         disc_config = {"disc_type": model_args.disc_type, "norm": model_args.disc_norm,
                        "num_layers": model_args.disc_num_layers, "base_channels": model_args.disc_base_channels,
                        **({"condition_channels": teacher.latent_channels} if teacher else {})}
+        if model_args.disc_type in PATCH_TYPES and image_channels(vae) == 4:  # it sees alpha (objectives/gan.py)
+            disc_config["in_channels"] = 4
         if model_args.disc_type not in PATCH_TYPES:  # its frozen backbone: the LPIPS file's VGG16, or the DINO ViT-S/8
             disc_config["weights_path"] = model_args.lpips_weights if model_args.disc_type == "vgg" else \
                 model_args.disc_backbone_path
@@ -166,14 +168,15 @@ def build_evaluator(data_args, training_args, networks: Networks):
                              teacher=networks.teacher)
 
 
-def build_train_data(data_args, training_args, data_state: Optional[dict] = None):
-    """This rank's training DataLoader (resumed at `data_state` if given) and its position tracker."""
+def build_train_data(data_args, training_args, data_state: Optional[dict] = None, channels: int = 3):
+    """This rank's training DataLoader (resumed at `data_state` if given) of images of `channels` (the VAE's: 4 keeps
+    alpha) and its position tracker."""
     stream_flags = ("image_column", "random_flip", "random_crop", "min_image_size", "aspect_ratio_buckets",
                     "shuffle_buffer_size", "num_frames", "frame_stride", "video_image_ratio")  # ImageStream's names
     loader = build_train_dataloader(
         data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
         training_args.dataloader_num_workers, training_args.seed, rank(), world_size(), resume_state=data_state,
-        **{name: getattr(data_args, name) for name in stream_flags})
+        channels=channels, **{name: getattr(data_args, name) for name in stream_flags})
     position = (StreamPosition.from_state(data_state) if data_state
                 else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
                                     data_args.shuffle_buffer_size))

@@ -26,15 +26,16 @@ from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
-from vae_trainer.metrics import (HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE, FeatureStatistics,
-                                 LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames, frechet_distance,
-                                 psnr, ssim, to_unit_range)
-from vae_trainer.models.families import family_of
+from vae_trainer.metrics import (ALPHA_MSE_FLOOR, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
+                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, alpha_psnr,
+                                 fold_frames, frechet_distance, psnr, ssim, to_unit_range)
+from vae_trainer.models.families import family_of, image_channels
 from vae_trainer.models.families.kl import KL
 from vae_trainer.models.trainable import encoder_input
 from vae_trainer.objectives import alignment, distillation, equivariance
 from vae_trainer.objectives import clips as clips_part
 from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid
+from vae_trainer.objectives.reconstruction import over_grey
 from vae_trainer.precision import half_precision_autocast
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ METRIC_DEFINITIONS = {
     "ssim": f"Gaussian window {SSIM_WINDOW_SIZE}x{SSIM_WINDOW_SIZE}, sigma {SSIM_SIGMA}, K1 {SSIM_K1}, K2 {SSIM_K2}, "
             "population covariances, valid region only, averaged over channels and images (scikit-image "
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
+    "alpha_psnr": f"10 log10(1 / max(MSE, {ALPHA_MSE_FLOOR:g})) per image over the alpha channel alone (a ceiling of "
+                  f"{-10 * math.log10(ALPHA_MSE_FLOOR):g} dB: exact alpha, e.g. an opaque image decoded opaque, would "
+                  "be +inf), averaged over images",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
     **clips_part.DEFINITIONS,
@@ -52,6 +56,8 @@ METRIC_DEFINITIONS = {
     "vf_alignment_cka": alignment.DEFINITION,
     **distillation.DEFINITIONS,
 }
+
+CHECKER_SQUARE, CHECKER_LEVELS = 8, (1.0, 0.6)  # the grids' checkerboard: 8 px squares, white and light grey on [-1, 1]
 
 # Its flags' parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
@@ -70,6 +76,8 @@ REFUSALS = (
      "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
     (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
+    (("metric_for_best_model",), lambda f: f.metric == "alpha_psnr" and f.geometry.channels != 4,
+     "alpha_psnr is measured for VAEs of RGBA images (4 channels), and this one takes RGB: pick another metric"),
     (("metric_for_best_model",), lambda f: f.metric == "flicker" and f.num_frames == 1,
      "flicker is measured on clips: add --num_frames N (> 1), or pick another metric"),
     (("inception_weights",), lambda f: not f.evaluates, "rFID is measured in evaluations: add --eval_file_list and "
@@ -112,6 +120,7 @@ class EvalProtocol:
     num_frames: int = 1  # > 1: clips (--num_frames), every --frame_stride-th frame
     frame_stride: int = 1
     teacher: str = ""  # distillation: the teacher's folder, whose latents the student decodes
+    channels: int = 3  # 4: RGBA images (alpha kept)
 
     def describe(self) -> dict[str, str]:
         size, items = self.resolution, {}
@@ -122,6 +131,10 @@ class EvalProtocol:
             items["clips"] = (f"each video's first window: frames 0, {k}, ..., {(n - 1) * k} (--num_frames {n}, "
                               f"--frame_stride {k}), cropped as images; images skipped; psnr, ssim, lpips: means over "
                               "every frame of every clip; no equivariance diagnostics, no rFID/rFVD")
+        if self.channels == 4:
+            items["channels"] = ("RGBA, straight alpha: an image's alpha kept, one without alpha read as opaque "
+                                 "(alpha 1); psnr and ssim over all four channels; lpips (and rFID) of the RGB "
+                                 "composited over mid-grey (a * rgb on [-1, 1], a the alpha on [0, 1])")
         if self.input_size:
             items["encoder input"] = (f"the image bilinearly resized to {self.input_size[0]}x{self.input_size[1]} "
                                       "(--input_size); metrics compare the decoder's output with the full image")
@@ -172,19 +185,28 @@ class EvalResult:
     grid: np.ndarray | None = None
 
 
+def on_checkerboard(images: np.ndarray) -> np.ndarray:
+    """NHWC RGBA images on [-1, 1] over a light checkerboard of CHECKER_SQUARE px squares (as image editors show
+    transparency): NHWC RGB."""
+    rows, columns = np.indices(images.shape[1:3]) // CHECKER_SQUARE
+    board = np.where((rows + columns) % 2 == 0, CHECKER_LEVELS[0], CHECKER_LEVELS[1])[None, :, :, None]
+    opacity = (images[..., 3:] + 1.0) / 2.0
+    return images[..., :3] * opacity + board * (1.0 - opacity)
+
+
 def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray,
               max_images: int = 8) -> np.ndarray:
-    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions; of
-    NCTHW clips, frame strips: each clip's frames in a row, its reconstruction's below."""
+    """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions (RGBA
+    ones on a checkerboard); of NCTHW clips, frame strips: each clip's frames in a row, its reconstruction's below."""
     if inputs.ndim == 5:
         pairs = zip(inputs[:max(1, max_images)], recons[:max(1, max_images)])
         return np.concatenate([make_grid(clip.transpose([1, 0, 2, 3]), recon.transpose([1, 0, 2, 3]), clip.shape[1])
                                for clip, recon in pairs])
     rows = []
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
-        images = np.asarray(images.astype("float32"))  # a Tensor (bfloat16 too) or an array
-        images = np.round((np.clip(images, -1.0, 1.0) + 1.0) * 127.5).astype(np.uint8).transpose(0, 2, 3, 1)
-        rows.append(np.concatenate(list(images), axis=1))
+        images = np.clip(np.asarray(images.astype("float32")), -1.0, 1.0).transpose(0, 2, 3, 1)  # (bfloat16 too)
+        images = on_checkerboard(images) if images.shape[-1] == 4 else images
+        rows.append(np.concatenate(list(np.round((images + 1.0) * 127.5).astype(np.uint8)), axis=1))
     return np.concatenate(rows, axis=0)
 
 
@@ -294,17 +316,19 @@ class _Pass:
         if clips:
             clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0], self.frames)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
+        if unit_pixels.shape[1] == 4:
+            self.metrics.update("alpha_psnr", alpha_psnr(unit_pixels, unit_recons))
         for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += equivariance.spectrum_energies(mode)
         if self.cka is not None:
-            features, grid = self.vf_model.patch_tokens(pixels)
+            features, grid = self.vf_model.patch_tokens(over_grey(pixels))
             self.cka.add(to_token_grid(mode, grid), features)
         if self.lpips is not None:
-            self.metrics.update("lpips", self.lpips(pixels, recons).reshape([-1]))
+            self.metrics.update("lpips", self.lpips(over_grey(pixels), over_grey(recons)).reshape([-1]))
         if self.features is not None:
-            self.features[0].update(self.inception(pixels))
-            self.features[1].update(self.inception(recons))
+            self.features[0].update(self.inception(over_grey(pixels)))
+            self.features[1].update(self.inception(over_grey(recons)))
         if taught is not None:
             distillation.add_teacher_metrics(self.metrics, self.lpips, self.teacher, pixels, recons,
                                              mode.astype("float32"), taught)
@@ -365,7 +389,7 @@ def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, ba
     `data` (`sample_seed`: of a random sample), and where they come from (latent_stats.json)."""
     sample = RecordSample(read_sources(data, videos=bool(frames)), sample_seed) if sample_seed is not None else None
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
-                                   num_images, sample, **frames)
+                                   num_images, sample, channels=image_channels(vae), **frames)
     with ema_weights(ema, vae):
         stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
     images = (f"a random sample (seed {sample_seed}) of {stats.num_images} of the {sample.total} images" if sample
@@ -379,7 +403,7 @@ def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> Ev
     return EvalProtocol(metrics=tuple(result.metrics),
                         family_items=family.normalisation.protocol(result.view_mean is not None),
                         deterministic=family.geometry(vae.config).deterministic, tiling_method=family.tiling,
-                        **settings)
+                        channels=image_channels(vae), **settings)
 
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
@@ -443,7 +467,8 @@ class TrainingEvaluator:
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
         loader = build_eval_dataloader(self.data_args.eval_file_list, self.data_args.resolution, self.batch_size,
-                                       rank(), world_size(), self.data_args.eval_num_images, **self.clip_frames)
+                                       rank(), world_size(), self.data_args.eval_num_images,
+                                       channels=image_channels(vae), **self.clip_frames)
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception, input_size=self.input_size,
                                 grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,

@@ -19,6 +19,7 @@ from .build import (Networks, build_evaluator, build_networks, build_optimizatio
 from .data.position import StreamPosition
 from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
+from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
 from .preemption import stop_after_step
@@ -60,7 +61,8 @@ class Run:
             logger.info("resuming from %s at step %d", resume, state.global_step)
         with start_up():
             loader, self.position = build_train_data(self.data_args, self.args,
-                                                     rank_state["data"] if rank_state else None)
+                                                     rank_state["data"] if rank_state else None,
+                                                     image_channels(self.networks.model.vae))
         self.monitor.data_position, self.batches = self.position, self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])

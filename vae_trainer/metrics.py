@@ -1,7 +1,7 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1), the Frechet distance and streaming accumulators (an
-objective's own metrics are its part's: flicker in objectives/clips.py, the latent diagnostics in
-objectives/equivariance.py). These keep sums, never means, and their `compute()` sums over ranks (a collective: every
-rank calls it, having fed the same metric names)."""
+"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1; of RGBA images over all four channels), alpha PSNR,
+the Frechet distance and streaming accumulators (an objective's own metrics are its part's: flicker in
+objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never means, and their
+`compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 import logging
 
@@ -15,12 +15,15 @@ from .distributed import sum_over_ranks
 logger = logging.getLogger(__name__)
 
 # The metrics an evaluation reports, and which way is better (--metric_for_best_model).
-HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False,
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "rfid": False, "alpha_psnr": True,
                     "scale_equivariance_psnr": True, "rotation_equivariance_psnr": True,
                     "latent_high_frequency_share": False, "vf_alignment_cka": True, "flicker": False,  # alignment.py
                     "psnr_vs_teacher": True, "ssim_vs_teacher": True, "lpips_vs_teacher": False, "latent_mse": False}
 
 SSIM_WINDOW_SIZE, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03
+# alpha_psnr's floor of the MSE (a ceiling of 100 dB): exact alpha is common (an opaque image decoded opaque, the
+# decode clamped to 1), and one image's +inf would make the mean over images +inf.
+ALPHA_MSE_FLOOR = 1e-10
 
 
 def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
@@ -32,6 +35,13 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
     mse = ((x.astype("float32") - y.astype("float32")) ** 2).flatten(1).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / mse)
+
+
+def alpha_psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
+    """PSNR in dB of the alpha channel alone (the 4th) of [0, 1] RGBA images, shape [B], its MSE floored at
+    ALPHA_MSE_FLOOR."""
+    mse = ((x[:, 3].astype("float32") - y[:, 3].astype("float32")) ** 2).flatten(1).mean(axis=1)
+    return 10.0 * paddle.log10(1.0 / paddle.clip(mse, min=ALPHA_MSE_FLOOR))
 
 
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:

@@ -22,6 +22,7 @@ from .objectives.alignment import VFTerm, to_token_grid
 from .objectives.clips import lpips_subset
 from .objectives.equivariance import draw, parse_transforms
 from .objectives.gan import disc_trains, discriminator_objective, gan_weight
+from .objectives.reconstruction import over_grey
 from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import Precision, half_precision_autocast
@@ -192,7 +193,7 @@ class TrainStep:
         if self.vf_model is None:
             return None
         with paddle.no_grad():
-            features, grid = self.vf_model.patch_tokens(images)
+            features, grid = self.vf_model.patch_tokens(over_grey(images))  # RGBA: what an RGB network sees
         return VFTerm(to_token_grid(self.model.vf_projection(z), grid), features,
                       self.model.family.last_layers(self.model.vae)[1])
 

@@ -15,7 +15,7 @@ import paddle.distributed as dist
 from visualdl import LogWriter
 
 from . import watchdog
-from .data.position import merge_file_skips
+from .data.position import NOTES, OPAQUE, merge_file_skips
 from .distributed import world_size
 from .evaluation import make_grid
 from .output_dir import note_log_file
@@ -109,7 +109,10 @@ class TrainMonitor:
         self._frames = np.zeros(2)
         if self.data_position is not None:  # data/skipped_<reason>, all ranks (a collective: every rank logs)
             self._skipped = (*self._skip_counts(), step)
-            scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()})
+            scalars.update({f"data/skipped_{reason}": float(count) for reason, count in self._skipped[0].items()
+                            if reason not in NOTES})
+            if self._skipped[0][OPAQUE]:  # (a 4-channel VAE's images without alpha, read as opaque)
+                scalars["data/opaque_images"] = float(self._skipped[0][OPAQUE])
         self.log_scalars(step, scalars)
         self._sums, self._counts = {}, {}
         return scalars
@@ -149,7 +152,10 @@ class TrainMonitor:
             return
         totals, files, step = self._skipped
         when = "" if step is None else f" (as of step {step})"
-        skipped = {reason: count for reason, count in totals.items() if count}
+        if totals[OPAQUE]:
+            logger.info("data: %d training images had no alpha channel and were read as opaque (alpha 1)%s; see "
+                        "data/opaque_images", totals[OPAQUE], when)
+        skipped = {reason: count for reason, count in totals.items() if count and reason not in NOTES}
         if not skipped:
             logger.info("data: no training record was skipped%s", when)
             return

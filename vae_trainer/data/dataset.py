@@ -13,9 +13,9 @@ import paddle
 from .buckets import bucket_shapes, nearest_bucket
 from .clips import crop_frames, read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
-from .images import BadImage, crop, load_rgb, open_image, to_float, upright_size
+from .images import BadImage, crop, has_alpha, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
-from .position import ShardStart, StreamPosition, encode_position, note_bad
+from .position import NOTES, OPAQUE, ShardStart, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
 from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, assign, interleave, rng
 
@@ -26,7 +26,7 @@ LOGGED_PER_FILE = 3
 
 @dataclass
 class _Sample:
-    pixels: np.ndarray  # uint8 [H, W, 3], a clip [T, H, W, 3]
+    pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, 3]
     bucket: tuple[int, int]  # (frames, shape index)
     epoch: int
     index: int  # record index in the shard epoch
@@ -42,14 +42,15 @@ class _EpochEnd:
 class ImageStream(RaisesInMainThread):
     """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
     probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
-    samples (float32 [3,H,W] or [3,T,H,W] in [-1, 1] and their position)."""
+    samples (float32 [C,H,W] or [3,T,H,W] in [-1, 1] and their position). `channels` 4: images keep their alpha
+    (RGBA), and one without is read as opaque and counted (position.OPAQUE)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
                  draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
-                 video_image_ratio: float = 0.0, first_windows: bool = False) -> None:
+                 video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -64,6 +65,7 @@ class ImageStream(RaisesInMainThread):
         self.min_image_size, self.max_image_pixels, self.first_windows = min_image_size, max_image_pixels, first_windows
         self.buckets = bucket_shapes(resolution) if aspect_ratio_buckets else [(resolution, resolution)]
         self.num_frames, self.frame_stride, self.video_image_ratio = num_frames, frame_stride, video_image_ratio
+        self.alpha, self.opaque_logged = channels == 4, False  # keep alpha (a 4-channel VAE's RGBA images)
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
         self.resume = StreamPosition.from_state(resume_state) if resume_state else None
@@ -75,7 +77,7 @@ class ImageStream(RaisesInMainThread):
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
 
     def skip_stats(self) -> dict[str, int]:
-        return {reason: n for reason, n in self.counts.items() if isinstance(reason, str)}
+        return {reason: n for reason, n in self.counts.items() if isinstance(reason, str) and reason not in NOTES}
 
     def _log_skip(self, record: Record, bad: BadImage) -> None:
         """Log each file's first few problems once per process."""
@@ -90,6 +92,15 @@ class ImageStream(RaisesInMainThread):
         else:
             logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
                            "summary), not logged", record.part.path)
+
+    def _note_opaque(self, record: Record) -> None:
+        """Count an image without alpha read as opaque (a note, not a skip); the first one is logged."""
+        self.counts.update([OPAQUE])
+        if not self.opaque_logged:
+            self.opaque_logged = True
+            logger.info("%s: no alpha channel, read as opaque (alpha 1); further ones are counted (in training: "
+                        "data/opaque_images, the end-of-run summary), not logged",
+                        describe(record.part, record.number, record.payload))
 
     def worker_shard(self) -> tuple[int, int, ShardStart]:
         """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
@@ -136,8 +147,8 @@ class ImageStream(RaisesInMainThread):
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
-        """(bucket, uint8 crop [H, W, 3] or clip [T, H, W, 3]) of a record; None if unusable (counted if `count`)."""
-        payload, draws, video = record.payload, rng(self.seed, PER_SAMPLE, *keys), None
+        """(bucket, uint8 crop [H, W, C] or clip [T, H, W, 3]) of a record; None if unusable (counted if `count`)."""
+        payload, draws, video, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), None, False
         try:
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
@@ -156,7 +167,8 @@ class ImageStream(RaisesInMainThread):
             bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
             if video is None:
-                image = load_rgb(image, cover=size if self.draft_decode else None)
+                opaque = self.alpha and not has_alpha(image)
+                image = load_rgb(image, cover=size if self.draft_decode else None, alpha=self.alpha)
         except BadImage as bad:
             if count:
                 self._log_skip(record, bad)
@@ -165,6 +177,8 @@ class ImageStream(RaisesInMainThread):
                 if keys[1] == 0 and not record.repeat:  # the shard's first read of it (epoch 0, a first pass)
                     note_bad(self.bad_records, part, None if record.part.kind == IMAGE else record.number)
             return None
+        if opaque and count:
+            self._note_opaque(record)
         if video is not None and len(frames) > 1:
             return (len(frames), bucket), crop_frames(frames, size, draws, self.random_flip, self.random_crop)
         return (1, bucket), crop(image, size, draws, self.random_flip, self.random_crop)
@@ -249,14 +263,15 @@ def _gather(values: list[int], world_size: int) -> list[list[int]]:
 
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
                           num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
-                          frame_stride: int = 1) -> Iterator[dict]:
+                          frame_stride: int = 1, channels: int = 3) -> Iterator[dict]:
     """This rank's evaluation batches: the first `num_images` usable images (all if None) in list order, or of
-    `sample`'s random order, full size, centre-cropped, unflipped (`num_frames` > 1: each video's first window).
+    `sample`'s random order, full size, centre-cropped, unflipped (`num_frames` > 1: each video's first window;
+    `channels` 4: RGBA, as ImageStream's).
     Collective, in rounds: the next `num_images` - usable records are dealt to the ranks, which gather their usable
     counts and failure flags (a failing rank joins; the rest stop)."""
     stream = ImageStream(path, resolution, infinite=False, shuffle=False, random_crop=False, random_flip=False,
                          draft_decode=False, record_counts=False, num_frames=num_frames, frame_stride=frame_stride,
-                         first_windows=True)  # now: a bad --data is a start-up error
+                         first_windows=True, channels=channels)  # now: a bad --data is a start-up error
     return _eval_rounds(stream, batch_size, rank, world_size, num_images, sample)
 
 

@@ -1,5 +1,6 @@
-"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB -> uint8 crop; an unusable
-input raises :class:`BadImage` with a short ``reason`` (one of position.SKIP_REASONS)."""
+"""Encoded image bytes to a training crop: base64 -> bytes -> EXIF-upright 8-bit sRGB (with its alpha for a
+4-channel VAE) -> uint8 crop; an unusable input raises :class:`BadImage` with a short ``reason`` (one of
+position.SKIP_REASONS)."""
 
 import binascii
 import functools
@@ -105,8 +106,14 @@ def to_srgb(image: Image.Image) -> Image.Image:
     return converted
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """Any supported mode -> 8-bit RGB; transparent pixels are composited on white."""
+def has_alpha(image: Image.Image) -> bool:
+    """Does an opened image carry transparency: an alpha channel, or a palette's or colour key's transparency?"""
+    return image.mode in _ALPHA_MODES or "transparency" in image.info
+
+
+def _to_rgb(image: Image.Image, alpha: bool = False) -> Image.Image:
+    """Any supported mode -> 8-bit RGB, transparent pixels composited on white; `alpha`: 8-bit RGBA, the image's
+    alpha kept (straight, not premultiplied), 255 (opaque) where it has none."""
     if image.mode in _SIXTEEN_BIT_MODES:  # scaled to 8 bits (PIL's own convert clips)
         values = np.asarray(image).astype(np.float64)
         if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
@@ -115,18 +122,21 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "F":
         image = image.convert("L")
     if image.mode == "RGB" and "transparency" not in image.info:
-        return image  # convert() would copy it
-    if image.mode in _ALPHA_MODES or "transparency" in image.info:
+        return image.convert("RGBA") if alpha else image  # (RGB: convert() would copy it)
+    if has_alpha(image):
         rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+        return rgba if alpha else Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)),
+                                                        rgba).convert("RGB")
     try:
-        return image.convert("RGB")
+        rgb = image.convert("RGB")
     except (ValueError, OSError) as error:
         raise BadImage("unsupported", f"mode {image.mode}: {error}") from None
+    return rgb.convert("RGBA") if alpha else rgb
 
 
-def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.Image:
-    """Decode to EXIF-upright 8-bit sRGB; a JPEG may be drafted at a reduced scale still covering `cover`."""
+def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bool = False) -> Image.Image:
+    """Decode to EXIF-upright 8-bit sRGB (`alpha`: RGBA, see `_to_rgb`); a JPEG may be drafted at a reduced scale
+    still covering `cover`."""
     if cover is not None:  # libjpeg may decode at 1/2..1/8 scale (`cover` turned as the file stores the image)
         cover = cover[::-1] if _transposed(image) else cover
         scale = max(cover[0] / image.width, cover[1] / image.height)
@@ -138,7 +148,7 @@ def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None) -> Image.
         ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise BadImage("truncated", str(error)) from None
-    return _to_rgb(image)
+    return _to_rgb(image, alpha)
 
 
 def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
@@ -148,7 +158,7 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
 
 def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
          random_crop: bool = True) -> np.ndarray:
-    """Cover `size` = (width, height) and crop an RGB image: uint8 [H, W, 3]; without `rng` centred and unflipped."""
+    """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped."""
     width, height = image.size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
@@ -168,7 +178,7 @@ def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | N
 
 
 def to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:
-    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1] (one allocation); `clips`: [..., 3, T, H, W]."""
+    """uint8 [..., H, W, C] -> float32 [..., C, H, W] in [-1, 1] (one allocation); `clips`: [..., C, T, H, W]."""
     out = np.ascontiguousarray(np.moveaxis(pixels, -1, -4 if clips else -3), dtype=np.float32)
     out /= 127.5
     out -= 1.0

@@ -6,10 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Why a training record was skipped (BadImage.reason, Damaged.reason): one data/skipped_<reason> scalar each.
+# What reading counts, one slot each in a batch's position: why a training record was skipped (BadImage.reason,
+# Damaged.reason: one data/skipped_<reason> scalar each), then the NOTES (a saved state names them: older ones load).
 SKIP_REASONS = ("base64", "not_image", "truncated", "too_small", "too_large", "unsupported",  # the image
                 "columns", "no_image", "unreadable", "corrupt_gzip", "corrupt_tar", "missing", "missing_file",
-                "not_video", "too_short")  # a clip (a saved state names its reasons: older ones load)
+                "not_video", "too_short", "opaque")  # a clip; a note
+OPAQUE = "opaque"  # a note: an image without alpha that a 4-channel (RGBA) VAE reads as opaque (alpha 1)
+NOTES = (OPAQUE,)  # records used, not skipped: counted (not per file) and summarised apart from the skips
 FILES_IN_POSITION = 64  # per shard, the part files with the most skips (every batch carries them)
 NUMBERS_KEPT = 8  # per part file, the smallest bad record numbers kept (the end-of-run summary shows them)
 _PER_SHARD = ("positions", "pending", "skipped", "skipped_files", "bad_records")  # the state's {shard: ...} entries

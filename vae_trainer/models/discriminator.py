@@ -41,7 +41,7 @@ class PatchDiscriminator(nn.Layer):
     def __init__(self, in_channels: int = 3, base_channels: int = 64, num_layers: int = 3, norm: str = "batch",
                  condition_channels: int = 0) -> None:
         super().__init__()
-        self.condition_channels = condition_channels
+        self.in_channels, self.condition_channels = in_channels, condition_channels  # image channels (RGBA: 4)
         in_channels += condition_channels
         if norm not in NORM_TYPES:
             raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
@@ -117,17 +117,18 @@ class VGGFeatureDiscriminator(nn.Layer):
 
 def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layers: int = 3,
                         base_channels: int = 64, weights_path: str | None = None,
-                        condition_channels: int = 0) -> nn.Layer:
+                        condition_channels: int = 0, in_channels: int = 3) -> nn.Layer:
     """"patch" (PatchGAN), "patchgan3d" (its 3-D form over clips), "vgg" (heads of width base_channels on the VGG16
     of the LPIPS file `weights_path`) or "dino" (RAE's heads on the DINO ViT of `weights_path`). A PatchGAN with
-    `condition_channels` scores images with their latents (`forward(images, condition)`)."""
+    `condition_channels` scores images with their latents (`forward(images, condition)`); one of `in_channels` 4
+    sees RGBA images' alpha (objectives.gan.discriminator_view)."""
     if condition_channels and disc_type not in PATCH_TYPES:
         raise ValueError(f"condition_channels {condition_channels}: only the PatchGANs ({', '.join(PATCH_TYPES)}) "
                          f"take a latent condition, not disc_type {disc_type!r}")
     if disc_type == "patch":
-        return PatchDiscriminator(3, base_channels, num_layers, norm, condition_channels)
+        return PatchDiscriminator(in_channels, base_channels, num_layers, norm, condition_channels)
     if disc_type == "patchgan3d":
-        return PatchDiscriminator3D(3, base_channels, num_layers, norm, condition_channels)
+        return PatchDiscriminator3D(in_channels, base_channels, num_layers, norm, condition_channels)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
     if disc_type == "dino":
@@ -160,11 +161,12 @@ def init_discriminator_from(disc: nn.Layer, config: dict, path: str) -> None:
         raise FileNotFoundError(
             f"--discriminator_path {path}: expected an earlier run's OUTPUT_DIR/discriminator ({CONFIG_NAME} + "
             f"{MODEL_NAME}) or a checkpoint-N folder ({DISCRIMINATOR_CONFIG_NAME} + {MODEL_NAME}).{hint}")
-    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers", "condition_channels"]
+    must_agree = ["disc_type", "base_channels"] + (["norm", "num_layers", "condition_channels", "in_channels"]
                                                    if config["disc_type"] in PATCH_TYPES else [])
-    defaults = {"condition_channels": 0}  # configs saved before the key existed
+    defaults = {"condition_channels": 0, "in_channels": 3}  # configs without the key (saved before it existed; RGB)
     saved, this = ({key: given.get(key, defaults.get(key)) for key in must_agree} for given in (saved_config, config))
-    flag = {"condition_channels": "latent channels it is conditioned on (a distillation's teacher's)"}
+    flag = {"condition_channels": "latent channels it is conditioned on (a distillation's teacher's)",
+            "in_channels": "image channels it sees (the VAE's: 4 for RGBA)"}
     differing = [f"{flag.get(key, '--disc_' + key.removeprefix('disc_'))} {saved[key]!r} (this run: {this[key]!r})"
                  for key in must_agree if saved[key] != this[key]]
     if differing:

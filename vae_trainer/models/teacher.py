@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import paddle
 
-from .families import family_for_config, family_of
+from .families import family_for_config, family_of, image_channels
 from .families.tiny import TINY, student_config
 
 Tensor = paddle.Tensor
@@ -48,7 +48,11 @@ def load_teacher(path: str, subfolder: Optional[str] = None, cache_folder: Optio
         raise FileNotFoundError(f"--teacher {path}: no VAE folder at {os.path.join(path, subfolder or '')} (a "
                                 "config.json and weights; nothing is downloaded; a pipeline folder takes its subfolder "
                                 "vae)")
-    return Teacher(build_vae(pretrained_model_name_or_path=path, subfolder=subfolder), cache_folder, path)
+    vae = build_vae(pretrained_model_name_or_path=path, subfolder=subfolder)
+    if image_channels(vae) != 3:
+        raise ValueError(f"--teacher {path}: a {family_of(vae).class_name} of RGBA images, and a distilled student "
+                         "is trained and measured on RGB ones: distil a teacher of RGB images")
+    return Teacher(vae, cache_folder, path)
 
 
 class LatentCache:

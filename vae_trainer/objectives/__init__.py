@@ -26,7 +26,7 @@ import paddle
 from .alignment import VFTerm, weighted_vf_term
 from .clips import temporal_loss
 from .gan import generator_term, weighted_gan_term
-from .reconstruction import kl_loss, latent_penalty, normalize_gradient, pixel_loss, pixel_term
+from .reconstruction import kl_loss, latent_penalty, normalize_gradient, over_grey, pixel_loss, pixel_term
 from ..metrics import fold_frames as frames
 
 Tensor = paddle.Tensor
@@ -71,7 +71,8 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     if use_lpips and lpips_rows is not None:
         rows = paddle.to_tensor(lpips_rows)
         frame_x, frame_hat = paddle.gather(frame_x, rows), paddle.gather(frame_hat, rows)
-    perceptual = lpips(frame_x, frame_hat).astype("float32").mean() if use_lpips else paddle.zeros([], "float32")
+    perceptual = (lpips(over_grey(frame_x), over_grey(frame_hat)).astype("float32").mean() if use_lpips
+                  else paddle.zeros([], "float32"))
     temporal_weight = loss_args.temporal_loss_weight if x.ndim == 5 else 0.0  # none between an image's frames
     temporal = temporal_loss(x, x_hat) if temporal_weight > 0 else paddle.zeros([], "float32")
     head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}

@@ -1,8 +1,8 @@
 """The adversarial part of the objective (docs/training.md; techniques.md, 14): the generator's term and its adaptive
 weight, the discriminator's loss with LeCAM, the gentle start (the term's weight rises from 0 to --disc_weight over
 --disc_weight_warmup_steps from --disc_start; the discriminator may train from --disc_update_start), past
-reconstructions replayed to the discriminator (`FakeReplay`), and the refusals of its flags. The networks:
-models/discriminator.py.
+reconstructions replayed to the discriminator (`FakeReplay`), what it sees of RGBA images (`discriminator_view`), and
+the refusals of its flags. The networks: models/discriminator.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import paddle.nn.functional as F
 
 from ..distributed import sum_over_ranks, world_size
 from ..metrics import fold_frames as frames
+from .reconstruction import over_grey
 
 Tensor = paddle.Tensor
 ADAPTIVE_WEIGHT_MAX = 1e4  # LDM's bound on the adaptive GAN weight, in its units: ours is this / N (docs)
@@ -132,8 +133,21 @@ def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
 
 
 def discriminate(discriminator: paddle.nn.Layer, images: Tensor) -> Tensor:
-    """Logits of images or clips: a 2-D discriminator scores a clip's frames, a 3-D one (`takes_clips`) the clip."""
-    return discriminator(images if getattr(discriminator, "takes_clips", False) else frames(images))
+    """Logits of images or clips: a 2-D discriminator scores a clip's frames, a 3-D one (`takes_clips`) the clip;
+    RGBA images as `discriminator_view` shows them."""
+    images = images if getattr(discriminator, "takes_clips", False) else frames(images)
+    return discriminator(discriminator_view(images, getattr(discriminator, "in_channels", 3)))
+
+
+def discriminator_view(images: Tensor, in_channels: int = 3) -> Tensor:
+    """What a discriminator of `in_channels` sees: RGB images as they are; of RGBA ones, their RGB over mid-grey (what
+    LPIPS sees, `over_grey`), and for a PatchGAN of 4 input channels alpha too, as its fourth: over one background a
+    transparent pixel and an opaque one of its colour look alike, and the PatchGAN tells them apart (an RGB backbone's,
+    VGG's or DINO's, sees the composite). Colour under alpha 0, which no viewer sees, is never shown."""
+    if images.shape[1] != 4:
+        return images
+    composite = over_grey(images)
+    return paddle.concat([composite, images[:, 3:]], axis=1) if in_channels == 4 else composite
 
 
 def generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, loss_args) -> Tensor:

@@ -1,7 +1,8 @@
 """The reconstruction part of the objective (docs/training.md, "The objective"): the pixel loss (optionally between
-pooled images, or masked to smooth regions), LPIPS, the KL of the posterior and the latent-magnitude penalty; the
-heads' balance, LDM's nll with its output log-variance or per-branch gradient normalisation (--loss_balancing
-gradnorm); and the refusals of its flags."""
+pooled images, or masked to smooth regions; of RGBA images over all four channels), LPIPS (of RGBA images, their RGB
+over mid-grey: `over_grey`), the KL of the posterior and the latent-magnitude penalty; the heads' balance, LDM's nll
+with its output log-variance or per-branch gradient normalisation (--loss_balancing gradnorm); and the refusals of its
+flags."""
 
 from __future__ import annotations
 
@@ -87,6 +88,16 @@ def lowpass_mask(x: Tensor, threshold: float = 0.5) -> Tensor:
         energy = _filter_2d(_filter_2d(gray, _HIGH_PASS).abs(), _BLUR)
         energy = energy / paddle.clip(energy.amax(axis=[1, 2, 3], keepdim=True), min=_MIN_EDGE_ENERGY)
         return (1.0 - energy >= threshold).astype("float32")
+
+
+def over_grey(images: Tensor) -> Tensor:
+    """What the RGB networks (LPIPS, an RGB discriminator's backbone, InceptionV3, DINOv2) see of images: RGB images
+    as they are; RGBA (4 channels, straight alpha) composited over mid-grey, which on [-1, 1] is a * rgb with a =
+    (alpha + 1) / 2: an alpha error shows where it shows over a background, and colour under a = 0 is not seen. (The
+    pixel loss takes all four channels; docs/fine-tuning.md, "Qwen-Image 2.1", says why and what was measured.)"""
+    if images.shape[1] != 4:
+        return images
+    return images[:, :3] * (images[:, 3:] + 1.0) / 2.0
 
 
 def pixel_term(x: Tensor, recon: Tensor, loss_args) -> Tensor:

@@ -1,7 +1,7 @@
 """The autoencoder families the trainer trains, one adapter file each (models/family.py says what an adapter
 implements), listed by the `_class_name` their config.json persists: adding a family is its file and one entry in
-FAMILIES. Also what every caller asks of any network through its family: its encoder's layers and weights, and its
-geometry's size check."""
+FAMILIES. Also what every caller asks of any network through its family: its encoder's layers and weights, its image
+channels and its geometry's size check."""
 
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config"
 def encoder_parameters(vae: Layer) -> List[Tensor]:
     """The weights that define the latent: those of the family's `encoder_prefixes` layers."""
     return [param for layer in encoder_layers(family_of(vae), vae) for param in layer.parameters()]
+
+
+def image_channels(vae: Layer) -> int:
+    """The image channels `vae` takes and gives, as its family's geometry says (4: RGBA, 3: RGB)."""
+    return family_of(vae).geometry(vae.config).channels
 
 
 def check_reconstruction_shape(config: Mapping[str, Any], input_size: Optional[Sequence[int]], resolution: int,
