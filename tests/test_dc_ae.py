@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
 from family_parity import (DiffusersBatch, assert_loaded_exactly, assert_resume_is_exact, folder_pixels, mean_psnr,
                            random_images, trainer_args)
 from safetensors.numpy import load_file
@@ -105,9 +105,9 @@ def decoder_only(pipeline, photo_filelist, held_out_32, tmp_path_factory) -> dic
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"dc_{driver.split('.')[0]}"))
-        run_entry_point(driver, trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                             subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
-                                             eval_steps=2, eval_num_images=6))
+        run_in_process(driver, trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                            subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
+                                            eval_steps=2, eval_num_images=6))
         out[driver] = output_dir
     return out
 
@@ -202,9 +202,9 @@ def test_trainable_modules_train_those_alone_and_frozen_statistics_stay(pipeline
     """DC-AE's phase 3: the decoder's head alone (its output norm and conv), with the GAN; every other weight and
     the batch_norm stage's statistics go out as loaded."""
     output_dir = str(tmp_path / "head")
-    run_entry_point(DRIVERS[1], trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                             subfolder="vae", use_ema="false", ema_decay=None) +
-                    ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
+    run_in_process(DRIVERS[1], trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                            subfolder="vae", use_ema="false", ema_decay=None) +
+                   ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
     source, exported = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(os.path.join(output_dir, "vae"),
                                                                                        TORCH_WEIGHTS)
     changed = {name for name in source if not np.array_equal(exported[name], source[name])}
@@ -228,9 +228,9 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
     config = tmp_path / "dc.json"
     config.write_text(json.dumps({"_class_name": "AutoencoderDC", **TINY_DC}))
     output_dir = str(tmp_path / "scratch")
-    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
-                                             vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
-                                             recompute="true"))
+    run_in_process(DRIVERS[0], trainer_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
+                                            vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
+                                            recompute="true"))
     stats = json.load(open(os.path.join(output_dir, "vae", "latent_stats.json")))
     exported = json.load(open(os.path.join(output_dir, "vae", "config.json")))
     assert stats["source"].startswith("measured on") and stats["scaling_factor"] != 0.41407
@@ -239,7 +239,8 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
 
 
 def test_resume_of_a_dc_ae_run_is_exact(pipeline, photo_filelist, tmp_path):
-    assert_resume_is_exact(photo_filelist, tmp_path, pretrained_model_name_or_path=pipeline, subfolder="vae")
+    assert_resume_is_exact(photo_filelist, tmp_path, in_process=True, pretrained_model_name_or_path=pipeline,
+                           subfolder="vae")
 
 
 def test_ranks_average_the_statistics_of_training_batch_norms_only(pipeline):
