@@ -150,7 +150,7 @@ def assert_resume_is_exact(file_list: str, work, straight: str | None = None, in
                            **flags) -> None:
     """A run of `flags` stopped at step 2 and resumed by the other entry point ends with the weights of the run
     straight through (the Paddle export, bit for bit). `straight`: the output folder of that run straight through
-    when a test has already made it (the plain loop's, trainer_args(file_list, ..., **flags), run the same way);
+    when a test has already made it (the plain loop's, trainer_args(file_list, ..., **flags));
     `in_process`: the runs call the entry points' main() in this process (conftest.run_in_process)."""
     from conftest import DRIVERS, run_entry_point, run_in_process
     from safetensors.numpy import load_file

@@ -273,7 +273,7 @@ def test_from_scratch_with_eq_vae_vf_and_bf16_measures_the_normalisation_per_cha
 def test_resume_is_exact(pipelines, decoder_only, photo_filelist, held_out_32, tmp_path):
     """The decoder-only fine-tune (recomputed, evaluated tiled at steps 2 and 4), stopped at step 2 and resumed by the
     Trainer, ends as the loop's run of it straight through."""
-    assert_resume_is_exact(photo_filelist, tmp_path, straight=decoder_only[DRIVERS[1]][0],
+    assert_resume_is_exact(photo_filelist, tmp_path, straight=decoder_only[DRIVERS[1]][0], in_process=True,
                            **decoder_only_flags(pipelines, held_out_32))
 
 
