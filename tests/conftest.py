@@ -187,10 +187,16 @@ DRIVERS = ["train_vae_trainer.py", "train_vae_no_trainer.py"]
 
 
 def run_in_process(driver: str, argv) -> None:
-    """main() of an entry point in this process (so tests can count calls or patch functions)."""
+    """main() of an entry point in this process (so tests can count calls or patch functions, and skip the seconds
+    a new interpreter spends importing Paddle and ppdiffusers). Paddle names each layer's weights from a counter
+    (conv2d_98.w_0), and checkpoints key the optimizer's state by those names: as in a new process, the run's count
+    starts at 0, so that a run resumes another run's checkpoint as a user's next process would."""
     import importlib
 
-    importlib.import_module(driver[: -len(".py")]).main([str(a) for a in argv])
+    from paddle.utils import unique_name
+
+    with unique_name.guard():
+        importlib.import_module(driver[: -len(".py")]).main([str(a) for a in argv])
 
 
 def EVAL_FLAGS(folder):

@@ -60,6 +60,8 @@ drives it.
         LTX2ImageToVideoPipeline.prepare_latents encodes its image (each image a one-frame clip, its module's
         retrieve_latents "argmax", LTX2ImageToVideoPipeline._normalize_latents by the VAE's latents_mean /
         latents_std buffers; 5-D, one frame)
+    script FILE.py ARG...
+        another torch-side script of tests/ (rae_torch_side.py, dinov2_torch_side.py): its main(ARG...), here
     batch JOBS.json
         several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
         (torch and diffusers are imported once, ~3 s)
@@ -400,6 +402,8 @@ def main(argv=None) -> None:
             for job in json.load(handle):
                 main(job)
         return
+    if argv[:1] == ["script"]:
+        return _script(argv[1], argv[2:])
     parser = argparse.ArgumentParser()
     if argv[:1] and argv[0] in ("dinov2", "vit", "rae_tokens", "rae_release", "patchgan", "lpips",
                                           "pipeline_encode"):
@@ -427,6 +431,17 @@ def main(argv=None) -> None:
     else:
         run(args.class_name, args.folder, args.images, args.out, args.latents, args.variant, args.tile, args.stride,
             args.more, args.unclamped, args.prelude, args.train, args.temb)
+
+
+def _script(path: str, args: list) -> None:
+    """Another torch-side script of tests/ (rae_torch_side.py, ...): its main(*args), in this process."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(*args)
 
 
 def _side_command(argv) -> None:

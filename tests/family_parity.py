@@ -146,16 +146,22 @@ def mean_psnr(decoded: np.ndarray, pixels: np.ndarray) -> float:
     return float((10 * np.log10(1 / ((recon - target) ** 2).reshape(len(pixels), -1).mean(axis=1))).mean())
 
 
-def assert_resume_is_exact(file_list: str, work, **flags) -> None:
+def assert_resume_is_exact(file_list: str, work, straight: str | None = None, in_process: bool = False,
+                           **flags) -> None:
     """A run of `flags` stopped at step 2 and resumed by the other entry point ends with the weights of the run
-    straight through (the Paddle export, bit for bit)."""
-    from conftest import DRIVERS, run_entry_point
+    straight through (the Paddle export, bit for bit). `straight`: the output folder of that run straight through
+    when a test has already made it (the plain loop's, trainer_args(file_list, ..., **flags));
+    `in_process`: the runs call the entry points' main() in this process (conftest.run_in_process)."""
+    from conftest import DRIVERS, run_entry_point, run_in_process
     from safetensors.numpy import load_file
 
-    straight, resumed = os.path.join(work, "straight"), os.path.join(work, "resumed")
-    run_entry_point(DRIVERS[1], trainer_args(file_list, straight, **flags))
-    run_entry_point(DRIVERS[1], trainer_args(file_list, resumed, **{**flags, "max_steps": 2}))
-    run_entry_point(DRIVERS[0], trainer_args(file_list, resumed, resume_from_checkpoint="latest", **flags))
+    run = run_in_process if in_process else run_entry_point
+    resumed = os.path.join(work, "resumed")
+    if straight is None:
+        straight = os.path.join(work, "straight")
+        run(DRIVERS[1], trainer_args(file_list, straight, **flags))
+    run(DRIVERS[1], trainer_args(file_list, resumed, **{**flags, "max_steps": 2}))
+    run(DRIVERS[0], trainer_args(file_list, resumed, resume_from_checkpoint="latest", **flags))
     a, b = (load_file(os.path.join(out, "vae", "diffusion_paddle_model.safetensors")) for out in (straight, resumed))
     assert a.keys() == b.keys()
     for name in a:

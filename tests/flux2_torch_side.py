@@ -8,6 +8,9 @@ AutoencoderKLFlux2; requirements-flux2-test.txt), never imported by the Paddle t
         load FOLDER as AutoencoderKLFlux2 and write: the posterior mode, its decode, the normalised
         patchified latents as Flux2Pipeline computes them, the bn statistics, and loading_info (a JSON
         string: missing / unexpected / mismatched keys, and the class diffusers read)
+    batch JOBS.json
+        several of the commands above in this one process, in order: JOBS.json is a list of their argument lists
+        (torch and diffusers are imported once)
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def run(folder: str, images_file: str, out_file: str, variant: str | None = None
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batch"]:
+        with open(argv[1]) as handle:
+            for job in json.load(handle):
+                main(job)
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=("make", "run"))
     parser.add_argument("folder")

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, tiny_args
+from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, run_in_process, tiny_args
 from safetensors.numpy import save_file
 
 from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid, vf_loss
@@ -217,12 +217,12 @@ def test_both_entry_points_resume_and_two_ranks_agree_with_the_vf_loss(dino_file
     flags["eval_steps"] = 4
     runs = {driver: str(tmp_path / driver.split(".")[0]) for driver in DRIVERS}
     for driver, out in runs.items():
-        run_entry_point(driver, tiny_args(photo_filelist, out, **flags))
+        run_in_process(driver, tiny_args(photo_filelist, out, **flags))
     a, b = _weights(runs[DRIVERS[0]], 4), _weights(runs[DRIVERS[1]], 4)
     assert "vf_projection.weight" in a and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     resumed = str(tmp_path / "resumed")
-    run_entry_point(DRIVERS[1], tiny_args(photo_filelist, resumed, **{**flags, "max_steps": 2}))
-    run_entry_point(DRIVERS[1], tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags))
+    run_in_process(DRIVERS[1], tiny_args(photo_filelist, resumed, **{**flags, "max_steps": 2}))
+    run_in_process(DRIVERS[1], tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags))
     c = _weights(resumed, 4)
     assert all(np.array_equal(b[k].numpy(), c[k].numpy()) for k in b)
     record = json.loads(open(os.path.join(runs[DRIVERS[1]], "eval_metrics.jsonl")).read().splitlines()[-1])

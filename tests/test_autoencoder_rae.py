@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
-from family_parity import DIFFUSERS_PYTHON, assert_loaded_exactly, make_in_diffusers, run_in_diffusers
+from family_parity import DIFFUSERS_PYTHON, DiffusersBatch, assert_loaded_exactly
 
 from conftest import REPO
 
@@ -83,14 +82,45 @@ def _assert_close(ours: dict, theirs: dict) -> dict:
     return diffs
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def from_diffusers(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def in_diffusers(tmp_path_factory) -> dict:
+    """One diffusers process for the module: each case's folder made by diffusers and run on the case's inputs, and
+    our seeded, perturbed model of each case saved for diffusers (b) and run there on other inputs. {case: (folder,
+    diffusers' outputs on its inputs, our saved model's outputs, diffusers' outputs of our saved model)}."""
+    import paddle
+
+    from vae_trainer.models.autoencoder_rae import AutoencoderRAE
+
+    root = tmp_path_factory.mktemp("rae_in_diffusers")
+    batch, made, ours = DiffusersBatch(root), {}, {}
+    for name, (config, _, _) in CASES.items():
+        work = root / name
+        os.makedirs(work / "saved")
+        folder = batch.make(CLASS, work / "diffusers", config, seed=len(name))
+        images, latents = _inputs(name)
+        made[name] = (folder, batch.run(CLASS, folder, images, work, latents=latents))
+        paddle.seed(7)
+        model = AutoencoderRAE(**config)
+        for param in model.parameters():
+            param.set_value(param + paddle.randn(param.shape) * 0.05)
+        model.eval()
+        model.save_pretrained(str(work / "ours"), to_diffusers=True)
+        images, latents = _inputs(name, seed=1)
+        ours[name] = (_ours(model, images, latents),
+                      batch.run(CLASS, work / "ours", images, work / "saved", latents=latents))
+    os.makedirs(root / "dinov2")
+    batch.command("script", TORCH_SIDE, root / "dinov2")  # (d)'s folders and references: see dinov2_files
+    batch.flush()
+    out = {name: (made[name][0], made[name][1](), ours[name][0], ours[name][1]()) for name in CASES}
+    out["dinov2"] = str(root / "dinov2")
+    return out
+
+
+@pytest.fixture(params=list(CASES))
+def from_diffusers(request, in_diffusers):
     """(case name, diffusers folder, diffusers' outputs on the case's inputs)."""
-    name = request.param
-    work = tmp_path_factory.mktemp(f"rae_{name}")
-    folder = make_in_diffusers(CLASS, work / "diffusers", CASES[name][0], seed=len(name))
-    images, latents = _inputs(name)
-    return name, folder, run_in_diffusers(CLASS, folder, images, str(work), latents=latents)
+    folder, result, _, _ = in_diffusers[request.param]
+    return request.param, folder, result
 
 
 def _converted(folder: str):
@@ -139,23 +169,12 @@ def test_from_pretrained_from_diffusers(from_diffusers):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_saved_for_diffusers_loads_exactly(name, tmp_path):
+def test_saved_for_diffusers_loads_exactly(name, in_diffusers):
     """(b) our seeded, perturbed model -> save_pretrained(to_diffusers=True) -> diffusers: no missing, unexpected
     or mismatched key (the unset statistics keep their shape (1,)), the same outputs."""
-    import paddle
-
-    from vae_trainer.models.autoencoder_rae import AutoencoderRAE
-
-    paddle.seed(7)
-    model = AutoencoderRAE(**CASES[name][0])
-    for param in model.parameters():
-        param.set_value(param + paddle.randn(param.shape) * 0.05)
-    model.eval()
-    model.save_pretrained(str(tmp_path / "ours"), to_diffusers=True)
-    images, latents = _inputs(name, seed=1)
-    result = run_in_diffusers(CLASS, tmp_path / "ours", images, str(tmp_path), latents=latents)
+    _, _, ours, result = in_diffusers[name]
     assert_loaded_exactly(result, CLASS)
-    diffs = _assert_close(_ours(model, images, latents), result)
+    diffs = _assert_close(ours, result)
     print(name, "max abs diff, ours saved for diffusers", diffs)
 
 
@@ -185,14 +204,10 @@ def test_noise_tau_in_training_only():
 
 
 @pytest.fixture(scope="module")
-def dinov2_files(tmp_path_factory):
-    """tests/rae_torch_side.py's DINOv2 folders and references."""
-    if not os.path.isfile(DIFFUSERS_PYTHON):
-        pytest.skip(f"{DIFFUSERS_PYTHON} is missing")
-    folder = tmp_path_factory.mktemp("rae_dinov2")
-    result = subprocess.run([DIFFUSERS_PYTHON, TORCH_SIDE, str(folder)], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return str(folder), dict(np.load(folder / "refs.npz"))
+def dinov2_files(in_diffusers):
+    """tests/rae_torch_side.py's DINOv2 folders and references (made in in_diffusers' diffusers process)."""
+    folder = in_diffusers["dinov2"]
+    return folder, dict(np.load(os.path.join(folder, "refs.npz")))
 
 
 @pytest.mark.parametrize("source", ["reg", "reg_timm.safetensors"])

@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, load_script, read_scalars, run_entry_point, run_in_process
 from family_parity import DiffusersBatch, make_in_diffusers, mean_psnr, trainer_args
 from safetensors.numpy import load_file
 
@@ -76,10 +76,10 @@ def runs(clips, source, tmp_path_factory) -> dict:
     out = {}
     for driver in DRIVERS:
         out[driver] = str(tmp_path_factory.mktemp(f"clips_{driver.split('.')[0]}"))
-        run_entry_point(driver, clip_args(clips, source, out[driver]))
+        run_in_process(driver, clip_args(clips, source, out[driver]))
     resumed = tmp_path_factory.mktemp("clips_resumed")
     shutil.copytree(os.path.join(out[DRIVERS[0]], "checkpoint-2"), resumed / "checkpoint-2")
-    run_entry_point(DRIVERS[1], clip_args(clips, source, str(resumed), resume_from_checkpoint="latest"))
+    run_in_process(DRIVERS[1], clip_args(clips, source, str(resumed), resume_from_checkpoint="latest"))
     out["resumed"] = str(resumed)
     return out
 
@@ -129,9 +129,9 @@ def test_clip_evaluation_is_recorded_with_its_protocol(runs):
 def improved(clips, source, tmp_path_factory) -> str:
     """The output folder of 8 decoder-only steps on clips, pixel-led (LPIPS at 0.1, no GAN, no EMA)."""
     output_dir = str(tmp_path_factory.mktemp("clips_improved"))
-    run_entry_point(DRIVERS[1], clip_args(clips, source, output_dir, max_steps=8, disc_start=100, disc_type=None,
-                                          perceptual_weight=0.1, use_ema=None, ema_decay=None, eval_file_list=None,
-                                          eval_steps=None, eval_num_images=None, save_steps=0))
+    run_in_process(DRIVERS[1], clip_args(clips, source, output_dir, max_steps=8, disc_start=100, disc_type=None,
+                                         perceptual_weight=0.1, use_ema=None, ema_decay=None, eval_file_list=None,
+                                         eval_steps=None, eval_num_images=None, save_steps=0))
     return output_dir
 
 

@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, _photos, read_scalars, run_entry_point, tiny_args, vae_weights, write_tar
+from conftest import (DRIVERS, REPO, _photos, read_scalars, run_entry_point, run_in_process, tiny_args, vae_weights,
+                      write_tar)
 from PIL import Image
 
 BUCKETS = dict(aspect_ratio_buckets="true", gradient_accumulation_steps=2, dataloader_num_workers=1)
@@ -69,12 +70,13 @@ def test_bucketed_folder_runs_agree_across_drivers_and_count_skips(bucket_runs, 
                f"{os.path.join(photo_folder, 'broken.jpg')}\n" in bucket_runs[driver + ":output"]
 
 
-def check_resume_from_step_2(driver, straight, source, resumed, skip_tag, **flags):
-    """Resume `straight`'s checkpoint-2 in a fresh folder: the logged numbers of the later steps and the final
-    weights must be those of the uninterrupted run."""
+def check_resume_from_step_2(driver, straight, source, resumed, skip_tag, run=run_entry_point, **flags):
+    """Resume `straight`'s checkpoint-2 in a fresh folder (`run`: run_entry_point, or run_in_process for a run
+    without loader workers): the logged numbers of the later steps and the final weights must be those of the
+    uninterrupted run."""
     os.makedirs(resumed)
     shutil.copytree(os.path.join(straight, "checkpoint-2"), os.path.join(resumed, "checkpoint-2"))
-    run_entry_point(driver, tiny_args(source, resumed, resume_from_checkpoint="latest", **flags))
+    run(driver, tiny_args(source, resumed, resume_from_checkpoint="latest", **flags))
     later = list(range(3, flags.get("max_steps", 4) + 1))
     for tag in ("loss/total", "loss/discriminator", skip_tag):
         a = read_scalars(os.path.join(straight, "logs"), tag)
@@ -134,7 +136,7 @@ def tar_runs(tar_shards, tmp_path_factory):
     """One 3-step run on the tar shards, checkpoints at steps 2 and 3 (one entry point: the data path is shared,
     and the drivers are proven equal elsewhere)."""
     output_dir = str(tmp_path_factory.mktemp("tar_run"))
-    run_entry_point(DRIVERS[1], tiny_args(tar_shards, output_dir, **TAR_RUN))
+    run_in_process(DRIVERS[1], tiny_args(tar_shards, output_dir, **TAR_RUN))
     return {DRIVERS[1]: output_dir}
 
 
@@ -150,7 +152,7 @@ def test_webdataset_resume_is_exact(tar_runs, tar_shards, tmp_path):
     """Resumed mid-pass (12 of 18 samples read; the tars have no counts, so the stream reads its way back), with
     the GAN starting at the resumed step."""
     check_resume_from_step_2(DRIVERS[1], tar_runs[DRIVERS[1]], tar_shards, str(tmp_path / "resumed"),
-                             "data/skipped_no_image", **TAR_RUN)
+                             "data/skipped_no_image", run=run_in_process, **TAR_RUN)
 
 
 def _run_failing(args, nproc=1, log_dir=None, timeout=600):

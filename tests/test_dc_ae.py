@@ -13,9 +13,9 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
-from family_parity import (assert_loaded_exactly, assert_resume_is_exact, folder_pixels, make_in_diffusers,
-                           mean_psnr, random_images, run_in_diffusers, trainer_args)
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
+from family_parity import (DiffusersBatch, assert_loaded_exactly, assert_resume_is_exact, folder_pixels, mean_psnr,
+                           random_images, trainer_args)
 from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
@@ -46,20 +46,37 @@ def weights(folder, name=PADDLE_WEIGHTS) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory) -> str:
-    """A SANA-like pipeline download: its DC-AE in vae/, made and saved by diffusers with seeded weights."""
+def made(tmp_path_factory) -> dict:
+    """One diffusers process: a SANA-like pipeline download (its DC-AE in vae/, made and saved by diffusers with
+    seeded weights), an fp16 variant of another seed, and diffusers' outputs of the download's DC-AE on the inputs
+    the tests below give ours (whole, and tiled): {"pipeline", "fp16", "whole", "tiled"}."""
     root = tmp_path_factory.mktemp("sana_pipeline")
-    make_in_diffusers("AutoencoderDC", root / "vae", TINY_DC, seed=3)
-    return str(root)
+    batch = DiffusersBatch(root)
+    batch.make("AutoencoderDC", root / "pipeline" / "vae", TINY_DC, seed=3)
+    batch.make("AutoencoderDC", root / "fp16" / "vae", TINY_DC, seed=4, variant="fp16")
+    for name in ("whole", "tiled"):
+        os.makedirs(root / name)
+    whole = batch.run("AutoencoderDC", root / "pipeline" / "vae", random_images(), root / "whole")
+    tiled = batch.run("AutoencoderDC", root / "pipeline" / "vae", random_images(1, 64), root / "tiled", tile=32,
+                      stride=24)
+    batch.flush()
+    return {"pipeline": str(root / "pipeline"), "fp16": str(root / "fp16" / "vae"), "whole": whole(),
+            "tiled": tiled()}
+
+
+@pytest.fixture(scope="module")
+def pipeline(made) -> str:
+    """A SANA-like pipeline download: its DC-AE in vae/, made and saved by diffusers with seeded weights."""
+    return made["pipeline"]
 
 
 # ---- in
 
-def test_a_diffusers_dc_ae_folder_loads_with_its_scale_and_encodes_as_diffusers(pipeline, tmp_path):
+def test_a_diffusers_dc_ae_folder_loads_with_its_scale_and_encodes_as_diffusers(pipeline, made):
     vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
     assert family_of(vae) is DC_AE and vae.config.scaling_factor == 0.41407
     x = random_images()
-    theirs = run_in_diffusers("AutoencoderDC", os.path.join(pipeline, "vae"), x, tmp_path)
+    theirs = made["whole"]
     assert_loaded_exactly(theirs, "AutoencoderDC")
     vae.eval()
     with paddle.no_grad():
@@ -70,8 +87,8 @@ def test_a_diffusers_dc_ae_folder_loads_with_its_scale_and_encodes_as_diffusers(
     np.testing.assert_allclose(decoded.numpy(), theirs["decoded"], rtol=0, atol=1e-4)
 
 
-def test_the_fp16_variant_of_a_download_loads_as_float32(tmp_path):
-    folder = make_in_diffusers("AutoencoderDC", tmp_path / "vae", TINY_DC, seed=4, variant="fp16")
+def test_the_fp16_variant_of_a_download_loads_as_float32(made):
+    folder = made["fp16"]
     assert sorted(os.listdir(folder)) == ["config.json", "diffusion_pytorch_model.fp16.safetensors"]
     vae = build_vae(pretrained_model_name_or_path=folder)
     stored = load_file(os.path.join(folder, "diffusion_pytorch_model.fp16.safetensors"))
@@ -88,9 +105,9 @@ def decoder_only(pipeline, photo_filelist, held_out_32, tmp_path_factory) -> dic
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"dc_{driver.split('.')[0]}"))
-        run_entry_point(driver, trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                             subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
-                                             eval_steps=2, eval_num_images=6))
+        run_in_process(driver, trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                            subfolder="vae", freeze_encoder="true", eval_file_list=held_out_32,
+                                            eval_steps=2, eval_num_images=6))
         out[driver] = output_dir
     return out
 
@@ -108,7 +125,32 @@ def test_both_drivers_fine_tune_a_dc_ae_to_the_same_numbers(decoder_only):
             np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
 
 
-def test_decoder_only_keeps_the_encoder_and_the_scale_and_exports_for_diffusers(decoder_only, pipeline, tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(pipeline, photo_filelist, tmp_path_factory) -> str:
+    """The output folder of a 2-step whole-model fine-tune of the download on 2 processes (the Trainer's)."""
+    root = tmp_path_factory.mktemp("dc_two")
+    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, str(root / "two"), pretrained_model_name_or_path=pipeline,
+                                             subfolder="vae", max_steps=2), nproc=2, log_dir=root / "launch")
+    return str(root / "two")
+
+
+@pytest.fixture(scope="module")
+def exports_in_diffusers(decoder_only, two_processes, held_out_32, tmp_path_factory) -> dict:
+    """What diffusers' AutoencoderDC makes of the exports, one diffusers process: {"decoder_only": the loop's export
+    on random images, "eval": the Trainer's export on the held-out images, "two_processes": on random images}."""
+    root = tmp_path_factory.mktemp("dc_exports_in_diffusers")
+    batch, results = DiffusersBatch(root), {}
+    for name, folder, x in (("decoder_only", os.path.join(decoder_only[DRIVERS[1]], "vae"), random_images()),
+                            ("eval", os.path.join(decoder_only[DRIVERS[0]], "vae"), folder_pixels(held_out_32)),
+                            ("two_processes", os.path.join(two_processes, "vae"), random_images())):
+        os.makedirs(root / name)
+        results[name] = batch.run("AutoencoderDC", folder, x, root / name)
+    batch.flush()
+    return {name: read() for name, read in results.items()}
+
+
+def test_decoder_only_keeps_the_encoder_and_the_scale_and_exports_for_diffusers(decoder_only, pipeline,
+                                                                                exports_in_diffusers):
     source = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS)
     output_dir = decoder_only[DRIVERS[1]]
     vae_dir = os.path.join(output_dir, "vae")
@@ -125,11 +167,11 @@ def test_decoder_only_keeps_the_encoder_and_the_scale_and_exports_for_diffusers(
     assert config["_class_name"] == "AutoencoderDC" and config["scaling_factor"] == 0.41407
     assert stats["source"].startswith("kept from the pretrained VAE") and "shift_factor" not in config
     assert stats["measured"]["statistic"].startswith("the latents")
-    theirs = run_in_diffusers("AutoencoderDC", vae_dir, random_images(), tmp_path)
-    assert_loaded_exactly(theirs, "AutoencoderDC")
+    assert_loaded_exactly(exports_in_diffusers["decoder_only"], "AutoencoderDC")
 
 
-def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, held_out_32, tmp_path):
+def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, held_out_32, exports_in_diffusers,
+                                                              tmp_path):
     """eval_vae.py's PSNR of the exported folder is the PSNR of diffusers' own reconstructions of the same images."""
     vae_dir = os.path.join(decoder_only[DRIVERS[0]], "vae")
     result = load_script("eval_vae").main(["--vae", vae_dir, "--data", held_out_32, "--resolution", "32",
@@ -138,7 +180,7 @@ def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, hel
     protocol = json.load(open(tmp_path / "eval" / "metrics.json"))["protocol"]
     assert protocol["latents"].startswith("the encoder's latent (deterministic")
     x = folder_pixels(held_out_32)
-    theirs = run_in_diffusers("AutoencoderDC", vae_dir, x, tmp_path)
+    theirs = exports_in_diffusers["eval"]
     assert result.metrics["psnr"] == pytest.approx(mean_psnr(theirs["decoded"], x), abs=1e-3)
 
 
@@ -160,9 +202,9 @@ def test_trainable_modules_train_those_alone_and_frozen_statistics_stay(pipeline
     """DC-AE's phase 3: the decoder's head alone (its output norm and conv), with the GAN; every other weight and
     the batch_norm stage's statistics go out as loaded."""
     output_dir = str(tmp_path / "head")
-    run_entry_point(DRIVERS[1], trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
-                                             subfolder="vae", use_ema="false", ema_decay=None) +
-                    ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
+    run_in_process(DRIVERS[1], trainer_args(photo_filelist, output_dir, pretrained_model_name_or_path=pipeline,
+                                            subfolder="vae", use_ema="false", ema_decay=None) +
+                   ["--trainable_modules", "decoder.norm_out.*", "decoder.conv_out.*"])
     source, exported = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(os.path.join(output_dir, "vae"),
                                                                                        TORCH_WEIGHTS)
     changed = {name for name in source if not np.array_equal(exported[name], source[name])}
@@ -186,9 +228,9 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
     config = tmp_path / "dc.json"
     config.write_text(json.dumps({"_class_name": "AutoencoderDC", **TINY_DC}))
     output_dir = str(tmp_path / "scratch")
-    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
-                                             vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
-                                             recompute="true"))
+    run_in_process(DRIVERS[0], trainer_args(photo_filelist, output_dir, vae_config_file=config, equivariance_prob=0.5,
+                                            vf_model_path=tiny_dinov2(tmp_path / "dino.safetensors"), bf16="true",
+                                            recompute="true"))
     stats = json.load(open(os.path.join(output_dir, "vae", "latent_stats.json")))
     exported = json.load(open(os.path.join(output_dir, "vae", "config.json")))
     assert stats["source"].startswith("measured on") and stats["scaling_factor"] != 0.41407
@@ -197,7 +239,8 @@ def test_a_dc_ae_from_scratch_with_eq_vae_and_vf_gets_a_measured_scale(photo_fil
 
 
 def test_resume_of_a_dc_ae_run_is_exact(pipeline, photo_filelist, tmp_path):
-    assert_resume_is_exact(photo_filelist, tmp_path, pretrained_model_name_or_path=pipeline, subfolder="vae")
+    assert_resume_is_exact(photo_filelist, tmp_path, in_process=True, pretrained_model_name_or_path=pipeline,
+                           subfolder="vae")
 
 
 def test_ranks_average_the_statistics_of_training_batch_norms_only(pipeline):
@@ -211,14 +254,13 @@ def test_ranks_average_the_statistics_of_training_batch_norms_only(pipeline):
     assert trained_norm_statistics(vae) == []
 
 
-def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, photo_filelist, tmp_path):
-    output_dir = tmp_path / "two"
-    run_entry_point(DRIVERS[0], trainer_args(photo_filelist, str(output_dir), pretrained_model_name_or_path=pipeline,
-                                             subfolder="vae", max_steps=2), nproc=2, log_dir=tmp_path / "launch")
-    exported = json.load(open(output_dir / "vae" / "config.json"))
+def test_a_dc_ae_fine_tunes_on_two_processes(pipeline, two_processes, exports_in_diffusers):
+    output_dir = two_processes
+    exported = json.load(open(os.path.join(output_dir, "vae", "config.json")))
     assert exported["_class_name"] == "AutoencoderDC" and exported["scaling_factor"] == 0.41407
-    assert_loaded_exactly(run_in_diffusers("AutoencoderDC", output_dir / "vae", random_images(), tmp_path), "AutoencoderDC")
-    source, trained = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS), weights(output_dir / "vae", TORCH_WEIGHTS)
+    assert_loaded_exactly(exports_in_diffusers["two_processes"], "AutoencoderDC")
+    source = weights(os.path.join(pipeline, "vae"), TORCH_WEIGHTS)
+    trained = weights(os.path.join(output_dir, "vae"), TORCH_WEIGHTS)
     assert not np.array_equal(source["decoder.up_blocks.0.1.norm.running_mean"],
                               trained["decoder.up_blocks.0.1.norm.running_mean"])
 
@@ -254,7 +296,7 @@ def test_recompute_gives_the_same_gradients_and_statistics_and_leaves_the_last_l
     assert DC_AE.last_layers(vae)[0] is vae.decoder.conv_out.weight
 
 
-def test_eval_tiling_is_diffusers_tiling_with_quarter_overlaps_and_restores_the_model(pipeline, tmp_path):
+def test_eval_tiling_is_diffusers_tiling_with_quarter_overlaps_and_restores_the_model(pipeline, made):
     vae = build_vae(pretrained_model_name_or_path=pipeline, subfolder="vae")
     vae.eval()
     x = random_images(1, 64)
@@ -264,7 +306,7 @@ def test_eval_tiling_is_diffusers_tiling_with_quarter_overlaps_and_restores_the_
             tiled = DC_AE.encode(vae, paddle.to_tensor(x)).mean
             decoded = DC_AE.decode(vae, tiled).numpy()
         assert not vae.use_tiling and vae.tile_sample_min_height == 512  # restored
-    theirs = run_in_diffusers("AutoencoderDC", os.path.join(pipeline, "vae"), x, tmp_path, tile=32, stride=24)
+    theirs = made["tiled"]  # diffusers' own tiling of x, 32 px tiles 24 apart
     np.testing.assert_allclose(tiled.numpy(), theirs["latent"], rtol=0, atol=1e-4)
     np.testing.assert_allclose(decoded, theirs["decoded"], rtol=0, atol=1e-4)
     assert np.abs(tiled.numpy() - whole).max() > 1e-3  # really tiled

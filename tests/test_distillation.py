@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
 from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, trainer_args
 
 TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
@@ -45,15 +45,15 @@ def runs(photo_filelist, held_out_32, teacher, tmp_path_factory) -> dict:
     checkpoint with the warm cache, cache: the cache folder}."""
     out, cache = {}, str(tmp_path_factory.mktemp("teacher_cache"))
     out["trainer"] = str(tmp_path_factory.mktemp("distil_trainer"))
-    run_entry_point(DRIVERS[0], distill_args(photo_filelist, held_out_32, teacher, out["trainer"]))
+    run_in_process(DRIVERS[0], distill_args(photo_filelist, held_out_32, teacher, out["trainer"]))
     out["loop"] = str(tmp_path_factory.mktemp("distil_loop"))
-    run_entry_point(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, out["loop"],
-                                             cache_teacher_latents=cache))
+    run_in_process(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, out["loop"],
+                                            cache_teacher_latents=cache))
     out["cached_files"] = sorted(os.path.join(d, f) for d, _, files in os.walk(cache) for f in files)
     resumed = tmp_path_factory.mktemp("distil_resumed")
     shutil.copytree(os.path.join(out["trainer"], "checkpoint-3"), resumed / "checkpoint-3")
-    run_entry_point(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, str(resumed),
-                                             cache_teacher_latents=cache, resume_from_checkpoint="latest"))
+    run_in_process(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, str(resumed),
+                                            cache_teacher_latents=cache, resume_from_checkpoint="latest"))
     out["resumed"], out["cache"] = str(resumed), cache
     return out
 

@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 from PIL import Image
-from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, tiny_args
+from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, run_in_process, tiny_args
 
 from vae_trainer.step import logged_images
 from vae_trainer.argument_parser import parse_arguments
@@ -159,7 +159,7 @@ def equivariant_runs(photo_filelist, tmp_path_factory):
     """{driver: output dir} of 4 steps with every micro-batch transformed (the GAN from step 2)."""
     runs = {driver: tmp_path_factory.mktemp(driver[:-3]) / "out" for driver in DRIVERS}
     for driver, output_dir in runs.items():
-        run_entry_point(driver, _eq_args(photo_filelist, output_dir))
+        run_in_process(driver, _eq_args(photo_filelist, output_dir))
     return runs
 
 
@@ -181,7 +181,7 @@ def test_resume_is_exact_across_transformed_steps(equivariant_runs, photo_fileli
     straight = equivariant_runs[DRIVERS[1]]
     resumed = tmp_path / "out"
     shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
-    run_entry_point(DRIVERS[1], _eq_args(photo_filelist, resumed, resume_from_checkpoint="latest"))
+    run_in_process(DRIVERS[1], _eq_args(photo_filelist, resumed, resume_from_checkpoint="latest"))
     a, b = _weights(straight / "checkpoint-4"), _weights(resumed / "checkpoint-4")
     assert all(np.array_equal(a[k], b[k]) for k in a)
 

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, run_in_process, tiny_args, vae_weights
+from conftest import DRIVERS, EVAL_FLAGS, run_in_process, tiny_args, vae_weights
 from ppdiffusers import AutoencoderKL
 from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, photos, torch_reconstruct
 
@@ -42,8 +42,8 @@ def runs(source, photo_filelist, tmp_path_factory):
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, finetune_args(photo_filelist, output_dir, source, freeze_encoder="true",
-                                              max_steps=STEPS, save_steps=1))
+        run_in_process(driver, finetune_args(photo_filelist, output_dir, source, freeze_encoder="true",
+                                             max_steps=STEPS, save_steps=1))
         out[driver] = output_dir
     return out
 
@@ -244,8 +244,8 @@ def test_trainable_modules_train_only_what_they_name_in_sd_s_vae_too(source, pho
     from safetensors.numpy import load_file
 
     output_dir = str(tmp_path / "out")
-    run_entry_point(DRIVERS[0], finetune_args(photo_filelist, output_dir, source, use_ema="false", max_steps=STEPS)
-                    + ["--trainable_modules", "decoder.conv_out.*", "quant_conv.*"])
+    run_in_process(DRIVERS[0], finetune_args(photo_filelist, output_dir, source, use_ema="false", max_steps=STEPS)
+                   + ["--trainable_modules", "decoder.conv_out.*", "quant_conv.*"])
     before = load_file(os.path.join(source, "diffusion_pytorch_model.safetensors"))
     after = load_file(os.path.join(output_dir, "vae", "diffusion_pytorch_model.safetensors"))
     changed = {name for name in before if not np.array_equal(before[name], after[name])}

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
 from family_parity import DiffusersBatch, assert_loaded_exactly
 from PIL import Image
 from safetensors.numpy import load_file
@@ -102,9 +102,9 @@ def fine_tuned(sources, photos, tmp_path_factory) -> dict:
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"rae_{driver.split('.')[0]}"))
-        run_entry_point(driver, rae_args(photos, output_dir, pretrained_model_name_or_path=sources["pipeline"],
-                                         subfolder="vae", disc_type="dino", disc_backbone_path=sources["vit"],
-                                         eval_file_list=photos, eval_steps=2, eval_num_images=4))
+        run_in_process(driver, rae_args(photos, output_dir, pretrained_model_name_or_path=sources["pipeline"],
+                                        subfolder="vae", disc_type="dino", disc_backbone_path=sources["vit"],
+                                        eval_file_list=photos, eval_steps=2, eval_num_images=4))
         out[driver] = output_dir
     return out
 
@@ -116,9 +116,9 @@ def scratch(sources, photos, tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("rae_scratch")
     (root / "rae.json").write_text(json.dumps(SCRATCH))
     output_dir = str(root / "out")
-    run_entry_point(DRIVERS[0], rae_args(photos, output_dir, vae_config_file=root / "rae.json",
-                                         rae_encoder_path=sources["dinov2"], noise_tau=0.8, recompute="true",
-                                         latent_stats_num_images=SAMPLED, use_ema="false", ema_decay=None))
+    run_in_process(DRIVERS[0], rae_args(photos, output_dir, vae_config_file=root / "rae.json",
+                                        rae_encoder_path=sources["dinov2"], noise_tau=0.8, recompute="true",
+                                        latent_stats_num_images=SAMPLED, use_ema="false", ema_decay=None))
     return output_dir
 
 

@@ -38,7 +38,7 @@ def failing_run(tmp_path, photo_filelist, driver, workers):
     (tmp_path / "inject.py").write_text(INJECT.format(repo=REPO, marker=str(marker)))
     output_dir = tmp_path / "out"
     args = tiny_args(photo_filelist, output_dir, dataloader_num_workers=workers, use_ema="false",
-                     image_logging_steps=0, stall_timeout=600)
+                     image_logging_steps=0, stall_timeout=600, perceptual_weight=0)  # (LPIPS: nothing to save)
     return [str(tmp_path / "inject.py"), driver, *map(str, args)], output_dir, marker
 
 
@@ -94,7 +94,7 @@ def test_a_failed_save_on_one_node_ends_both_nodes_at_once_with_its_reason(photo
 
 def test_an_output_dir_that_the_nodes_do_not_share_is_refused_at_start(photo_filelist, tmp_path):
     def script_args(node):  # the same flags, except that each node writes into a folder of its own
-        args = tiny_args(photo_filelist, tmp_path / f"node{node}_out", stall_timeout=600)
+        args = tiny_args(photo_filelist, tmp_path / f"node{node}_out", stall_timeout=600, perceptual_weight=0)
         return [os.path.join(REPO, "train_vae_no_trainer.py"), *map(str, args)]
 
     codes, _, logs = run_nodes(script_args, str(tmp_path / "launch"))

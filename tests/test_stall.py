@@ -32,7 +32,7 @@ def test_a_pipe_shard_that_hangs_after_some_records_ends_the_run_with_a_report(t
     listing = tmp_path / "stuck.filelist"
     listing.write_text(f"pipe:head -c {part} {shard}; sleep 600\n")
     args = tiny_args(str(listing), tmp_path / "run", max_steps=50, save_steps=100, use_ema="false",
-                     image_logging_steps=0)
+                     image_logging_steps=0, perceptual_weight=0)  # (no LPIPS here: the runs stall, not train)
     start = time.time()
     result = subprocess.run([sys.executable, os.path.join(REPO, driver), *map(str, args), "--stall_timeout", "8"],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
@@ -69,7 +69,7 @@ def test_a_rank_that_blocks_ends_the_two_process_run(photo_filelist, tmp_path, d
     worker = tmp_path / "worker.py"
     worker.write_text(BLOCK_RANK_1.format(repo=REPO))
     args = tiny_args(photo_filelist, tmp_path / "run", max_steps=20, save_steps=100, use_ema="false",
-                     image_logging_steps=0)
+                     image_logging_steps=0, perceptual_weight=0)
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
                              "--log_dir", str(tmp_path / "logs"), str(worker), driver, *map(str, args),
@@ -110,7 +110,7 @@ def test_a_rank_stuck_at_start_up_is_reported(photo_filelist, tmp_path, never_jo
     """The watchdog runs from start-up on (issue 29); before, the ranks waited for each other forever."""
     worker = tmp_path / "worker.py"
     worker.write_text(STUCK_AT_START.format(repo=REPO, never_joins=never_joins))
-    args = tiny_args(photo_filelist, tmp_path / "run", stall_timeout=4)
+    args = tiny_args(photo_filelist, tmp_path / "run", stall_timeout=4, perceptual_weight=0)
     result = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
                              "--log_dir", str(tmp_path / "logs"), str(worker), "train_vae_no_trainer.py",
                              *map(str, args)], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},

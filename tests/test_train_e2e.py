@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, EVAL_FLAGS, read_scalars, run_entry_point, tiny_args, vae_weights
+from conftest import DRIVERS, EVAL_FLAGS, read_scalars, run_entry_point, run_in_process, tiny_args, vae_weights
 
 @pytest.fixture(scope="module")
 def runs(photo_filelist, held_out_folder, tmp_path_factory):
@@ -134,8 +134,8 @@ def test_resume_continues_exactly(runs, photo_filelist, held_out_folder, tmp_pat
     resumed = str(tmp_path / "resumed")
     os.makedirs(resumed)
     shutil.copytree(os.path.join(straight, "checkpoint-2"), os.path.join(resumed, "checkpoint-2"))
-    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
-                                      **EVAL_FLAGS(held_out_folder)))
+    run_in_process(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
+                                     **EVAL_FLAGS(held_out_folder)))
     for tag in ("loss/total", "loss/discriminator"):
         a = read_scalars(os.path.join(straight, "logs"), tag)
         b = read_scalars(os.path.join(resumed, "logs"), tag)
@@ -202,8 +202,8 @@ def test_resuming_from_the_final_checkpoint_trains_no_step_and_exports(runs, pho
                 for name in sorted(os.listdir(folder))}
 
     before = (os.stat(resumed / "checkpoint-4").st_ino, files(resumed / "checkpoint-4"))
-    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
-                                      **EVAL_FLAGS(held_out_folder)))
+    run_in_process(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest",
+                                     **EVAL_FLAGS(held_out_folder)))
     assert (os.stat(resumed / "checkpoint-4").st_ino, files(resumed / "checkpoint-4")) == before  # not rewritten
     assert [name for name in os.listdir(resumed) if name.startswith("checkpoint")] == ["checkpoint-4"]
     assert read_scalars(str(resumed / "logs"), "loss/total") == {}  # no step trained (no step 5), none logged
@@ -212,11 +212,14 @@ def test_resuming_from_the_final_checkpoint_trains_no_step_and_exports(runs, pho
         np.testing.assert_array_equal(straight[name], again[name], err_msg=name)
 
 
+# The two-process runs below train without LPIPS (--perceptual_weight 0): its VGG16 is most of a tiny step's time on
+# CPU, and it has no trainable weight, random stream or state to keep in sync or to resume (runs with it on two ranks:
+# test_alignment, test_dc_ae, test_wan, test_rae).
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_two_processes_stay_in_sync_and_read_different_data(photo_filelist, tmp_path, driver):
     output_dir = tmp_path / "out"
-    run_entry_point(driver, tiny_args(photo_filelist, output_dir, max_steps=3, save_steps=3, image_logging_steps=0),
-                    nproc=2, log_dir=tmp_path / "launch")
+    run_entry_point(driver, tiny_args(photo_filelist, output_dir, max_steps=3, save_steps=3, image_logging_steps=0,
+                                      perceptual_weight=0), nproc=2, log_dir=tmp_path / "launch")
     checkpoint = output_dir / "checkpoint-3"
     states = [paddle.load(str(checkpoint / f"rank_state_{r}.pdparams")) for r in (0, 1)]
     np.testing.assert_array_equal(states[0]["parameter_fingerprint"], states[1]["parameter_fingerprint"])
@@ -252,15 +255,29 @@ def test_nonfinite_run_stops_with_a_checkpoint_of_the_last_good_step(photo_filel
     assert all(np.isfinite(v.numpy()).all() for v in state.values())
 
 
+TWO_RANK_RESUME = dict(gradient_accumulation_steps=2, dataloader_num_workers=1, image_logging_steps=0,
+                       perceptual_weight=0)
+
+
+@pytest.fixture(scope="module")
+def two_rank_straight(photo_filelist, tmp_path_factory):
+    """A 4-step run on 2 ranks x (2 micro-batches, 1 loader worker), by the plain loop, saved at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("two_rank_straight")
+    run_entry_point(DRIVERS[1], tiny_args(photo_filelist, root / "straight", **TWO_RANK_RESUME), nproc=2,
+                    log_dir=root / "logs")
+    return root / "straight"
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_two_process_resume_with_accumulation_and_workers_is_exact(photo_filelist, tmp_path, driver):
-    """2 ranks x (2 micro-batches, 1 loader worker): 4 steps straight == 2 steps + resume + 2 steps."""
-    flags = dict(gradient_accumulation_steps=2, dataloader_num_workers=1, image_logging_steps=0)
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_entry_point(driver, tiny_args(photo_filelist, straight, **flags), nproc=2, log_dir=tmp_path / "l1")
+def test_two_process_resume_with_accumulation_and_workers_is_exact(two_rank_straight, photo_filelist, tmp_path,
+                                                                   driver):
+    """2 ranks x (2 micro-batches, 1 loader worker): 4 steps straight == 2 steps + resume + 2 steps, each entry point
+    resuming the plain loop's checkpoint-2 (both entry points train to the same numbers and read each other's
+    checkpoints: test_both_drivers_give_the_same_losses_and_weights, test_the_other_entry_points_checkpoint...)."""
+    straight, resumed = two_rank_straight, tmp_path / "resumed"
     os.makedirs(resumed)
     shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
-    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest", **flags),
+    run_entry_point(driver, tiny_args(photo_filelist, resumed, resume_from_checkpoint="latest", **TWO_RANK_RESUME),
                     nproc=2, log_dir=tmp_path / "l2")
     a, b = read_scalars(str(straight / "logs"), "loss/total"), read_scalars(str(resumed / "logs"), "loss/total")
     assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)]
@@ -274,19 +291,23 @@ def test_two_process_resume_with_accumulation_and_workers_is_exact(photo_filelis
 def test_export_vae_script_exports_a_from_scratch_checkpoint_as_the_run_did(runs, tmp_path, ema, folder):
     """`scripts/export_vae.py CHECKPOINT_DIR OUT_DIR` as the issue writes it: a from-scratch run's factor is
     measured on the images the run measured on (export_config.json), so the last checkpoint exports with the
-    factor the run wrote for the same weights (vae_raw: raw weights, vae: EMA weights)."""
+    factor the run wrote for the same weights (vae_raw: raw weights, vae: EMA weights). The default (EMA) export
+    runs as that command, from another directory; --no_ema through the script's main()."""
     import json
     import subprocess
     import sys
 
-    from conftest import REPO
+    from conftest import REPO, load_script
     from ppdiffusers import AutoencoderKL
 
     run = runs[DRIVERS[0]]
-    command = [sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), os.path.join(run, "checkpoint-4"),
-               str(tmp_path / "out")] + ([] if ema else ["--no_ema"])
-    completed = subprocess.run(command, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    argv = [os.path.join(run, "checkpoint-4"), str(tmp_path / "out")] + ([] if ema else ["--no_ema"])
+    if ema:
+        completed = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "export_vae.py"), *argv],
+                                   cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+    else:
+        load_script("export_vae").main(argv)
     exported = AutoencoderKL.load_config(str(tmp_path / "out"))["scaling_factor"]
     assert exported == pytest.approx(AutoencoderKL.load_config(os.path.join(run, folder))["scaling_factor"], rel=1e-5)
     stats = json.load(open(tmp_path / "out" / "latent_stats.json"))

@@ -113,19 +113,40 @@ def test_a_wan_config_without_class_name_is_never_taken_for_flux2():
 
 # ---- fine-tuned by both entry points, decoder only
 
+def decoder_only_flags(pipelines, held_out_32) -> dict:
+    """A decoder-only fine-tune of the Qwen-Image download with --recompute, evaluated (tiled) at steps 2 and 4."""
+    return dict(pretrained_model_name_or_path=pipelines["qwen"], subfolder="vae", freeze_encoder="true",
+                eval_file_list=held_out_32, eval_steps=2, eval_num_images=6, recompute="true", eval_tiled="true",
+                eval_tile_size=16)
+
+
 @pytest.fixture(scope="module")
 def decoder_only(pipelines, photo_filelist, held_out_32, tmp_path_factory) -> dict:
-    """Both drivers: a decoder-only fine-tune of the Qwen-Image download with --recompute, evaluated (tiled) at
-    steps 2 and 4: {driver: (output dir, stderr)}."""
+    """Both drivers, decoder_only_flags: {driver: (output dir, stderr)}."""
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"wan_{driver.split('.')[0]}"))
-        result = run_entry_point(driver, trainer_args(
-            photo_filelist, output_dir, pretrained_model_name_or_path=pipelines["qwen"], subfolder="vae",
-            freeze_encoder="true", eval_file_list=held_out_32, eval_steps=2, eval_num_images=6, recompute="true",
-            eval_tiled="true", eval_tile_size=16))
+        result = run_entry_point(driver, trainer_args(photo_filelist, output_dir,
+                                                      **decoder_only_flags(pipelines, held_out_32)))
         out[driver] = (output_dir, result.stderr)
     return out
+
+
+@pytest.fixture(scope="module")
+def exports_in_diffusers(decoder_only, held_out_32, tmp_path_factory) -> dict:
+    """One diffusers process: {"clips": diffusers' AutoencoderKLQwenImage on the Trainer's export, of random images
+    as one-frame clips and of a 5-frame clip (outputs "clip5_..."), "eval": on the loop's export, of the held-out
+    images as one-frame clips}."""
+    root = tmp_path_factory.mktemp("wan_exports_in_diffusers")
+    batch = DiffusersBatch(root)
+    for name in ("clips", "eval"):
+        os.makedirs(root / name)
+    clips = batch.run("AutoencoderKLQwenImage", os.path.join(decoder_only[DRIVERS[0]][0], "vae"),
+                      random_images(seed=4)[:, :, None], root / "clips", more_images={"clip5": clip()})
+    held_out = batch.run("AutoencoderKLQwenImage", os.path.join(decoder_only[DRIVERS[1]][0], "vae"),
+                         folder_pixels(held_out_32)[:, :, None], root / "eval")
+    batch.flush()
+    return {"clips": clips(), "eval": held_out()}
 
 
 def test_both_drivers_fine_tune_to_the_same_numbers(decoder_only):
@@ -162,15 +183,12 @@ def test_decoder_only_keeps_encoder_temporal_weights_and_normalisation(decoder_o
         protocol["tiling"]
 
 
-def test_the_export_loads_in_diffusers_and_still_runs_clips(decoder_only, tmp_path):
+def test_the_export_loads_in_diffusers_and_still_runs_clips(decoder_only, exports_in_diffusers):
     """diffusers' own class loads the export with nothing missing or unexpected, and encodes and decodes images and a
     5-frame clip (through its causal cache) as our class does with the same folder."""
     vae_dir = os.path.join(decoder_only[DRIVERS[0]][0], "vae")
     x, video = random_images(seed=4)[:, :, None], clip()
-    batch = DiffusersBatch(tmp_path)
-    theirs = batch.run("AutoencoderKLQwenImage", vae_dir, x, tmp_path, more_images={"clip5": video})
-    batch.flush()
-    theirs = theirs()
+    theirs = exports_in_diffusers["clips"]
     assert_loaded_exactly(theirs, "AutoencoderKLQwenImage")
     ours = build_vae(pretrained_model_name_or_path=vae_dir)
     ours.eval()
@@ -184,7 +202,8 @@ def test_the_export_loads_in_diffusers_and_still_runs_clips(decoder_only, tmp_pa
     assert theirs["clip5_decoded"].shape == (1, 3, 5, 32, 32) and theirs["clip5_mean"].shape[2] == 2
 
 
-def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, held_out_32, tmp_path, capsys):
+def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, held_out_32, exports_in_diffusers,
+                                                              tmp_path, capsys):
     vae_dir = os.path.join(decoder_only[DRIVERS[1]][0], "vae")
     result = load_script("eval_vae").main(["--vae", vae_dir, "--data", held_out_32, "--resolution", "32",
                                            "--num_images", "6", "--output_dir", str(tmp_path / "eval"),
@@ -192,10 +211,8 @@ def test_the_export_reconstructs_in_diffusers_as_eval_vae_says(decoder_only, hel
     table = capsys.readouterr().out.split("\n\n")[-1]
     assert "latent_std" in table and "scaling_factor" not in table  # latents_mean / latents_std, not a scale
     x = folder_pixels(held_out_32)
-    batch = DiffusersBatch(tmp_path)
-    theirs = batch.run("AutoencoderKLQwenImage", vae_dir, x[:, :, None], tmp_path)  # one-frame clips
-    batch.flush()
-    assert result.metrics["psnr"] == pytest.approx(mean_psnr(theirs()["decoded"][:, :, 0], x), abs=1e-3)
+    theirs = exports_in_diffusers["eval"]  # of x as one-frame clips
+    assert result.metrics["psnr"] == pytest.approx(mean_psnr(theirs["decoded"][:, :, 0], x), abs=1e-3)
 
 
 # ---- the whole model, and parts of it
@@ -254,9 +271,11 @@ def test_from_scratch_with_eq_vae_vf_and_bf16_measures_the_normalisation_per_cha
     assert read_scalars(os.path.join(output_dir, "logs"), "train/vf_loss")
 
 
-def test_resume_is_exact(pipelines, photo_filelist, tmp_path):
-    assert_resume_is_exact(photo_filelist, tmp_path, pretrained_model_name_or_path=pipelines["qwen"], subfolder="vae",
-                           freeze_encoder="true")
+def test_resume_is_exact(pipelines, decoder_only, photo_filelist, held_out_32, tmp_path):
+    """The decoder-only fine-tune (recomputed, evaluated tiled at steps 2 and 4), stopped at step 2 and resumed by the
+    Trainer, ends as the loop's run of it straight through."""
+    assert_resume_is_exact(photo_filelist, tmp_path, straight=decoder_only[DRIVERS[1]][0], in_process=True,
+                           **decoder_only_flags(pipelines, held_out_32))
 
 
 def test_two_processes_fine_tune_and_keep_the_temporal_weights(pipelines, photo_filelist, tmp_path):
