@@ -2,8 +2,8 @@
 (alpha +1 on [-1, 1]) has the source's latents and decodes to the source's RGB with an opaque alpha, in every family
 that grows; a frozen encoder keeps the source's latents through training; both entry points train the same weights;
 PyTorch diffusers 0.42.1 loads the export as the source's class with 4 channels and no key missing or unexpected; the
-flag is refused where it cannot apply. The opaque 4-channel batches are made here (`with_opaque_alpha`): the reader
-of RGBA images is another piece of work."""
+flag is refused where it cannot apply. The training runs read RGB photos, which the reader gives a 4-channel VAE as
+opaque RGBA (tests/test_rgba.py); the step's own batches are made here (`with_opaque_alpha`)."""
 
 import json
 import os
@@ -26,7 +26,6 @@ from test_wan import TINY_QWEN, TINY_WAN22
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, ModelArguments
 from vae_trainer.build import build_networks, build_optimization
-from vae_trainer.data import dataset, images
 from vae_trainer.models.families import family_for_config, family_of
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
@@ -57,13 +56,6 @@ ATOL = 1e-5  # PyTorch's step 0 against its source: float rounding (its CPU conv
 def with_opaque_alpha(rgb: np.ndarray) -> np.ndarray:
     """NCHW (or NCTHW) RGB on [-1, 1] with an alpha channel of +1: opaque."""
     return np.concatenate([rgb, np.ones_like(rgb[:, :1])], axis=1)
-
-
-def opaque_to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:
-    """The data reader's `to_float` giving opaque RGBA, as an RGBA reader gives RGB images to a 4-channel VAE."""
-    rgb = images.to_float(pixels, clips)
-    axis = -4 if clips else -3
-    return np.concatenate([rgb, np.ones_like(np.take(rgb, [0], axis=axis))], axis=axis)
 
 
 def paddle_source(folder, case: str, seed: int = 0) -> str:
@@ -163,13 +155,11 @@ def run_flags(source: str, file_list: str, output_dir: str) -> list:
 
 @pytest.fixture(scope="module")
 def trained(diffusers_sources, photo_filelist, tmp_path_factory) -> dict:
-    """{driver: output dir} of run_flags on the FLUX-shaped diffusers source, the reader giving opaque RGBA."""
+    """{driver: output dir} of run_flags on the FLUX-shaped diffusers source (RGB photos, read as opaque RGBA)."""
     out = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dataset, "to_float", opaque_to_float)
-        for driver in DRIVERS:
-            out[driver] = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-            run_in_process(driver, run_flags(diffusers_sources["flux"], photo_filelist, out[driver]))
+    for driver in DRIVERS:
+        out[driver] = str(tmp_path_factory.mktemp(driver.split(".")[0]))
+        run_in_process(driver, run_flags(diffusers_sources["flux"], photo_filelist, out[driver]))
     return out
 
 
