@@ -143,12 +143,14 @@ def diffusers_sources(tmp_path_factory) -> dict:
 
 
 def run_flags(source: str, file_list: str, output_dir: str) -> list:
-    """Three decoder-only steps of `source` grown to RGBA at 32 px on CPU, with the EMA."""
+    """Three decoder-only steps of `source` grown to RGBA at 32 px on CPU, with the EMA, LPIPS, the GAN from step 2
+    and an evaluation."""
     flags = {"pretrained_model_name_or_path": source, "file_list": file_list, "output_dir": output_dir,
              "resolution": 32, "per_device_train_batch_size": 2, "max_steps": 3, "save_steps": 3, "logging_steps": 1,
              "image_logging_steps": 2, "seed": 7, "device": "cpu", "dataloader_num_workers": 0,
              "learning_rate": 1e-3, "disable_tqdm": "true", "use_ema": "true", "ema_decay": 0.9,
-             "perceptual_weight": 0, "disc_weight": 0}
+             "disc_start": 2, "disc_base_channels": 8, "disc_num_layers": 2,  # the RGBA objective: LPIPS, GAN
+             "eval_file_list": file_list, "eval_steps": 3, "eval_num_images": 2}
     return [str(item) for key, value in flags.items() for item in (f"--{key}", value)] + ["--expand_to_rgba",
                                                                                           "--freeze_encoder"]
 
@@ -161,6 +163,15 @@ def trained(diffusers_sources, photo_filelist, tmp_path_factory) -> dict:
         out[driver] = str(tmp_path_factory.mktemp(driver.split(".")[0]))
         run_in_process(driver, run_flags(diffusers_sources["flux"], photo_filelist, out[driver]))
     return out
+
+
+def test_the_grown_vae_is_evaluated_as_rgba_with_its_alpha_psnr_alike_by_both_entry_points(trained):
+    records = [json.loads(open(os.path.join(trained[driver], "eval_metrics.jsonl")).readlines()[-1])
+               for driver in DRIVERS]
+    for record in records:  # opaque photos: alpha near +1 from the start (the grown conv's bias), so well above 20 dB
+        assert record["step"] == 3 and record["metrics"]["alpha_psnr"] > 20 and 0 < record["metrics"]["lpips"] < 1
+        assert record["protocol"]["channels"].startswith("RGBA")
+    assert records[0]["metrics"]["alpha_psnr"] == pytest.approx(records[1]["metrics"]["alpha_psnr"], abs=1e-4)
 
 
 def test_both_entry_points_train_the_same_weights_and_keep_the_sources_latents(trained, diffusers_sources):
@@ -237,9 +248,6 @@ def folder_of(folder, config: dict) -> str:
     return str(folder)
 
 
-NO_RGB_OBJECTIVE = ("--perceptual_weight", "0", "--disc_weight", "0")
-
-
 @pytest.mark.parametrize("config, reason", [
     ({"_class_name": "AutoencoderKLQwenImage21"}, "this AutoencoderKLQwenImage21 does not take 3"),
     (dict(MICRO, in_channels=4, out_channels=4), "this AutoencoderKL does not take 3"),
@@ -248,15 +256,20 @@ NO_RGB_OBJECTIVE = ("--perceptual_weight", "0", "--disc_weight", "0")
 ])
 def test_a_vae_that_is_not_rgb_or_whose_layers_cannot_grow_is_refused_with_the_reason(config, reason, tmp_path):
     with pytest.raises(ValueError, match=f"--expand_to_rgba true: .*{reason}"):
-        parse("--pretrained_model_name_or_path", folder_of(tmp_path, config), *NO_RGB_OBJECTIVE)
+        parse("--pretrained_model_name_or_path", folder_of(tmp_path, config))
 
 
-def test_a_vae_from_scratch_and_the_rgb_objective_are_refused_and_rgb_sources_accepted(tmp_path):
+def test_a_vae_from_scratch_is_refused_and_rgb_sources_accepted_with_the_rgba_objective(tmp_path):
     with pytest.raises(ValueError, match="a VAE trained from scratch has none"):
-        parse("--vae_config_file", "configs/vae_micro.json", *NO_RGB_OBJECTIVE)
+        parse("--vae_config_file", "configs/vae_micro.json")
     micro = folder_of(tmp_path, MICRO)
-    with pytest.raises(ValueError, match="LPIPS, the discriminator and the evaluation take RGB"):
-        parse("--pretrained_model_name_or_path", micro)  # LPIPS is on by default
-    assert parse("--pretrained_model_name_or_path", micro, *NO_RGB_OBJECTIVE)[0].expand_to_rgba is True
+    # LPIPS (on by default), the GAN and alpha_psnr, a metric of RGBA VAEs, take the VAE it makes
+    model_args = parse("--pretrained_model_name_or_path", micro, "--disc_start", "1", "--eval_file_list", "x",
+                       "--eval_steps", "1", "--metric_for_best_model", "alpha_psnr")[0]
+    assert model_args.expand_to_rgba is True
+    with pytest.raises(ValueError, match="alpha_psnr is measured for VAEs of RGBA images"):
+        parse_arguments(["--file_list", "x", "--max_steps", "2", "--output_dir", "/tmp/vae_trainer_args",
+                         "--pretrained_model_name_or_path", micro, "--eval_file_list", "x", "--eval_steps", "1",
+                         "--metric_for_best_model", "alpha_psnr"])
     wan22 = folder_of(tmp_path / "wan22", {"_class_name": "AutoencoderKLWan", **TINY_WAN22})  # 12 = 3 x 2 x 2
-    assert parse("--pretrained_model_name_or_path", wan22, *NO_RGB_OBJECTIVE)[0].expand_to_rgba is True
+    assert parse("--pretrained_model_name_or_path", wan22)[0].expand_to_rgba is True

@@ -76,7 +76,8 @@ REFUSALS = (
      "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
     (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
-    (("metric_for_best_model",), lambda f: f.metric == "alpha_psnr" and f.geometry.channels != 4,
+    (("metric_for_best_model",), lambda f: f.metric == "alpha_psnr" and f.geometry.channels != 4
+     and not f.expand_to_rgba,
      "alpha_psnr is measured for VAEs of RGBA images (4 channels), and this one takes RGB: pick another metric"),
     (("metric_for_best_model",), lambda f: f.metric == "flicker" and f.num_frames == 1,
      "flicker is measured on clips: add --num_frames N (> 1), or pick another metric"),

@@ -39,18 +39,12 @@ FROM_SCRATCH = ("it grows the loaded weights of an RGB VAE, and a VAE trained fr
                 "--vae_config_file")
 NOT_RGB = ("it grows an RGB VAE's 3 image channels to 4, and this {family} does not take 3 (its config's in_channels; "
            "Qwen-Image 2.1's VAE is RGBA already): drop it")
-RGB_OBJECTIVE = ("the VAE it makes reads and writes RGBA, and LPIPS, the discriminator and the evaluation take RGB "
-                 "images (there is no RGBA objective yet): add --perceptual_weight 0 --disc_weight 0 and give no "
-                 "--eval_steps, or drop it")
-
 
 
 # Its flag's parse-time refusals: (flags, when refused given the other flags, why; refusals.refuse).
 REFUSALS = (
     (("expand_to_rgba",), lambda f: f.expand_to_rgba and not f.loads_weights, FROM_SCRATCH),
     (("expand_to_rgba",), lambda f: f.expand_to_rgba and f.geometry.channels != 3, NOT_RGB),
-    (("expand_to_rgba",), lambda f: f.expand_to_rgba and (f.perceptual_weight > 0 or f.disc_weight > 0 or f.evaluates),
-     RGB_OBJECTIVE),
     (("expand_to_rgba",), lambda f: f.expand_to_rgba and f.geometry.rgba_refusal,
      lambda f: f"{f.family.class_name} cannot be grown to RGBA: {f.geometry.rgba_refusal}"),
 )
