@@ -60,6 +60,7 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="default: both")
     return parser.parse_args(argv)
 
 
@@ -111,7 +112,7 @@ def main(argv: List[str] | None = None) -> None:
     harness.header(__file__, argv)
     data = make_data(args)
     lpips, results = LPIPS(), {}
-    for arm in ARMS:
+    for arm in args.arms:
         results[arm] = train_and_evaluate(args, arm, data, lpips)
         print(f"{arm}: {json.dumps(results[arm])}", flush=True)
     table = harness.markdown(["arm", "PSNR RGBA (dB) ↑", "alpha PSNR (dB) ↑", "SSIM ↑", "LPIPS over grey ↓",
