@@ -306,9 +306,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num_faults", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0, help="draws the order of the faults and their moments")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"a comma-separated subset of {','.join(KINDS)}")
-    parser.add_argument("--workers", default="0,2", help="--dataloader_num_workers values, comma-separated")
-    parser.add_argument("--drivers", default=",".join(DRIVERS), help="entry points, comma-separated")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="default: all")
+    parser.add_argument("--workers", nargs="+", type=int, default=[0, 2], help="--dataloader_num_workers values")
+    parser.add_argument("--drivers", nargs="+", choices=DRIVERS, default=list(DRIVERS), help="entry points")
     parser.add_argument("--output_dir", default="/tmp/chaos", help="scratch (uninterrupted runs are cached here)")
     parser.add_argument("--max_steps", type=int, default=24)
     parser.add_argument("--save_steps", type=int, default=4)
@@ -317,11 +317,7 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep every fault's folder (default: only unequal ones)")
     parser.add_argument("--python", default=sys.executable)
     args = parser.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
-    args.workers = [int(w) for w in args.workers.split(",")]
-    args.drivers = [d for d in args.drivers.split(",") if d]
-    if set(kinds) - set(KINDS) or set(args.drivers) - set(DRIVERS):
-        parser.error(f"--kinds from {','.join(KINDS)}; --drivers from {','.join(DRIVERS)}")
+    kinds = list(dict.fromkeys(args.kinds))
     if "disk_full" in kinds and os.geteuid() != 0:
         print("note: disk_full skipped: mounting a tmpfs needs root", flush=True)
         kinds.remove("disk_full")

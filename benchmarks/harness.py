@@ -1,7 +1,8 @@
 """What the benchmarks share; each other file of benchmarks/ answers one question (docs/benchmarks.md, and its
 module docstring, say which). Here, once: building the trainer's real components (`build`, `Run`), timing calls
 interleaved (`interleaved`), running a setting in a fresh process and reading its peak RSS (`in_fresh_process`,
-`serve_worker`, `launch`), thread settings (`thread_env`, `busy_threads`), and the report (`header`, `markdown`).
+`serve_worker`, `launch`), thread settings (`thread_env`, `busy_threads`), the photos the readers and runs read
+(`photo_files`, `laion_parts`), and the report (`header`, `markdown`).
 
 The one place: `build` and `Run` are the only code of benchmarks/ that calls vae_trainer's builders (build.py), its
 training step (step.py) or the model container (VAEWithDiscriminator). That API is being redesigned; the redesign
@@ -32,7 +33,6 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field")  # shipped with scikit-image
 NEVER = 10**9  # a step interval that is never reached: no logging, image logging or saving
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)  # vae_trainer, as the entry points import it
@@ -98,6 +98,57 @@ def scalars(logdir: str, tag: str) -> Dict[int, Any]:
             except Exception:  # (VisualDL raises several kinds on a truncated record or a missing tag)
                 pass
     return records
+
+
+# ---------------------------------------------------------------- data
+def photo_files() -> List[str]:
+    """The real photographs shipped in installed packages (scikit-image, scikit-learn, matplotlib)."""
+    import matplotlib
+    import skimage.data
+    import sklearn.datasets
+
+    candidates = [os.path.join(os.path.dirname(skimage.data.__file__), name) for name in
+                  ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png")]
+    candidates += [os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", name)
+                   for name in ("china.jpg", "flower.jpg")]
+    candidates.append(os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg"))
+    return [path for path in candidates if os.path.isfile(path)]
+
+
+def laion_parts(folder: str, images: int, shorter_side=(400, 1000), lines_per_part: int = 100,
+                seed: int = 0) -> tuple:
+    """LAION-style gzip parts (`caption<TAB>-<TAB>base64(JPEG)`) of random crops (60-100% of each side) of
+    `photo_files`, rescaled so the shorter side is in `shorter_side` px, JPEG quality 90, and their .filelist;
+    returns (the filelist, the mean JPEG KiB)."""
+    import base64
+    import gzip
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    photos = [Image.open(path).convert("RGB") for path in photo_files()]
+    lines, sizes = [], []
+    for index in range(images):
+        photo = photos[index % len(photos)]
+        width, height = photo.size
+        crop_w, crop_h = int(width * rng.uniform(0.6, 1.0)), int(height * rng.uniform(0.6, 1.0))
+        left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
+        image = photo.crop((left, top, left + crop_w, top + crop_h))
+        scale = rng.uniform(*shorter_side) / min(image.size)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        sizes.append(len(buffer.getvalue()))
+        lines.append(b"photo %d\t-\t" % index + base64.b64encode(buffer.getvalue()) + b"\n")
+    names = [f"part-{start // lines_per_part:05d}.gz" for start in range(0, images, lines_per_part)]
+    for name, start in zip(names, range(0, images, lines_per_part)):
+        with open(os.path.join(folder, name), "wb") as handle:
+            handle.write(gzip.compress(b"".join(lines[start:start + lines_per_part]), compresslevel=6))
+    with open(os.path.join(folder, "bench.filelist"), "w") as handle:
+        handle.writelines(name + "\n" for name in names)
+    return os.path.join(folder, "bench.filelist"), float(np.mean(sizes)) / 1024
 
 
 # ---------------------------------------------------------------- processes, threads, memory
@@ -249,87 +300,6 @@ class Run:
         finally:
             for name, value in saved.items():
                 setattr(self.loss_args, name, value)
-
-    def plain_autograd_step(self, pixel_values, global_step: int) -> None:
-        """BASELINE, not used in training: the VAE objective by plain autograd, as taming's LPIPSWithDiscriminator
-        computes it: the adaptive weight from paddle.grad of the nll and of the GAN term at the decoder's last layer
-        (each through LPIPS or the discriminator, the graph kept), then one backward of nll + KL + d * GAN; the
-        discriminator's loss on the detached reconstruction (one VAE forward, as ours); both updates."""
-        import paddle
-
-        from vae_trainer.models.families import family_of
-        from vae_trainer.objectives.gan import (ADAPTIVE_WEIGHT_EPS, ADAPTIVE_WEIGHT_MAX, adaptive_weight,
-                                                discriminator_objective, generator_loss)
-        from vae_trainer.objectives.reconstruction import kl_loss, pixel_term
-
-        model, args, x = self.model, self.loss_args, pixel_values
-        model.train()
-        for param in model.discriminator_parameters():  # taming's toggle_optimizer: the VAE's pass leaves D alone
-            param.stop_gradient = True
-        recon, mean, logvar = model(x, sample_posterior=args.sample_posterior)
-        weighted = args.pixel_weight * pixel_term(x, recon, args) + args.perceptual_weight * self.lpips(x, recon).mean()
-        nll = weighted / model.logvar.exp() + model.logvar
-        gan = generator_loss(model.discriminator(recon), args.disc_loss)
-        last = family_of(model.vae).last_layers(model.vae)[0]
-        nll_grad, gan_grad = (paddle.grad(term, last, retain_graph=True)[0] for term in (nll, gan))
-        pixels = float(x.shape[1] * x.shape[2] * x.shape[3])
-        d = adaptive_weight(nll_grad, gan_grad, ADAPTIVE_WEIGHT_MAX / pixels, ADAPTIVE_WEIGHT_EPS) * args.disc_weight
-        (nll + args.kl_weight * kl_loss(mean, logvar).mean() / pixels + d * gan).backward()
-        for param in model.discriminator_parameters():
-            param.stop_gradient = False
-        discriminator_objective(model.discriminator, x, recon, args.disc_loss)[0].backward()
-        self._update()
-
-    def _update(self) -> None:
-        """Both networks clipped and stepped, their schedules moved on (the baselines' update)."""
-        from vae_trainer.optim import clip_grads, grad_norm
-
-        step = self.step
-        for params, optimizer, scheduler in ((self.model.vae_parameters(), step.vae_optimizer, step.vae_scheduler),
-                                             (self.model.discriminator_parameters(), step.disc_optimizer,
-                                              step.disc_scheduler)):
-            clip_grads(params, grad_norm(params), step.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.clear_grad()
-
-    def two_forward_step(self, pixel_values, global_step: int) -> None:
-        """BASELINE, not used in training: the "two VAE forwards per step" scheme of public VAE trainers.
-
-        As in ppdiffusers' examples/autoencoder/vae/train_vae.py (and taming / LDM under Lightning): for
-        optimizer 0 the VAE runs, its loss is backpropagated and the VAE optimizer steps; for optimizer 1 the
-        VAE runs AGAIN on the same batch to produce reconstructions for the discriminator loss. Their
-        `toggle_optimizer` marks the VAE weights stop_gradient for that second pass, so it records no graph:
-        the same cost as `paddle.no_grad()` here. Same losses, optimizers (with clipping) and schedules as
-        ours; no NaN guard (they have none), which only favours the baseline.
-        """
-        import paddle
-
-        from vae_trainer.models.families import family_of
-        from vae_trainer.objectives import vae_objective
-        from vae_trainer.objectives.gan import discriminator_objective
-        from vae_trainer.optim import clip_grads, grad_norm
-
-        model, step, loss_args = self.model, self.step, self.loss_args
-        model.train()
-        recon, post_mean, post_logvar = model(pixel_values, sample_posterior=loss_args.sample_posterior)
-        vae_objective(pixel_values, recon, post_mean, post_logvar, model.logvar, loss_args=loss_args,
-                      lpips=self.lpips, discriminator=model.discriminator,
-                      last_layer=family_of(model.vae).last_layers(model.vae)[0],
-                      gan_weight=loss_args.disc_weight).backward(recon)
-        clip_grads(model.vae_parameters(), grad_norm(model.vae_parameters()), step.max_grad_norm)
-        step.vae_optimizer.step()
-        step.vae_scheduler.step()
-        step.vae_optimizer.clear_grad()
-
-        with paddle.no_grad():  # the second VAE forward, with the freshly updated weights
-            recon, _, _ = model(pixel_values, sample_posterior=loss_args.sample_posterior)
-        d_loss, _ = discriminator_objective(model.discriminator, pixel_values, recon, loss_args.disc_loss)
-        d_loss.backward()
-        clip_grads(model.discriminator_parameters(), grad_norm(model.discriminator_parameters()), step.max_grad_norm)
-        step.disc_optimizer.step()
-        step.disc_scheduler.step()
-        step.disc_optimizer.clear_grad()
 
 
 # ---------------------------------------------------------------- multi-process launches (clean_exits.py, chaos.py)

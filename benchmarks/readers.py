@@ -52,45 +52,6 @@ import harness
 
 
 # ---------------------------------------------------------------- images
-def photo_files() -> list[Path]:
-    """The real photographs shipped in installed packages (see ENVIRONMENT.md)."""
-    import matplotlib
-    import skimage.data
-    import sklearn.datasets
-
-    candidates = [Path(skimage.data.__file__).parent / name for name in
-                  ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png")]
-    candidates += [Path(sklearn.datasets.__file__).parent / "images" / name for name in ("china.jpg", "flower.jpg")]
-    candidates.append(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg")
-    return [path for path in candidates if path.is_file()]
-
-
-def make_parts(folder: Path, images: int, lines_per_part: int, seed: int = 0) -> tuple[str, float]:
-    """Write the benchmark parts and a .filelist; returns (filelist, mean JPEG kilobytes)."""
-    rng = np.random.default_rng(seed)
-    photos = [Image.open(path).convert("RGB") for path in photo_files()]
-    lines, sizes = [], []
-    for index in range(images):
-        photo = photos[index % len(photos)]
-        width, height = photo.size
-        crop_w, crop_h = int(width * rng.uniform(0.6, 1.0)), int(height * rng.uniform(0.6, 1.0))
-        left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-        image = photo.crop((left, top, left + crop_w, top + crop_h))
-        scale = rng.uniform(400, 1000) / min(image.size)
-        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
-        buffer = io.BytesIO()
-        image.save(buffer, "JPEG", quality=90)
-        sizes.append(len(buffer.getvalue()))
-        lines.append(b"photo %d\t-\t" % index + base64.b64encode(buffer.getvalue()) + b"\n")
-    names = []
-    for start in range(0, images, lines_per_part):
-        name = f"part-{start // lines_per_part:05d}.gz"
-        (folder / name).write_bytes(gzip.compress(b"".join(lines[start : start + lines_per_part]), compresslevel=6))
-        names.append(name)
-    (folder / "bench.filelist").write_text("".join(name + "\n" for name in names))
-    return str(folder / "bench.filelist"), float(np.mean(sizes)) / 1024
-
-
 def naive_images(filelist: str, resolution: int):
     """The naive loop, cycling over the lines."""
     rng = np.random.default_rng(0)
@@ -112,32 +73,28 @@ def image_row(row: dict) -> dict:
     from vae_trainer.data.dataset import ImageStream, build_train_dataloader
 
     if not row["workers"]:
-        naive = naive_images(row["filelist"], row["resolution"])
-        reader = iter(ImageStream(row["filelist"], row["resolution"], seed=0, min_image_size=1))
-        timed = harness.interleaved({"naive": lambda: next(naive), "reader": lambda: next(reader)}, row["images"],
-                                    row["warmup"])
+        timed = harness.interleaved({"naive": naive_images(row["filelist"], row["resolution"]).__next__,
+                                     "reader": iter(ImageStream(row["filelist"], row["resolution"], seed=0,
+                                                                min_image_size=1)).__next__},
+                                    row["images"], row["warmup"])
         return {name: row["images"] / sum(timed[name]["times_s"]) for name in timed} | {
             "peak_rss_mib": harness.peak_rss_bytes() / 2**20}
     loader = build_train_dataloader(row["filelist"], row["resolution"], 8, row["workers"], 0, 0, 1, min_image_size=1)
-    made, start = 0, None
-    for batch in loader:
-        made += int(batch["pixel_values"].shape[0])
-        if start is None and made >= row["warmup"]:
-            start, made = time.perf_counter(), 0
-        elif start is not None and made >= row["images"]:
-            break
-    elapsed = time.perf_counter() - start
-    del loader  # shuts the DataLoader down, so the workers' peak is in RUSAGE_CHILDREN
+    # batches of 8: the images and the warm-up rounded up to whole batches
+    timed = harness.interleaved({"loader": iter(loader).__next__}, -(-row["images"] // 8), -(-row["warmup"] // 8))
+    # its iterator went with the dict above: this shuts the DataLoader down, so the workers' peak is in RUSAGE_CHILDREN
+    del loader
     gc.collect()
     time.sleep(0.5)
-    return {"loader": made / elapsed, "peak_rss_mib": harness.peak_rss_bytes(resource.RUSAGE_CHILDREN) / 2**20}
+    return {"loader": 8 * len(timed["loader"]["times_s"]) / sum(timed["loader"]["times_s"]),
+            "peak_rss_mib": harness.peak_rss_bytes(resource.RUSAGE_CHILDREN) / 2**20}
 
 
 def images(args: argparse.Namespace) -> List[list]:
     with tempfile.TemporaryDirectory(prefix="readers_") as folder:
-        filelist, kilobytes = make_parts(Path(folder), args.images + args.warmup, args.lines_per_part)
+        filelist, kilobytes = harness.laion_parts(folder, args.images + args.warmup, lines_per_part=args.lines_per_part)
         part_mib = os.path.getsize(Path(folder) / "part-00000.gz") / 2**20
-        print(f"{args.images} timed images (+{args.warmup} warm-up), JPEG q90 of {len(photo_files())} photos, "
+        print(f"{args.images} timed images (+{args.warmup} warm-up), JPEG q90 of {len(harness.photo_files())} photos, "
               f"shorter side 400-1000 px, mean {kilobytes:.0f} KiB; parts of {args.lines_per_part} lines "
               f"({part_mib:.1f} MiB gzip); {os.cpu_count()} CPUs, OMP_NUM_THREADS=1\n")
         rows = []

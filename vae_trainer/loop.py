@@ -135,7 +135,7 @@ class Run:
         try:
             vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator,
                                                   step)
-        finally:  # (train() may be called again in this process: benchmarks/ablation.py)
+        finally:  # (train() may be called again in this process: benchmarks/rgba_views.py)
             watchdog.stop()
         return {"vae": vae_dir, "discriminator": disc_dir, "logs": self.args.logging_dir}
 
