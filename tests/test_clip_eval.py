@@ -141,7 +141,7 @@ def test_the_training_evaluator_measures_clips_into_eval_metrics_and_visualdl(wa
     evaluator = TrainingEvaluator(data_args, args, lpips=FrameMeanError())
     evaluator.run(2, wan[0], None, monitor, SimpleNamespace(log_history=[], best_metric=None))
     monitor.close()
-    assert asked == {"num_frames": 5, "frame_stride": 2}
+    assert asked == {"num_frames": 5, "frame_stride": 2, "channels": 3}  # Wan: RGB
     record = json.loads((tmp_path / "eval_metrics.jsonl").read_text())
     assert CLIP_KEYS | {"lpips"} <= set(record["metrics"]) and record["num_images"] == 3
     assert "frames 0, 2, ..., 8 (--num_frames 5, --frame_stride 2)" in record["protocol"]["clips"]
@@ -194,7 +194,7 @@ def test_eval_vae_on_clips_writes_the_clip_metrics_and_protocol(wan, tmp_path, m
     script.main(["--vae", wan[1], "--data", "clips_dir", "--resolution", str(SIZE), "--num_images", "2",
                  "--num_frames", "5", "--frame_stride", "3", "--output_dir", str(out),
                  "--lpips_weights", os.path.join(REPO, "weights", "lpips_vgg16.pdparams")])
-    assert asked == {"num_frames": 5, "frame_stride": 3, "num_images": 2}
+    assert asked == {"num_frames": 5, "frame_stride": 3, "num_images": 2, "channels": 3}
     summary = json.loads((out / "metrics.json").read_text())
     assert CLIP_KEYS | {"lpips"} <= set(summary["metrics"])
     for name in CLIP_KEYS:
