@@ -68,6 +68,29 @@ def test_a_scale_always_shrinks_and_a_constant_stays_constant():
     assert np.abs(resize(constant, (7, 13)).numpy() - 0.37).max() < 1e-6  # the weights sum to 1
 
 
+def test_a_scale_keeps_the_latent_sides_the_decoder_takes():
+    """LTX-2's reflect-padded decoder takes latent sides of 2 at least (Geometry.min_latent_side): a scale drawn for
+    it never goes below, where a 1x1 latent would fail its decode at that step."""
+    from test_autoencoder_kl_ltx2 import CONFIGS
+
+    from vae_trainer.models.families import family_for_config
+
+    config = {**CONFIGS["noncausal"], "decoder_spatial_padding_mode": "reflect"}
+    family = family_for_config({"_class_name": "AutoencoderKLLTX2Video", **config})
+    min_side = family.geometry(config).min_latent_side
+    assert min_side == 2
+    latent = paddle.randn([1, config["latent_channels"], 4, 4])
+    assert Transform("scale", scale=0.25).latent(latent, (128, 128)).shape[2:] == [1, 1]  # without the bound
+    bounded = Transform("scale", scale=0.25, min_side=min_side).latent(latent, (128, 128))
+    assert bounded.shape[2:] == [2, 2]
+    vae = family.build({"_class_name": "AutoencoderKLLTX2Video", **config}, "test")
+    vae.eval()
+    with paddle.no_grad():
+        assert family.decode(vae, bounded.unsqueeze(2)).shape[-2:] == [64, 64]
+    drawn = {draw(0, step, 0, 1.0, 0.25, ("scale",), min_side).latent_size(4, 4, (32, 32)) for step in range(50)}
+    assert min(min(size) for size in drawn) == 2
+
+
 @pytest.mark.parametrize("turns", [1, 2, 3])
 def test_rotation_turns_latent_and_image_together(turns):
     rng = np.random.default_rng(turns)

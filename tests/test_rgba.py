@@ -130,6 +130,32 @@ def test_images_without_alpha_are_opaque_counted_logged_and_summarised_not_skipp
     assert "data: no training record was skipped" in summary
 
 
+@pytest.mark.parametrize("channels", [4, 3])
+def test_a_four_channel_vaes_clips_are_opaque_rgba_and_counted(tmp_path, channels):
+    """Video has no alpha: each frame of a 4-channel VAE's clip is opaque RGBA (counted as an image without alpha is),
+    in training and in evaluation; a 3-channel VAE's clips are RGB as before."""
+    import av
+
+    path = tmp_path / "clip.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width = stream.height = RES
+        stream.pix_fmt = "yuv420p"
+        for i in range(7):
+            frame = np.full((RES, RES, 3), 30 * i, np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    batch = next(iter(build_train_dataloader(str(tmp_path), RES, 1, 0, 0, 0, 1, channels=channels, num_frames=5)))
+    clip = batch["pixel_values"].numpy()
+    assert clip.shape == (1, channels, 5, RES, RES)
+    counted = dict(zip(SKIP_REASONS, [int(value) for value in batch["position"]][3:3 + len(SKIP_REASONS)]))
+    assert counted[OPAQUE] == (1 if channels == 4 else 0)
+    if channels == 4:
+        assert np.all(clip[:, 3] == 1.0)  # opaque alpha in every frame
+    held_out = next(iter(build_eval_dataloader(str(tmp_path), RES, 1, 0, 1, 1, num_frames=5, channels=channels)))
+    assert held_out["pixel_values"].shape[:3] == [1, channels, 5]
+
+
 # ---- what the objective's RGB networks and the discriminator see
 
 def random_rgba(seed=0, size=16) -> paddle.Tensor:

@@ -147,7 +147,7 @@ class TrainStep:
         the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
         model, args = self.model, self.loss_args
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
-                         self.transforms)
+                         self.transforms, model.family.geometry(model.vae.config).min_latent_side)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
         taught = self.teacher.latents(clean) if self.teacher is not None else None  # distillation's targets

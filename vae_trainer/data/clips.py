@@ -84,7 +84,7 @@ def _decode(container, stream, rate: Fraction, start: int, span: int, stride: in
 
 def crop_frames(frames: list[Image.Image], size: tuple[int, int], rng: np.random.Generator, random_flip: bool,
                 random_crop: bool) -> np.ndarray:
-    """uint8 [T, H, W, 3]: every frame cropped and flipped as the first (images.crop, the same draws)."""
+    """uint8 [T, H, W, C]: every frame cropped and flipped as the first (images.crop, the same draws)."""
     state, cropped = rng.bit_generator.state, []
     for frame in frames:
         rng.bit_generator.state = state

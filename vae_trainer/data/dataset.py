@@ -26,7 +26,7 @@ LOGGED_PER_FILE = 3
 
 @dataclass
 class _Sample:
-    pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, 3]
+    pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, C]
     bucket: tuple[int, int]  # (frames, shape index)
     epoch: int
     index: int  # record index in the shard epoch
@@ -42,7 +42,7 @@ class _EpochEnd:
 class ImageStream(RaisesInMainThread):
     """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
     probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
-    samples (float32 [C,H,W] or [3,T,H,W] in [-1, 1] and their position). `channels` 4: images keep their alpha
+    samples (float32 [C,H,W] or [C,T,H,W] in [-1, 1] and their position). `channels` 4: images keep their alpha
     (RGBA), and one without is read as opaque and counted (position.OPAQUE)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
@@ -147,7 +147,7 @@ class ImageStream(RaisesInMainThread):
         return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
-        """(bucket, uint8 crop [H, W, C] or clip [T, H, W, 3]) of a record; None if unusable (counted if `count`)."""
+        """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
         payload, draws, video, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), None, False
         try:
             if isinstance(payload, Damaged):
@@ -159,6 +159,8 @@ class ImageStream(RaisesInMainThread):
             if video is not None:
                 frames = read_window(video, self.num_frames, self.frame_stride, draws, self.first_windows,
                                      self.video_image_ratio, self.min_image_size, self.max_image_pixels)
+                if self.alpha:  # video carries no alpha: a 4-channel VAE's clips are opaque, counted as images are
+                    frames, opaque = [frame.convert("RGBA") for frame in frames], True
                 image = frames[0]
             elif self.first_windows and self.num_frames > 1:
                 raise BadImage("not_video", "an image (clips are evaluated on videos only)")

@@ -124,7 +124,7 @@ def _to_rgb(image: Image.Image, alpha: bool = False) -> Image.Image:
     if image.mode == "RGB" and "transparency" not in image.info:
         return image.convert("RGBA") if alpha else image  # (RGB: convert() would copy it)
     if has_alpha(image):
-        rgba = image.convert("RGBA")
+        rgba = image if image.mode == "RGBA" else image.convert("RGBA")  # (convert() would copy an RGBA image)
         return rgba if alpha else Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)),
                                                         rgba).convert("RGB")
     try:

@@ -61,13 +61,14 @@ class Transform:
     kind: str
     scale: float = 1.0
     quarter_turns: int = 0
+    min_side: int = 1  # the smallest latent side the decoder takes (Geometry.min_latent_side: LTX-2's reflect pads)
 
     def latent_size(self, height: int, width: int, factors: Sequence[int]) -> Tuple[int, int]:
         """tau's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
         if self.kind == "rotate":
             return (width, height) if self.quarter_turns % 2 else (height, width)
-        return (scaled_size(height, self.scale, -(-MIN_SCALED_SIDE // factors[0])),
-                scaled_size(width, self.scale, -(-MIN_SCALED_SIDE // factors[1])))
+        return (scaled_size(height, self.scale, max(-(-MIN_SCALED_SIDE // factors[0]), self.min_side)),
+                scaled_size(width, self.scale, max(-(-MIN_SCALED_SIDE // factors[1]), self.min_side)))
 
     def latent(self, latent: paddle.Tensor, image_size: Sequence[int]) -> paddle.Tensor:
         """tau(z) of a [B, C, h, w] latent of images of `image_size` (H, W)."""
@@ -94,8 +95,9 @@ def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
 
 
 def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
-         transforms: Sequence[str]) -> Optional[Transform]:
-    """The transform of micro-batch `micro_batch` of optimizer step `step`, or None (the plain objective)."""
+         transforms: Sequence[str], min_side: int = 1) -> Optional[Transform]:
+    """The transform of micro-batch `micro_batch` of optimizer step `step`, or None (the plain objective); a scale
+    keeps latent sides of at least `min_side`."""
     if prob <= 0:
         return None
     rng = np.random.default_rng([_STREAM, seed, step, micro_batch])
@@ -104,7 +106,7 @@ def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
     kind = transforms[int(rng.integers(len(transforms)))]
     if kind == "rotate":
         return Transform("rotate", quarter_turns=int(rng.integers(1, 4)))
-    return Transform("scale", scale=float(rng.uniform(min_scale, 1.0)))
+    return Transform("scale", scale=float(rng.uniform(min_scale, 1.0)), min_side=min_side)
 
 
 @lru_cache(maxsize=64)
