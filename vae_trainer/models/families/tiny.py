@@ -17,6 +17,7 @@ import paddle
 from ppdiffusers import AutoencoderTiny
 
 from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults
+from ..initialisation import init_like_pytorch
 from ..latent_normalisation import Fixed
 
 CLASS_NAME = "AutoencoderTiny"
@@ -54,6 +55,9 @@ class TinyFamily(Family):
                 raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {CLASS_NAME} builds only {value!r}")
         vae = self.network.from_config({k: v for k, v in config.items() if k not in RETIRED_KEYS})
         if fresh:
+            # PyTorch's spread, not Paddle's Kaiming-normal one: with that, a fresh encoder's output RMS is ~37 for
+            # normalised latents of RMS ~0.3, and its first steps only shrink it (docs/distillation.md, issue 53).
+            init_like_pytorch(vae)
             init_mid_grey(vae)  # a fresh student's first decodes are grey, not anywhere in several units
         return vae
 
