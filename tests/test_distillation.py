@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
-from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, trainer_args
+from family_parity import (DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, mean_psnr,
+                           trainer_args)
 
 TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
 TEACHER.pop("_class_name")
@@ -141,6 +142,36 @@ def test_distillation_improves_the_student_and_eval_vae_measures_it_beside_the_t
     # The in-training evaluation measured the same numbers at the end.
     final = json.loads(open(os.path.join(runs["loop"], "eval_metrics.jsonl")).read().splitlines()[-1])
     assert final["metrics"]["latent_mse"] == pytest.approx(after["latent_mse"], rel=1e-4)
+
+
+def test_the_student_beside_its_teacher_is_measured_in_diffusers_own_terms(runs, teacher, held_out_32, tmp_path):
+    """Issue 53: eval_vae.py --teacher and the in-training evaluation give diffusers' numbers, computed here from
+    diffusers' own encode and decodes: psnr_vs_teacher is the student's decode of the teacher's normalised posterior
+    mode against the teacher's decode of that mode, both clamped to [-1, 1], PSNR on [0, 1] per image, averaged."""
+    images = folder_pixels(held_out_32)[:4]
+    batch, work = DiffusersBatch(tmp_path), {name: tmp_path / name for name in ("teacher", "student")}
+    for folder in work.values():
+        folder.mkdir()
+    theirs = batch.run("AutoencoderKL", os.path.join(teacher, "vae"), images, work["teacher"])
+    batch.flush()
+    theirs = theirs()
+    normalised = ((theirs["latent"] - TEACHER["shift_factor"]) * TEACHER["scaling_factor"]).astype(np.float32)
+    student = batch.run("AutoencoderTiny", os.path.join(runs["loop"], "vae"), images, work["student"],
+                        latents=normalised)
+    batch.flush()
+    student = student()
+    expected = {"psnr_vs_teacher": mean_psnr(student["decoded_latents"], np.clip(theirs["decoded"], -1, 1)),
+                "psnr": mean_psnr(student["decoded_latents"], images),
+                "teacher_psnr": mean_psnr(theirs["decoded"], images),
+                "latent_mse": float(((student["latent"] - normalised) ** 2).mean())}
+    ours = load_script("eval_vae").main([
+        "--vae", os.path.join(runs["loop"], "vae"), "--teacher", teacher, "--teacher_subfolder", "vae", "--data",
+        held_out_32, "--resolution", "32", "--num_images", "4", "--skip_lpips", "--output_dir",
+        str(tmp_path / "eval")]).metrics
+    in_training = json.loads(open(os.path.join(runs["loop"], "eval_metrics.jsonl")).read().splitlines()[-1])["metrics"]
+    for name, value in expected.items():
+        assert ours[name] == pytest.approx(value, abs=1e-3 if "psnr" in name else 1e-5), name
+        assert in_training[name] == pytest.approx(value, abs=1e-3 if "psnr" in name else 1e-5), name
 
 
 @pytest.fixture(scope="module")
