@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
-from family_parity import DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, trainer_args
+from family_parity import (DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, mean_psnr,
+                           trainer_args)
 
 TEACHER = {**json.load(open(os.path.join(REPO, "configs", "vae_micro.json"))), "scaling_factor": 0.5, "shift_factor": 0.2}
 TEACHER.pop("_class_name")
@@ -133,7 +134,8 @@ def test_distillation_improves_the_student_and_eval_vae_measures_it_beside_the_t
     after = evaluate(["--vae", os.path.join(runs["loop"], "vae"), "--output_dir", str(tmp_path / "after"),
                       *common]).metrics
     assert after["psnr"] > before["psnr"] + 1.0
-    assert after["latent_mse"] < 0.5 * before["latent_mse"]
+    # (a fresh encoder puts out about 0, PyTorch's small draw: its error is the latents' mean square, not ~1e3)
+    assert after["latent_mse"] < 0.9 * before["latent_mse"]
     assert after["teacher_psnr"] == pytest.approx(before["teacher_psnr"])  # the same teacher, the same images
     record = json.load(open(tmp_path / "after" / "metrics.json"))
     assert {"psnr_vs_teacher", "ssim_vs_teacher", "latent_mse", "decode_ms", "teacher_decode_ms"} <= set(
@@ -141,6 +143,36 @@ def test_distillation_improves_the_student_and_eval_vae_measures_it_beside_the_t
     # The in-training evaluation measured the same numbers at the end.
     final = json.loads(open(os.path.join(runs["loop"], "eval_metrics.jsonl")).read().splitlines()[-1])
     assert final["metrics"]["latent_mse"] == pytest.approx(after["latent_mse"], rel=1e-4)
+
+
+def test_the_student_beside_its_teacher_is_measured_in_diffusers_own_terms(runs, teacher, held_out_32, tmp_path):
+    """Issue 53: eval_vae.py --teacher and the in-training evaluation give diffusers' numbers, computed here from
+    diffusers' own encode and decodes: psnr_vs_teacher is the student's decode of the teacher's normalised posterior
+    mode against the teacher's decode of that mode, both clamped to [-1, 1], PSNR on [0, 1] per image, averaged."""
+    images = folder_pixels(held_out_32)[:4]
+    batch, work = DiffusersBatch(tmp_path), {name: tmp_path / name for name in ("teacher", "student")}
+    for folder in work.values():
+        folder.mkdir()
+    theirs = batch.run("AutoencoderKL", os.path.join(teacher, "vae"), images, work["teacher"])
+    batch.flush()
+    theirs = theirs()
+    normalised = ((theirs["latent"] - TEACHER["shift_factor"]) * TEACHER["scaling_factor"]).astype(np.float32)
+    student = batch.run("AutoencoderTiny", os.path.join(runs["loop"], "vae"), images, work["student"],
+                        latents=normalised)
+    batch.flush()
+    student = student()
+    expected = {"psnr_vs_teacher": mean_psnr(student["decoded_latents"], np.clip(theirs["decoded"], -1, 1)),
+                "psnr": mean_psnr(student["decoded_latents"], images),
+                "teacher_psnr": mean_psnr(theirs["decoded"], images),
+                "latent_mse": float(((student["latent"] - normalised) ** 2).mean())}
+    ours = load_script("eval_vae").main([
+        "--vae", os.path.join(runs["loop"], "vae"), "--teacher", teacher, "--teacher_subfolder", "vae", "--data",
+        held_out_32, "--resolution", "32", "--num_images", "4", "--skip_lpips", "--output_dir",
+        str(tmp_path / "eval")]).metrics
+    in_training = json.loads(open(os.path.join(runs["loop"], "eval_metrics.jsonl")).read().splitlines()[-1])["metrics"]
+    for name, value in expected.items():
+        assert ours[name] == pytest.approx(value, abs=1e-3 if "psnr" in name else 1e-5), name
+        assert in_training[name] == pytest.approx(value, abs=1e-3 if "psnr" in name else 1e-5), name
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +335,9 @@ def test_each_family_s_teacher_gives_its_student_the_pipelines_latents_and_is_me
     assert family_of(student) is TINY and result.num_images == 2
     expected = float(psnr(to_unit_range(images), to_unit_range(own)).mean())
     assert result.metrics["teacher_psnr"] == pytest.approx(expected, rel=1e-5)
-    # A fresh student decodes mid-grey: its PSNR is that of a grey image.
+    # A fresh student decodes about mid-grey (PyTorch's small weights, bias 0.5): its PSNR near a grey image's.
     grey = float(psnr(to_unit_range(images), paddle.full_like(images, 0.5)).mean())
-    assert result.metrics["psnr"] == pytest.approx(grey, rel=1e-4)
+    assert result.metrics["psnr"] == pytest.approx(grey, abs=1.0)
 
 
 def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs(tmp_path):
@@ -357,3 +389,38 @@ def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs
                 assert any(np.array_equal(condition, row) for row in taught)
         step.optimizer_step(k)
     assert replayed > 0
+
+
+def test_a_fresh_student_s_encoder_learns_latents_of_small_variance():
+    """Issue 53: a fresh student built with Paddle's Kaiming-normal convs put out latents of RMS ~37 (here ~1-2) for
+    normalised latents of RMS ~0.3, and spent its steps shrinking them: 80 encoder steps (AdamW 0.5 / 0.9, lr 1e-3,
+    clip 1) left 0.37-0.42 of the latents' variance unexplained here, against 0.13-0.17 from PyTorch's initialisation.
+    The target: a fixed linear map of the 8x8-pooled photos (16 channels, per-channel variance ~0.06)."""
+    import paddle
+    import skimage.data
+
+    from vae_trainer.models.family import Geometry
+    from vae_trainer.models.families.tiny import TINY, student_config
+
+    paddle.seed(0)
+    student = TINY.build(student_config(Geometry(8, 8, 16), width=16, depth=1), "student", fresh=True)
+    photos, rng = (skimage.data.coffee(), skimage.data.astronaut(), skimage.data.chelsea()), np.random.default_rng(0)
+    crops = []
+    for k in range(16):
+        photo = photos[k % 3]
+        y, x = rng.integers(0, photo.shape[0] - 32), rng.integers(0, photo.shape[1] - 32)
+        crops.append(photo[y:y + 32, x:x + 32])
+    images = paddle.to_tensor(np.stack(crops).astype(np.float32).transpose(0, 3, 1, 2) / 127.5 - 1)
+    mix = paddle.to_tensor(np.random.default_rng(1).normal(0, 0.3, (16, 3)).astype(np.float32))
+    target = paddle.einsum("oc,nchw->nohw", mix, paddle.nn.functional.avg_pool2d(images, 8)) + 0.1
+    variance = float(target.var(axis=[0, 2, 3], unbiased=False).mean())
+    encode = lambda x: TINY.encode(student, x).mode()
+    assert float(encode(images).square().mean().sqrt()) < 0.25  # PyTorch's spread: ~0.05; Paddle's: 0.8-2
+    optimizer = paddle.optimizer.AdamW(1e-3, parameters=student.encoder.parameters(), beta1=0.5, beta2=0.9,
+                                       weight_decay=0.0, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    for step in range(80):
+        rows = slice(4 * step % 16, 4 * step % 16 + 4)
+        (encode(images[rows]) - target[rows]).square().mean().backward()
+        optimizer.step()
+        optimizer.clear_grad()
+    assert float((encode(images) - target).square().mean()) < 0.25 * variance

@@ -15,7 +15,6 @@ missing, unexpected or mismatched key. Float32 outputs, tiled encode / decode in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -29,6 +28,8 @@ from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_sta
 from ppdiffusers.models.modeling_utils import ModelMixin
 from ppdiffusers.models.vae import DecoderOutput as _PPDecoderOutput
 from ppdiffusers.utils import BaseOutput
+
+from .initialisation import init_like_pytorch
 
 COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
 HALF_DTYPES = (paddle.float16, paddle.bfloat16)
@@ -621,23 +622,6 @@ def _pad_to_multiple(tile: paddle.Tensor, factor: int) -> paddle.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- weights
-
-
-def init_like_pytorch(model: nn.Layer) -> None:
-    """Conv and Linear weights and biases drawn as PyTorch's defaults draw them, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-    (kaiming_uniform with a=sqrt(5)), from Paddle's global RNG: a fresh model starts where diffusers' would,
-    not from Paddle's Kaiming-normal convs (about 2.4x wider) and Xavier Linears. Norms keep ones and zeros."""
-    for layer in model.sublayers(include_self=True):
-        if isinstance(layer, (nn.Conv2D, nn.Linear)):
-            weight = layer.weight
-            # Paddle's Linear weight is (in, out); a Conv2D's is (out, in / groups, kh, kw).
-            fan_in = weight.shape[0] if isinstance(layer, nn.Linear) else math.prod(weight.shape[1:])
-            bound = 1.0 / math.sqrt(fan_in)
-            with paddle.no_grad():
-                weight.set_value(paddle.uniform(weight.shape, dtype=weight.dtype, min=-bound, max=bound))
-                if layer.bias is not None:
-                    layer.bias.set_value(paddle.uniform(layer.bias.shape, dtype=layer.bias.dtype, min=-bound,
-                                                        max=bound))
 
 
 def state_dict_from_diffusers(model: AutoencoderDC,

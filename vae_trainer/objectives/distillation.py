@@ -17,7 +17,8 @@ from ..metrics import MetricAccumulator, psnr, ssim, to_unit_range
 Tensor = paddle.Tensor
 # How its metrics are made (evaluation.py states them in the protocol).
 DEFINITIONS = {
-    **{f"{name}_vs_teacher": f"{name} of the student's decode against the teacher's decode of the teacher's latents"
+    **{f"{name}_vs_teacher": f"{name} of the student's decode of the teacher's normalised posterior mode against the "
+                             "teacher's decode of that mode, both clamped to [-1, 1]"
        for name in ("psnr", "ssim", "lpips")},
     **{f"teacher_{name}": f"{name} of the teacher's own reconstruction (encode, decode)" for name in ("psnr", "ssim",
                                                                                                       "lpips")},
