@@ -212,6 +212,30 @@ def test_pytorch_diffusers_folders_with_other_weight_files_load(tmp_path, weight
     np.testing.assert_allclose(paddle_reconstruct(vae, images), torch_reconstruct(source, images), atol=1e-4)
 
 
+def test_a_bfloat16_diffusers_folder_loads_in_a_fresh_process(tmp_path):
+    """FLUX.1's published VAE ships bfloat16 safetensors, which safetensors.numpy cannot read (numpy has no
+    bfloat16): a fresh process, before anything imports ppdiffusers' loader (whose import patches that table), loads
+    it to float32 weights equal to the file's bfloat16 values."""
+    import subprocess
+    import sys
+
+    import torch
+
+    source = make_torch_vae(MICRO, seed=5).to(torch.bfloat16)
+    source.save_pretrained(str(tmp_path / "vae"))
+    script = (f"import numpy as np; from vae_trainer.models.vae_loading import build_vae\n"
+              f"vae = build_vae(pretrained_model_name_or_path={str(tmp_path)!r}, subfolder='vae')\n"
+              f"np.savez({str(tmp_path / 'read.npz')!r}, **{{k: v.numpy() for k, v in vae.state_dict().items()}})")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=os.path.dirname(CONFIG_DIR),
+                   env={**os.environ, "PYTHONPATH": os.path.dirname(CONFIG_DIR)})
+    read = np.load(tmp_path / "read.npz")
+    theirs = {k: v.float().numpy() for k, v in source.state_dict().items()}
+    weight = "encoder.conv_in.weight"
+    assert read[weight].dtype == np.float32 and np.abs(read[weight]).max() > 0
+    np.testing.assert_array_equal(read[weight], theirs[weight])
+    assert read["decoder.conv_out.bias"].tolist() == theirs["decoder.conv_out.bias"].tolist()
+
+
 def test_pytorch_files_load_without_torch(tmp_path):
     """USE_TORCH=0, as users without torch run (ppdiffusers' own torch-free reader fails under numpy 2 on np.cfloat):
     a .bin folder and a whole-SD .ckpt load to the weights the in-process loader reads, and torch is never imported."""

@@ -1,11 +1,12 @@
 """PyTorch weight files read without torch (`read_state_dict`): a torch.save pickle unpickles tensors, dicts and plain
-values only (no code runs). ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
+values only (no code runs); a .safetensors file is read from its documented layout, bfloat16 included. ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import json
 import pickle
 import zipfile
 
@@ -22,6 +23,23 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple
     return _from_bfloat16(np.array(view))
 
 
+# safetensors' dtypes as numpy's; BF16 as its bits (safetensors.numpy refuses it: numpy has no bfloat16).
+_SAFETENSORS = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def _read_safetensors(path: str) -> dict:
+    """A .safetensors file's tensors as numpy: its format is an 8-byte little-endian header size, a JSON header of
+    {name: {dtype, shape, data_offsets}} and the tensors' bytes (github.com/huggingface/safetensors, "Format")."""
+    with open(path, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header, data = json.loads(handle.read(size)), handle.read()
+    header.pop("__metadata__", None)
+    return {name: _from_bfloat16(np.frombuffer(data[entry["data_offsets"][0]:entry["data_offsets"][1]],
+                                               _SAFETENSORS[entry["dtype"]]).reshape(entry["shape"]).copy())
+            for name, entry in header.items()}
+
+
 _STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
              "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8,
              "BoolStorage": np.bool_}
@@ -35,9 +53,7 @@ _ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
 def read_state_dict(path: str) -> dict:
     """The arrays of a .safetensors or torch.save file as numpy (nested dicts kept; bfloat16 as float32)."""
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
-
-        return {name: _from_bfloat16(value) for name, value in load_file(path).items()}
+        return _read_safetensors(path)
     if not zipfile.is_zipfile(path):  # torch.save before 1.6: a plain pickle, which torch itself reads
         import torch  # without torch: ModuleNotFoundError
 
