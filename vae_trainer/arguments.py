@@ -69,9 +69,9 @@ def device_name(value: str) -> str:
 class ModelArguments:
     _group = "model"
 
-    vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; _class_name: "
-                                                "AutoencoderKL, AutoencoderKLFlux2, AutoencoderDC, AutoencoderRAE, "
-                                                "AutoencoderKLWan, AutoencoderKLQwenImage).")
+    vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; its "
+                                                "_class_name: any family of vae_trainer/models/families/, "
+                                                "docs/fine-tuning.md).")
     rae_encoder_path: Optional[str] = flag(None, "AutoencoderRAE from scratch: its frozen DINOv2 (transformers folder, "
                                                  "timm / torch-hub file); widths, patch and depth come from it.")
     noise_tau: Optional[float] = flag(None, "AutoencoderRAE: training noise on the encoder's tokens, std ~ U(0, tau) "
