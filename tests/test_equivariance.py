@@ -12,8 +12,8 @@ from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point, 
 
 from vae_trainer.step import logged_images
 from vae_trainer.argument_parser import parse_arguments
-from vae_trainer.objectives.equivariance import (MIN_SCALED_SIDE, Transform, draw, halved_pair, parse_transforms,
-                                      resize, scaled_size)
+from vae_trainer.objectives.equivariance import (MIN_SCALED_SIDE, Transform, draw, equivariance_pairs,
+                                      parse_transforms, resize, scaled_size)
 
 FACTORS = (4, 8)
 LATENT_SIZES = [(8, 8), (7, 5), (3, 9), (2, 2), (5, 1), (32, 17)]
@@ -107,7 +107,7 @@ def test_rotation_turns_latent_and_image_together(turns):
 def test_the_halved_pair_of_the_diagnostics_follows_a_super_resolving_decoder():
     """The image's size follows the decoder (H / h per axis), not the encoder: with odd latents too."""
     latent, images = paddle.zeros([1, 4, 7, 5]), paddle.zeros([1, 3, 7 * 16, 5 * 16])
-    z, x = halved_pair(latent, images)
+    z, x = equivariance_pairs(lambda half: half, images, latent)["scale_equivariance_psnr"]
     assert tuple(z.shape[2:]) == (3, 2) and tuple(x.shape[2:]) == (48, 32)
 
 

@@ -133,23 +133,18 @@ def resize(tensor: paddle.Tensor, size: Tuple[int, int]) -> paddle.Tensor:
     return paddle.matmul(paddle.matmul(rows, tensor), cols, transpose_y=True)
 
 
-def halved_pair(latent: paddle.Tensor, images: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """(down2(z), down2(x)) of the scale-equivariance diagnostic: the latent halved (sides >= 1), the images alike."""
-    (h, w), (height, width) = latent.shape[2:], images.shape[2:]
-    half = max(1, h // 2), max(1, w // 2)
-    with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
-        target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
-    return resize(latent, half), target
-
-
 def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images: paddle.Tensor,
                        latents: paddle.Tensor, scale: bool = True) -> dict[str, tuple[paddle.Tensor, paddle.Tensor]]:
     """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs, one decode each; the scale one only if
-    `scale` (not for a decoder of one input grid and output size: RAE's)."""
+    `scale` (not for a decoder of one input grid and output size: RAE's). The scale one's tau halves the latent
+    (sides >= 1) and the images alike (H / h per axis: the decoder's factor)."""
     pairs = {}
     if scale:
-        half_latents, half_images = halved_pair(latents, images)
-        pairs["scale_equivariance_psnr"] = (decode(half_latents), half_images)
+        (h, w), (height, width) = latents.shape[2:], images.shape[2:]
+        half = max(1, h // 2), max(1, w // 2)
+        with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
+            target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
+        pairs["scale_equivariance_psnr"] = (decode(resize(latents, half)), target)
     rotation = Transform("rotate", quarter_turns=1)
     pairs["rotation_equivariance_psnr"] = (decode(rotation.latent(latents, images.shape[2:])),
                                            rotation.images(images, latents.shape[2:]))
