@@ -19,7 +19,7 @@ from vae_trainer.arguments import LossArguments, VAETrainingArguments
 from vae_trainer.objectives.gan import discriminator_objective, generator_loss
 from vae_trainer.objectives import frames, vae_objective
 from vae_trainer.objectives.reconstruction import kl_loss
-from vae_trainer.objectives.clips import lpips_subset, temporal_loss
+from vae_trainer.objectives.clips import flicker, lpips_subset
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator, init_discriminator_from, save_discriminator
 from vae_trainer.models.recompute import enable_recompute
@@ -85,12 +85,12 @@ def test_lpips_on_k_frames_per_clip_is_drawn_from_seed_step_and_micro_batch(lpip
 def test_the_temporal_term_on_known_pairs():
     x = rand(B, 3, T, 8, 8, seed=3)
     offset = rand(1, 3, 1, 8, 8, seed=4)  # a constant error per pixel over time: no flicker
-    assert temporal_loss(x, x + offset).item() == pytest.approx(0.0, abs=1e-7)
+    assert flicker(x, x + offset).mean().item() == pytest.approx(0.0, abs=1e-7)
     ramp = paddle.arange(T, dtype="float32").reshape([1, 1, T, 1, 1]) * 0.1  # frame t is off by 0.1 t: 0.1 each
-    assert temporal_loss(x, x + ramp).item() == pytest.approx(0.1, rel=1e-5)
+    assert flicker(x, x + ramp).mean().item() == pytest.approx(0.1, rel=1e-5)
     recon = rand(B, 3, T, 8, 8, seed=5)
     dx, dr = np.diff(x.numpy(), axis=2), np.diff(recon.numpy(), axis=2)
-    assert temporal_loss(x, recon).item() == pytest.approx(np.abs(dx - dr).mean(), rel=1e-6)
+    assert flicker(x, recon).mean().item() == pytest.approx(np.abs(dx - dr).mean(), rel=1e-6)
 
 
 @pytest.mark.parametrize("balancing", ["none", "gradnorm"])
@@ -105,7 +105,7 @@ def test_the_temporal_term_is_a_reconstruction_head_in_the_nll(balancing):
     grad[:, :, :-1] += sign
     grad[:, :, 1:] -= sign
     grad /= sign.size
-    assert loss.logs["loss/temporal"].item() == pytest.approx(temporal_loss(x, recon).item(), rel=1e-6)
+    assert loss.logs["loss/temporal"].item() == pytest.approx(flicker(x, recon).mean().item(), rel=1e-6)
     if balancing == "none":
         assert loss.logs["loss/nll"].item() == pytest.approx(weight * loss.logs["loss/temporal"].item(), rel=1e-6)
         np.testing.assert_allclose(loss.recon_grad.numpy(), weight * grad, rtol=1e-5, atol=1e-9)
@@ -156,7 +156,7 @@ def test_the_gan_gradient_reaches_the_vae_through_the_adaptive_weight(disc_type,
                          last_layer=last, gan_weight=0.5, latent=z)
     x_hat = recon.detach()
     x_hat.stop_gradient = False
-    nll = (x - x_hat).abs().mean() + 0.5 * temporal_loss(x, x_hat)
+    nll = (x - x_hat).abs().mean() + 0.5 * flicker(x, x_hat).mean()
     gan = generator_loss(disc(x_hat if disc_type == "patchgan3d" else frames(x_hat)))
     nll_grad, gan_grad = paddle.grad(nll, x_hat)[0], paddle.grad(gan, x_hat)[0]
     at_w = [paddle.grad(recon, [last, z], grad_outputs=g, retain_graph=True)[0] for g in (nll_grad, gan_grad)]

@@ -24,7 +24,7 @@ import numpy as np
 import paddle
 
 from .alignment import VFTerm, weighted_vf_term
-from .clips import temporal_loss
+from .clips import flicker
 from .gan import generator_term, weighted_gan_term
 from .reconstruction import kl_loss, latent_penalty, normalize_gradient, over_grey, pixel_loss, pixel_term
 from ..metrics import fold_frames as frames
@@ -74,7 +74,7 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     perceptual = (lpips(over_grey(frame_x), over_grey(frame_hat)).astype("float32").mean() if use_lpips
                   else paddle.zeros([], "float32"))
     temporal_weight = loss_args.temporal_loss_weight if x.ndim == 5 else 0.0  # none between an image's frames
-    temporal = temporal_loss(x, x_hat) if temporal_weight > 0 else paddle.zeros([], "float32")
+    temporal = flicker(x, x_hat).mean() if temporal_weight > 0 else paddle.zeros([], "float32")
     head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}
     head_logs.update({"loss/temporal": temporal} if temporal_weight > 0 else {})
     if posterior_logvar is None:  # a deterministic latent: no posterior, no KL term

@@ -64,12 +64,6 @@ DEFINITIONS = {
 }
 
 
-def temporal_loss(x: Tensor, recon: Tensor) -> Tensor:
-    """mean |(x[t+1] - x[t]) - (recon[t+1] - recon[t])| over the consecutive frames of clips [B, C, T, H, W]."""
-    x, recon = x.astype("float32"), recon.astype("float32")
-    return ((x[:, :, 1:] - x[:, :, :-1]) - (recon[:, :, 1:] - recon[:, :, :-1])).abs().mean()
-
-
 def lpips_subset(seed: int, step: int, micro_batch: int, shape: Sequence[int], k: int) -> Optional[np.ndarray]:
     """The rows of `frames(x)` LPIPS scores for a batch of `shape`: K frames of each clip, drawn from (seed, step,
     micro-batch) alone (both drivers and a resume draw the same), or None: every frame (K = 0, images)."""
@@ -80,7 +74,8 @@ def lpips_subset(seed: int, step: int, micro_batch: int, shape: Sequence[int], k
 
 
 def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of [0, 1] clips [B, C, T, H, W] (0: a constant error)."""
+    """Per clip [B]: mean |(x[t+1] - x[t]) - (y[t+1] - y[t])| of clips [B, C, T, H, W] (0: a constant error): the
+    metric on [0, 1] clips; its mean over the clips, of [-1, 1] ones, is the temporal term."""
     error = x.astype("float32") - y.astype("float32")
     change = (error[:, :, 1:] - error[:, :, :-1]).abs()
     return change.reshape([change.shape[0], -1]).mean(axis=1)
