@@ -17,7 +17,7 @@ layer's state (never in checkpoints or discriminator/): --disc_backbone_path giv
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 import paddle
@@ -72,7 +72,7 @@ def quantized(images: paddle.Tensor) -> paddle.Tensor:
 
 
 class TokenNorm(nn.Layer):
-    """Per image and channel over the tokens of [B, C, L], then a per-channel affine (float32)."""
+    """Per image and channel over the tokens of [B, C, L], then a per-channel affine (float32): an instance norm."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -80,11 +80,7 @@ class TokenNorm(nn.Layer):
         self.bias = self.create_parameter([channels], default_initializer=nn.initializer.Constant(0.0))
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        x = x.astype("float32")
-        mean = x.mean(axis=2, keepdim=True)
-        variance = (x - mean).square().mean(axis=2, keepdim=True)
-        x = (x - mean) / paddle.sqrt(variance + NORM_EPS)
-        return x * self.weight.reshape([1, -1, 1]) + self.bias.reshape([1, -1, 1])
+        return F.instance_norm(x.astype("float32"), weight=self.weight, bias=self.bias, eps=NORM_EPS, data_format="NCL")
 
 
 def _conv(channels_in: int, channels_out: int, kernel: int) -> nn.Layer:
@@ -96,9 +92,8 @@ def _conv(channels_in: int, channels_out: int, kernel: int) -> nn.Layer:
     return nn.utils.spectral_norm(conv, dim=0)
 
 
-class _Block(nn.Sequential):
-    def __init__(self, channels: int, kernel: int):
-        super().__init__(_conv(channels, channels, kernel), TokenNorm(channels), nn.LeakyReLU(LEAKY_SLOPE))
+def _block(channels: int, kernel: int) -> nn.Sequential:
+    return nn.Sequential(_conv(channels, channels, kernel), TokenNorm(channels), nn.LeakyReLU(LEAKY_SLOPE))
 
 
 class _Residual(nn.Layer):
@@ -121,7 +116,7 @@ class DinoDiscriminator(nn.Layer):
         self.key_blocks = tuple(i for i in KEY_BLOCKS if i < len(vit.blocks))
         width = vit.feature_dim
         self.heads = nn.LayerList([
-            nn.Sequential(_Block(width, 1), _Residual(_Block(width, HEAD_KERNEL)), _conv(width, 1, 1))
+            nn.Sequential(_block(width, 1), _Residual(_block(width, HEAD_KERNEL)), _conv(width, 1, 1))
             for _ in range(len(self.key_blocks) + 1)])
         mean, std = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
         self.register_buffer("pixel_scale", paddle.to_tensor((0.5 / std).reshape([1, 3, 1, 1])), persistable=False)
@@ -136,18 +131,7 @@ class DinoDiscriminator(nn.Layer):
 
     def classify(self, images: paddle.Tensor, power_iteration: bool = False) -> paddle.Tensor:
         """The heads' logits of un-augmented images; `power_iteration`: the spectral norms update their vectors."""
-        was_training = self.heads.training
-        _set_mode(self.heads, power_iteration)  # the spectral norms' hooks iterate in training mode only
-        try:
-            outputs = [head(tokens).reshape([images.shape[0], -1])
-                       for head, tokens in zip(self.heads, self.tokens(images))]
-        finally:
-            _set_mode(self.heads, was_training)
-        return paddle.concat(outputs, axis=1)
-
-    def tokens(self, images: paddle.Tensor) -> List[paddle.Tensor]:
-        """[B, C, L] patch tokens after the last block, then after each key block."""
-        vit = self._vit[0]
+        vit = self._vit[0]  # its [B, C, L] patch tokens after the last block, then after each key block, get the heads
         x = F.interpolate(images.astype("float32"), size=[VIT_SIZE, VIT_SIZE], mode="bilinear", align_corners=False)
         x = vit.embed(x * self.pixel_scale + self.pixel_shift)
         skip, taps = 1 + vit.registers, []
@@ -155,14 +139,14 @@ class DinoDiscriminator(nn.Layer):
             x = block(x)
             if index in self.key_blocks:
                 taps.append(x[:, skip:].transpose([0, 2, 1]))
-        return [x[:, skip:].transpose([0, 2, 1])] + taps
-
-
-def _set_mode(layer: nn.Layer, training: bool) -> None:
-    if training:
-        layer.train()
-    else:
-        layer.eval()
+        was_training = self.heads.training
+        self.heads.train(power_iteration)  # the spectral norms' hooks iterate in training mode only
+        try:
+            outputs = [head(tokens).reshape([images.shape[0], -1])
+                       for head, tokens in zip(self.heads, [x[:, skip:].transpose([0, 2, 1])] + taps)]
+        finally:
+            self.heads.train(was_training)
+        return paddle.concat(outputs, axis=1)
 
 
 def load_dino_vit(path: str) -> Dinov2:
