@@ -93,20 +93,17 @@ class LPIPS(nn.Layer):
         """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, else one pass each, with a
         graph only for a side a gradient must reach (why: docs/benchmarks.md, "LPIPS in one pass")."""
         if _needs_grad(x) or _needs_grad(y):
-            return self.distance(self._features_maybe_graph(x), self._features_maybe_graph(y))
-        if x.dtype != y.dtype:
-            x, y = x.astype("float32"), y.astype("float32")
-        with paddle.no_grad():
-            both = self.vgg(paddle.concat([x, y]))
-        return self.distance([feat[: x.shape[0]] for feat in both], [feat[x.shape[0]:] for feat in both])
-
-    def distance(self, features_x: list[paddle.Tensor], features_y: list[paddle.Tensor]) -> paddle.Tensor:
-        """Per-sample LPIPS [B], float32, from the two images' feature maps (`vgg`)."""
-        distance = paddle.zeros([features_x[0].shape[0]], dtype="float32")
-        for head, feat_x, feat_y in zip(self.heads, features_x, features_y):
+            features = []
+            for images in (x, y):
+                with paddle.set_grad_enabled(_needs_grad(images)):
+                    features.append(self.vgg(images))
+        else:
+            if x.dtype != y.dtype:
+                x, y = x.astype("float32"), y.astype("float32")
+            with paddle.no_grad():
+                both = self.vgg(paddle.concat([x, y]))
+            features = [[feat[: x.shape[0]] for feat in both], [feat[x.shape[0]:] for feat in both]]
+        distance = paddle.zeros([x.shape[0]], dtype="float32")
+        for head, feat_x, feat_y in zip(self.heads, *features):
             distance = distance + head((_unit_normalize(feat_x) - _unit_normalize(feat_y)) ** 2).mean(axis=[1, 2, 3])
         return distance
-
-    def _features_maybe_graph(self, images: paddle.Tensor) -> list[paddle.Tensor]:
-        with paddle.set_grad_enabled(_needs_grad(images)):
-            return self.vgg(images)
