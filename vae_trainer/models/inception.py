@@ -145,13 +145,10 @@ class FIDInceptionV3(nn.Layer):
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
         # pytorch-fid's resize to 299 px (bilinear, no antialiasing); its [0, 1] -> [-1, 1] step commutes with it
         x = F.interpolate(images.astype("float32"), size=[299, 299], mode="bilinear", align_corners=False)
-        x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
-        x = F.max_pool2d(x, kernel_size=3, stride=2)
-        x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
-        x = F.max_pool2d(x, kernel_size=3, stride=2)
-        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c,
-                      self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c):
+        for name, block in self.named_children():  # in the order built above, a max-pool after 2b and 4a
             x = block(x)
+            if name in ("Conv2d_2b_3x3", "Conv2d_4a_3x3"):
+                x = F.max_pool2d(x, kernel_size=3, stride=2)
         return F.adaptive_avg_pool2d(x, output_size=1).flatten(start_axis=1)
 
 
