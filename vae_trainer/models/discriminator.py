@@ -66,8 +66,11 @@ class PatchDiscriminator(nn.Layer):
         return nn.utils.spectral_norm(conv) if spectral else conv
 
     def forward(self, x: paddle.Tensor, condition: paddle.Tensor | None = None) -> paddle.Tensor:
-        """Patch logits [B, 1, h, w] of images [B, C, H, W] (with `condition_channels`: and of their latents)."""
-        return self.main(self._conditioned(x, condition))
+        """Patch logits [B, 1, h, w] of images [B, C, H, W] (with `condition_channels`: and of their latents). The 3-D
+        form's: [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips (their condition
+        [B, c, h, w], a clip's [B, c, t, h, w])."""
+        x = self._conditioned(x, condition)
+        return self.main(x.unsqueeze(2) if self.takes_clips and x.ndim == 4 else x)
 
     def _conditioned(self, x: paddle.Tensor, condition: paddle.Tensor | None) -> paddle.Tensor:
         """`x` with `condition` (latents) nearest-upsampled to its size appended as channels."""
@@ -89,12 +92,6 @@ class PatchDiscriminator3D(PatchDiscriminator):
     takes_clips = True
     _conv_layer, _batch_norm = nn.Conv3D, nn.BatchNorm3D
     kernel, strided = (3, 4, 4), (1, 2, 2)
-
-    def forward(self, x: paddle.Tensor, condition: paddle.Tensor | None = None) -> paddle.Tensor:
-        """Patch logits [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips (their
-        condition [B, c, h, w], a clip's [B, c, t, h, w])."""
-        x = self._conditioned(x, condition)
-        return self.main(x.unsqueeze(2) if x.ndim == 4 else x)
 
 
 class VGGFeatureDiscriminator(nn.Layer):
@@ -125,10 +122,9 @@ def build_discriminator(disc_type: str = "patch", norm: str = "batch", num_layer
     if condition_channels and disc_type not in PATCH_TYPES:
         raise ValueError(f"condition_channels {condition_channels}: only the PatchGANs ({', '.join(PATCH_TYPES)}) "
                          f"take a latent condition, not disc_type {disc_type!r}")
-    if disc_type == "patch":
-        return PatchDiscriminator(in_channels, base_channels, num_layers, norm, condition_channels)
-    if disc_type == "patchgan3d":
-        return PatchDiscriminator3D(in_channels, base_channels, num_layers, norm, condition_channels)
+    if disc_type in PATCH_TYPES:
+        patchgan = PatchDiscriminator3D if disc_type == "patchgan3d" else PatchDiscriminator
+        return patchgan(in_channels, base_channels, num_layers, norm, condition_channels)
     if disc_type == "vgg":
         return VGGFeatureDiscriminator(base_channels, weights_path)
     if disc_type == "dino":
