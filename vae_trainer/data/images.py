@@ -94,18 +94,6 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
         return None
 
 
-def to_srgb(image: Image.Image) -> Image.Image:
-    """Convert an embedded non-sRGB ICC profile to sRGB (perceptual); no profile or an unusable one: as is."""
-    profile = image.info.get("icc_profile")
-    transform = _icc_transform(profile, image.mode) if profile and image.mode in _ICC_MODES else None
-    if transform is None:
-        return image
-    converted = ImageCms.applyTransform(image, transform)
-    converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
-    converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
-    return converted
-
-
 def has_alpha(image: Image.Image) -> bool:
     """Does an opened image carry transparency: an alpha channel, or a palette's or colour key's transparency?"""
     return image.mode in _ALPHA_MODES or "transparency" in image.info
@@ -144,7 +132,14 @@ def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bo
     try:  # the first frame of animations; broken data counts as truncated
         image.seek(0)
         image.load()
-        image = to_srgb(image)
+        # An embedded non-sRGB ICC profile converted to sRGB (perceptual); no profile or an unusable one: as is.
+        profile = image.info.get("icc_profile")
+        transform = _icc_transform(profile, image.mode) if profile and image.mode in _ICC_MODES else None
+        if transform is not None:
+            converted = ImageCms.applyTransform(image, transform)
+            converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
+            converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
+            image = converted
         ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise BadImage("truncated", str(error)) from None
@@ -156,25 +151,27 @@ def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
-         random_crop: bool = True) -> np.ndarray:
-    """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped."""
-    width, height = image.size
+def crop(image: Image.Image | list[Image.Image], size: tuple[int, int], rng: np.random.Generator | None,
+         random_flip: bool, random_crop: bool = True) -> np.ndarray:
+    """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped.
+    A clip's frames (a list): every frame cropped and flipped as the first (the same draws), uint8 [T, H, W, C]."""
+    frames = image if isinstance(image, list) else [image]
+    width, height = frames[0].size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
     if rng is None or not random_crop:
         left, top = (scaled[0] - size[0]) // 2, (scaled[1] - size[1]) // 2
     else:  # (left drawn first)
         left, top = (int(rng.integers(0, scaled[axis] - size[axis] + 1)) for axis in (0, 1))
-    if scaled == image.size:
-        pixels = np.asarray(image.crop((left, top, left + size[0], top + size[1])))
+    if scaled == (width, height):
+        pixels = [np.asarray(frame.crop((left, top, left + size[0], top + size[1]))) for frame in frames]
     else:
         x_scale, y_scale = scaled[0] / width, scaled[1] / height
         box = (left / x_scale, top / y_scale, (left + size[0]) / x_scale, (top + size[1]) / y_scale)
-        pixels = np.asarray(image.resize(size, RESAMPLING, box=box))
+        pixels = [np.asarray(frame.resize(size, RESAMPLING, box=box)) for frame in frames]
     if rng is not None and random_flip and rng.random() < 0.5:
-        pixels = pixels[:, ::-1]
-    return np.ascontiguousarray(pixels)
+        pixels = [frame[:, ::-1] for frame in pixels]
+    return np.stack(pixels) if isinstance(image, list) else np.ascontiguousarray(pixels[0])
 
 
 def to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:
