@@ -99,32 +99,10 @@ def has_alpha(image: Image.Image) -> bool:
     return image.mode in _ALPHA_MODES or "transparency" in image.info
 
 
-def _to_rgb(image: Image.Image, alpha: bool = False) -> Image.Image:
-    """Any supported mode -> 8-bit RGB, transparent pixels composited on white; `alpha`: 8-bit RGBA, the image's
-    alpha kept (straight, not premultiplied), 255 (opaque) where it has none."""
-    if image.mode in _SIXTEEN_BIT_MODES:  # scaled to 8 bits (PIL's own convert clips)
-        values = np.asarray(image).astype(np.float64)
-        if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
-            values /= 257.0
-        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
-    if image.mode == "F":
-        image = image.convert("L")
-    if image.mode == "RGB" and "transparency" not in image.info:
-        return image.convert("RGBA") if alpha else image  # (RGB: convert() would copy it)
-    if has_alpha(image):
-        rgba = image if image.mode == "RGBA" else image.convert("RGBA")  # (convert() would copy an RGBA image)
-        return rgba if alpha else Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)),
-                                                        rgba).convert("RGB")
-    try:
-        rgb = image.convert("RGB")
-    except (ValueError, OSError) as error:
-        raise BadImage("unsupported", f"mode {image.mode}: {error}") from None
-    return rgb.convert("RGBA") if alpha else rgb
-
-
 def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bool = False) -> Image.Image:
-    """Decode to EXIF-upright 8-bit sRGB (`alpha`: RGBA, see `_to_rgb`); a JPEG may be drafted at a reduced scale
-    still covering `cover`."""
+    """Decode to EXIF-upright 8-bit sRGB, transparent pixels composited on white (`alpha`: 8-bit RGBA, the image's
+    alpha kept, straight, not premultiplied; 255 (opaque) where it has none); a JPEG may be drafted at a reduced
+    scale still covering `cover`."""
     if cover is not None:  # libjpeg may decode at 1/2..1/8 scale (`cover` turned as the file stores the image)
         cover = cover[::-1] if _transposed(image) else cover
         scale = max(cover[0] / image.width, cover[1] / image.height)
@@ -143,7 +121,25 @@ def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bo
         ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise BadImage("truncated", str(error)) from None
-    return _to_rgb(image, alpha)
+    # Any supported mode to 8-bit RGB (RGBA with `alpha`):
+    if image.mode in _SIXTEEN_BIT_MODES:  # scaled to 8 bits (PIL's own convert clips)
+        values = np.asarray(image).astype(np.float64)
+        if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
+            values /= 257.0
+        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+    if image.mode == "F":
+        image = image.convert("L")
+    if image.mode == "RGB" and "transparency" not in image.info:
+        return image.convert("RGBA") if alpha else image  # (RGB: convert() would copy it)
+    if has_alpha(image):
+        rgba = image if image.mode == "RGBA" else image.convert("RGBA")  # (convert() would copy an RGBA image)
+        return rgba if alpha else Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)),
+                                                        rgba).convert("RGB")
+    try:
+        rgb = image.convert("RGB")
+    except (ValueError, OSError) as error:
+        raise BadImage("unsupported", f"mode {image.mode}: {error}") from None
+    return rgb.convert("RGBA") if alpha else rgb
 
 
 def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
