@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from vae_trainer.data.filelists import IMAGE, PIPE_PREFIX, Part, counts_path, is_tar_spec, read_filelist  # noqa: E402
+from vae_trainer.data.filelists import COUNTS_SUFFIX, IMAGE, PIPE_PREFIX, Part, is_tar_spec, read_filelist  # noqa: E402
 from vae_trainer.data.records import Damaged, iterate_records  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def write_counts(filelist: str, jobs: int = 1) -> tuple[str, int, list[str]]:
     parts = [part for part in read_filelist(filelist, counts=False).parts if part.kind != IMAGE]
     with Pool(max(1, jobs)) as pool:
         results = pool.map(_count, parts, chunksize=1) if jobs > 1 else list(map(_count, parts))
-    output = counts_path(os.path.abspath(filelist))
+    output = os.path.abspath(filelist) + COUNTS_SUFFIX
     rows, damaged = ["# records per part (NAME, records, bytes), written by scripts/write_filelist.py\n"], []
     for part, (records, damage) in zip(parts, results):
         local = not part.path.startswith(PIPE_PREFIX)

@@ -1,6 +1,6 @@
 """Video files to training clips with PyAV: a window of `num_frames` frames `frame_stride` apart, decoded from the
-keyframe before it, every frame cropped alike; an unusable file raises :class:`BadImage` (not_video, too_short,
-truncated, too_small, too_large). The rules are in docs/data.md ("Clips")."""
+keyframe before it (images.crop crops its frames alike); an unusable file raises :class:`BadImage` (not_video,
+too_short, truncated, too_small, too_large). The rules are in docs/data.md ("Clips")."""
 
 import io
 from fractions import Fraction
@@ -9,7 +9,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from .images import BadImage, check_size, crop
+from .images import BadImage, check_size
 
 
 def read_window(source: str | bytes, num_frames: int, stride: int, rng: np.random.Generator, first: bool = False,
@@ -80,13 +80,3 @@ def _decode(container, stream, rate: Fraction, start: int, span: int, stride: in
             raise BadImage("truncated", f"after frame {index}: {error}") from None
         if frames or attempt == len(targets) - 1:  # (the last attempt always returns)
             return frames, -1 if index is None else index
-
-
-def crop_frames(frames: list[Image.Image], size: tuple[int, int], rng: np.random.Generator, random_flip: bool,
-                random_crop: bool) -> np.ndarray:
-    """uint8 [T, H, W, C]: every frame cropped and flipped as the first (images.crop, the same draws)."""
-    state, cropped = rng.bit_generator.state, []
-    for frame in frames:
-        rng.bit_generator.state = state
-        cropped.append(crop(frame, size, rng, random_flip, random_crop))
-    return np.stack(cropped)

@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 
 from .buckets import bucket_shapes, nearest_bucket
-from .clips import crop_frames, read_window
+from .clips import read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
 from .images import BadImage, crop, has_alpha, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
@@ -93,15 +93,6 @@ class ImageStream(RaisesInMainThread):
             logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
                            "summary), not logged", record.part.path)
 
-    def _note_opaque(self, record: Record) -> None:
-        """Count an image without alpha read as opaque (a note, not a skip); the first one is logged."""
-        self.counts.update([OPAQUE])
-        if not self.opaque_logged:
-            self.opaque_logged = True
-            logger.info("%s: no alpha channel, read as opaque (alpha 1); further ones are counted (in training: "
-                        "data/opaque_images, the end-of-run summary), not logged",
-                        describe(record.part, record.number, record.payload))
-
     def worker_shard(self) -> tuple[int, int, ShardStart]:
         """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
         worker = paddle.io.get_worker_info()
@@ -128,7 +119,9 @@ class ImageStream(RaisesInMainThread):
         skip = min(restore, default=resume_at)
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
-            for index, record in enumerate(self._records(sources, shard, epoch, skip)):
+            records = interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size,
+                                 self.infinite)  # (an infinite stream's sources are weighted)
+            for index, record in enumerate(records):
                 end, replaying = index + 1, index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
@@ -142,9 +135,6 @@ class ImageStream(RaisesInMainThread):
             if not self.infinite:
                 return
             epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
-
-    def _records(self, sources: list[ShardSource], shard: int, epoch: int, skip: int) -> Iterator:
-        return interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size, self.infinite)
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
@@ -179,11 +169,16 @@ class ImageStream(RaisesInMainThread):
                 if keys[1] == 0 and not record.repeat:  # the shard's first read of it (epoch 0, a first pass)
                     note_bad(self.bad_records, part, None if record.part.kind == IMAGE else record.number)
             return None
-        if opaque and count:
-            self._note_opaque(record)
-        if video is not None and len(frames) > 1:
-            return (len(frames), bucket), crop_frames(frames, size, draws, self.random_flip, self.random_crop)
-        return (1, bucket), crop(image, size, draws, self.random_flip, self.random_crop)
+        if opaque and count:  # an image without alpha read as opaque: a note, not a skip; the first one is logged
+            self.counts.update([OPAQUE])
+            if not self.opaque_logged:
+                self.opaque_logged = True
+                logger.info("%s: no alpha channel, read as opaque (alpha 1); further ones are counted (in training: "
+                            "data/opaque_images, the end-of-run summary), not logged",
+                            describe(record.part, record.number, record.payload))
+        clip = frames if video is not None and len(frames) > 1 else image  # a clip's frames cropped alike
+        frame_count = len(clip) if isinstance(clip, list) else 1
+        return (frame_count, bucket), crop(clip, size, draws, self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
@@ -280,7 +275,7 @@ def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int
 def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: int, num_images: int | None,
                  sample: RecordSample | None) -> Iterator[dict]:
     sources = assign(stream.sources, stream.seed, 0, 1, shuffle=False)
-    in_order = enumerate(stream._records(sources, 0, 0, 0))
+    in_order = enumerate(interleave(sources, stream.seed, 0, 0, 0, False, stream.shuffle_buffer_size, False))
     take = sample.take if sample is not None else lambda wanted: itertools.islice(in_order, wanted)
     images, read = [0] * world_size, 0  # usable images per rank so far
     while True:

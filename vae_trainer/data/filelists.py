@@ -112,10 +112,6 @@ def _checked_size(path: str, named_at: str) -> int | None:
     return os.path.getsize(path)
 
 
-def counts_path(filelist: str) -> str:
-    return filelist + COUNTS_SUFFIX
-
-
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
     """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file; `videos`: a
     video file is a one-record part, as an image file."""
@@ -136,7 +132,7 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, video
 
 def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> list[Part]:
     """`parts` with their record counts, if ``<filelist>.counts`` covers all of them unchanged."""
-    path, counts = counts_path(filelist), {}
+    path, counts = filelist + COUNTS_SUFFIX, {}
     for line_number, text in _entries(path) if os.path.isfile(path) else []:
         fields = text.rsplit("\t", 2)
         if len(fields) != 3 or not fields[1].isdigit():

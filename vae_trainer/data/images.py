@@ -94,26 +94,34 @@ def _icc_transform(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform | No
         return None
 
 
-def to_srgb(image: Image.Image) -> Image.Image:
-    """Convert an embedded non-sRGB ICC profile to sRGB (perceptual); no profile or an unusable one: as is."""
-    profile = image.info.get("icc_profile")
-    transform = _icc_transform(profile, image.mode) if profile and image.mode in _ICC_MODES else None
-    if transform is None:
-        return image
-    converted = ImageCms.applyTransform(image, transform)
-    converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
-    converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
-    return converted
-
-
 def has_alpha(image: Image.Image) -> bool:
     """Does an opened image carry transparency: an alpha channel, or a palette's or colour key's transparency?"""
     return image.mode in _ALPHA_MODES or "transparency" in image.info
 
 
-def _to_rgb(image: Image.Image, alpha: bool = False) -> Image.Image:
-    """Any supported mode -> 8-bit RGB, transparent pixels composited on white; `alpha`: 8-bit RGBA, the image's
-    alpha kept (straight, not premultiplied), 255 (opaque) where it has none."""
+def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bool = False) -> Image.Image:
+    """Decode to EXIF-upright 8-bit sRGB, transparent pixels composited on white (`alpha`: 8-bit RGBA, the image's
+    alpha kept, straight, not premultiplied; 255 (opaque) where it has none); a JPEG may be drafted at a reduced
+    scale still covering `cover`."""
+    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale (`cover` turned as the file stores the image)
+        cover = cover[::-1] if _transposed(image) else cover
+        scale = max(cover[0] / image.width, cover[1] / image.height)
+        image.draft(None, (max(1, int(np.ceil(image.width * scale))), max(1, int(np.ceil(image.height * scale)))))
+    try:  # the first frame of animations; broken data counts as truncated
+        image.seek(0)
+        image.load()
+        # An embedded non-sRGB ICC profile converted to sRGB (perceptual); no profile or an unusable one: as is.
+        profile = image.info.get("icc_profile")
+        transform = _icc_transform(profile, image.mode) if profile and image.mode in _ICC_MODES else None
+        if transform is not None:
+            converted = ImageCms.applyTransform(image, transform)
+            converted.info = {key: value for key, value in image.info.items() if key != "icc_profile"}
+            converted.info["exif"] = image.getexif().tobytes()  # keeps the EXIF orientation for exif_transpose
+            image = converted
+        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        raise BadImage("truncated", str(error)) from None
+    # Any supported mode to 8-bit RGB (RGBA with `alpha`):
     if image.mode in _SIXTEEN_BIT_MODES:  # scaled to 8 bits (PIL's own convert clips)
         values = np.asarray(image).astype(np.float64)
         if not (image.mode == "I" and values.max(initial=0) <= 255):  # (an "I" image may hold 8-bit values already)
@@ -134,47 +142,32 @@ def _to_rgb(image: Image.Image, alpha: bool = False) -> Image.Image:
     return rgb.convert("RGBA") if alpha else rgb
 
 
-def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bool = False) -> Image.Image:
-    """Decode to EXIF-upright 8-bit sRGB (`alpha`: RGBA, see `_to_rgb`); a JPEG may be drafted at a reduced scale
-    still covering `cover`."""
-    if cover is not None:  # libjpeg may decode at 1/2..1/8 scale (`cover` turned as the file stores the image)
-        cover = cover[::-1] if _transposed(image) else cover
-        scale = max(cover[0] / image.width, cover[1] / image.height)
-        image.draft(None, (max(1, int(np.ceil(image.width * scale))), max(1, int(np.ceil(image.height * scale)))))
-    try:  # the first frame of animations; broken data counts as truncated
-        image.seek(0)
-        image.load()
-        image = to_srgb(image)
-        ImageOps.exif_transpose(image, in_place=True)  # (not in place, it copies even upright images)
-    except (OSError, ValueError, SyntaxError, EOFError) as error:
-        raise BadImage("truncated", str(error)) from None
-    return _to_rgb(image, alpha)
-
-
 def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
     """Decode image bytes at full size to an EXIF-upright 8-bit sRGB image, or raise :class:`BadImage`."""
     return load_rgb(open_image(data, max_pixels, min_size))
 
 
-def crop(image: Image.Image, size: tuple[int, int], rng: np.random.Generator | None, random_flip: bool,
-         random_crop: bool = True) -> np.ndarray:
-    """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped."""
-    width, height = image.size
+def crop(image: Image.Image | list[Image.Image], size: tuple[int, int], rng: np.random.Generator | None,
+         random_flip: bool, random_crop: bool = True) -> np.ndarray:
+    """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped.
+    A clip's frames (a list): every frame cropped and flipped as the first (the same draws), uint8 [T, H, W, C]."""
+    frames = image if isinstance(image, list) else [image]
+    width, height = frames[0].size
     scale = max(size[0] / width, size[1] / height)
     scaled = (max(size[0], round(width * scale)), max(size[1], round(height * scale)))
     if rng is None or not random_crop:
         left, top = (scaled[0] - size[0]) // 2, (scaled[1] - size[1]) // 2
     else:  # (left drawn first)
         left, top = (int(rng.integers(0, scaled[axis] - size[axis] + 1)) for axis in (0, 1))
-    if scaled == image.size:
-        pixels = np.asarray(image.crop((left, top, left + size[0], top + size[1])))
+    if scaled == (width, height):
+        pixels = [np.asarray(frame.crop((left, top, left + size[0], top + size[1]))) for frame in frames]
     else:
         x_scale, y_scale = scaled[0] / width, scaled[1] / height
         box = (left / x_scale, top / y_scale, (left + size[0]) / x_scale, (top + size[1]) / y_scale)
-        pixels = np.asarray(image.resize(size, RESAMPLING, box=box))
+        pixels = [np.asarray(frame.resize(size, RESAMPLING, box=box)) for frame in frames]
     if rng is not None and random_flip and rng.random() < 0.5:
-        pixels = pixels[:, ::-1]
-    return np.ascontiguousarray(pixels)
+        pixels = [frame[:, ::-1] for frame in pixels]
+    return np.stack(pixels) if isinstance(image, list) else np.ascontiguousarray(pixels[0])
 
 
 def to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:

@@ -78,8 +78,16 @@ class NoHangLoader(paddle.io.DataLoader):
                 yield batch
             if self.dataset.failure is not None:
                 raise self.dataset.failure
-        finally:
-            _shut_down(batches)
+        finally:  # Paddle's iterator stopped now (internals of 3.3.1); a worker blocked after _STOP_SECONDS is killed
+            workers = list(getattr(batches, "_workers", []))
+            if workers:
+                batches._try_shutdown_all(_STOP_SECONDS)
+            else:
+                batches._try_shutdown_all()  # the single-process reader thread
+            for worker in workers:
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
 
     def _fork_workers(self):
         """Paddle's iterator, its workers forked with the stop signals blocked (none reaches a worker before it
@@ -97,15 +105,3 @@ class NoHangLoader(paddle.io.DataLoader):
             if not frozen_before:
                 gc.unfreeze()
 
-
-def _shut_down(batches) -> None:
-    """Stop Paddle's iterator now (internals of 3.3.1); a worker still blocked after `_STOP_SECONDS` is killed."""
-    workers = list(getattr(batches, "_workers", []))
-    if workers:
-        batches._try_shutdown_all(_STOP_SECONDS)
-    else:
-        batches._try_shutdown_all()  # the single-process reader thread
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
-            worker.join()

@@ -142,7 +142,15 @@ def interleave(sources: list[ShardSource], seed: int, shard: int, epoch: int, sk
               for source in sources}
     pending, position = set(passes), 0  # the sources that have not finished their first pass; records yielded
     while pending:
-        index = min(pending) if chooser is None else _choose(chooser, sorted(passes), passes)
+        if chooser is None:
+            index = min(pending)
+        elif len(passes) == 1:
+            index = next(iter(passes))  # no draw: resuming a one-source stream then costs no RNG work per record
+        else:
+            indices = sorted(passes)
+            cumulative = np.cumsum([passes[i].source.weight for i in indices])
+            pick = int(np.searchsorted(cumulative, chooser.random() * cumulative[-1], side="right"))
+            index = indices[min(pick, len(indices) - 1)]
         record = passes[index].take(position < skip)
         if record is None:
             pending.discard(index)
@@ -157,14 +165,6 @@ def interleave(sources: list[ShardSource], seed: int, shard: int, epoch: int, sk
                 continue
         position += 1
         yield record
-
-
-def _choose(chooser: np.random.Generator, indices: list[int], passes: dict[int, SourcePass]) -> int:
-    if len(indices) == 1:
-        return indices[0]  # no draw: resuming a one-source stream then costs no RNG work per record
-    cumulative = np.cumsum([passes[index].source.weight for index in indices])
-    pick = int(np.searchsorted(cumulative, chooser.random() * cumulative[-1], side="right"))
-    return indices[min(pick, len(indices) - 1)]
 
 
 class RecordSample:
