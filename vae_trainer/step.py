@@ -205,7 +205,7 @@ class TrainStep:
         precision = self.precision
         trained = {"vae": (self.model.vae_parameters(), self.vae_optimizer, precision.vae_scaler)}
         if disc_trains(self.loss_args, global_step):
-            trained["discriminator"] = (self.model.discriminator_parameters(), self.disc_optimizer,
+            trained["discriminator"] = (list(self.model.discriminator.parameters()), self.disc_optimizer,
                                         precision.disc_scaler)
         sync_gradients([p for params, _, _ in trained.values() for p in params], fill_missing=self.clips)  # all-reduce
         for _, optimizer, scaler in trained.values():

@@ -1,6 +1,4 @@
 """Networks: the autoencoder families, discriminators, LPIPS, DINOv2 and the FID InceptionV3. Importing any of them
 first gives Paddle's SiLU a correct backward (activations.py)."""
 
-from .activations import use_swish_for_silu
-
-use_swish_for_silu()
+from . import activations  # noqa: F401  (importing it rebinds paddle.nn.functional.silu)

@@ -31,6 +31,4 @@ def silu(x: paddle.Tensor, inplace: bool = False, name: Optional[str] = None) ->
     return paddle.nn.functional.swish(x, name)
 
 
-def use_swish_for_silu() -> None:
-    """Rebind `paddle.nn.functional.silu` (and so `paddle.nn.Silu`) to `silu`."""
-    paddle.nn.functional.silu = silu
+paddle.nn.functional.silu = silu  # rebound (and so `paddle.nn.Silu`) once: vae_trainer.models imports this module

@@ -1,5 +1,5 @@
 """The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the latents its diffusion pipelines
-see, computed or read back from a cache on disk (`LatentCache`); it is held beside the trained networks, never in a
+see, computed or read back from a cache on disk (`_cache_subfolder`); it is held beside the trained networks, never in a
 checkpoint or an EMA. `to_pipeline` / `from_pipeline` take latents to and from that space with a family's
 normalisation's `pipeline` (mean, std) of shape [C, p, p], tiled over the latent positions with period p. The student
 a teacher folder implies (`student_of`) and the check of a given one against its teacher (`check_student`)."""
@@ -55,71 +55,55 @@ def load_teacher(path: str, subfolder: Optional[str] = None, cache_folder: Optio
     return Teacher(vae, cache_folder, path)
 
 
-class LatentCache:
-    """The teacher's latents of each crop it saw, one .npy file per crop named by a hash of the crop's float32 pixels
-    (so a cached latent is exactly that crop's: a random crop or flip that differs is a new entry), in a subfolder
-    named by the teacher's weights and config (another teacher never reads them)."""
-
-    def __init__(self, folder: str, teacher: paddle.nn.Layer):
-        config = {k: v for k, v in dict(teacher.config).items() if not k.startswith("_")}  # (_use_default_values:
-        digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
-        for name, tensor in sorted(teacher.state_dict().items()):
-            digest.update(name.encode() + tensor.numpy().tobytes())
-        family = family_of(teacher)  # and the normalisation applied: a change of it is another space
-        for array in (family.class_name.encode(), *family.normalisation.pipeline(teacher)):
-            digest.update(array if isinstance(array, bytes) else array.tobytes())
-        self.folder = os.path.join(folder, digest.hexdigest()[:16])
-        os.makedirs(self.folder, exist_ok=True)
-        self.hits = self.misses = 0
-
-    def paths(self, images: Tensor) -> list:
-        pixels = images.astype("float32").numpy()
-        return [os.path.join(self.folder, hashlib.sha256(str(image.shape).encode() + image.tobytes()).hexdigest()
-                             + ".npy") for image in pixels]
-
-    def read(self, paths: list) -> Optional[Tensor]:
-        """The latents of every path, or None if one is missing (the batch is then computed whole)."""
-        if not all(os.path.isfile(path) for path in paths):
-            self.misses += len(paths)
-            return None
-        self.hits += len(paths)
-        return paddle.to_tensor(np.stack([np.load(path) for path in paths]))
-
-    def write(self, paths: list, latents: Tensor) -> None:
-        """Each latent to its path, atomically (ranks and workers may write the same crop)."""
-        for path, latent in zip(paths, latents.numpy()):
-            partial = f"{path}.{uuid.uuid4().hex}.tmp"  # unique over ranks, nodes and workers
-            with open(partial, "wb") as handle:
-                np.save(handle, latent)
-            os.replace(partial, path)
+def _cache_subfolder(folder: str, teacher: paddle.nn.Layer) -> str:
+    """The teacher's latent cache (--cache_teacher_latents): the teacher's latents of each crop it saw, one .npy file
+    per crop named by a hash of the crop's float32 pixels (so a cached latent is exactly that crop's: a random crop or
+    flip that differs is a new entry), in a subfolder of `folder` named by the teacher's weights and config (another
+    teacher never reads them), made here."""
+    config = {k: v for k, v in dict(teacher.config).items() if not k.startswith("_")}  # (_use_default_values:
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
+    for name, tensor in sorted(teacher.state_dict().items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    family = family_of(teacher)  # and the normalisation applied: a change of it is another space
+    for array in (family.class_name.encode(), *family.normalisation.pipeline(teacher)):
+        digest.update(array if isinstance(array, bytes) else array.tobytes())
+    folder = os.path.join(folder, digest.hexdigest()[:16])
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 class Teacher:
     """A frozen VAE in eval mode: `latents` of [-1, 1] NCHW images in its pipelines' normalised space (float32, no
-    graph) and `decode` of such latents to images."""
+    graph), read from and written to its cache folder if it has one (`_cache_subfolder`), and `decode` of such latents
+    to images."""
 
     def __init__(self, vae: paddle.nn.Layer, cache_folder: Optional[str] = None, source: str = ""):
         self.vae, self.family, self.source = vae, family_of(vae), source  # `source`: its folder, for the protocol
         for param in vae.parameters():
             param.stop_gradient = True
         vae.eval()
-        mean, std = self.family.normalisation.pipeline(vae)  # raises for a family that has none
-        self.mean, self.std = mean, std
-        self.cache = LatentCache(cache_folder, vae) if cache_folder else None
+        self.mean, self.std = self.family.normalisation.pipeline(vae)  # raises for a family that has none
+        self.cache = _cache_subfolder(cache_folder, vae) if cache_folder else None
 
     @property
     def latent_channels(self) -> int:
         return int(self.mean.shape[0])
 
     def latents(self, images: Tensor) -> Tensor:
-        paths = self.cache.paths(images) if self.cache is not None else None
-        cached = self.cache.read(paths) if paths else None
-        if cached is not None:
-            return cached
+        paths = []
+        if self.cache is not None:
+            paths = [os.path.join(self.cache, hashlib.sha256(str(image.shape).encode() + image.tobytes()).hexdigest()
+                                  + ".npy") for image in images.astype("float32").numpy()]
+        if paths and all(os.path.isfile(path) for path in paths):  # one missing: the batch is computed whole
+            return paddle.to_tensor(np.stack([np.load(path) for path in paths]))
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False):  # float32: the same latents under any precision
             latents = to_pipeline(self.family.encode(self.vae, images.astype("float32")).mode(), self.mean, self.std)
-        if paths:
-            self.cache.write(paths, latents)
+        # Each latent to its path, atomically (ranks and workers may write the same crop).
+        for path, latent in zip(paths, latents.numpy() if paths else ()):
+            partial = f"{path}.{uuid.uuid4().hex}.tmp"  # unique over ranks, nodes and workers
+            with open(partial, "wb") as handle:
+                np.save(handle, latent)
+            os.replace(partial, path)
         return latents
 
     def decode(self, latents: Tensor) -> Tensor:

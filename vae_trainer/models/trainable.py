@@ -54,8 +54,19 @@ class VAEWithDiscriminator(paddle.nn.Layer):
         self._trainable |= set() if self.encoder_trains else {id(p) for p in encoder_parameters(vae)}
         freeze = freeze_encoder or not self.encoder_trains
         frozen = {id(p) for p in encoder_parameters(vae)} if freeze else set()
-        if trainable_modules:
-            frozen |= self._frozen_by_patterns(trainable_modules, frozen)
+        if trainable_modules:  # the VAE weights no pattern takes; a pattern whose weights are all frozen anyway
+            # (--freeze_encoder, an encoder that never trains) is an error
+            named = {name: p for name, p in vae.named_parameters() if id(p) in self._trainable}
+            trained = set()
+            for pattern in trainable_modules:
+                matched = trainable_names(named, pattern)
+                if all(id(named[name]) in frozen for name in matched):
+                    why = (f"{self.family.class_name}'s encoder never trains" if not self.encoder_trains
+                           else "--freeze_encoder keeps them frozen")
+                    raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which stay "
+                                     f"frozen ({why}): drop it")
+                trained |= {id(named[name]) for name in matched} - frozen
+            frozen |= {id(p) for p in named.values()} - trained
         for param in vae.parameters():
             if id(param) in frozen:
                 param.stop_gradient = True  # before the optimizers are built: they take trainable weights only
@@ -89,21 +100,6 @@ class VAEWithDiscriminator(paddle.nn.Layer):
             layer.eval()
         return self
 
-    def _frozen_by_patterns(self, patterns: Sequence[str], frozen: Set[int]) -> Set[int]:
-        """The ids of the VAE weights no --trainable_modules pattern takes; a pattern whose weights are all frozen
-        anyway (--freeze_encoder, an encoder that never trains) is an error."""
-        named = {name: p for name, p in self.vae.named_parameters() if id(p) in self._trainable}
-        trained = set()
-        for pattern in patterns:
-            matched = trainable_names(named, pattern)
-            if all(id(named[name]) in frozen for name in matched):
-                why = (f"{self.family.class_name}'s encoder never trains" if not self.encoder_trains
-                       else "--freeze_encoder keeps them frozen")
-                raise ValueError(f"--trainable_modules {pattern!r} names encoder weights only, which stay frozen "
-                                 f"({why}): drop it")
-            trained |= {id(named[name]) for name in matched} - frozen
-        return {id(p) for p in named.values()} - trained
-
     def refuse_frozen_readers(self, loss_args) -> None:
         """Objective terms that read a layer --trainable_modules leaves frozen (they would fail at their first step,
         maybe at --disc_start, or shape a latent space that cannot move): one error."""
@@ -132,9 +128,6 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                 raise ValueError(f"{name or 'the VAE'} has frozen and trained weights both, which --fp16_opt_level O2 "
                                  "cannot keep apart (it casts layers): make --trainable_modules take whole layers")
         return out
-
-    def discriminator_parameters(self) -> List[paddle.Tensor]:
-        return list(self.discriminator.parameters())
 
     def encode(self, x: paddle.Tensor):
         """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""

@@ -79,34 +79,13 @@ def _counters_zero_dimensional(path: str) -> None:
 
 @contextlib.contextmanager
 def _exported_values(vae: paddle.nn.Layer, values: Mapping[str, Any]):
-    """`vae` holding, while saving, the weights the export writes in place of its own (the family's); a
-    buffer of another shape (RAE's unset latent statistics, shape (1,), measured per channel and position) is
-    swapped for the exported one."""
+    """`vae` whose state dict, while saving (`save_pretrained` writes `vae.state_dict()`), holds the weights the
+    export writes in place of its own (the family's), of another shape too (RAE's unset latent statistics, shape (1,),
+    measured per channel and position); its own weights are left as they are."""
     state = vae.state_dict()
-    own = {name: state[name].numpy().copy() for name in values}
-    swapped = {}
-    for name, value in values.items():
-        value = paddle.to_tensor(value).astype(state[name].dtype)
-        if list(value.shape) == list(state[name].shape):
-            state[name].set_value(value)
-            continue
-        owner, leaf = _owner(vae, name)
-        swapped[name] = (owner, leaf, owner._buffers[leaf])  # only buffers change shape
-        owner._buffers[leaf] = value
+    exported = {**state, **{name: paddle.to_tensor(value).astype(state[name].dtype) for name, value in values.items()}}
+    vae.state_dict = lambda *args, **kwargs: exported  # on the instance, for this save only
     try:
         yield
     finally:
-        for owner, leaf, buffer in swapped.values():
-            owner._buffers[leaf] = buffer
-        for name, value in own.items():
-            if name not in swapped:
-                state[name].set_value(value)
-
-
-def _owner(vae: paddle.nn.Layer, name: str):
-    """(the layer holding the state-dict entry `name`, its attribute name)."""
-    *path, leaf = name.split(".")
-    owner = vae
-    for part in path:
-        owner = getattr(owner, part)
-    return owner, leaf
+        del vae.state_dict
