@@ -246,7 +246,7 @@ class VAETrainingArguments(TrainingArguments):
     def __post_init__(self):
         # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
         given = {name for name, default in UNSUPPORTED_FLAGS.items() if getattr(self, name) != default}
-        refuse(self, given, INHERITED_REFUSALS,
+        refuse(self, given, tuple((names, lambda f: True, why) for names, why in INHERITED_REFUSALS.items()),
                header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists",
                otherwise="not honoured the same way by both entry points")
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")  # as in the ppdiffusers scripts
@@ -289,33 +289,30 @@ PADDLENLP_FLAGS = frozenset({
 })
 # Accepted and ignored (ppdiffusers' commands pass it) -> its --help text.
 IGNORED_FLAGS = {"do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train."}
-# The refusals of PaddleNLP flags: (flags, when, why and what to do instead), checked by value in
-# VAETrainingArguments (flag_checks.refuse).
-INHERITED_REFUSALS = (
-    # Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other inherited
-    # flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
-    (("num_train_epochs",), lambda f: True, "the training stream is infinite: set the run's length with --max_steps"),
-    (("save_strategy",), lambda f: True, "checkpoints are saved every --save_steps optimizer steps (0: at the end)"),
-    (("logging_strategy", "logging_first_step"), lambda f: True, "scalars are logged every --logging_steps steps"),
-    (("optim",), lambda f: True,
-     "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)"),
-    (("greater_is_better",), lambda f: True,
-     "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)"),
-    (("to_static",), lambda f: True, "both drivers train in dynamic-graph mode"),
-    (("amp_master_grad",), lambda f: True, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
-    (("no_cuda",), lambda f: True, "use --device cpu"),
-    (("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
-      "max_evaluate_steps", "prediction_loss_only"), lambda f: True,
-     "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
-     "--metric_for_best_model)"),
-    (("dataloader_drop_last",), lambda f: True, "training batches are always full (the stream is infinite)"),
-    (("ignore_data_skip",), lambda f: True, "the data stream always resumes at its saved position"),
-    (("run_name", "wandb_api_key"), lambda f: True, "only VisualDL logs are written (--report_to visualdl|none)"),
-    (("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
-      "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
-      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), lambda f: True,
-     "only data parallelism is supported (paddle.distributed.launch); drop it"),
-)
+# The refusals of PaddleNLP flags: flags -> why and what to do instead, checked by value in VAETrainingArguments
+# (refusals.refuse). Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other
+# inherited flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
+INHERITED_REFUSALS = {
+    ("num_train_epochs",): "the training stream is infinite: set the run's length with --max_steps",
+    ("save_strategy",): "checkpoints are saved every --save_steps optimizer steps (0: at the end)",
+    ("logging_strategy", "logging_first_step"): "scalars are logged every --logging_steps steps",
+    ("optim",): "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)",
+    ("greater_is_better",): "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)",
+    ("to_static",): "both drivers train in dynamic-graph mode",
+    ("amp_master_grad",): "--fp16_opt_level O2 keeps float32 master weights in both optimizers",
+    ("no_cuda",): "use --device cpu",
+    ("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
+     "max_evaluate_steps", "prediction_loss_only"):
+        "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
+        "--metric_for_best_model)",
+    ("dataloader_drop_last",): "training batches are always full (the stream is infinite)",
+    ("ignore_data_skip",): "the data stream always resumes at its saved position",
+    ("run_name", "wandb_api_key"): "only VisualDL logs are written (--report_to visualdl|none)",
+    ("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
+     "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
+     "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"):
+        "only data parallelism is supported (paddle.distributed.launch); drop it",
+}
 # Every other PaddleNLP flag -> its default (parsed, hidden in --help, refused for any other value).
 UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                      for f in dataclasses.fields(TrainingArguments)
