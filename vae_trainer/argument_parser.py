@@ -11,8 +11,8 @@ from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, ge
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, INHERITED_REFUSALS, PADDLENLP_FLAGS, RECIPES,
-                        UNSUPPORTED_FLAGS, DataArguments, LossArguments, ModelArguments, VAETrainingArguments)
+from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, RECIPES, DataArguments,
+                        LossArguments, ModelArguments, VAETrainingArguments)
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
 from .flag_checks import check_eval_batch_size, check_sizes, flag_values
@@ -30,23 +30,12 @@ PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both ent
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
 Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
-# Every parse-time refusal, each table beside what it guards.
-REFUSALS = (INHERITED_REFUSALS + vae_loading.REFUSALS + trainable.REFUSALS + buckets.REFUSALS + reconstruction.REFUSALS
-            + clips.REFUSALS + equivariance.REFUSALS + alignment.REFUSALS + evaluation.REFUSALS + gan.REFUSALS
-            + latent_scale.REFUSALS + ema.REFUSALS + train_logging.REFUSALS + precision.REFUSALS + optim.REFUSALS
-            + distillation.REFUSALS + rgba.REFUSALS)
-
-
-class _FlagTarget:
-    """Where PdArgumentParser adds one field's flag: its --help group, with the field's aliases."""
-
-    def __init__(self, group: argparse._ArgumentGroup, name: str):
-        self.group, self.name = group, name
-
-    def add_argument(self, *names: str, **kwargs):
-        if names == (f"--{self.name}",):
-            names += tuple(f"--{alias}" for alias in ALIASES.get(self.name, ()))
-        return self.group.add_argument(*names, **kwargs)
+# Every parse-time refusal, each table beside what it guards (the refused PaddleNLP flags' are checked by value in
+# VAETrainingArguments: arguments.INHERITED_REFUSALS).
+REFUSALS = (vae_loading.REFUSALS + trainable.REFUSALS + buckets.REFUSALS + reconstruction.REFUSALS + clips.REFUSALS
+            + equivariance.REFUSALS + alignment.REFUSALS + evaluation.REFUSALS + gan.REFUSALS + latent_scale.REFUSALS
+            + ema.REFUSALS + train_logging.REFUSALS + precision.REFUSALS + optim.REFUSALS + distillation.REFUSALS
+            + rgba.REFUSALS)
 
 
 class VAEArgumentParser(PdArgumentParser):
@@ -78,7 +67,11 @@ class VAEArgumentParser(PdArgumentParser):
                 spec.type = List[type(choices[0])] if listed else type(choices[0])
             spec.type = metadata.pop("parse", spec.type)
             spec.metadata = types.MappingProxyType(metadata)
-            self._parse_dataclass_field(_FlagTarget(self._groups[group], f.name), spec)
+            self._parse_dataclass_field(self._groups[group], spec)
+            action = self._option_string_actions[f"--{f.name}"]
+            for alias in ALIASES.get(f.name, ()):  # the same action, listed after the name in --help
+                action.option_strings.append(f"--{alias}")
+                self._option_string_actions[f"--{alias}"] = action
 
 
 def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
@@ -97,13 +90,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
         arguments = parser.common_parse(argv, return_remaining_strings=False)
     else:
         arguments = parser.parse_args_into_dataclasses(args=argv)
-    given = set()
-    for token in argv:  # --name value, --name=value, --no_name (booleans)
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0]
-            given |= {name, name[3:]} if name.startswith("no_") else {name}
-    alias_of = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
-    given = {alias_of.get(name, name) for name in given}
+    actions = parser._option_string_actions  # each spelling (an alias, --no_name of a boolean) -> its field's action
+    spelled = (token.split("=", 1)[0] for token in argv if token.startswith("--"))  # --name value, --name=value
+    given = {actions[name].dest for name in spelled if name in actions}
     recipe = arguments[2].recipe or ("tiny" if arguments[0].teacher_model_name_or_path else None)
     for name, value in RECIPES.get(recipe, {}).items():  # explicit flags win over the recipe
         if name not in given:
@@ -134,5 +123,5 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
     flags = flag_values(arguments)  # raises on a bad --scaling_factor
     equivariance.parse_transforms(loss_args.equivariance_transforms)  # raises on a bad list
     check_eval_batch_size(training_args.per_device_eval_batch_size)
-    refuse(flags, given - set(UNSUPPORTED_FLAGS), REFUSALS)  # those are refused by value in VAETrainingArguments
-    check_sizes(model_args, data_args)
+    refuse(flags, given, REFUSALS)
+    check_sizes(flags)

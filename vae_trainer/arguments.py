@@ -28,26 +28,24 @@ from .models.discriminator import NORM_TYPES
 from .models.dinov2 import INPUT_CONVENTIONS
 from .watchdog import DEFAULT_STALL_TIMEOUT, STALL_EXIT_CODE
 
-# The LDM objective (taming-transformers' LPIPSWithDiscriminator), i.e. the flags' defaults.
-LDM_RECIPE = {"disc_type": "patch", "posterior_std": 0.0, "loss_balancing": "none", "pixel_weight": 1.0,
-              "perceptual_weight": 1.0, "disc_weight": 0.5, "adaptive_disc_weight": True, "kl_weight": 1e-6,
-              "latent_penalty_weight": 0.0, "pixel_loss_pool": 1, "pixel_loss_mask": "none", "disc_loss": "hinge",
-              "gen_loss": None, "lecam_weight": 0.0}
-# Gradient-normalised branches + constant variance + low-pass pixel loss + VGG16-feature discriminator.
-BALANCED_RECIPE = {
-    **LDM_RECIPE, "disc_type": "vgg", "posterior_std": 0.1, "loss_balancing": "gradnorm", "gradnorm_scope": "global",
-    "disc_weight": 0.1,  # adversarial gradient norm, relative to pixel and LPIPS at 1.0
-    "kl_weight": 0.0, "latent_penalty_weight": 1e-3, "pixel_loss_mask": "lowpass",
+# --recipe ldm: the LDM objective (taming-transformers' LPIPSWithDiscriminator), i.e. the flags' defaults, and LDM's
+# GAN start too: its term at full weight at once (the default ramps it in: techniques.md, 14). Every recipe sets only
+# the flags it lists; the others keep their defaults, LDM's, as it is.
+RECIPES: Dict[str, Dict[str, Any]] = {
+    "ldm": {"disc_weight_warmup_steps": 0},
+    # Gradient-normalised branches + constant variance + low-pass pixel loss + VGG16-feature discriminator.
+    "balanced": {
+        "disc_type": "vgg", "posterior_std": 0.1, "loss_balancing": "gradnorm", "gradnorm_scope": "global",
+        "disc_weight": 0.1,  # adversarial gradient norm, relative to pixel and LPIPS at 1.0
+        "kl_weight": 0.0, "latent_penalty_weight": 1e-3, "pixel_loss_mask": "lowpass",
+    },
+    # Distilling a tiny autoencoder (--teacher_model_name_or_path: its default): the decoder learns from a
+    # latent-conditioned PatchGAN at a fixed weight, a faint MSE between 8x8-pooled images and LPIPS at 0.1 (it won
+    # the measurement of docs/distillation.md, "The recipe").
+    "tiny": {"pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.1, "disc_weight": 0.1,
+             "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
+             "disc_replay_size": 50},
 }
-# --recipe ldm is LDM's GAN start too: its term at full weight at once (the default ramps it in: techniques.md, 14).
-# Distilling a tiny autoencoder (--teacher_model_name_or_path: its default): the decoder learns from a
-# latent-conditioned PatchGAN at a fixed weight, a faint MSE between 8x8-pooled images and LPIPS at 0.1 (it won
-# the measurement of docs/distillation.md, "The recipe").
-TINY_RECIPE = {**LDM_RECIPE, "pixel_loss": "l2", "pixel_loss_pool": 8, "perceptual_weight": 0.1, "disc_weight": 0.1,
-               "adaptive_disc_weight": False, "disc_start": 0, "disc_weight_warmup_steps": 0, "sample_posterior": False,
-               "disc_replay_size": 50}
-RECIPES: Dict[str, Dict[str, Any]] = {"ldm": {**LDM_RECIPE, "disc_weight_warmup_steps": 0}, "balanced": BALANCED_RECIPE,
-                                      "tiny": TINY_RECIPE}
 
 
 def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
@@ -246,7 +244,7 @@ class VAETrainingArguments(TrainingArguments):
     def __post_init__(self):
         # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
         given = {name for name, default in UNSUPPORTED_FLAGS.items() if getattr(self, name) != default}
-        refuse(self, given, INHERITED_REFUSALS,
+        refuse(self, given, tuple((names, lambda f: True, why) for names, why in INHERITED_REFUSALS.items()),
                header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists",
                otherwise="not honoured the same way by both entry points")
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")  # as in the ppdiffusers scripts
@@ -289,33 +287,30 @@ PADDLENLP_FLAGS = frozenset({
 })
 # Accepted and ignored (ppdiffusers' commands pass it) -> its --help text.
 IGNORED_FLAGS = {"do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train."}
-# The refusals of PaddleNLP flags: (flags, when, why and what to do instead), checked by value in
-# VAETrainingArguments (flag_checks.refuse).
-INHERITED_REFUSALS = (
-    # Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other inherited
-    # flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
-    (("num_train_epochs",), lambda f: True, "the training stream is infinite: set the run's length with --max_steps"),
-    (("save_strategy",), lambda f: True, "checkpoints are saved every --save_steps optimizer steps (0: at the end)"),
-    (("logging_strategy", "logging_first_step"), lambda f: True, "scalars are logged every --logging_steps steps"),
-    (("optim",), lambda f: True,
-     "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)"),
-    (("greater_is_better",), lambda f: True,
-     "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)"),
-    (("to_static",), lambda f: True, "both drivers train in dynamic-graph mode"),
-    (("amp_master_grad",), lambda f: True, "--fp16_opt_level O2 keeps float32 master weights in both optimizers"),
-    (("no_cuda",), lambda f: True, "use --device cpu"),
-    (("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
-      "max_evaluate_steps", "prediction_loss_only"), lambda f: True,
-     "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
-     "--metric_for_best_model)"),
-    (("dataloader_drop_last",), lambda f: True, "training batches are always full (the stream is infinite)"),
-    (("ignore_data_skip",), lambda f: True, "the data stream always resumes at its saved position"),
-    (("run_name", "wandb_api_key"), lambda f: True, "only VisualDL logs are written (--report_to visualdl|none)"),
-    (("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
-      "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
-      "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"), lambda f: True,
-     "only data parallelism is supported (paddle.distributed.launch); drop it"),
-)
+# The refusals of PaddleNLP flags: flags -> why and what to do instead, checked by value in VAETrainingArguments
+# (refusals.refuse). Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other
+# inherited flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
+INHERITED_REFUSALS = {
+    ("num_train_epochs",): "the training stream is infinite: set the run's length with --max_steps",
+    ("save_strategy",): "checkpoints are saved every --save_steps optimizer steps (0: at the end)",
+    ("logging_strategy", "logging_first_step"): "scalars are logged every --logging_steps steps",
+    ("optim",): "the optimizer is AdamW in both drivers (--adam_beta1, --adam_beta2, --adam_epsilon, --weight_decay)",
+    ("greater_is_better",): "--metric_for_best_model decides it (psnr, ssim: higher is better; lpips, rfid: lower)",
+    ("to_static",): "both drivers train in dynamic-graph mode",
+    ("amp_master_grad",): "--fp16_opt_level O2 keeps float32 master weights in both optimizers",
+    ("no_cuda",): "use --device cpu",
+    ("do_eval", "do_predict", "evaluation_strategy", "load_best_model_at_end", "eval_accumulation_steps",
+     "max_evaluate_steps", "prediction_loss_only"):
+        "evaluation is the same code in both drivers: use --eval_file_list with --eval_steps (and "
+        "--metric_for_best_model)",
+    ("dataloader_drop_last",): "training batches are always full (the stream is infinite)",
+    ("ignore_data_skip",): "the data stream always resumes at its saved position",
+    ("run_name", "wandb_api_key"): "only VisualDL logs are written (--report_to visualdl|none)",
+    ("sharding", "sharding_degree", "sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
+     "sep_parallel_degree", "data_parallel_config", "tensor_parallel_config", "pipeline_parallel_config",
+     "sharding_parallel_config", "use_expert_parallel", "enable_auto_parallel"):
+        "only data parallelism is supported (paddle.distributed.launch); drop it",
+}
 # Every other PaddleNLP flag -> its default (parsed, hidden in --help, refused for any other value).
 UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                      for f in dataclasses.fields(TrainingArguments)

@@ -17,13 +17,6 @@ from .data.buckets import BUCKET_MULTIPLE, bucket_shapes
 DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
 
 
-def downsampling_factor(config: Mapping[str, Any]) -> int:
-    """The encoder's downsampling factor, as the config's family says (models/family.py)."""
-    from .models.families import family_for_config
-
-    return family_for_config(config).geometry(config).factor
-
-
 def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
     """(path, contents) of the config of the VAE the flags build: --vae_config_file, else the pretrained folder's or
     the --init_from_ckpt checkpoint's; (path or None, None) when there is none to read (a single file)."""
@@ -53,19 +46,20 @@ def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
                                                         model_args.student_width, model_args.student_depth)
 
 
-def check_sizes(model_args, data_args) -> None:
-    """--resolution, --input_size, bucket shapes and tiles against the VAE's config file (none: checked once built)."""
+def check_sizes(f: SimpleNamespace) -> None:
+    """--resolution, --input_size, bucket shapes and tiles (`f`: `flag_values`) against the VAE's config file (none:
+    checked once built)."""
     from .models.families import check_reconstruction_shape
 
-    path, config = vae_config(model_args)
-    check_tiling_flags(model_args, data_args, config, path if config is not None else "no config file")
+    path, config = f.config_path, f.config
+    check_tiling_flags(f, f, config, path if config is not None else "no config file")
     if config is None:
         return
-    resolution, factor = data_args.resolution, downsampling_factor(config)
-    check_reconstruction_shape(config, model_args.input_size, resolution, path)
-    if data_args.aspect_ratio_buckets and _family_of_flags(model_args).geometry(config).output_size:
+    resolution, factor = f.resolution, f.geometry.factor
+    check_reconstruction_shape(config, f.input_size, resolution, path)
+    if f.aspect_ratio_buckets and f.geometry.output_size:
         raise ValueError(f"--aspect_ratio_buckets: this VAE ({path}) decodes square images only; drop it")
-    bad = _misfit_bucket(resolution, factor) if data_args.aspect_ratio_buckets else None
+    bad = _misfit_bucket(resolution, factor) if f.aspect_ratio_buckets else None
     if bad:
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
                     if size % factor == 0 and not _misfit_bucket(size, factor))
@@ -97,7 +91,7 @@ def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_s
     family = family_for_config(config, where)
     if not family.tiling:
         raise ValueError(f"--eval_tiled: {family.class_name} has no tiled encode/decode here; drop --eval_tiled")
-    multiple = 4 * downsampling_factor(config)  # the tile starts must fall on latent pixels
+    multiple = 4 * family.geometry(config).factor  # the tile starts must fall on latent pixels
     if tile_size < multiple or tile_size % multiple:
         fits = max(multiple, round(tile_size / multiple) * multiple)
         raise ValueError(f"--eval_tile_size {tile_size} must be a multiple of {multiple} (4 x the VAE's "
@@ -118,7 +112,10 @@ def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]
 
 def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
-    (raises on a bad --scaling_factor)."""
+    (raises on a bad --scaling_factor): the VAE's config (`config`, `config_path`: `vae_config`) and `family`, its
+    config's, else AutoencoderKL's (a single file)."""
+    from .models.families import family_for_config
+    from .models.families.kl import KL
     from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
     from .models.teacher import STUDENT
@@ -131,8 +128,9 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
-    f.family = _family_of_flags(f)
     path, config = vae_config(f)
+    f.config_path, f.config = path, config
+    f.family = KL if config is None else family_for_config(config, path)
     f.geometry = f.family.geometry(config or {})
     f.deterministic, f.frozen_latent = f.geometry.deterministic, not f.geometry.encoder_trains
     f.video = f.geometry.frames  # a video VAE's temporal factor, 0 for an image VAE
@@ -142,11 +140,3 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.distils, f.student = bool(f.teacher_model_name_or_path), f.family is STUDENT
     return f
 
-
-def _family_of_flags(f):
-    """The family (models/family.py) of the VAE the flags build: its config's, else AutoencoderKL's (a single file)."""
-    from .models.families import family_for_config
-    from .models.families.kl import KL
-
-    path, config = vae_config(f)
-    return KL if config is None else family_for_config(config, path)
