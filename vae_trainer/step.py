@@ -242,27 +242,22 @@ class TrainStep:
             self.disc_scheduler.step()
 
     def _finite_check(self, global_step: int, norms: Dict[str, paddle.Tensor]) -> Tuple[Dict[str, bool], bool]:
-        """({network: take its step?}, stop?) from `_read_checks` and the guard's decision (which raises when a run
-        is broken)."""
+        """({network: take its step?}, stop?) from THE host sync of an optimizer step, one read of a few numbers
+        summed over ranks (losses finite on every rank, VAE / discriminator gradients finite, GAN terms skipped for
+        overflow, some rank signalled to stop), and the guard's decision (which raises when a run is broken)."""
         zero = paddle.zeros([], "float32")
-        losses_finite, vae_finite, disc_finite, gan_overflows, stop = self._read_checks(
-            norms["vae"], norms.get("discriminator", zero))
-        scales = {"vae": self.precision.vae_scaler.scale_value, "discriminator": self.precision.disc_scaler.scale_value}
-        take = self.guard.decide(global_step + 1, losses_finite, {"vae": vae_finite, "discriminator": disc_finite},
-                                 gan_overflows, self.precision.scales_losses, scales)
-        return take, stop
-
-    def _read_checks(self, vae_norm: paddle.Tensor, disc_norm: paddle.Tensor) -> Tuple[bool, bool, bool, int, bool]:
-        """THE host sync of an optimizer step, one read of a few numbers summed over ranks: (losses finite on every
-        rank, VAE / discriminator gradients finite, GAN terms skipped for overflow, some rank signalled to stop)."""
         losses = paddle.stack(self._window_losses).astype("float32")
-        gan_overflows = paddle.stack(self._window_gan_overflows + [paddle.zeros([], "float32")]).sum()
+        gan_overflows = paddle.stack(self._window_gan_overflows + [zero]).sum()
         self._window_losses, self._window_gan_overflows = [], []
-        nonfinite = [(~paddle.isfinite(value)).any().astype("float32") for value in (losses, vae_norm, disc_norm)]
+        nonfinite = [(~paddle.isfinite(value)).any().astype("float32")
+                     for value in (losses, norms["vae"], norms.get("discriminator", zero))]
         signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
         bad = paddle.stack(nonfinite + [gan_overflows, signal])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
-        return bad_losses == 0, bad_vae == 0, bad_disc == 0, int(overflows), signalled > 0
+        scales = {"vae": self.precision.vae_scaler.scale_value, "discriminator": self.precision.disc_scaler.scale_value}
+        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": bad_vae == 0, "discriminator": bad_disc == 0},
+                                 int(overflows), self.precision.scales_losses, scales)
+        return take, signalled > 0
 
 
 def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:

@@ -5,6 +5,7 @@ calls its `optimizer.step()`, the update of both networks (`TrainStep.optimizer_
 `lr_scheduler.step()`, their learning rates (`TrainStep.schedule`)."""
 
 import copy
+from types import SimpleNamespace
 from typing import Dict, Optional
 
 import paddle
@@ -12,34 +13,6 @@ from paddlenlp.trainer import Trainer, TrainerCallback
 
 from .loop import Run, start
 from .user_errors import start_up
-
-
-class Update:
-    """What the Trainer calls its optimizer: `step` is both networks' update after the last micro-batch (all-reduce,
-    unscale, finite check, clip, step, loss scales, EMA), whose report the Trainer's callback logs."""
-
-    def __init__(self, trainer: "VAETrainer"):
-        self.trainer = trainer
-
-    def step(self) -> None:
-        trainer = self.trainer
-        trainer.step_report = trainer.run.step.optimizer_step(trainer.state.global_step)
-
-    def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Nothing left to clear: the update freed the gradients."""
-
-    def get_lr(self) -> float:
-        return self.trainer.run.step.vae_optimizer.get_lr()  # the console's learning rate
-
-
-class Schedules:
-    """What the Trainer calls its lr_scheduler: `step` moves both networks' learning rates on."""
-
-    def __init__(self, trainer: "VAETrainer"):
-        self.trainer = trainer
-
-    def step(self) -> None:
-        self.trainer.run.step.schedule(self.trainer.state.global_step)
 
 
 class VAETrainer(Trainer, TrainerCallback):
@@ -65,7 +38,17 @@ class VAETrainer(Trainer, TrainerCallback):
             super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def create_optimizer_and_scheduler(self, num_training_steps: int):
-        self.optimizer, self.lr_scheduler = Update(self), Schedules(self)
+        """What the Trainer calls its optimizer: `step` is both networks' update after the last micro-batch
+        (all-reduce, unscale, finite check, clip, step, loss scales, EMA), whose report the callback logs; nothing
+        left for `clear_grad` (the update freed the gradients); `get_lr` the console's learning rate. Its
+        lr_scheduler: `step` moves both networks' learning rates on."""
+        step = self.run.step
+        self.optimizer = SimpleNamespace(step=self._update, clear_grad=lambda set_to_zero=True: None,
+                                         get_lr=step.vae_optimizer.get_lr)
+        self.lr_scheduler = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
+
+    def _update(self) -> None:
+        self.step_report = self.run.step.optimizer_step(self.state.global_step)
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
