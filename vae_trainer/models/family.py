@@ -22,6 +22,7 @@ import paddle
 from .latent_normalisation import Normalisation
 
 Layer, Tensor = paddle.nn.Layer, paddle.Tensor
+TILE_OVERLAP = 0.25  # diffusers' and ppdiffusers' tiles: the stride is 3/4 of a tile (256 px tiles, stride 192)
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,9 @@ class Family:
         raise NotImplementedError
 
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
-        """Images on [-1, 1] in intent, not clamped (a clamp would stop the loss's gradients)."""
-        raise NotImplementedError
+        """Images on [-1, 1] in intent, not clamped (a clamp would stop the loss's gradients); by default the
+        class's own decode, whose output is that."""
+        return vae.decode(latents).sample
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         """(the decoder's last weight, where the adaptive GAN weight compares gradients; the encoder's, where the
@@ -135,8 +137,12 @@ class Family:
         return []
 
     def tiled(self, vae: Layer, tile: int) -> ContextManager[None]:
-        """Within: `vae` encodes and decodes images larger than `tile` px tile by tile (`tiling` says how)."""
-        raise ValueError(f"{self.class_name} has no tiled encode / decode here")
+        """Within: `vae` encodes and decodes images larger than `tile` px tile by tile (`tiling` says how); by default
+        with the class's diffusers-style `enable_tiling`, square tiles overlapping by TILE_OVERLAP of a tile."""
+        if not self.tiling:
+            raise ValueError(f"{self.class_name} has no tiled encode / decode here")
+        stride = tile - int(tile * TILE_OVERLAP)
+        return tiling_enabled(vae, tile, tile, stride, stride)
 
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         """Weights the export writes in place of the network's own (by state-dict name) so that its posterior has
@@ -182,13 +188,18 @@ def constant_logvar_values(vae: Layer, prefix: str, channels: int, posterior_std
     return {prefix + "weight": weight, prefix + "bias": bias}
 
 
+def diffusers_tiling(class_name: str, note: str = "") -> str:
+    """A `Family.tiling` of a class's own diffusers-style tiled passes."""
+    return (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly ({class_name} tiled_encode / tiled_decode, "
+            f"as diffusers'{note})")
+
+
 @contextlib.contextmanager
-def tiling_enabled(vae: Layer, tile: int, overlap: float, state: Tuple[str, ...]):
-    """Within: diffusers-style `vae.enable_tiling` with square `tile` px tiles overlapping by `overlap` of a tile;
-    the attributes named in `state` restored on leaving."""
-    stride = tile - int(tile * overlap)
-    with attributes_set(vae, **{name: getattr(vae, name) for name in state}):
-        vae.enable_tiling(tile, tile, stride, stride)
+def tiling_enabled(vae: Layer, *settings: Any):
+    """Within: `vae.enable_tiling(*settings)`; its tiling attributes (`use_tiling`, `tile_*`) restored on leaving."""
+    state = {name: value for name, value in vars(vae).items() if name == "use_tiling" or name.startswith("tile_")}
+    with attributes_set(vae, **state):
+        vae.enable_tiling(*settings)
         yield
 
 

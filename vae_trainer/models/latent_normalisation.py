@@ -32,11 +32,10 @@ class Normalisation:
     name = "scaling factor"  # in messages and latent_stats.json
     held = ""  # what the weights hold of it ("bn statistics"), else ""
     on_training_data = False  # measured on --file_list (RAE's stat.pt), not on held-out images
-
-    @property
-    def numbers(self) -> bool:
-        """Can a number (--scaling_factor N) set it?"""
-        return "scaling_factor" in self.keys
+    numbers = True  # a number (--scaling_factor N) can set it
+    # (name, text) its evaluation protocols state, and what they add where the statistics of `view` were measured
+    stated: Items = ()
+    view_item: Optional[Tuple[str, str]] = None
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
         """What its statistics are per channel of (NC... float32), if not posterior samples."""
@@ -70,7 +69,7 @@ class Normalisation:
 
     def protocol(self, measured_view: bool) -> Items:
         """(name, text) an evaluation's protocol adds; `measured_view`: the statistics of `view` were measured."""
-        return ()
+        return self.stated + ((self.view_item,) if measured_view and self.view_item else ())
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode,
@@ -93,7 +92,7 @@ class Normalisation:
         class_name = type(vae).__name__
         if not self.numbers and mode not in ("keep", "measure"):
             # LTX-2's config has a scaling_factor too, applied after its buffers: kept as the config states it
-            factor = ("its scaling_factor is its config's, kept" if "scaling_factor" in getattr(self, "keys", ())
+            factor = ("its scaling_factor is its config's, kept" if "scaling_factor" in self.keys
                       else "has no scaling_factor")
             return (f"--scaling_factor {mode}: {class_name} {factor}; its pipelines normalise the latents "
                     f"with its {self.held or self.name}. Use --scaling_factor keep (the source's statistics) or "
@@ -137,6 +136,10 @@ class PerChannel(Normalisation):
 
     keys = ("latents_mean", "latents_std")
     name = "latent normalisation (latents_mean / latents_std)"
+    numbers = False
+    view_item = ("latent normalisation statistics", "per channel of the posterior mode (what the Wan / Qwen-Image "
+                 "pipelines normalise by latents_mean / latents_std), population mean and std over all images and "
+                 "positions")
     formula = ("(z - latents_mean) / latents_std per channel, z the posterior mode (diffusers' Wan / Qwen-Image "
                "pipelines)")
 
@@ -161,13 +164,6 @@ class PerChannel(Normalisation):
                 "mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []],
                 **moments(stats)}
 
-    def protocol(self, measured_view: bool) -> Items:
-        if not measured_view:
-            return ()
-        return (("latent normalisation statistics", "per channel of the posterior mode (what the Wan / Qwen-Image "
-                 "pipelines normalise by latents_mean / latents_std), population mean and std over all images and "
-                 "positions"),)
-
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """For NCHW image latents (a clip's NCTHW latents need a frame axis: [:, None])."""
         shape = [len(vae.config[self.keys[0]]), 1, 1]
@@ -183,11 +179,14 @@ class PerPosition(PerChannel):
 
     keys = ("scaling_factor", "latents_mean", "latents_std")
     on_training_data = True
+    numbers = True
     eps = 1e-5
     formula = "(tokens - latents_mean) / (latents_std + 1e-5) * scaling_factor, inside encode (diffusers')"
     statistic = ("per channel and position of the encoder's tokens (eval mode: no noise) before the latent "
                  "normalisation, population mean and variance over all images, as RAE's stat.pt; latents_std = "
                  f"sqrt(variance + {eps}), as diffusers converts stat.pt")
+    stated = (("latent statistics", f"per channel, of the latents encode returns: {formula}"),)
+    view_item = ("token statistics", statistic)
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
         """The tokens, each channel at each position a "channel" of its own."""
@@ -218,10 +217,6 @@ class PerPosition(PerChannel):
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": self.statistic, **moments(stats)}
-
-    def protocol(self, measured_view: bool) -> Items:
-        items = (("latent statistics", f"per channel, of the latents encode returns: {self.formula}"),)
-        return items + ((("token statistics", self.statistic),) if measured_view else ())
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{type(vae).__name__}: its encode already normalises (latents_mean / latents_std per channel "
@@ -262,6 +257,7 @@ class HeldInWeights(Normalisation):
     (`LTX2_BUFFERS`) a mean and std, the pipelines' spread std / scaling_factor."""
 
     name = "latent normalisation"
+    numbers = False  # its statistics are measured or kept, never given
 
     def __init__(self, held: str, buffers: Mapping[str, str], formula: str, variance: bool = False,
                  eps_key: str = "", patch_key: str = "", counter: str = "", label: str = "",
@@ -271,10 +267,11 @@ class HeldInWeights(Normalisation):
         self.variance, self.eps_key, self.patch_key, self.counter = variance, eps_key, patch_key, counter
         self.keys = keys  # config keys kept beside them (LTX-2's scaling_factor, applied after)
         self.mean_name, self.spread_name = list(self.buffers)
-
-    @property
-    def numbers(self) -> bool:
-        return False  # its statistics are measured or kept, never given
+        where = ("per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order)" if patch_key
+                 else "per channel of the posterior mode")
+        self.statistic = f"{where}: population mean and variance over all images and positions"
+        self.view_item = ("patchified latent statistics" if patch_key else "latent normalisation statistics",
+                          f"{self.statistic}, what its {held} hold")
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
         mode = posterior.mode().astype("float32")
@@ -314,26 +311,14 @@ class HeldInWeights(Normalisation):
         return (f"latent normalisation ({self.held} of {len(normalisation[self.mean_name])} "
                 f"{'patchified ' if self.patch_key else ''}channels{eps})")
 
-    def statistic(self) -> str:
-        where = ("per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order)" if self.patch_key
-                 else "per channel of the posterior mode")
-        return f"{where}: population mean and variance over all images and positions"
-
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": self.statistic(), **self.listed(stats), **moments(stats)}
-
-    def protocol(self, measured_view: bool) -> Items:
-        if not measured_view:
-            return ()
-        name = "patchified latent statistics" if self.patch_key else "latent normalisation statistics"
-        return ((name, f"{self.statistic()}, what its {self.held} hold"),)
+        return {"statistic": self.statistic, **self.listed(stats), **moments(stats)}
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """For NCHW image latents. Patchified, un-patchified: patchified channel c * ph * pw + i * pw + j is channel
         c at (i, j) of each patch."""
-        patch = vae.config[self.patch_key] if self.patch_key else (1, 1)
-        shape = [len(self.held_values(vae)[self.mean_name]) // (patch[0] * patch[1]), *patch]
-        held = self.held_values(vae)
+        patch, held = vae.config[self.patch_key] if self.patch_key else (1, 1), self.held_values(vae)
+        shape = [len(held[self.mean_name]) // (patch[0] * patch[1]), *patch]
         spread = np.asarray(held[self.spread_name], np.float32)
         if self.variance:
             spread = np.sqrt(spread + vae.config[self.eps_key])

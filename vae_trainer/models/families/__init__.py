@@ -20,7 +20,8 @@ from .wan import QWEN_IMAGE, WAN
 
 # A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last;
 # TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's;
-# LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2.
+# LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2. A network's family is the first
+# whose class it is an instance of, so a class comes before the one it derives from (FLUX2 before KL).
 FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, LTX2, FLUX2, RAE, HUNYUAN_VIDEO15, KL)
 
 
@@ -29,10 +30,7 @@ def trained_classes() -> str:
 
 
 def family_of(vae: Layer) -> Family:
-    """The family of a network: of its class, else of the class it derives from, else (a stand-in) of its config."""
-    for family in FAMILIES:
-        if type(vae) is family.network:
-            return family
+    """The family of a network: of its class or the class it derives from, else (a stand-in) of its config."""
     for family in FAMILIES:
         if isinstance(vae, family.network):
             return family

@@ -9,11 +9,10 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from ..autoencoder_dc import AutoencoderDC, DCUpBlock2d
 from ..family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys,
-                      constructor_defaults, holds_batch_norm, tiling_enabled)
+                      constructor_defaults, diffusers_tiling, holds_batch_norm)
 from ..latent_normalisation import Scale
 from ..rgba import ImageConvs
 
-TILE_OVERLAP = 0.25  # as AutoencoderKL's tiles: the stride is 3/4 of a tile
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
 ARCHITECTURE_KEYS = ("latent_channels", "encoder_block_types", "decoder_block_types", "encoder_block_out_channels",
                      "decoder_block_out_channels", "encoder_layers_per_block", "decoder_layers_per_block",
@@ -25,16 +24,13 @@ STAGE_KEYS = {"encoder": ("encoder_block_types", "encoder_layers_per_block", "en
                           "decoder_norm_types", "decoder_act_fns")}
 NAMED_KEYS = ("encoder_block_types", "decoder_block_types", "decoder_norm_types", "decoder_act_fns")
 SHORTCUTS = {"encoder": "encoder_out_shortcut", "decoder": "decoder_in_shortcut"}
-TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
-                "tile_sample_stride_width", "tile_latent_min_height", "tile_latent_min_width")
 
 
 class DCFamily(Family):
     class_name = "AutoencoderDC"
     network = AutoencoderDC
     normalisation = Scale()
-    tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (AutoencoderDC tiled_encode / "
-              "tiled_decode, as diffusers')")
+    tiling = diffusers_tiling("AutoencoderDC")
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
 
@@ -57,9 +53,6 @@ class DCFamily(Family):
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latent)
 
-    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
-        return vae.decode(latents).sample
-
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         conv_out = vae.decoder.conv_out
         return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight  # a DCUpBlock2d holds its conv
@@ -79,9 +72,6 @@ class DCFamily(Family):
                 for coder, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks"))
                 for i, stage in enumerate(getattr(getattr(vae, coder), blocks))
                 for j, layer in enumerate(stage.children()) if not holds_batch_norm(layer)]
-
-    def tiled(self, vae: Layer, tile: int):
-        return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
 
 
 def check_stages(config: Mapping[str, Any], where: str) -> None:

@@ -7,19 +7,15 @@ conv, so no weights give its posterior a constant std: --posterior_std is refuse
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
 from ..autoencoder_kl_hunyuanvideo15 import AutoencoderKLHunyuanVideo15
-from ..family import Geometry, Layer, Tensor, attributes_set, check_config_keys, constructor_defaults
+from ..family import (TILE_OVERLAP, Geometry, Layer, check_config_keys, constructor_defaults, diffusers_tiling,
+                      tiling_enabled)
 from ..latent_normalisation import Scale
-from ..rgba import ImageConvs
-from .wan import TILE_OVERLAP, CausalVideoFamily, diffusers_tiling
-
-TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
-                "tile_latent_min_width", "tile_overlap_factor")
+from .wan import CausalVideoFamily
 
 
 class HunyuanVideo15Family(CausalVideoFamily):
@@ -44,19 +40,10 @@ class HunyuanVideo15Family(CausalVideoFamily):
         check_config_keys(config, self, where)
         return self.network.from_config(dict(config))
 
-    @contextlib.contextmanager
     def tiled(self, vae: Layer, tile: int):
         """Its own enable_tiling: square `tile` px tiles and their latent tiles, overlapping by a quarter."""
         latent_tile = tile // vae.spatial_compression_ratio
-        with attributes_set(vae, **{name: getattr(vae, name) for name in TILING_STATE}):
-            vae.enable_tiling(tile, tile, latent_tile, latent_tile, TILE_OVERLAP)
-            yield
-
-    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        return vae.decoder_last_layer(), vae.encoder_last_layer().weight
-
-    def image_convs(self, vae: Layer) -> ImageConvs:
-        return ImageConvs(vae.encoder.conv_in.conv, vae.decoder.conv_out.conv, {"in_channels": 4, "out_channels": 4})
+        return tiling_enabled(vae, tile, tile, latent_tile, latent_tile, TILE_OVERLAP)
 
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
         if posterior_std and posterior_std > 0:

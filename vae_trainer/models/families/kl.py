@@ -12,12 +12,10 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import (Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values,
+from ..family import (TILE_OVERLAP, Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values,
                       constructor_defaults)
 from ..latent_normalisation import Scale
 from ..rgba import ImageConvs
-
-TILE_OVERLAP = 0.25  # ppdiffusers' tile_overlap_factor
 
 
 class KLFamily(Family):
@@ -54,9 +52,6 @@ class KLFamily(Family):
 
     def encode(self, vae: Layer, images: Tensor):
         return vae.encode(images).latent_dist
-
-    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
-        return vae.decode(latents).sample
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         return vae.decoder.conv_out.weight, vae.encoder.conv_out.weight

@@ -12,13 +12,12 @@ tiled passes here (diffusers' are inference memory savers, not ported).
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from ..autoencoder_kl_ltx2 import STRIDES, AutoencoderKLLTX2Video, _per_block
-from ..family import (Geometry, Layer, Tensor, check_config_keys, constant_logvar_values,
-                      constructor_defaults)
+from ..family import Geometry, Layer, check_config_keys, constructor_defaults
 from ..latent_normalisation import LTX2_BUFFERS
 from ..rgba import ImageConvs
 from .wan import CausalVideoFamily
@@ -35,6 +34,7 @@ class LTX2Family(CausalVideoFamily):
     encoder_prefixes = ("encoder.", "latents_mean", "latents_std")  # the buffers define the latent's normalisation
     normalisation = LTX2_BUFFERS
     tiling = ""
+    moments_conv = "encoder.conv_out.conv."
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "spatio_temporal_scaling" in config or "decoder_inject_noise" in config
@@ -67,18 +67,12 @@ class LTX2Family(CausalVideoFamily):
                                  "VAE has it off)")
         return self.network.from_config(dict(config))
 
-    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        return vae.decoder_last_layer(), vae.encoder.conv_out.conv.weight  # the conv making the moments
-
     def image_convs(self, vae: Layer) -> ImageConvs:
         """The Conv3Ds of encoder.conv_in and decoder.conv_out, on the patch_size ** 2 channels of each image channel's
         patches (its config counts image channels)."""
         group = int(vae.config.patch_size) ** 2
         return ImageConvs(vae.encoder.conv_in.conv, vae.decoder.conv_out.conv, {"in_channels": 4, "out_channels": 4},
                           group, group)
-
-    def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
-        return constant_logvar_values(vae, "encoder.conv_out.conv.", vae.config.latent_channels, posterior_std)
 
 
 LTX2 = LTX2Family()

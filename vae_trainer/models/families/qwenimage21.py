@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..autoencoder_kl_qwenimage21 import AutoencoderKLQwenImage21
-from .wan import WanFamily, diffusers_tiling
+from ..family import diffusers_tiling
+from .wan import WanFamily
 
 
 class QwenImage21Family(WanFamily):

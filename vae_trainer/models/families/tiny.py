@@ -64,9 +64,6 @@ class TinyFamily(Family):
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latents)
 
-    def decode(self, vae: Layer, latents: Tensor) -> Tensor:
-        return vae.decode(latents).sample
-
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         return vae.decoder.layers[-1].weight, vae.encoder.layers[-1].weight
 

@@ -27,18 +27,9 @@ import numpy as np
 from ..autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from ..autoencoder_kl_wan import AutoencoderKLWan, DiagonalGaussianDistribution
 from ..family import (Family, Geometry, Layer, Tensor, check_config_keys, constant_logvar_values,
-                      constructor_defaults, tiling_enabled)
+                      constructor_defaults, diffusers_tiling)
 from ..latent_normalisation import PerChannel
 from ..rgba import ImageConvs
-
-TILE_OVERLAP = 0.25  # diffusers' defaults: 256 px tiles, stride 192
-TILING_STATE = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
-                "tile_sample_stride_width")
-
-
-def diffusers_tiling(class_name: str, note: str = "") -> str:
-    return (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly ({class_name} tiled_encode / tiled_decode, "
-            f"as diffusers'{note})")
 
 
 class CausalVideoFamily(Family):
@@ -50,6 +41,7 @@ class CausalVideoFamily(Family):
     frames: ClassVar[int] = 4  # its temporal factor: clips of 1 + 4k frames
     patch_key: ClassVar[str] = ""  # the config key of a pixel patchify before the encoder (Wan 2.2's patch_size)
     image_channel_keys: ClassVar[Tuple[str, ...]] = ("in_channels", "out_channels")  # Wan 2.2's: patchified
+    moments_conv: ClassVar[str] = "quant_conv."  # the state-dict prefix of the conv making the moments
 
     # ---- config
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
@@ -89,12 +81,15 @@ class CausalVideoFamily(Family):
         return vae.decode(latents.unsqueeze(2), clamp=False).sample.squeeze(2)
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        return vae.decoder_last_layer(), vae.encoder_last_layer().weight  # quant_conv: it makes the moments
+        moments = vae.encoder_last_layer()  # the conv making the moments (LTX-2's: a causal conv holding it)
+        return vae.decoder_last_layer(), getattr(moments, "conv", moments).weight
 
     def image_convs(self, vae: Layer) -> ImageConvs:
-        """encoder.conv_in and decoder.conv_out, on the p * p channels of each image channel's patches (Wan 2.2)."""
+        """encoder.conv_in and decoder.conv_out (the conv a causal conv holds, HunyuanVideo 1.5's), on the p * p
+        channels of each image channel's patches (Wan 2.2)."""
         group = int(vae.config.get(self.patch_key) or 1) ** 2
-        return ImageConvs(vae.encoder.conv_in, vae.decoder.conv_out,
+        first, last = vae.encoder.conv_in, vae.decoder.conv_out
+        return ImageConvs(getattr(first, "conv", first), getattr(last, "conv", last),
                           {key: 4 * group for key in self.image_channel_keys}, group, group)
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
@@ -102,11 +97,9 @@ class CausalVideoFamily(Family):
         passes over clips (pure functions of the chunk and the cache tensors it is given)."""
         return vae.checkpoint_segments()
 
-    def tiled(self, vae: Layer, tile: int):
-        return tiling_enabled(vae, tile, TILE_OVERLAP, TILING_STATE)
-
     def posterior_std_values(self, vae: Layer, posterior_std: float) -> Dict[str, np.ndarray]:
-        return constant_logvar_values(vae, "quant_conv.", vae.config.z_dim, posterior_std)
+        channels = self.geometry(vae.config).latent_channels
+        return constant_logvar_values(vae, self.moments_conv, channels, posterior_std)
 
 
 class WanFamily(CausalVideoFamily):
