@@ -65,14 +65,11 @@ def grow_conv(conv: Layer, extra_inputs: int = 0, extra_outputs: int = 0, bias: 
     its own inputs as before, the new ones are `bias` everywhere. New parameters: build optimizers and EMA after."""
     if not isinstance(conv, (paddle.nn.Conv1D, paddle.nn.Conv2D, paddle.nn.Conv3D)) or conv._groups != 1:
         raise TypeError(f"grow_conv grows a convolution of one group, not {type(conv).__name__}")
-    weight = conv.weight
-    inputs = paddle.zeros([weight.shape[0], extra_inputs, *weight.shape[2:]], weight.dtype)
-    weight = paddle.concat([weight, inputs], axis=1)
-    weight = paddle.concat([weight, paddle.zeros([extra_outputs, *weight.shape[1:]], weight.dtype)], axis=0)
-    conv.weight = _parameter_like(conv.weight, weight)
+    # Zeros after the outputs (axis 0) and the inputs (axis 1); a pad as long as 2 x the dims pads from the first.
+    padding = [0, extra_outputs, 0, extra_inputs] + [0, 0] * (conv.weight.ndim - 2)
+    conv.weight = _parameter_like(conv.weight, paddle.nn.functional.pad(conv.weight, padding))
     if conv.bias is not None:
-        added = paddle.full([extra_outputs], bias, conv.bias.dtype)
-        conv.bias = _parameter_like(conv.bias, paddle.concat([conv.bias, added]))
+        conv.bias = _parameter_like(conv.bias, paddle.nn.functional.pad(conv.bias, [0, extra_outputs], value=bias))
     elif extra_outputs and bias:
         raise ValueError(f"grow_conv: {type(conv).__name__} has no bias to give its new outputs {bias}")
     conv._in_channels += extra_inputs
