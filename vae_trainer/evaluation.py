@@ -8,10 +8,11 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import paddle
@@ -186,15 +187,6 @@ class EvalResult:
     grid: np.ndarray | None = None
 
 
-def on_checkerboard(images: np.ndarray) -> np.ndarray:
-    """NHWC RGBA images on [-1, 1] over a light checkerboard of CHECKER_SQUARE px squares (as image editors show
-    transparency): NHWC RGB."""
-    rows, columns = np.indices(images.shape[1:3]) // CHECKER_SQUARE
-    board = np.where((rows + columns) % 2 == 0, CHECKER_LEVELS[0], CHECKER_LEVELS[1])[None, :, :, None]
-    opacity = (images[..., 3:] + 1.0) / 2.0
-    return images[..., :3] * opacity + board * (1.0 - opacity)
-
-
 def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.ndarray,
               max_images: int = 8) -> np.ndarray:
     """uint8 HxWx3 grid: the first `max_images` (at least one) NCHW [-1, 1] inputs over their reconstructions (RGBA
@@ -203,10 +195,14 @@ def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.nda
         pairs = zip(inputs[:max(1, max_images)], recons[:max(1, max_images)])
         return np.concatenate([make_grid(clip.transpose([1, 0, 2, 3]), recon.transpose([1, 0, 2, 3]), clip.shape[1])
                                for clip, recon in pairs])
-    rows = []
+    rows, (board_rows, board_columns) = [], np.indices(inputs.shape[2:4]) // CHECKER_SQUARE
+    # RGBA over a light checkerboard of CHECKER_SQUARE px squares, as image editors show transparency
+    board = np.where((board_rows + board_columns) % 2 == 0, CHECKER_LEVELS[0], CHECKER_LEVELS[1])[None, :, :, None]
     for images in (inputs[:max(1, max_images)], recons[:max(1, max_images)]):
         images = np.clip(np.asarray(images.astype("float32")), -1.0, 1.0).transpose(0, 2, 3, 1)  # (bfloat16 too)
-        images = on_checkerboard(images) if images.shape[-1] == 4 else images
+        if images.shape[-1] == 4:
+            opacity = (images[..., 3:] + 1.0) / 2.0
+            images = images[..., :3] * opacity + board * (1.0 - opacity)
         rows.append(np.concatenate(list(np.round((images + 1.0) * 127.5).astype(np.uint8)), axis=1))
     return np.concatenate(rows, axis=0)
 
@@ -218,12 +214,8 @@ class _Pass:
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None, teacher=None) -> None:
         self.vae, self.family, self.input_size, self.rng, self.teacher = vae, family_of(vae), input_size, rng, teacher
-        geometry = self.family.geometry(vae.config)
-        self.fixed_output = geometry.output_size is not None
-        # the scale diagnostic decodes halved latents, which a decoder may not take (LTX-2's reflect padding at 2x2)
-        self.min_latent_side = geometry.min_latent_side
-        self.frames = geometry.frames or clips_part.GROUP_FRAMES  # the frames one latent frame codes after the first
-        self.posterior_std = 0.0 if geometry.deterministic else posterior_std  # training's noise, not exported
+        self.geometry = self.family.geometry(vae.config)
+        self.posterior_std = 0.0 if self.geometry.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
         self.view = None  # statistics of the normalisation's view (FLUX.2's patchified latents), if any
@@ -232,16 +224,16 @@ class _Pass:
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
         self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
 
-    def run(self, batches: Iterable[Any], add: Callable[[paddle.Tensor], None], num_images: int | None,
-            tiling: int | None, what: str) -> None:
-        """`add` on each batch (tensors or dicts holding "pixel_values"), at most `num_images` images, in eval mode
-        without gradients. A rank that fails or gets no image raises on every rank, naming it."""
+    def run(self, batches: Iterable[Any], num_images: int | None, tiling: int | None, reconstruct: bool) -> _Pass:
+        """`reconstruct` (else `encode`) each batch (tensors or dicts holding "pixel_values"), at most `num_images`
+        images, in eval mode without gradients. A rank that fails or gets no image raises on every rank, naming it."""
+        add, what = (self.reconstruct, "evaluating") if reconstruct else (self.encode, "measuring latent statistics")
         if tiling is not None:  # tiles the tiled passes would get wrong are refused
             check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
         was_training = self.vae.training
         self.vae.eval()
-        remaining = math.inf if num_images is None else num_images
+        remaining = sys.maxsize if num_images is None else num_images
         try:
             tiles = self.family.tiled(self.vae, tiling) if tiling is not None else nullcontext()
             with all_ranks_agree(what), paddle.no_grad(), tiles:
@@ -249,9 +241,8 @@ class _Pass:
                     for batch in batches:
                         if remaining <= 0:
                             break
-                        pixels = (batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32")
-                        if remaining < pixels.shape[0]:
-                            pixels = pixels[:remaining]
+                        pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
+                        pixels = pixels[:remaining].astype("float32")
                         remaining -= pixels.shape[0]
                         add(pixels)
                         watchdog.beat(f"a batch ({what})")
@@ -262,6 +253,7 @@ class _Pass:
         finally:
             if was_training:
                 self.vae.train()
+        return self
 
     def posterior(self, pixels: paddle.Tensor):
         """The posterior of `pixels` (resized to --input_size); with --posterior_std its std is that constant."""
@@ -273,8 +265,7 @@ class _Pass:
 
     def add_latents(self, posterior) -> None:
         self.count += posterior.mean.shape[0]
-        variances = None if posterior.var is None else posterior.var.astype("float32")
-        self.samples.update(posterior.mean.astype("float32"), variances)
+        self.samples.update(posterior.mean, posterior.var)  # (float64 sums, from half precision too)
         view = self.family.normalisation.view(self.vae, posterior)
         if view is not None:
             self.view = self.view or LatentStatistics()
@@ -300,9 +291,11 @@ class _Pass:
             else:  # the student decodes the teacher's latents, timed
                 latent = taught.astype(mode.dtype)
                 recons = distillation.timed(self.metrics, "decode_ms", lambda: self.family.decode(self.vae, latent))
+            # the scale diagnostic decodes halved latents, which a decoder may not take (LTX-2's reflect padding at
+            # 2x2), nor one of a fixed output size
             pairs = {} if clips or taught is not None else equivariance.equivariance_pairs(
-                lambda z: self.family.decode(self.vae, z), pixels, mode,
-                scale=not self.fixed_output and min(mode.shape[2:]) // 2 >= self.min_latent_side)
+                lambda z: self.family.decode(self.vae, z), pixels, mode, scale=self.geometry.output_size is None
+                and min(mode.shape[2:]) // 2 >= self.geometry.min_latent_side)
         self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
@@ -314,8 +307,9 @@ class _Pass:
         unit_pixels, unit_recons = to_unit_range(pixels), to_unit_range(recons)
         frame_psnr = psnr(unit_pixels, unit_recons)
         self.metrics.update("psnr", frame_psnr)
-        if clips:
-            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0], self.frames)
+        if clips:  # grouped by the frames one latent frame codes after the first
+            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0],
+                                          self.geometry.frames or clips_part.GROUP_FRAMES)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         if unit_pixels.shape[1] == 4:
             self.metrics.update("alpha_psnr", alpha_psnr(unit_pixels, unit_recons))
@@ -370,17 +364,14 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
             metric_network.eval()  # fixed feature networks: never batch statistics
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
     evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
-    evaluation.run(batches, evaluation.reconstruct, num_images, tiling, "evaluating")
-    return evaluation.result()
+    return evaluation.run(batches, num_images, tiling, reconstruct=True).result()
 
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None,
                     input_size: list[int] | None = None, posterior_std: float = 0.0,
                     tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
-    measurement = _Pass(vae, input_size, posterior_std)
-    measurement.run(batches, measurement.encode, num_images, tiling, "measuring latent statistics")
-    return measurement.latent_stats()
+    return _Pass(vae, input_size, posterior_std).run(batches, num_images, tiling, reconstruct=False).latent_stats()
 
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
@@ -427,8 +418,9 @@ class TrainingEvaluator:
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
         self.tiling = (data_args.eval_tile_size or DEFAULT_TILE_SIZE) if data_args.eval_tiled else None  # px
-        self.frames = {name: getattr(data_args, name, 1) for name in ("num_frames", "frame_stride")}
-        self.clip_frames = self.frames if self.frames["num_frames"] > 1 else {}  # the loaders' clip arguments
+        frames = {name: getattr(data_args, name, 1) for name in ("num_frames", "frame_stride")}
+        self.clip_frames = frames if frames["num_frames"] > 1 else {}  # the loaders' and the protocol's clip arguments
+        self.enabled = bool(data_args.eval_file_list) and bool(args.eval_steps)  # (--eval_steps < 1: refused)
         self.last: tuple[int, EvalResult, bool] | None = None  # (step, result, of the EMA weights?)
         self.logged_protocol: str | None = None  # logged once per run (and again if it changes)
         if self.enabled and inception is None:  # once per run (eval_vae.py prints its own)
@@ -442,16 +434,12 @@ class TrainingEvaluator:
             if data and not any(  # a video file, or a shard (which may hold some)
                     part.kind == CLIP_TAR or part.path.lower().endswith(VIDEO_SUFFIXES)
                     for source in read_sources(data, False, True) for part in source.parts):
-                raise ValueError(f"{flag} {data} names no video file, and --num_frames {self.frames['num_frames']} "
+                raise ValueError(f"{flag} {data} names no video file, and --num_frames {frames['num_frames']} "
                                  "reads clips (evaluations and latent statistics skip images): give videos")
         wanted = data_args.latent_stats_num_images
         if wanted is not None and wanted < max(1, ranks):
             raise ValueError(f"--latent_stats_num_images {wanted} must be at least 1 and at least the number of ranks "
                              f"({ranks}): every rank measures its share of the images")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.data_args.eval_file_list) and self.args.eval_steps is not None and self.args.eval_steps > 0
 
     def due(self, step: int) -> bool:
         return self.enabled and (step % self.args.eval_steps == 0 or step == self.args.max_steps)
@@ -502,12 +490,13 @@ class TrainingEvaluator:
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
         protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
-                               tiling=self.tiling, teacher=self.teacher.source if self.teacher else "", **self.frames)
+                               tiling=self.tiling, teacher=self.teacher.source if self.teacher else "",
+                               **self.clip_frames)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text
         logger.info("eval at step %d on %d %s%s: %s%s", step, result.num_images,
-                    "clips" if self.frames["num_frames"] > 1 else "images", " (EMA weights)" if ema is not None else "",
+                    "clips" if self.clip_frames else "images", " (EMA weights)" if ema is not None else "",
                     ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()), stated)
         better = False
         if self.metric is not None and self.metric in result.metrics:

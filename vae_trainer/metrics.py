@@ -31,17 +31,16 @@ def to_unit_range(images: paddle.Tensor) -> paddle.Tensor:
     return (images.astype("float32") + 1.0) / 2.0
 
 
-def psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf."""
+def psnr(x: paddle.Tensor, y: paddle.Tensor, mse_floor: float | None = None) -> paddle.Tensor:
+    """PSNR in dB per [0, 1] image, shape [B]: scikit-image's peak_signal_noise_ratio; identical images give +inf,
+    unless the MSE is floored at `mse_floor`."""
     mse = ((x.astype("float32") - y.astype("float32")) ** 2).flatten(1).mean(axis=1)
-    return 10.0 * paddle.log10(1.0 / mse)
+    return 10.0 * paddle.log10(1.0 / (mse if mse_floor is None else paddle.clip(mse, min=mse_floor)))
 
 
 def alpha_psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """PSNR in dB of the alpha channel alone (the 4th) of [0, 1] RGBA images, shape [B], its MSE floored at
-    ALPHA_MSE_FLOOR."""
-    mse = ((x[:, 3].astype("float32") - y[:, 3].astype("float32")) ** 2).flatten(1).mean(axis=1)
-    return 10.0 * paddle.log10(1.0 / paddle.clip(mse, min=ALPHA_MSE_FLOOR))
+    """PSNR in dB of the alpha channel alone (the 4th) of [0, 1] RGBA images, shape [B], its MSE floored."""
+    return psnr(x[:, 3:], y[:, 3:], ALPHA_MSE_FLOOR)
 
 
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
@@ -102,11 +101,6 @@ def all_reduce_sum(array: np.ndarray) -> np.ndarray:
     return sum_over_ranks(paddle.to_tensor(np.asarray(array, dtype=np.float64))).numpy()
 
 
-def _summed_over_ranks(count: int, *sums: np.ndarray) -> tuple:
-    """(count, *sums) summed over ranks: the collectives every rank runs in this order."""
-    return (all_reduce_sum(np.array([count]))[0], *map(all_reduce_sum, sums))
-
-
 def _to_numpy64(values: paddle.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(values.astype("float64").numpy() if isinstance(values, paddle.Tensor) else values, np.float64)
 
@@ -129,55 +123,59 @@ class MetricAccumulator:
         return {name: float(total / count) for name, (total, count) in zip(names, packed)}
 
 
-class FeatureStatistics:
-    """Running mean and covariance of feature vectors (e.g. 2048-d Inception pool features), as float64 sums."""
+class _Moments:
+    """Float64 sums of a whole set: a count, a sum and a sum of second moments (arrays from the first batch on)."""
 
     def __init__(self) -> None:
-        self._count, self._sum, self._outer_sum = 0, 0.0, 0.0  # arrays from the first batch on
+        self._count, self._sum, self._second_sum = 0, 0.0, 0.0
+
+    def _summed_over_ranks(self) -> tuple:
+        """(count, sum, second-moment sum) summed over ranks: the collectives every rank runs in this order."""
+        return tuple(all_reduce_sum(part) for part in (np.array([self._count]), self._sum, self._second_sum))
+
+
+class FeatureStatistics(_Moments):
+    """Running mean and covariance of feature vectors (e.g. 2048-d Inception pool features), from outer products."""
 
     def update(self, features: paddle.Tensor | np.ndarray) -> None:
         """Add a batch of features, shape [B, D]."""
         batch = _to_numpy64(features).reshape(features.shape[0], -1)
         self._count += batch.shape[0]
         self._sum += batch.sum(axis=0)
-        self._outer_sum += batch.T @ batch
+        self._second_sum += batch.T @ batch
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) over all ranks; sigma is the unbiased covariance, as `np.cov` gives."""
-        count, total, outer_total = _summed_over_ranks(self._count, self._sum, self._outer_sum)
+        (count,), total, outer_total = self._summed_over_ranks()
         if count < 2:
             raise ValueError(f"need at least 2 feature vectors for a covariance, got {int(count)}")
         mu = total / count
         return mu, (outer_total - count * np.outer(mu, mu)) / (count - 1)
 
 
-class LatentStatistics:
-    """Per-channel mean and std of latents [B, C, h, w] over a whole set; given the posterior variances with the
-    means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + variance)."""
-
-    def __init__(self) -> None:
-        self._count = 0  # elements per channel
-        self._sum = self._squared_sum = 0.0  # per channel from the first batch on
+class LatentStatistics(_Moments):
+    """Per-channel mean and std of latents [B, C, h, w] over a whole set (sums, counts per channel); given the
+    posterior variances with the means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + var)."""
 
     def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
         """Add a batch of latents [B, C, h, w] or [B, C, t, h, w] (posterior means when `variances` are given)."""
         per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
         self._count += per_channel.shape[1]
         self._sum += per_channel.sum(axis=1)
-        self._squared_sum += (per_channel**2).sum(axis=1)
+        self._second_sum += (per_channel**2).sum(axis=1)
         if variances is not None:
-            self._squared_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
+            self._second_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
 
     def compute(self) -> tuple[np.ndarray, np.ndarray]:
         """(per-channel mean, per-channel population std) over all ranks."""
-        count, total, squared_total = _summed_over_ranks(self._count, self._sum, self._squared_sum)
+        (count,), total, squared_total = self._summed_over_ranks()
         mean = total / count
         return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0))
 
     def suggested_factors(self) -> tuple[float, float]:
         """(scaling_factor, shift_factor) = (1 / std, mean) over all channels together, for
         z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale alone)."""
-        count, total, squared_total = _summed_over_ranks(self._count, self._sum, self._squared_sum)
+        (count,), total, squared_total = self._summed_over_ranks()
         elements = count * total.shape[0]
         mean = total.sum() / elements
         return float(1.0 / np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))), float(mean)  # 1 / std
