@@ -154,4 +154,4 @@ def test_a_two_rank_checkpoint_resumes_in_one_process(photo_filelist, tmp_path, 
         run_in_process("train_vae_trainer.py", tiny_args(photo_filelist, out, max_steps=3, save_steps=3, use_ema="false",
                                                          image_logging_steps=0, resume_from_checkpoint="latest"))
     assert "saved by 2 ranks, this run has 1" in caplog.text
-    assert ckpt.checkpoint_step(ckpt.resolve_resume(out, "latest")) == 3
+    assert ckpt.read_json(os.path.join(ckpt.resolve_resume(out, "latest"), ckpt.TRAINER_STATE_NAME))["global_step"] == 3

@@ -13,7 +13,6 @@ import numpy as np
 import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
-from .checkpoint import estimated_checkpoint_bytes
 from .data.dataset import build_train_dataloader
 from .data.position import StreamPosition
 from .disk import warn_if_short
@@ -147,7 +146,7 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     replay = FakeReplay(loss_args.disc_replay_size, training_args.seed + rank()) if loss_args.disc_replay_size else None
     if rank() == 0:
-        warn_if_short(training_args.output_dir, estimated_checkpoint_bytes(model, ema), training_args.save_total_limit)
+        warn_if_short(training_args.output_dir, model, ema, training_args.save_total_limit)
     return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,

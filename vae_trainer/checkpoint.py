@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
-from .disk import delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder, replace_file
+from .disk import (delete_folder, failed_write, folder_bytes, fsync_path, is_disk_error, publish_folder, replace_file,
+                   tensor_bytes)
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 from .precision import HALF_DTYPES
 
@@ -183,18 +184,6 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
     return final
 
 
-def tensor_bytes(state: Any) -> int:
-    """Bytes of the tensors and arrays in a (nested) state dict: about what saving it writes."""
-    return sum(int(np.prod(v.shape)) * v.element_size() if isinstance(v, paddle.Tensor) else v.nbytes
-               for v in paddle.utils.flatten(state) if isinstance(v, (paddle.Tensor, np.ndarray)))
-
-
-def estimated_checkpoint_bytes(model: paddle.nn.Layer, ema: Any = None) -> int:
-    """A checkpoint's size before the optimizers hold state: weights, two AdamW moments, the trained weights' EMA."""
-    trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
-    return tensor_bytes(model.state_dict()) + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema else 0)
-
-
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:
     """Keep the newest `save_total_limit` checkpoints, plus the one named by `keep`; delete the others."""
     if not save_total_limit or save_total_limit <= 0:
@@ -219,10 +208,10 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
         found = list_checkpoints(output_dir) if resume and rank() == 0 else []
         if not found:
             return []
-        step = checkpoint_step(resume)
-        if any(os.path.realpath(path) == os.path.realpath(resume) for _, path in found):
-            later = [path for found_step, path in found if step is not None and found_step > step]
-            name, after = f"after-{PREFIX}-{step}", step
+        steps = [step for step, path in found if os.path.realpath(path) == os.path.realpath(resume)]
+        if steps:  # one of this folder's checkpoint-N: N is its step
+            later = [path for step, path in found if step > steps[0]]
+            name, after = f"after-{PREFIX}-{steps[0]}", steps[0]
         else:
             later = [path for _, path in found]
             name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
@@ -249,15 +238,6 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
                        "to %s (delete it when no longer needed)", resume, output_dir,
                        ", ".join(os.path.basename(path) for path in later), branch)
         return moved
-
-
-def checkpoint_step(checkpoint: str) -> Optional[int]:
-    """The step a checkpoint folder was saved at (its trainer_state.json, else its name), or None."""
-    try:
-        return int(read_json(os.path.join(checkpoint, TRAINER_STATE_NAME))["global_step"])
-    except (OSError, ValueError, KeyError):
-        match = _CHECKPOINT_RE.match(os.path.basename(os.path.normpath(checkpoint)))
-        return int(match.group(1)) if match else None
 
 
 def eval_line_step(line: str) -> Optional[int]:

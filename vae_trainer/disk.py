@@ -5,7 +5,10 @@ import errno
 import logging
 import os
 import shutil
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import paddle
 
 from .user_errors import UserError
 
@@ -118,12 +121,21 @@ def fsync_path(path: str) -> None:
         os.close(descriptor)
 
 
-def warn_if_short(output_dir: str, checkpoint_bytes: int, kept: Optional[int]) -> None:
-    """Warn when OUTPUT_DIR cannot hold the `kept` (--save_total_limit) checkpoints plus the one being written."""
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors and arrays in a (nested) state dict: about what saving it writes."""
+    return sum(int(np.prod(v.shape)) * v.element_size() if isinstance(v, paddle.Tensor) else v.nbytes
+               for v in paddle.utils.flatten(state) if isinstance(v, (paddle.Tensor, np.ndarray)))
+
+
+def warn_if_short(output_dir: str, model: paddle.nn.Layer, ema: Any, kept: Optional[int]) -> None:
+    """Warn when OUTPUT_DIR cannot hold the `kept` (--save_total_limit) checkpoints plus the one being written, each
+    sized before the optimizers hold state: weights, two AdamW moments, the trained weights' EMA."""
+    trainable = sum(int(np.prod(p.shape)) * 4 for p in model.parameters() if not p.stop_gradient)
+    each = tensor_bytes(model.state_dict()) + 2 * trainable + (tensor_bytes(ema.shadow_params) if ema else 0)
     count = (kept + 1) if kept and kept > 0 else 2
-    needed, free = count * checkpoint_bytes, free_bytes(output_dir)
+    needed, free = count * each, free_bytes(output_dir)
     if free < needed:
         logger.warning("%s: %s free, but %d checkpoints of this run need about %s (%s each, estimated from the "
                        "weights, optimizer states and EMA; --save_total_limit %s keeps %s, plus the one being "
                        "written). A full disk will stop the run with its last checkpoint intact.", output_dir,
-                       gib(free), count, gib(needed), gib(checkpoint_bytes), kept, kept or "all")
+                       gib(free), count, gib(needed), gib(each), kept, kept or "all")

@@ -7,7 +7,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from .arguments import DataArguments, ModelArguments, VAETrainingArguments
 from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
@@ -34,24 +34,16 @@ def prepare_output_dir(args: VAETrainingArguments, reads: Optional[Dict[str, Opt
         if rank() == 0:
             found = [os.path.basename(path) for _, path in list_checkpoints(args.output_dir, complete=False)]
             found += [name for name in EXPORTS if os.path.exists(os.path.join(args.output_dir, name))]
-        if found and not args.overwrite_output_dir:
+        if not found:
+            return
+        if not args.overwrite_output_dir:
             raise FileExistsError(
                 f"--output_dir {args.output_dir} already holds an earlier run ({', '.join(found)}). Continue it with "
                 "--resume_from_checkpoint latest, or start over with --overwrite_output_dir (deletes its "
                 "checkpoints, logs and exports), or choose another --output_dir.")
-        endangered = endangered_input(args.output_dir, reads or {}) if found else None
-        if endangered:
-            flag, given, member, doomed = endangered
-            named = "" if member == given else f" (it names {member})"
-            copy = f"{os.path.normpath(args.output_dir)}_{os.path.basename(os.path.normpath(doomed))}"
-            raise FileExistsError(
-                f"--overwrite_output_dir would delete {doomed}, which this run reads: {flag} {given}{named}. Nothing "
-                f"was deleted. Copy it out of {args.output_dir} first and give {flag} the copy (e.g. cp -r {doomed} "
-                f"{copy}), or continue the earlier run with --resume_from_checkpoint latest instead of starting over, "
-                "or choose another --output_dir.")
-        if found:
-            clear_run(args.output_dir)
-            logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
+        refuse_to_delete_inputs(args.output_dir, reads or {})
+        clear_run(args.output_dir)
+        logger.info("--overwrite_output_dir: deleted the earlier run's %s in %s", ", ".join(found), args.output_dir)
 
 
 def check_shared(output_dir: str) -> None:
@@ -95,12 +87,12 @@ def doomed_paths(output_dir: str) -> List[str]:
     return [path for path in paths if os.path.lexists(path)]
 
 
-def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Optional[Tuple[str, str, str, str]]:
-    """(flag, given path, the path it reads, the doomed path holding it) of the first input that clearing
-    `output_dir` would delete, or None. A file list counts with the lists and parts it names."""
+def refuse_to_delete_inputs(output_dir: str, reads: Dict[str, Optional[str]]) -> None:
+    """Refuse, naming the first, when clearing `output_dir` would delete an input (`reads`: flag -> given path). A
+    file list counts with the lists and parts it names."""
     doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
     if not doomed:
-        return None
+        return
     real_folder = functools.lru_cache(maxsize=None)(os.path.realpath)  # a file list's 100k parts share few folders
     for flag, given in reads.items():
         if not given or given.startswith(PIPE_PREFIX):
@@ -112,8 +104,13 @@ def endangered_input(output_dir: str, reads: Dict[str, Optional[str]]) -> Option
             while real not in doomed and os.path.dirname(real) != real:  # is it, or one of its folders, doomed?
                 real = os.path.dirname(real)
             if real in doomed:
-                return flag, given, member, doomed[real]
-    return None
+                named = "" if member == given else f" (it names {member})"
+                copy = f"{os.path.normpath(output_dir)}_{os.path.basename(os.path.normpath(doomed[real]))}"
+                raise FileExistsError(
+                    f"--overwrite_output_dir would delete {doomed[real]}, which this run reads: {flag} {given}{named}. "
+                    f"Nothing was deleted. Copy it out of {output_dir} first and give {flag} the copy (e.g. cp -r "
+                    f"{doomed[real]} {copy}), or continue the earlier run with --resume_from_checkpoint latest instead "
+                    "of starting over, or choose another --output_dir.")
 
 
 def _file_list_members(file_list: str) -> List[str]:
