@@ -109,21 +109,16 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         model.refuse_frozen_readers(loss_args)
         if teacher:
             check_student(vae, teacher)
-        if model.family.geometry(vae.config).frames and not model.encoder_frozen:
-            warn_video_encoder_trained(model.family.class_name, model_args, clips)
+        loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
+        video_encoder_trains = model.family.geometry(vae.config).frames and not model.encoder_frozen
+        if video_encoder_trains and rank() == 0 and (loaded or not clips):  # once per job: loaded latents, or images
+            logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED),
+                           model.family.class_name, "clips" if clips else "still images")
         scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model,
                     teacher)
-
-
-def warn_video_encoder_trained(class_name: str, model_args, clips: bool = False) -> None:
-    """Said once per job (by rank 0) at start when a video VAE's encoder trains: to loaded latents, or on images."""
-    loaded = model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
-    if rank() == 0 and (loaded or not clips):
-        logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED), class_name,
-                       "clips" if clips else "still images")
 
 
 def stateful(step: TrainStep) -> Dict[str, Any]:
