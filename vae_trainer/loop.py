@@ -16,13 +16,12 @@ from . import watchdog
 from .argument_parser import parse_arguments
 from .build import (Networks, build_evaluator, build_networks, build_optimization, build_train_data, init_process,
                     seed_training, stateful)
-from .data.position import StreamPosition
 from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
 from .final_save import checkpoint_configs, save_final_models
 from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
-from .preemption import stop_after_step
+from .preemption import PREEMPTED_EXIT_CODE, Preempted, stop_signal
 from .step import MicroBatch, NonFiniteError, StepReport, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
@@ -40,7 +39,6 @@ class Run:
     step: TrainStep
     evaluator: Any
     monitor: TrainMonitor
-    position: Optional[StreamPosition] = None  # this rank's data position, once the loader is built
     batches: Any = None  # the timed training batches (TrainMonitor.timed), once the loader is built
     saved_at: Optional[int] = None  # the step whose checkpoint was last written (or resumed from, in OUTPUT_DIR)
 
@@ -60,10 +58,11 @@ class Run:
                 self.saved_at = state.global_step
             logger.info("resuming from %s at step %d", resume, state.global_step)
         with start_up():
-            loader, self.position = build_train_data(self.data_args, self.args,
-                                                     rank_state["data"] if rank_state else None,
-                                                     image_channels(self.networks.model.vae))
-        self.monitor.data_position, self.batches = self.position, self.monitor.timed(loader)
+            # this rank's data position: the monitor logs its skip counts, a checkpoint saves it
+            loader, self.monitor.data_position = build_train_data(self.data_args, self.args,
+                                                                  rank_state["data"] if rank_state else None,
+                                                                  image_channels(self.networks.model.vae))
+        self.batches = self.monitor.timed(loader)
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"])
             if self.step.replay is not None and "replay" in rank_state:
@@ -74,7 +73,7 @@ class Run:
     def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> MicroBatch:
         """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted."""
         micro = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
-        self.position.update(batch["position"])
+        self.monitor.data_position.update(batch["position"])
         self.monitor.micro_step_end(micro.logs)
         return micro
 
@@ -85,7 +84,7 @@ class Run:
             return ckpt.checkpoint_path(self.args.output_dir, step)
         watchdog.doing(f"saving checkpoint-{step}")
         model = self.networks.model
-        rank_state = {"rng": ckpt.rng_state(), "data": self.position.state_dict(),  # this rank's share
+        rank_state = {"rng": ckpt.rng_state(), "data": self.monitor.data_position.state_dict(),  # this rank's share
                       "parameter_fingerprint": assert_parameters_in_sync(model),  # raises if the ranks' weights differ
                       **({"replay": self.step.replay.state_dict()} if self.step.replay is not None else {})}
         path = ckpt.save_checkpoint(self.args.output_dir, step, model=model, stateful=stateful(self.step),
@@ -110,7 +109,13 @@ class Run:
             self.save(state)  # the best checkpoint so far, kept by rotation
         if self.args.save_steps > 0 and step % self.args.save_steps == 0:
             self.save(state)
-        stop_after_step(report.stop, step, lambda: self.save(state))
+        if report.stop:  # some rank was signalled, agreed by the step: saved, then stopped
+            checkpoint = self.save(state)
+            stopped = Preempted(f"stopped by {stop_signal() or 'a signal to another rank'} after step {step}: saved "
+                                f"{checkpoint}; the same command with --resume_from_checkpoint latest continues "
+                                f"exactly from there (exit code {PREEMPTED_EXIT_CODE})")
+            logger.warning("%s", stopped)
+            raise stopped
         return scalars
 
     @contextmanager

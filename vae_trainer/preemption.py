@@ -1,10 +1,10 @@
 """Stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption"):
-a signal only notes a stop request; `stop_after_step` saves and raises `Preempted`."""
+a signal only notes a stop request; after the step (`loop.Run.after_step`) the driver saves and raises `Preempted`."""
 
 import logging
 import signal
 import threading
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 logger = logging.getLogger("vae_trainer")
 
@@ -41,14 +41,3 @@ def stop_signal() -> Optional[str]:
     """The name of the stop signal this process received, None if none (or no handlers are installed)."""
     return _received
 
-
-def stop_after_step(stop: bool, step: int, save: Callable[[], str]) -> None:
-    """After step `step`, when some rank was signalled (`stop`, agreed by the step): `save()`, raise `Preempted`."""
-    if not stop:
-        return
-    checkpoint = save()
-    stopped = Preempted(f"stopped by {stop_signal() or 'a signal to another rank'} after step {step}: saved "
-                        f"{checkpoint}; the same command with --resume_from_checkpoint latest continues exactly from "
-                        f"there (exit code {PREEMPTED_EXIT_CODE})")
-    logger.warning("%s", stopped)
-    raise stopped

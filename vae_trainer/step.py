@@ -255,7 +255,7 @@ class TrainStep:
         bad = paddle.stack(nonfinite + [gan_overflows, signal])
         bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         scales = {"vae": self.precision.vae_scaler.scale_value, "discriminator": self.precision.disc_scaler.scale_value}
-        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": bad_vae == 0, "discriminator": bad_disc == 0},
+        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": not bad_vae, "discriminator": not bad_disc},
                                  int(overflows), self.precision.scales_losses, scales)
         return take, signalled > 0
 
