@@ -5,11 +5,9 @@ weights) and one config.json; ppdiffusers' alone for a network diffusers cannot 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from typing import Any, Mapping
 
 import paddle
 
@@ -32,22 +30,29 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
         vae.register_to_config(**config_updates)
     problem = family.diffusers_problem(vae)
     values = {**family.posterior_std_values(vae, posterior_std), **family.normalisation.weights(vae, updates)}
-    with _exported_values(vae, values):
+    state = vae.state_dict()
+    # While saving (`save_pretrained` writes `vae.state_dict()`), the state dict holds the weights the export writes in
+    # place of its own (the family's), of another shape too (RAE's unset latent statistics, shape (1,), measured per
+    # channel and position); its own weights are left as they are.
+    exported = {**state, **{name: paddle.to_tensor(value).astype(state[name].dtype) for name, value in values.items()}}
+    vae.state_dict = lambda *args, **kwargs: exported  # on the instance, for these saves only
+    try:
         vae.save_pretrained(out_dir, safe_serialization=True)
         if problem is None:  # second: its config.json (diffusers' spelling of the version key) is the one both read
             vae.save_pretrained(out_dir, safe_serialization=True, to_diffusers=True)
             _counters_zero_dimensional(os.path.join(out_dir, TORCH_WEIGHT_FILES[0]))
-    if problem is None:
-        path = os.path.join(out_dir, vae.config_name)
-        with open(path) as handle:
-            config = json.load(handle)
-        for key in PPDIFFUSERS_ONLY_ENTRIES:
-            if key in config and config[key] in (None, config.get("block_out_channels")):
-                config.pop(key)
-        with open(path, "w") as handle:
-            json.dump(config, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        return True
+            path = os.path.join(out_dir, vae.config_name)
+            with open(path) as handle:
+                config = json.load(handle)
+            for key in PPDIFFUSERS_ONLY_ENTRIES:
+                if key in config and config[key] in (None, config.get("block_out_channels")):
+                    config.pop(key)
+            with open(path, "w") as handle:
+                json.dump(config, handle, indent=2, sort_keys=True)
+                handle.write("\n")
+            return True
+    finally:
+        del vae.state_dict
     for name in with_variants(TORCH_WEIGHT_FILES):  # an earlier export's: diffusers would load it, silently
         if os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
@@ -76,16 +81,3 @@ def _counters_zero_dimensional(path: str) -> None:
         handle.seek(8)
         handle.write(text.ljust(size))
 
-
-@contextlib.contextmanager
-def _exported_values(vae: paddle.nn.Layer, values: Mapping[str, Any]):
-    """`vae` whose state dict, while saving (`save_pretrained` writes `vae.state_dict()`), holds the weights the
-    export writes in place of its own (the family's), of another shape too (RAE's unset latent statistics, shape (1,),
-    measured per channel and position); its own weights are left as they are."""
-    state = vae.state_dict()
-    exported = {**state, **{name: paddle.to_tensor(value).astype(state[name].dtype) for name, value in values.items()}}
-    vae.state_dict = lambda *args, **kwargs: exported  # on the instance, for this save only
-    try:
-        yield
-    finally:
-        del vae.state_dict
