@@ -16,6 +16,7 @@ from ppdiffusers import AutoencoderKL
 from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
 from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_diffusers_vae_unet_to_ppdiffusers,
                                                                      convert_ldm_vae_checkpoint)
+from ppdiffusers.utils import _add_variant
 from ppdiffusers.utils import constants as names
 from safetensors import safe_open
 
@@ -105,7 +106,13 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
     if expand_to_rgba:  # after every weight is loaded (a checkpoint's too): it grows the source
         rgba.expand_to_rgba(vae, family_of(vae))
     latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
-    check_ignore_keys(vae, ignore_keys)
+    # Refuse an --ignore_keys prefix that names no weight (a typo such as `decoders.` would load everything).
+    weight_names = list(vae.state_dict())
+    unmatched = [prefix for prefix in ignore_keys if not any(name.startswith(prefix) for name in weight_names)]
+    if unmatched:
+        tops = sorted({name.split(".")[0] + "." for name in weight_names})
+        raise ValueError(f"--ignore_keys {' '.join(unmatched)}: no weight of this VAE starts with that; its weight "
+                         f"names start with {', '.join(tops)} (e.g. --ignore_keys decoder.)")
     return vae
 
 
@@ -145,18 +152,7 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Op
 
 def with_variants(files: Sequence[str]) -> Tuple[str, ...]:
     """`files` and their WEIGHT_VARIANTS names (ppdiffusers' spelling: name.fp16.ext)."""
-    stems = [name.rsplit(".", 1) for name in files]
-    return tuple(files) + tuple(f"{stem}.{variant}.{ext}" for variant in WEIGHT_VARIANTS for stem, ext in stems)
-
-
-def check_ignore_keys(vae: paddle.nn.Layer, ignore_keys: Iterable[str]) -> None:
-    """Refuse an --ignore_keys prefix that names no weight (a typo such as `decoders.` would load everything)."""
-    names = list(vae.state_dict())
-    unmatched = [prefix for prefix in ignore_keys if not any(name.startswith(prefix) for name in names)]
-    if unmatched:
-        tops = sorted({name.split(".")[0] + "." for name in names})
-        raise ValueError(f"--ignore_keys {' '.join(unmatched)}: no weight of this VAE starts with that; its weight "
-                         f"names start with {', '.join(tops)} (e.g. --ignore_keys decoder.)")
+    return tuple(files) + tuple(_add_variant(name, variant) for variant in WEIGHT_VARIANTS for name in files)
 
 
 def _not_a_checkpoint_hint(path: str) -> str:
@@ -268,15 +264,11 @@ def infer_single_file_config(state: Dict[str, np.ndarray], path: str) -> dict:
 
 def _convert_single_file(vae: paddle.nn.Layer, ldm_state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """LDM names -> diffusers names (ppdiffusers' converter), then torch -> Paddle layout (Linear transposed)."""
-    state = dict(ldm_state)
     # The converter expects quant_conv/post_quant_conv, which FLUX-style VAEs do not have: stand-ins, dropped after.
-    stand_ins = [k for k in ("quant_conv.weight", "quant_conv.bias", "post_quant_conv.weight", "post_quant_conv.bias")
-                 if k not in state]
-    state.update({k: np.zeros([1], "float32") for k in stand_ins})
-    converted = convert_ldm_vae_checkpoint(state, dict(vae.config))
-    for key in stand_ins:
-        converted.pop(key, None)
-    return convert_diffusers_vae_unet_to_ppdiffusers(vae, converted)
+    stand_ins = {k: np.zeros([1], "float32") for k in ("quant_conv.weight", "quant_conv.bias", "post_quant_conv.weight",
+                                                       "post_quant_conv.bias") if k not in ldm_state}
+    converted = convert_ldm_vae_checkpoint({**ldm_state, **stand_ins}, dict(vae.config))
+    return convert_diffusers_vae_unet_to_ppdiffusers(vae, {k: v for k, v in converted.items() if k not in stand_ins})
 
 
 def load_vae_weights(vae: paddle.nn.Layer, path: str, ignore_keys: Iterable[str] = ()) -> None:
