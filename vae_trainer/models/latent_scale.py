@@ -31,13 +31,13 @@ REFUSALS = (
 
 
 def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[str] = None,
-           single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> str:
-    """Give `vae` the latent scale of its sources, its encoder weights' first; returns where it came from."""
+           single_file: bool = False, init_from_ckpt: Optional[str] = None, ignore_keys: Sequence[str] = ()) -> None:
+    """Give `vae` the latent scale of its sources, its encoder weights' first, and where it came from (`origin_of`)."""
     family = family_of(vae)
     normalisation = family.normalisation
     if isinstance(normalisation, Fixed):  # a distilled student: the teacher's normalised latents, whatever its sources
         setattr(vae, EXPORT_ORIGIN_KEY, normalisation.origin)
-        return normalisation.origin
+        return
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
     loaded, reinitialised = bool(pretrained or init_from_ckpt), reinitialises_encoder(ignore_keys, family)
     chosen: Dict[str, Tuple[str, Any, str]] = {}  # key -> (source name, value, origin)
@@ -72,10 +72,8 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
         if loaded and not reinitialised:
             logger.warning("%s: %s's default %s is assumed; give the factor with --scaling_factor", unstated,
                            family.class_name, default)
-    if chosen:
-        vae.register_to_config(**{key: value for key, (_, value, _) in chosen.items()})
+    vae.register_to_config(**{key: value for key, (_, value, _) in chosen.items()})
     setattr(vae, EXPORT_ORIGIN_KEY, origin)
-    return origin
 
 
 def _sources(config_file: Optional[str], pretrained: Optional[str], single_file: bool,

@@ -73,6 +73,7 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         raise ValueError("Give a VAE source: vae_config_file (a config JSON, e.g. "
                          "configs/vae_tiny.json) and/or pretrained_model_name_or_path (a local folder or file)")
     ignore_keys = tuple(ignore_keys or ())
+    config_file = vae_config_file or checkpoint_vae_config(init_from_ckpt)  # a fresh VAE's architecture
     source = weights = None
     if pretrained_model_name_or_path is not None:
         source, weights = find_pretrained(pretrained_model_name_or_path, subfolder)
@@ -92,10 +93,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         assign_weights(vae, state, ignore_keys, source)
     elif config:
         vae = family_for_config(config).build(config, "the student config derived from the teacher", fresh=True)
-    elif vae_config_file or checkpoint_vae_config(init_from_ckpt):
-        fresh = not init_from_ckpt  # no weights follow
-        vae = vae_from_config_file(vae_config_file or checkpoint_vae_config(init_from_ckpt), fresh, encoder_path,
-                                   overrides)
+    elif config_file:  # fresh unless a checkpoint's weights follow
+        vae = vae_from_config_file(config_file, not init_from_ckpt, encoder_path, overrides)
     else:
         hint = _not_a_checkpoint_hint(init_from_ckpt)
         raise FileNotFoundError(f"--init_from_ckpt {init_from_ckpt} is not a checkpoint-N.{hint}" if hint else

@@ -20,14 +20,11 @@ logger = logging.getLogger("vae_trainer")
 PPDIFFUSERS_ONLY_ENTRIES = ("down_block_out_channels", "up_block_out_channels")
 
 
-def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **updates) -> bool:
+def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **updates) -> None:
     """Write `out_dir` for both libraries with the latent-scale `updates` (latent_scale.decide's: config entries
-    such as scaling_factor, or what the family writes into weights) and --posterior_std applied; returns whether the
-    PyTorch file was written."""
+    such as scaling_factor, or what the family writes into weights) and --posterior_std applied."""
     family = family_of(vae)
-    config_updates = {k: v for k, v in updates.items() if k in family.normalisation.keys or k in vae.config}
-    if config_updates:
-        vae.register_to_config(**config_updates)
+    vae.register_to_config(**{k: v for k, v in updates.items() if k in family.normalisation.keys or k in vae.config})
     problem = family.diffusers_problem(vae)
     values = {**family.posterior_std_values(vae, posterior_std), **family.normalisation.weights(vae, updates)}
     state = vae.state_dict()
@@ -50,7 +47,7 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
             with open(path, "w") as handle:
                 json.dump(config, handle, indent=2, sort_keys=True)
                 handle.write("\n")
-            return True
+            return
     finally:
         del vae.state_dict
     for name in with_variants(TORCH_WEIGHT_FILES):  # an earlier export's: diffusers would load it, silently
@@ -58,7 +55,6 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
             os.remove(os.path.join(out_dir, name))
             logger.warning("%s: removed %s of an earlier export (it is not this VAE)", out_dir, name)
     logger.warning("%s: written for ppdiffusers only. %s.", out_dir, problem)
-    return False
 
 
 def _counters_zero_dimensional(path: str) -> None:
