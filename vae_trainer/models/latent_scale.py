@@ -94,12 +94,9 @@ def _sources(config_file: Optional[str], pretrained: Optional[str], single_file:
     if pretrained:  # a single file holds tensors only
         name = f"the single file {pretrained}" if single_file else f"the pretrained VAE {pretrained}"
         sources.append((name, {}, "") if single_file else (name, _stated(pretrained), f"kept from {name}"))
-    if config_file:
-        name = f"--vae_config_file {config_file}"
-        sources.append((name, _stated(config_file), f"from {name}"))
-    elif not pretrained and not sources[0][1]:  # the architecture a checkpoint holds, for its factor
-        name = f"the vae_config.json of {init_from_ckpt}"
-        sources.append((name, _stated(checkpoint_vae_config(init_from_ckpt)), f"from {name}"))
+    if config_file or (not pretrained and not sources[0][1]):  # or the checkpoint's architecture, for its factor
+        name = f"--vae_config_file {config_file}" if config_file else f"the vae_config.json of {init_from_ckpt}"
+        sources.append((name, _stated(config_file or checkpoint_vae_config(init_from_ckpt)), f"from {name}"))
     return sources
 
 
