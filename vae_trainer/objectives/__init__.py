@@ -77,18 +77,17 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     temporal = flicker(x, x_hat).mean() if temporal_weight > 0 else paddle.zeros([], "float32")
     head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}
     head_logs.update({"loss/temporal": temporal} if temporal_weight > 0 else {})
-    if posterior_logvar is None:  # a deterministic latent: no posterior, no KL term
-        latent_loss, latent_logs = paddle.zeros([], "float32"), {}
-    else:
+    latent_terms = {}  # {log name: (term, weight)}, the terms on the latent
+    if posterior_logvar is not None:  # (a deterministic latent: no posterior, no KL term)
         kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
-        latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+        latent_terms["loss/kl"] = (kl, loss_args.kl_weight)
     if latent_target is not None:
         distill = pixel_loss(latent_target, posterior_mean, loss_args.latent_distill_loss).mean()
-        latent_logs["loss/latent_distill"] = distill
-        latent_loss = latent_loss + loss_args.latent_distill_weight * distill
+        latent_terms["loss/latent_distill"] = (distill, loss_args.latent_distill_weight)
     if loss_args.latent_penalty_weight > 0:
-        latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
-        latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]
+        latent_terms["loss/latent_penalty"] = (latent_penalty(posterior_mean), loss_args.latent_penalty_weight)
+    latent_loss = sum((weight * term for term, weight in latent_terms.values()), paddle.zeros([], "float32"))
+    latent_logs = {name: term for name, (term, _) in latent_terms.items()}
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).

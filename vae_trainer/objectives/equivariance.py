@@ -64,9 +64,7 @@ class Transform:
     min_side: int = 1  # the smallest latent side the decoder takes (Geometry.min_latent_side: LTX-2's reflect pads)
 
     def latent_size(self, height: int, width: int, factors: Sequence[int]) -> Tuple[int, int]:
-        """tau's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
-        if self.kind == "rotate":
-            return (width, height) if self.quarter_turns % 2 else (height, width)
+        """A scale's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
         return (scaled_size(height, self.scale, max(-(-MIN_SCALED_SIDE // factors[0]), self.min_side)),
                 scaled_size(width, self.scale, max(-(-MIN_SCALED_SIDE // factors[1]), self.min_side)))
 
