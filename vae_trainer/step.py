@@ -18,7 +18,7 @@ import paddle
 from .distributed import average_over_ranks, sum_over_ranks, sync_gradients, world_size
 from .ema import ema_weights
 from .objectives import vae_objective
-from .objectives.alignment import VFTerm, to_token_grid
+from .objectives.alignment import to_token_grid
 from .objectives.clips import lpips_subset
 from .objectives.equivariance import draw, parse_transforms
 from .objectives.gan import disc_trains, discriminator_objective, gan_weight
@@ -61,9 +61,8 @@ class NonFiniteGuard:
         if not losses_finite or (not scales_losses and not all(grads_finite.values())):
             self.skipped_steps += 1
             self.consecutive_nonfinite += 1
-            what = "loss" if not losses_finite else "gradients"
-            logger.warning("step %d: non-finite %s, step skipped for both networks (%d in a row, %d in total)",
-                           step, what, self.consecutive_nonfinite, self.skipped_steps)
+            logger.warning("step %d: non-finite %s, step skipped for both networks (%d in a row, %d in total)", step,
+                           "gradients" if losses_finite else "loss", self.consecutive_nonfinite, self.skipped_steps)
             if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
                 raise NonFiniteError(
                     f"{self.consecutive_nonfinite} consecutive optimizer steps had non-finite losses or gradients "
@@ -92,11 +91,6 @@ class NonFiniteGuard:
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         self.__dict__.update(copy.deepcopy({name: state[name] for name in self._STATE}))
-
-    def counters(self) -> Dict[str, float]:
-        return {"train/skipped_steps": self.skipped_steps, "train/overflow_steps": self.overflow_steps["vae"],
-                "train/disc_overflow_steps": self.overflow_steps["discriminator"],
-                "train/skipped_gan_terms": self.skipped_gan_terms}
 
 
 @dataclass
@@ -159,10 +153,15 @@ class TrainStep:
                 clean, sample_posterior=args.sample_posterior, return_latent=True, decoded=taught,
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
+            vf = None  # the VF loss's inputs: the clean latent projected onto the clean images' token grid, ...
+            if self.vf_model is not None:
+                with paddle.no_grad():
+                    features, grid = self.vf_model.patch_tokens(over_grey(clean))  # RGBA: what an RGB network sees
+                vf = (to_token_grid(model.vf_projection(z), grid), features, model.family.last_layers(model.vae)[1])
             vae_loss = vae_objective(                                                     # losses
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
-                gan_weight=gan_weight(args, global_step), vf=self._vf_term(clean, z),
+                gan_weight=gan_weight(args, global_step), vf=vf,
                 grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
                 lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
@@ -187,15 +186,6 @@ class TrainStep:
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
-
-    def _vf_term(self, images: paddle.Tensor, z: paddle.Tensor) -> Optional[VFTerm]:
-        """The VF loss's inputs (the clean latent projected onto the clean images' token grid), or None."""
-        if self.vf_model is None:
-            return None
-        with paddle.no_grad():
-            features, grid = self.vf_model.patch_tokens(over_grey(images))  # RGBA: what an RGB network sees
-        return VFTerm(to_token_grid(self.model.vf_projection(z), grid), features,
-                      self.model.family.last_layers(self.model.vae)[1])
 
     def optimizer_step(self, global_step: int) -> StepReport:
         """The update after the last micro-batch of optimizer step `global_step` (0-based): the gradients all-reduced;
@@ -229,7 +219,10 @@ class TrainStep:
         average_over_ranks(self._norm_statistics)                                         # BatchNorm statistics
         if self.ema is not None:                                                          # EMA
             self.ema.step(self.model.vae.parameters())
-        scalars.update(self.guard.counters())
+        guard = self.guard
+        scalars.update({"train/skipped_steps": guard.skipped_steps, "train/overflow_steps": guard.overflow_steps["vae"],
+                        "train/disc_overflow_steps": guard.overflow_steps["discriminator"],
+                        "train/skipped_gan_terms": guard.skipped_gan_terms})
         if precision.scales_losses:
             scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
                             "train/disc_loss_scale": precision.disc_scaler.scale_value})

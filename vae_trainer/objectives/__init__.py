@@ -18,12 +18,12 @@ alone anyway. docs/training.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
 
-from .alignment import VFTerm, weighted_vf_term
+from .alignment import weighted_vf_term
 from .clips import flicker
 from .gan import generator_term, weighted_gan_term
 from .reconstruction import kl_loss, latent_penalty, normalize_gradient, over_grey, pixel_loss, pixel_term
@@ -52,7 +52,7 @@ class VAELoss:
 def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_logvar: Optional[Tensor], logvar: Tensor,
                   *, loss_args, lpips: Optional[Callable[[Tensor, Tensor], Tensor]],
                   discriminator: Optional[paddle.nn.Layer], last_layer: Optional[Tensor], gan_weight: float,
-                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[VFTerm] = None,
+                  grad_scale: float = 1.0, encoded_pixels: Optional[float] = None, vf: Optional[Tuple] = None,
                   lpips_rows: Optional[np.ndarray] = None, latent: Optional[Tensor] = None,
                   latent_target: Optional[Tensor] = None) -> VAELoss:
     """The VAE's objective for one micro-batch. `gan_weight`: this step's --disc_weight (0: no GAN term; its schedule
@@ -60,8 +60,8 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     by, which the heads' gradients carry too. `encoded_pixels`: C*(T*)H*W of what the posterior encodes, normalising
     the KL, when `x` is another (EQ-VAE's target). Clips [B, C, T, H, W]: per-frame pixel loss, LPIPS (on the rows
     `lpips_rows` of `frames(x)` if given) and 2-D GAN, a temporal head in the nll; `latent`: `last_layer_gradient`'s.
-    `latent_target` (distillation: the teacher's latents) adds the encoder's error against it."""
-    pixels_per_image = float(x.shape[1] * x.shape[-2] * x.shape[-1])  # per frame: the adaptive weight's units
+    `latent_target` (distillation: the teacher's latents) adds the encoder's error against it. `vf`: the VF loss's
+    (projected latent tokens, foundation-model tokens, the encoder's last layer), or None."""
     encoded_pixels = encoded_pixels or float(np.prod(x.shape[1:]))
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
     x_hat.stop_gradient = False
@@ -77,18 +77,17 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     temporal = flicker(x, x_hat).mean() if temporal_weight > 0 else paddle.zeros([], "float32")
     head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}
     head_logs.update({"loss/temporal": temporal} if temporal_weight > 0 else {})
-    if posterior_logvar is None:  # a deterministic latent: no posterior, no KL term
-        latent_loss, latent_logs = paddle.zeros([], "float32"), {}
-    else:
+    latent_terms = {}  # {log name: (term, weight)}, the terms on the latent
+    if posterior_logvar is not None:  # (a deterministic latent: no posterior, no KL term)
         kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
-        latent_loss, latent_logs = loss_args.kl_weight * kl, {"loss/kl": kl}
+        latent_terms["loss/kl"] = (kl, loss_args.kl_weight)
     if latent_target is not None:
         distill = pixel_loss(latent_target, posterior_mean, loss_args.latent_distill_loss).mean()
-        latent_logs["loss/latent_distill"] = distill
-        latent_loss = latent_loss + loss_args.latent_distill_weight * distill
+        latent_terms["loss/latent_distill"] = (distill, loss_args.latent_distill_weight)
     if loss_args.latent_penalty_weight > 0:
-        latent_logs["loss/latent_penalty"] = latent_penalty(posterior_mean)
-        latent_loss = latent_loss + loss_args.latent_penalty_weight * latent_logs["loss/latent_penalty"]
+        latent_terms["loss/latent_penalty"] = (latent_penalty(posterior_mean), loss_args.latent_penalty_weight)
+    latent_loss = sum((weight * term for term, weight in latent_terms.values()), paddle.zeros([], "float32"))
+    latent_logs = {name: term for name, (term, _) in latent_terms.items()}
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
         # backward only, so the value is the heads' unweighted sum (+ the latent terms).
@@ -105,26 +104,23 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
             if weight > 0:
                 head_grad = paddle.grad(head * grad_scale, x_hat)[0]
                 recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
-        logs["loss/total"] = loss
-        return VAELoss(loss.detach(), latent_loss, recon_grad, {k: v.detach() for k, v in logs.items()})
-    weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual + temporal_weight * temporal
-    nll = weighted / logvar.detach().exp() + logvar.detach()
-    direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
-    loss = direct.detach()
-    logs = {**head_logs, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
-    nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
-    recon_grad = nll_grad.astype("float32")
-    if gan_weight > 0:
-        gan, d_weight, gan_grad, overflow = weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
-                                                               loss_args, gan_weight, grad_scale, pixels_per_image,
-                                                               latent)
-        recon_grad, loss = recon_grad + gan_grad, loss + (d_weight * gan).detach()
-        logs.update({"loss/generator": gan, "gan/adaptive_weight": d_weight})
-        if overflow is not None:
-            logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
-    if vf is not None:
-        weighted_vf, vf_logs = weighted_vf_term(vf, recon, nll_grad, loss_args, grad_scale, encoded_pixels)
-        direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
-        logs.update(vf_logs)
+        direct = latent_loss
+    else:
+        weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual + temporal_weight * temporal
+        nll = weighted / logvar.detach().exp() + logvar.detach()
+        direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
+        loss = direct.detach()
+        logs = {**head_logs, "loss/nll": nll, **latent_logs, "train/logvar": logvar}
+        nll_grad = paddle.grad(nll * grad_scale, x_hat)[0]  # frees LPIPS's graph
+        recon_grad = nll_grad.astype("float32")
+        if gan_weight > 0:
+            weighted_gan, gan_grad, gan_logs = weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer,
+                                                                 loss_args, gan_weight, grad_scale, latent)
+            recon_grad, loss = recon_grad + gan_grad, loss + weighted_gan
+            logs.update(gan_logs)
+        if vf is not None:
+            weighted_vf, vf_logs = weighted_vf_term(*vf, recon, nll_grad, loss_args, grad_scale, encoded_pixels)
+            direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
+            logs.update(vf_logs)
     logs["loss/total"] = loss
-    return VAELoss(loss, direct, recon_grad, {k: v.detach() for k, v in logs.items()})
+    return VAELoss(loss.detach(), direct, recon_grad, {k: v.detach() for k, v in logs.items()})

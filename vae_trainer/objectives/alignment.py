@@ -2,7 +2,6 @@
 `vf_alignment_cka` diagnostic (linear CKA), the VF term's adaptive weight, and the refusals of its flags. Formulas
 and the recipe: docs/techniques.md, section 12."""
 
-from dataclasses import dataclass
 from typing import Dict, Tuple
 
 import numpy as np
@@ -79,27 +78,19 @@ class CKAAccumulator:
         return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))
 
 
-@dataclass
-class VFTerm:
-    """The VF loss's inputs: projected latent and foundation-model tokens ([B, N, C] each), encoder's last layer."""
-
-    projected: Tensor
-    features: Tensor
-    encoder_last_layer: Tensor
-
-
-def weighted_vf_term(vf: VFTerm, recon: Tensor, nll_grad: Tensor, loss_args, grad_scale,
-                      pixels_per_image: float) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """w * (L_mdms + L_mcos) and its logs; w adaptive from the encoder's last layer with --adaptive_vf (a
-    non-finite w is 0); `nll_grad`: nll's scaled gradient at the reconstruction."""
-    mdms, mcos = vf_loss(vf.projected, vf.features, loss_args.distmat_margin, loss_args.cos_margin)
+def weighted_vf_term(projected: Tensor, features: Tensor, encoder_last_layer: Tensor, recon: Tensor, nll_grad: Tensor,
+                      loss_args, grad_scale, pixels_per_image: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """w * (L_mdms + L_mcos) of projected latent and foundation-model tokens ([B, N, C] each), and its logs; w
+    adaptive from the encoder's last layer with --adaptive_vf (a non-finite w, NaN from `adaptive_weight`, is 0);
+    `nll_grad`: nll's scaled gradient at the reconstruction."""
+    mdms, mcos = vf_loss(projected, features, loss_args.distmat_margin, loss_args.cos_margin)
     value = mdms + mcos
     weight = paddle.full([], loss_args.vf_weight, "float32")
     if loss_args.adaptive_vf:
-        nll_at_encoder = last_layer_gradient(recon, nll_grad, vf.encoder_last_layer)
-        vf_at_encoder = paddle.grad(value * grad_scale, vf.encoder_last_layer, retain_graph=True)[0]
+        nll_at_encoder = last_layer_gradient(recon, nll_grad, encoder_last_layer)
+        vf_at_encoder = paddle.grad(value * grad_scale, encoder_last_layer, retain_graph=True)[0]
         ratio = adaptive_weight(nll_at_encoder, vf_at_encoder, max_weight=VF_WEIGHT_MAX / pixels_per_image,
                                 eps=ADAPTIVE_WEIGHT_EPS * grad_scale)
-        weight = paddle.where(paddle.isfinite(ratio), ratio, paddle.zeros_like(ratio)) * loss_args.vf_weight
+        weight = paddle.nan_to_num(ratio, nan=0.0) * loss_args.vf_weight
     return weight * value, {"train/vf_loss": value, "train/vf_weight": weight, "train/vf_distmat_loss": mdms,
                             "train/vf_cos_loss": mcos}

@@ -13,9 +13,8 @@ from ..refusals import FROZEN_LATENT
 
 TRANSFORMS = ("scale", "rotate")
 MIN_SCALED_SIDE = 24  # px: the smallest image the default 3-layer PatchGAN scores (3 * 2 ** layers)
-DEFAULT_TRANSFORMS = "scale,rotate"
+DEFAULT_TRANSFORMS = ",".join(TRANSFORMS)
 HALF_NYQUIST = 0.25  # cycles per sample: the latent diagnostics' high-frequency band starts there
-DIAGNOSTICS = ("scale_equivariance_psnr", "rotation_equivariance_psnr", "latent_high_frequency_share")
 # How its diagnostics are made (evaluation.py states them in the protocol).
 DEFINITIONS = {
     "scale_equivariance_psnr": "PSNR on [0, 1] of decode(down2(z)) against down2(x), z the posterior mode, down2 "
@@ -25,6 +24,7 @@ DEFINITIONS = {
                                    f"mean removed) at radial frequencies above {HALF_NYQUIST} cycles/sample (half "
                                    "Nyquist), summed over images and channels before dividing",
 }
+DIAGNOSTICS = tuple(DEFINITIONS)
 _STREAM = 0x45515641  # "EQVA": keeps these draws apart from any other use of the seed
 
 
@@ -64,9 +64,7 @@ class Transform:
     min_side: int = 1  # the smallest latent side the decoder takes (Geometry.min_latent_side: LTX-2's reflect pads)
 
     def latent_size(self, height: int, width: int, factors: Sequence[int]) -> Tuple[int, int]:
-        """tau's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
-        if self.kind == "rotate":
-            return (width, height) if self.quarter_turns % 2 else (height, width)
+        """A scale's latent size for a `height` x `width` latent whose images are `factors` (H / h, W / w) larger."""
         return (scaled_size(height, self.scale, max(-(-MIN_SCALED_SIDE // factors[0]), self.min_side)),
                 scaled_size(width, self.scale, max(-(-MIN_SCALED_SIDE // factors[1]), self.min_side)))
 
@@ -89,17 +87,14 @@ class Transform:
 
 def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
     """round(scale * size) within [minimum, size - 1]; a size that cannot shrink and stay >= minimum is kept."""
-    if size - 1 < max(1, minimum):
-        return size
-    return max(max(1, minimum), min(size - 1, int(round(scale * size))))
+    minimum = max(1, minimum)
+    return size if size - 1 < minimum else max(minimum, min(size - 1, int(round(scale * size))))
 
 
 def draw(seed: int, step: int, micro_batch: int, prob: float, min_scale: float,
          transforms: Sequence[str], min_side: int = 1) -> Optional[Transform]:
     """The transform of micro-batch `micro_batch` of optimizer step `step`, or None (the plain objective); a scale
     keeps latent sides of at least `min_side`."""
-    if prob <= 0:
-        return None
     rng = np.random.default_rng([_STREAM, seed, step, micro_batch])
     if rng.random() >= prob:
         return None

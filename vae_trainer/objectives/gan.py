@@ -160,25 +160,28 @@ def generator_term(x: Tensor, recon: Tensor, discriminator: paddle.nn.Layer, los
 
 
 def weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss_args, gan_weight, grad_scale,
-                       pixels_per_image, latent=None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """(gan on the leaf `x_hat`, its weight d, d * its scaled gradient at the reconstruction in float32, the
-    adaptive weight's overflow flag or None); `nll_grad`: nll's scaled gradient at the reconstruction."""
+                       latent=None) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+    """(d * gan on the leaf `x_hat`, detached; d * its scaled gradient at the reconstruction in float32; its logs,
+    with the adaptive weight's overflow flag); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = generator_term(x, x_hat, discriminator, loss_args)
     gan_grad = paddle.grad(gan * grad_scale, x_hat)[0]  # frees the discriminator's graph
-    if not loss_args.adaptive_disc_weight:
-        d_weight = paddle.full([], gan_weight, "float32")
-        return gan, d_weight, gan_grad.astype("float32") * d_weight, None
-    # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
-    bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them
-    weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer, latent),
-                             last_layer_gradient(recon, gan_grad, last_layer, latent),
-                             eps=ADAPTIVE_WEIGHT_EPS * grad_scale,
-                             max_weight=ADAPTIVE_WEIGHT_MAX / pixels_per_image if bound is None else bound)
-    # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
-    overflow = ~paddle.isfinite(weight)
-    d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * gan_weight
+    d_weight, overflow = paddle.full([], gan_weight, "float32"), None
+    if loss_args.adaptive_disc_weight:
+        # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
+        bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them,
+        bound = ADAPTIVE_WEIGHT_MAX / (x.shape[1] * x.shape[-2] * x.shape[-1]) if bound is None else bound  # per frame
+        weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer, latent),
+                                 last_layer_gradient(recon, gan_grad, last_layer, latent),
+                                 eps=ADAPTIVE_WEIGHT_EPS * grad_scale, max_weight=bound)
+        overflow = ~paddle.isfinite(weight)
+        d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * gan_weight
     weighted_grad = gan_grad.astype("float32") * d_weight
-    return gan, d_weight, paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad), overflow
+    logs = {"loss/generator": gan, "gan/adaptive_weight": d_weight}
+    if overflow is not None:
+        # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
+        weighted_grad = paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad)
+        logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
+    return (d_weight * gan).detach(), weighted_grad, logs
 
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,
@@ -228,8 +231,7 @@ class FakeReplay:
                 slot = int(self.rng.integers(self.size))
                 self.fakes[slot], new = new, self.fakes[slot]
             shown.append(new)
-        stacked = [paddle.stack(part) if part[0] is not None else None for part in zip(*shown)]
-        return stacked[0], stacked[1]
+        return tuple(paddle.stack(part) if part[0] is not None else None for part in zip(*shown))
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "fakes": [fake.numpy() for fake, _ in self.fakes],
