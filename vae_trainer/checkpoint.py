@@ -206,8 +206,6 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
     lines into OUTPUT_DIR/abandoned/<when>-.../; return their new paths."""
     with all_ranks_agree("setting aside the later checkpoints"):  # (a `return` in it still agrees)
         found = list_checkpoints(output_dir) if resume and rank() == 0 else []
-        if not found:
-            return []
         # one of this folder's checkpoint-N: N is its step, the later ones go; a checkpoint elsewhere: all go
         after = next((step for step, path in found if os.path.realpath(path) == os.path.realpath(resume)), None)
         later = [path for step, path in found if after is None or step > after]
