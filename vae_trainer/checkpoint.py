@@ -206,17 +206,13 @@ def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:
     lines into OUTPUT_DIR/abandoned/<when>-.../; return their new paths."""
     with all_ranks_agree("setting aside the later checkpoints"):  # (a `return` in it still agrees)
         found = list_checkpoints(output_dir) if resume and rank() == 0 else []
-        if not found:
-            return []
-        steps = [step for step, path in found if os.path.realpath(path) == os.path.realpath(resume)]
-        if steps:  # one of this folder's checkpoint-N: N is its step
-            later = [path for step, path in found if step > steps[0]]
-            name, after = f"after-{PREFIX}-{steps[0]}", steps[0]
-        else:
-            later = [path for _, path in found]
-            name, after = f"before-resuming-{os.path.basename(os.path.normpath(resume))}", None
+        # one of this folder's checkpoint-N: N is its step, the later ones go; a checkpoint elsewhere: all go
+        after = next((step for step, path in found if os.path.realpath(path) == os.path.realpath(resume)), None)
+        later = [path for step, path in found if after is None or step > after]
         if not later:
             return []
+        name = f"after-{PREFIX}-{after}" if after is not None else \
+            f"before-resuming-{os.path.basename(os.path.normpath(resume))}"
         base = os.path.join(output_dir, ABANDONED_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
         branch, count = base, 1
         while os.path.lexists(branch):  # two rollbacks within a second

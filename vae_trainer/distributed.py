@@ -30,7 +30,7 @@ def rank() -> int:
 
 def init_distributed() -> None:
     """Join the process group when launched with several processes (idempotent)."""
-    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1 and not dist.is_initialized():
+    if world_size() > 1 and not dist.is_initialized():
         dist.init_parallel_env()
 
 
@@ -100,29 +100,26 @@ def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoRetu
     except BaseException as error:  # noqa: B902 (every exit path ends below)
         traceback.print_exc()
         status = 130 if isinstance(error, KeyboardInterrupt) else 1
-    if not dist.is_initialized():
-        sys.exit(_stopped_at_the_end(status, preemption.stop_signal() is not None))
+    several, signalled = dist.is_initialized(), preemption.stop_signal() is not None
     try:
-        if status == 0:  # (the barrier)
-            status = _stopped_at_the_end(status, bool(sum_over_ranks(paddle.to_tensor(
-                [0.0 if preemption.stop_signal() is None else 1.0])).item()))
-        dist.destroy_process_group()  # (Python's group registry; the C++ store lives until os._exit)
+        if several and status == 0:  # (the barrier)
+            signalled = bool(sum_over_ranks(paddle.to_tensor([float(signalled)])).item())
+        if status == 0 and signalled:
+            print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save "
+                  f"or export, which finished; exit code {preemption.PREEMPTED_EXIT_CODE} (--resume_from_checkpoint "
+                  "latest finds nothing left to train)", file=sys.stderr)
+            status = preemption.PREEMPTED_EXIT_CODE
+        if several:
+            dist.destroy_process_group()  # (Python's group registry; the C++ store lives until os._exit)
     except BaseException:  # noqa: B902 (a failed barrier must still end below, not in the exit handlers)
         traceback.print_exc()
         status = status or 1
+    if not several:
+        sys.exit(status)
     atexit._run_exitfuncs()  # what interpreter shutdown would run before the C++ destructors
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _stopped_at_the_end(status: int, signalled: bool) -> int:
-    if status != 0 or not signalled:
-        return status
-    print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save or "
-          f"export, which finished; exit code {preemption.PREEMPTED_EXIT_CODE} (--resume_from_checkpoint latest finds "
-          "nothing left to train)", file=sys.stderr)
-    return preemption.PREEMPTED_EXIT_CODE
 
 
 def sync_gradients(parameters: Iterable[paddle.Tensor], fill_missing: bool = False) -> None:

@@ -91,8 +91,6 @@ def refuse_to_delete_inputs(output_dir: str, reads: Dict[str, Optional[str]]) ->
     """Refuse, naming the first, when clearing `output_dir` would delete an input (`reads`: flag -> given path). A
     file list counts with the lists and parts it names."""
     doomed = {os.path.realpath(path): path for path in doomed_paths(output_dir)}
-    if not doomed:
-        return
     real_folder = functools.lru_cache(maxsize=None)(os.path.realpath)  # a file list's 100k parts share few folders
     for flag, given in reads.items():
         if not given or given.startswith(PIPE_PREFIX):

@@ -90,11 +90,10 @@ def choose_threads(environ: Mapping[str, str], cpus: int, workers: int,
                         "to choose")
 
 
-def set_default_threads(argv: Optional[Sequence[str]] = None) -> Optional[ThreadChoice]:
+def set_default_threads(argv: Sequence[str]) -> Optional[ThreadChoice]:
     """Set OMP_NUM_THREADS unless the user did and log the choice on stderr; None once Paddle is imported."""
     if "paddle" in sys.modules:
         return None
-    argv = sys.argv[1:] if argv is None else argv
     try:  # the environment the parent process (a launcher) started with
         parent = psutil.Process(os.getppid()).environ()
     except psutil.Error:
