@@ -102,14 +102,19 @@ def is_filelist_list(file_list: str) -> bool:
     return len(fields) > 1 or fields[0].endswith(FILELIST_SUFFIX)
 
 
-def _checked_size(path: str, named_at: str) -> int | None:
-    """The size of a local part (one stat, raising if it is missing); None for a ``pipe:`` command."""
-    if path.startswith(PIPE_PREFIX):
-        return None
-    if not os.path.isfile(path):
-        why = "not a file" if os.path.exists(path) else "not found"
-        raise FileNotFoundError(f"{path}: {why} (named at {named_at})")
-    return os.path.getsize(path)
+def _part(path: str, named_at: str, videos: bool) -> tuple[Part, int | None]:
+    """The part at `path`, of the kind its name says, and its size: of a local part one stat, raising if it is
+    missing; None for a ``pipe:`` command."""
+    size = None
+    if not path.startswith(PIPE_PREFIX):
+        if not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "not found"
+            raise FileNotFoundError(f"{path}: {why} (named at {named_at})")
+        size = os.path.getsize(path)
+    if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
+        return Part(path, CLIP_TAR if videos else TAR), size
+    is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(VIDEO_SUFFIXES)
+    return (Part(path, IMAGE, 1) if is_image else Part(path, LINES)), size
 
 
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
@@ -119,14 +124,9 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, video
     parts, sizes = [], []
     for line_number, text in _entries(filelist):
         for name in _expand(text) if is_tar_spec(text) else [text]:
-            path = _resolve(name, filelist)
-            sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
-            if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
-                parts.append(Part(path, CLIP_TAR if videos else TAR))
-            else:
-                is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(
-                    VIDEO_SUFFIXES)
-                parts.append(Part(path, IMAGE, 1) if is_image else Part(path, LINES))
+            part, size = _part(_resolve(name, filelist), f"{filelist}:{line_number}", videos)
+            parts.append(part)
+            sizes.append(size)
     return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
 
@@ -159,11 +159,8 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
 
 def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool, videos: bool) -> Source:
     path = _resolve(name, list_file)
-    if is_tar_spec(name):
-        shards = _expand(path)
-        for shard in shards:
-            _checked_size(shard, named_at)
-        return Source(path, weight, [Part(shard, CLIP_TAR if videos else TAR) for shard in shards])
+    if is_tar_spec(name):  # (every name a tar's or a command's: tar parts)
+        return Source(path, weight, [_part(shard, named_at, videos)[0] for shard in _expand(path)])
     if os.path.isdir(path):
         files = image_files(path, videos)
         if not files:
