@@ -85,14 +85,6 @@ def image_suffixes() -> set[str]:
     return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
 
 
-def image_files(root: str, videos: bool = False) -> list[Path]:
-    """Every image (and video) file under `root` (recursive, hidden files skipped), sorted by relative path."""
-    suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(root)
-    found = (path for path in base.rglob("*")
-             if path.suffix.lower() in suffixes and not path.name.startswith(".") and path.is_file())
-    return sorted(found, key=lambda path: path.relative_to(base).as_posix())
-
-
 def is_filelist_list(file_list: str) -> bool:
     """True for a list of filelists: by its suffix, else by its first entry (a weight, or a ``.filelist``)."""
     if file_list.lower().endswith((FILELIST_LIST_SUFFIX, FILELIST_SUFFIX, CSV_SUFFIX)):
@@ -161,8 +153,11 @@ def _source(name: str, weight: float, named_at: str, list_file: str | None, coun
     path = _resolve(name, list_file)
     if is_tar_spec(name):  # (every name a tar's or a command's: tar parts)
         return Source(path, weight, [_part(shard, named_at, videos)[0] for shard in _expand(path)])
-    if os.path.isdir(path):
-        files = image_files(path, videos)
+    if os.path.isdir(path):  # every image (and video) file under it, recursive, hidden ones skipped, by relative path
+        suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(path)
+        files = sorted((file for file in base.rglob("*")
+                        if file.suffix.lower() in suffixes and not file.name.startswith(".") and file.is_file()),
+                       key=lambda file: file.relative_to(base).as_posix())
         if not files:
             raise FileNotFoundError(f"{path}: no image {'or video ' if videos else ''}files found")
         return Source(path, weight, [Part(str(file), IMAGE, 1) for file in files])
