@@ -174,7 +174,7 @@ def measure(setting: Dict) -> Dict:
 
 def photo_batches(setting: Dict, count: int = 4) -> List:
     """`count` float32 [B, 3, H, W] batches in [-1, 1]: crops (flipped at random) of the photos shipped in installed
-    packages (harness.photo_files), cut by the trainer's own `preprocess`, or (data "random") uniform noise."""
+    packages (harness.photo_files), cut by the trainer's own `crop` and `to_float`, or (data "random") uniform noise."""
     import numpy as np
     import paddle
 
@@ -184,10 +184,11 @@ def photo_batches(setting: Dict, count: int = 4) -> List:
         return [paddle.to_tensor(rng.uniform(-1, 1, shape).astype("float32")) for _ in range(count)]
     from PIL import Image
 
-    from vae_trainer.data.images import preprocess
+    from vae_trainer.data.images import crop, to_float
 
     photos = [Image.open(path).convert("RGB") for path in harness.photo_files()]
-    crops = [preprocess(photos[i % len(photos)], setting["resolution"], rng, random_flip=True)
+    size = (setting["resolution"], setting["resolution"])
+    crops = [to_float(crop(photos[i % len(photos)], size, rng, random_flip=True))
              for i in range(count * setting["batch_size"])]
     return [paddle.to_tensor(np.stack(crops[i::count])) for i in range(count)]
 

@@ -579,9 +579,12 @@ def test_bucketing_resume_with_pending_samples_is_exact(tmp_path, num_workers):
 
 
 def test_bucketing_needs_a_resolution_multiple_of_8(tmp_path):
+    from vae_trainer.argument_parser import parse_arguments
+
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 2))
-    with pytest.raises(ValueError, match="multiple of 8"):
-        ImageStream(file_list, 36, aspect_ratio_buckets=True)
+    with pytest.raises(ValueError, match="multiple of 8"):  # refused when parsing, before any stream is built
+        parse_arguments(["--file_list", file_list, "--vae_config_file", "configs/vae_micro.json", "--resolution", "36",
+                         "--aspect_ratio_buckets", "--max_steps", "2", "--output_dir", str(tmp_path / "out")])
 
 
 # ----------------------------------------------------------------------------------------- resume

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from skimage import data as skdata
 
-from vae_trainer.data.images import BadImage, decode_base64, decode_image, preprocess
+from vae_trainer.data.images import BadImage, crop, decode_base64, decode_image, to_float
 
 LIMIT = 4096 * 4096
 
@@ -147,7 +147,7 @@ def test_preprocess_centre_crop_shape_and_range():
     pixels = np.zeros((40, 80, 3), np.uint8)
     pixels[:, 60:] = 255
     image = Image.fromarray(pixels)
-    out = preprocess(image, 20, rng=None, random_flip=True)
+    out = to_float(crop(image, (20, 20), None, random_flip=True))
     assert out.shape == (3, 20, 20) and out.dtype == np.float32
     assert out.min() >= -1.0 and out.max() <= 1.0
     # resized to 40x20; centre crop covers x in [10, 30): the black/white edge (x=30) is just outside.
@@ -156,16 +156,16 @@ def test_preprocess_centre_crop_shape_and_range():
 
 def test_preprocess_random_crop_and_flip_follow_the_rng():
     image = Image.fromarray(skdata.astronaut()[:, :256])  # 512 x 256 -> resized to 64 x 32
-    crops = {preprocess(image, 32, np.random.default_rng(seed), False).tobytes() for seed in range(12)}
+    crops = {to_float(crop(image, (32, 32), np.random.default_rng(seed), False)).tobytes() for seed in range(12)}
     assert len(crops) > 3  # different vertical offsets
-    first = preprocess(image, 32, np.random.default_rng(5), True)
-    again = preprocess(image, 32, np.random.default_rng(5), True)
+    first = to_float(crop(image, (32, 32), np.random.default_rng(5), True))
+    again = to_float(crop(image, (32, 32), np.random.default_rng(5), True))
     np.testing.assert_array_equal(first, again)
     flips = []
     for seed in range(40):
         rng = np.random.default_rng(seed)
-        plain = preprocess(image, 32, np.random.default_rng(seed), False)
-        flipped = preprocess(image, 32, rng, True)
+        plain = to_float(crop(image, (32, 32), np.random.default_rng(seed), False))
+        flipped = to_float(crop(image, (32, 32), rng, True))
         flips.append(np.array_equal(flipped, plain[:, :, ::-1]) and not np.array_equal(flipped, plain))
     assert 8 <= sum(flips) <= 32  # about half flipped
 

@@ -15,11 +15,8 @@ REFUSALS = (
 
 
 def bucket_shapes(resolution: int) -> list[tuple[int, int]]:
-    """The (width, height) buckets for `resolution` (a multiple of 8), widest first; the grid step is resolution / 16
-    rounded to a multiple of 8 (64 px at 1024, as SDXL's buckets)."""
-    if resolution % BUCKET_MULTIPLE:
-        raise ValueError(f"aspect-ratio buckets need a resolution that is a multiple of {BUCKET_MULTIPLE}, "
-                         f"got {resolution}")
+    """The (width, height) buckets for `resolution` (a multiple of 8: REFUSALS refuse others when parsing), widest
+    first; the grid step is resolution / 16 rounded to a multiple of 8 (64 px at 1024, as SDXL's buckets)."""
     step = BUCKET_MULTIPLE * max(1, round(resolution / (16 * BUCKET_MULTIPLE)))
     shapes = {(resolution, resolution)}
     for width in range(step, int(resolution * math.sqrt(MAX_ASPECT_RATIO)) + step + 1, step):

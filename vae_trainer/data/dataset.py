@@ -68,10 +68,9 @@ class ImageStream(RaisesInMainThread):
         self.alpha, self.opaque_logged = channels == 4, False  # keep alpha (a 4-channel VAE's RGBA images)
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
-        self.resume = StreamPosition.from_state(resume_state) if resume_state else None
-        if self.resume:
-            self.resume.check_resume(world_size, seed, shuffle_buffer_size)
-            self.resume.files = self.part_paths
+        self.resume = StreamPosition.from_state(resume_state) if resume_state else StreamPosition()  # (empty: start)
+        self.resume.check_resume(world_size, seed, shuffle_buffer_size)
+        self.resume.files = self.part_paths
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
@@ -97,12 +96,9 @@ class ImageStream(RaisesInMainThread):
         """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
-        role, start = worker_id, ShardStart()
-        if self.resume is not None:
-            self.resume.check_workers(num_workers)
-            role = (worker_id + self.resume.batches_consumed) % num_workers
-            start = self.resume.start_of(self.rank * num_workers + role)
-        return self.rank * num_workers + role, self.world_size * num_workers, start
+        self.resume.check_workers(num_workers)
+        shard = self.rank * num_workers + (worker_id + self.resume.batches_consumed) % num_workers
+        return shard, self.world_size * num_workers, self.resume.start_of(shard)
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         shard, num_shards, start = self.worker_shard()

@@ -85,14 +85,6 @@ def image_suffixes() -> set[str]:
     return {suffix for suffix, format_name in Image.registered_extensions().items() if format_name in Image.OPEN}
 
 
-def image_files(root: str, videos: bool = False) -> list[Path]:
-    """Every image (and video) file under `root` (recursive, hidden files skipped), sorted by relative path."""
-    suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(root)
-    found = (path for path in base.rglob("*")
-             if path.suffix.lower() in suffixes and not path.name.startswith(".") and path.is_file())
-    return sorted(found, key=lambda path: path.relative_to(base).as_posix())
-
-
 def is_filelist_list(file_list: str) -> bool:
     """True for a list of filelists: by its suffix, else by its first entry (a weight, or a ``.filelist``)."""
     if file_list.lower().endswith((FILELIST_LIST_SUFFIX, FILELIST_SUFFIX, CSV_SUFFIX)):
@@ -102,14 +94,19 @@ def is_filelist_list(file_list: str) -> bool:
     return len(fields) > 1 or fields[0].endswith(FILELIST_SUFFIX)
 
 
-def _checked_size(path: str, named_at: str) -> int | None:
-    """The size of a local part (one stat, raising if it is missing); None for a ``pipe:`` command."""
-    if path.startswith(PIPE_PREFIX):
-        return None
-    if not os.path.isfile(path):
-        why = "not a file" if os.path.exists(path) else "not found"
-        raise FileNotFoundError(f"{path}: {why} (named at {named_at})")
-    return os.path.getsize(path)
+def _part(path: str, named_at: str, videos: bool) -> tuple[Part, int | None]:
+    """The part at `path`, of the kind its name says, and its size: of a local part one stat, raising if it is
+    missing; None for a ``pipe:`` command."""
+    size = None
+    if not path.startswith(PIPE_PREFIX):
+        if not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "not found"
+            raise FileNotFoundError(f"{path}: {why} (named at {named_at})")
+        size = os.path.getsize(path)
+    if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
+        return Part(path, CLIP_TAR if videos else TAR), size
+    is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(VIDEO_SUFFIXES)
+    return (Part(path, IMAGE, 1) if is_image else Part(path, LINES)), size
 
 
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
@@ -119,14 +116,9 @@ def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, video
     parts, sizes = [], []
     for line_number, text in _entries(filelist):
         for name in _expand(text) if is_tar_spec(text) else [text]:
-            path = _resolve(name, filelist)
-            sizes.append(_checked_size(path, f"{filelist}:{line_number}"))
-            if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
-                parts.append(Part(path, CLIP_TAR if videos else TAR))
-            else:
-                is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(
-                    VIDEO_SUFFIXES)
-                parts.append(Part(path, IMAGE, 1) if is_image else Part(path, LINES))
+            part, size = _part(_resolve(name, filelist), f"{filelist}:{line_number}", videos)
+            parts.append(part)
+            sizes.append(size)
     return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
 
 
@@ -159,13 +151,13 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
 
 def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool, videos: bool) -> Source:
     path = _resolve(name, list_file)
-    if is_tar_spec(name):
-        shards = _expand(path)
-        for shard in shards:
-            _checked_size(shard, named_at)
-        return Source(path, weight, [Part(shard, CLIP_TAR if videos else TAR) for shard in shards])
-    if os.path.isdir(path):
-        files = image_files(path, videos)
+    if is_tar_spec(name):  # (every name a tar's or a command's: tar parts)
+        return Source(path, weight, [_part(shard, named_at, videos)[0] for shard in _expand(path)])
+    if os.path.isdir(path):  # every image (and video) file under it, recursive, hidden ones skipped, by relative path
+        suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(path)
+        files = sorted((file for file in base.rglob("*")
+                        if file.suffix.lower() in suffixes and not file.name.startswith(".") and file.is_file()),
+                       key=lambda file: file.relative_to(base).as_posix())
         if not files:
             raise FileNotFoundError(f"{path}: no image {'or video ' if videos else ''}files found")
         return Source(path, weight, [Part(str(file), IMAGE, 1) for file in files])

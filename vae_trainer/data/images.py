@@ -176,7 +176,3 @@ def to_float(pixels: np.ndarray, clips: bool = False) -> np.ndarray:
     out /= 127.5
     out -= 1.0
     return out
-
-
-def preprocess(image: Image.Image, resolution: int, rng: np.random.Generator | None, random_flip: bool) -> np.ndarray:
-    return to_float(crop(image, (resolution, resolution), rng, random_flip))

@@ -60,30 +60,24 @@ def _line_records(path: str, start: int) -> Iterator[Payload | None]:
         yield Damaged("corrupt_gzip", f"corrupt gzip data ({error})")
 
 
-def _split_key(name: str) -> tuple[str, str] | None:
-    """WebDataset's (key, extension): the key runs up to the first dot of the base name; ``__*__`` is metadata."""
-    folder, _, base = name.rpartition("/")
-    if base.startswith("__") or "." not in base:
-        return None
-    stem, _, extension = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), extension.lower()
-
-
 def _tar_members(tar: tarfile.TarFile, start: int, videos: bool) -> Iterator[TarSample | None]:
     """Samples (runs of members sharing a key) of a tar stream; unread: those before `start`, videos unless `videos`."""
     number, key, image, rank, video = -1, None, None, len(TAR_IMAGE_EXTENSIONS), None
     for member in tar:
         tar.members = []  # stream mode would otherwise keep every header
-        split = _split_key(member.name) if member.isreg() else None
-        if split is None:
+        # WebDataset's key runs up to the first dot of the base name; ``__*__`` is metadata.
+        folder, _, base = member.name.rpartition("/")
+        if not member.isreg() or base.startswith("__") or "." not in base:
             continue
-        if split[0] != key:
+        stem, _, extension = base.partition(".")
+        member_key, extension = (f"{folder}/{stem}" if folder else stem), extension.lower()
+        if member_key != key:
             if key is not None:
                 yield TarSample(key, image, video) if number >= start else None
-            number, key, image, rank, video = number + 1, split[0], None, len(TAR_IMAGE_EXTENSIONS), None
-        if number >= start and split[1] in TAR_IMAGE_EXTENSIONS[:rank]:
-            image, rank = tar.extractfile(member).read(), TAR_IMAGE_EXTENSIONS.index(split[1])
-        elif videos and number >= start and split[1] in TAR_VIDEO_EXTENSIONS and video is None:
+            number, key, image, rank, video = number + 1, member_key, None, len(TAR_IMAGE_EXTENSIONS), None
+        if number >= start and extension in TAR_IMAGE_EXTENSIONS[:rank]:
+            image, rank = tar.extractfile(member).read(), TAR_IMAGE_EXTENSIONS.index(extension)
+        elif videos and number >= start and extension in TAR_VIDEO_EXTENSIONS and video is None:
             video = tar.extractfile(member).read()
     if key is not None:
         yield TarSample(key, image, video) if number >= start else None
