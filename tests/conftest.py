@@ -164,11 +164,12 @@ def run_entry_point(script: str, args, nproc: int = 1, log_dir=None, timeout: in
 
 
 def run_each_driver(tmp_path_factory, make_args) -> dict:
-    """{driver: output dir} of one run of each entry point with the flags make_args(output_dir) returns."""
+    """{driver: output dir} of one run of each entry point (in this process) with the flags make_args(output_dir)
+    returns."""
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(driver.split(".")[0]))
-        run_entry_point(driver, make_args(output_dir))
+        run_in_process(driver, make_args(output_dir))
         out[driver] = output_dir
     return out
 

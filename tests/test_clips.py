@@ -7,7 +7,6 @@ whose frames are compared pixel for pixel with a naive decode of the whole file.
 
 import io
 import logging
-import tarfile
 
 import av
 import numpy as np

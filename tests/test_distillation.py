@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_in_process
 from family_parity import (DiffusersBatch, assert_loaded_exactly, folder_pixels, make_in_diffusers, mean_psnr,
                            trainer_args)
 
@@ -90,9 +90,9 @@ def test_the_cache_is_read_back(runs, teacher, photo_filelist, held_out_32, tmp_
             path = os.path.join(folder, name)
             np.save(path, 2.0 * np.load(path))
     out = tmp_path / "out"
-    run_entry_point(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, str(out), max_steps=1,
-                                             eval_steps=None, eval_file_list=None, eval_num_images=None,
-                                             image_logging_steps=0, cache_teacher_latents=str(cache)))
+    run_in_process(DRIVERS[1], distill_args(photo_filelist, held_out_32, teacher, str(out), max_steps=1,
+                                            eval_steps=None, eval_file_list=None, eval_num_images=None,
+                                            image_logging_steps=0, cache_teacher_latents=str(cache)))
     first = read_scalars(os.path.join(out, "logs"), "loss/latent_distill")[1]
     assert first != pytest.approx(read_scalars(os.path.join(runs["trainer"], "logs"), "loss/latent_distill")[1])
 

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, import_test_extra, read_scalars, run_entry_point
+from conftest import DRIVERS, import_test_extra, read_scalars, run_in_process
 from family_parity import DiffusersBatch, random_images, trainer_args
 from test_autoencoder_dc import CONFIGS as DC_CONFIGS
 from test_autoencoder_kl_wan import ATTENTION_PRELUDE
@@ -330,7 +330,7 @@ def test_a_dc_ae_with_pre_activations_below_minus_89_fine_tunes_without_a_skippe
         vae(paddle.to_tensor(images(2, seed=5)))
     assert ranges["silu"][0] < -89, ranges  # the stress is real
     output_dir = tmp_path / "out"
-    run_entry_point(DRIVERS[1], trainer_args(
+    run_in_process(DRIVERS[1], trainer_args(
         photo_filelist, output_dir, pretrained_model_name_or_path=folder, max_steps=2, disc_start=100,
         gradient_accumulation_steps=1, use_ema=None, ema_decay=None, save_steps=100, perceptual_weight=0,
         learning_rate=1e-3, max_consecutive_nonfinite_steps=1))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_in_process
 from family_parity import (DiffusersBatch, assert_loaded_exactly, folder_pixels, mean_psnr, random_images,
                            trainer_args)
 from safetensors.numpy import load_file
@@ -156,10 +156,10 @@ def image_runs(family, sources, photo_filelist, held_out, tmp_path_factory) -> d
 
     for driver in DRIVERS:
         out[driver] = str(tmp_path_factory.mktemp(f"{family}_{driver.split('.')[0]}"))
-        run_entry_point(driver, flags(out[driver]))
+        run_in_process(driver, flags(out[driver]))
     resumed = tmp_path_factory.mktemp(f"{family}_resumed")
     shutil.copytree(os.path.join(out[DRIVERS[0]], "checkpoint-2"), resumed / "checkpoint-2")
-    run_entry_point(DRIVERS[1], flags(str(resumed), resume_from_checkpoint="latest"))
+    run_in_process(DRIVERS[1], flags(str(resumed), resume_from_checkpoint="latest"))
     out["resumed"] = str(resumed)
     return out
 
@@ -329,7 +329,7 @@ def trainable_run(family, sources, photo_filelist, tmp_path_factory) -> str:
                          resolution=CASES[family].size, perceptual_weight=0, max_steps=2, save_steps=0,
                          gradient_accumulation_steps=1, use_ema=None, ema_decay=None, disc_start=0,
                          disc_weight_warmup_steps=2, disc_weight=0.5, adaptive_disc_weight="false")
-    run_entry_point(DRIVERS[1], flags + ["--trainable_modules", *CASES[family].trainable])
+    run_in_process(DRIVERS[1], flags + ["--trainable_modules", *CASES[family].trainable])
     return output_dir
 
 
@@ -353,7 +353,7 @@ def clip_run(family, sources, clips, tmp_path_factory) -> str:
     evaluated on the held-out clips at step 3."""
     case = CASES[family]
     output_dir = str(tmp_path_factory.mktemp(f"{family}_clips"))
-    run_entry_point(DRIVERS[0], trainer_args(
+    run_in_process(DRIVERS[0], trainer_args(
         clips["train"], output_dir, pretrained_model_name_or_path=sources[family], subfolder="vae",
         freeze_encoder="true", resolution=case.size, num_frames=case.frames, temporal_loss_weight=0.5,
         perceptual_weight=0, per_device_train_batch_size=1, gradient_accumulation_steps=1, max_steps=3, disc_start=1,

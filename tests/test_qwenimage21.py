@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point
+from conftest import DRIVERS, REPO, load_script, read_scalars, run_entry_point, run_in_process
 from family_parity import DiffusersBatch, assert_loaded_exactly, mean_psnr, trainer_args
 from PIL import Image
 from safetensors.numpy import load_file
@@ -68,7 +68,7 @@ def fine_tuned(source, rgba_data, tmp_path_factory) -> dict:
     out = {}
     for driver in DRIVERS:
         output_dir = str(tmp_path_factory.mktemp(f"q21_{driver.split('.')[0]}"))
-        run_entry_point(driver, trainer_args(rgba_data["train"], output_dir, pretrained_model_name_or_path=source,
+        run_in_process(driver, trainer_args(rgba_data["train"], output_dir, pretrained_model_name_or_path=source,
                                              subfolder="vae", max_steps=8, save_steps=4, eval_steps=4,
                                              eval_num_images=6, eval_file_list=rgba_data["held_out"]))
         out[driver] = output_dir

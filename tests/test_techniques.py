@@ -7,7 +7,7 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import read_scalars, run_entry_point
+from conftest import read_scalars, run_in_process
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments
@@ -273,7 +273,7 @@ def test_every_technique_runs_in_an_entry_point(photo_filelist, tmp_path):
         "image_logging_steps": 0, "seed": 3, "device": "cpu", "dataloader_num_workers": 0, "disc_base_channels": 8,
         "learning_rate": 1e-3, "disable_tqdm": "true", **TECHNIQUE_FLAGS,
     }
-    run_entry_point("train_vae_trainer.py", [item for key, value in args.items() for item in (f"--{key}", value)])
+    run_in_process("train_vae_trainer.py", [item for key, value in args.items() for item in (f"--{key}", value)])
     logdir = os.path.join(output_dir, "logs")
     for tag in ("loss/total", "loss/pixel", "loss/perceptual", "loss/latent_penalty"):
         values = read_scalars(logdir, tag)

@@ -10,7 +10,7 @@ import contextlib
 import difflib
 import fnmatch
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import paddle
 
