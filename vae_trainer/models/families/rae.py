@@ -41,19 +41,16 @@ class RAEFamily(Family):
               encoder_path: Optional[str] = None) -> Layer:
         """Fresh: a decoder to train from scratch on the DINOv2 of `encoder_path`, whose weights give the encoder's
         sizes; a config stating other sizes is an error naming the key."""
-        if fresh:
-            return self._on_dinov2(config, where, encoder_path)
-        check_config_keys(config, self, where)
-        if config.get("reshape_to_2d") is False:
-            raise ValueError(f"{where}: reshape_to_2d false gives token latents (N, h * w, C), and the trainer trains "
-                             "image-shaped latents (N, C, h, w): set it true (as RAE's released decoders have it)")
-        try:
-            return self.network.from_config(dict(config))
-        except ValueError as error:  # the constructor's own checks, which do not name the file
-            raise ValueError(f"{where}: {error}") from None
-
-    def _on_dinov2(self, config: Mapping[str, Any], where: str, encoder_path: Optional[str]) -> Layer:
-        """A fresh decoder on the frozen DINOv2 weights of `encoder_path`."""
+        if not fresh:  # else a fresh decoder on the frozen DINOv2 weights of `encoder_path`
+            check_config_keys(config, self, where)
+            if config.get("reshape_to_2d") is False:
+                raise ValueError(f"{where}: reshape_to_2d false gives token latents (N, h * w, C), and the trainer "
+                                 "trains image-shaped latents (N, C, h, w): set it true (as RAE's released decoders "
+                                 "have it)")
+            try:
+                return self.network.from_config(dict(config))
+            except ValueError as error:  # the constructor's own checks, which do not name the file
+                raise ValueError(f"{where}: {error}") from None
         if not encoder_path:
             raise ValueError(f"{where}: an {CLASS_NAME} trained from scratch needs its frozen encoder's weights: give "
                              "--rae_encoder_path (a transformers Dinov2WithRegistersModel folder, or a timm / "
