@@ -41,8 +41,8 @@ class Geometry:
     deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
     encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
     channels: int = 3  # image channels in and out
-    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are).
-    rgba_refusal: str = "where its image channels enter and leave is not known here"
+    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are, if it knows).
+    rgba_refusal: str = ""
     min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
 
 
@@ -125,7 +125,8 @@ class Family:
     def image_convs(self, vae: Layer) -> Any:
         """Where the image's channels enter and leave `vae` (rgba.ImageConvs), where its geometry's `rgba_refusal`
         is ""."""
-        raise ValueError(f"--expand_to_rgba: {self.class_name}: {self.geometry(vae.config).rgba_refusal}")
+        refusal = self.geometry(vae.config).rgba_refusal or "where its image channels enter and leave is not known here"
+        raise ValueError(f"--expand_to_rgba: {self.class_name}: {refusal}")
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """The autoencoder families the trainer trains, one adapter file each (models/family.py says what an adapter
 implements), listed by the `_class_name` their config.json persists: adding a family is its file and one entry in
-FAMILIES. Also what every caller asks of any network through its family: its encoder's layers and weights, its image
+FAMILIES. Also what every caller asks of any network through its family: its encoder's weights, its image
 channels and its geometry's size check."""
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ class HunyuanVideo15Family(CausalVideoFamily):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = int(config["spatial_compression_ratio"])
         return Geometry(factor, factor, int(config["latent_channels"]), "spatial_compression_ratio",
-                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]),
-                        rgba_refusal="")
+                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]))
 
     def tiled(self, vae: Layer, tile: int):
         """Its own enable_tiling: square `tile` px tiles and their latent tiles, overlapping by a quarter."""

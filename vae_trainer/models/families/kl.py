@@ -31,8 +31,7 @@ class KLFamily(Family):
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
-                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]),
-                        rgba_refusal="")
+                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]))
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

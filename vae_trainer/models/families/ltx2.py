@@ -32,7 +32,6 @@ class LTX2Family(CausalVideoFamily):
     network = AutoencoderKLLTX2Video
     encoder_prefixes = ("encoder.", "latents_mean", "latents_std")  # the buffers define the latent's normalisation
     normalisation = LTX2_BUFFERS
-    tiling = ""
     moments_conv = "encoder.conv_out.conv."
     patch_key = "patch_size"  # 4x4, before the first conv (its config counts image channels, not patch channels)
 
@@ -55,8 +54,7 @@ class LTX2Family(CausalVideoFamily):
         return Geometry(patch * math.prod(s[1] for s in down), patch * math.prod(s[1] for s in up),
                         int(config["latent_channels"]), "patch_size x the down blocks' strides",
                         frames=int(config["patch_size_t"]) * math.prod(s[0] for s in down),
-                        channels=int(config["in_channels"]), rgba_refusal="",
-                        min_latent_side=2 if reflect else 1)
+                        channels=int(config["in_channels"]), min_latent_side=2 if reflect else 1)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

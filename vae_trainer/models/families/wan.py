@@ -51,8 +51,7 @@ class CausalVideoFamily(Family):
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
         patchified = int(config.get("in_channels", config.get("input_channels", 3)))  # Wan 2.2's: p * p per channel
         channels = patchified // int(config.get(self.patch_key) or 1) ** 2
-        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels,
-                        rgba_refusal="")
+        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
