@@ -156,22 +156,12 @@ def diffusers_tiling(class_name: str, note: str = "") -> str:
 def tiling_enabled(vae: Layer, *settings: Any):
     """Within: `vae.enable_tiling(*settings)`; its tiling attributes (`use_tiling`, `tile_*`) restored on leaving."""
     state = {name: value for name, value in vars(vae).items() if name == "use_tiling" or name.startswith("tile_")}
-    with attributes_set(vae, **state):
+    try:
         vae.enable_tiling(*settings)
         yield
-
-
-@contextlib.contextmanager
-def attributes_set(owner: Any, **values: Any):
-    """Within: `owner`'s attributes set to `values`, restored on leaving."""
-    saved = {name: getattr(owner, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(owner, name, value)
-        yield
     finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
+        for name, value in state.items():
+            setattr(vae, name, value)
 
 
 def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = (),

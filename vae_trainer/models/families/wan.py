@@ -33,7 +33,7 @@ from ..rgba import ImageConvs
 
 
 class CausalVideoFamily(Family):
-    """What AutoencoderKLWan and AutoencoderKLQwenImage share as families."""
+    """What the causal 3D VAEs (Wan, Qwen-Image, and with their own configs LTX-2 and HunyuanVideo 1.5) share."""
 
     encoder_prefixes = ("encoder.", "quant_conv.")
     normalisation = PerChannel()
