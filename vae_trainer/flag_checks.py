@@ -116,9 +116,9 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     config's, else AutoencoderKL's (a single file)."""
     from .models.families import family_for_config
     from .models.families.kl import KL
+    from .models.families.tiny import TINY as STUDENT
     from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
-    from .models.teacher import STUDENT
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
     f.measures_scale = scaling_factor_mode(f) == "measure"

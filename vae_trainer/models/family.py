@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, ContextManager, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -41,39 +41,9 @@ class Geometry:
     deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
     encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
     channels: int = 3  # image channels in and out
-    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are).
-    rgba_refusal: str = "where its image channels enter and leave is not known here"
+    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are, if it knows).
+    rgba_refusal: str = ""
     min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
-
-    def check_reconstruction(self, input_size: Optional[Sequence[int]], resolution: int, where: str,
-                             class_name: str) -> None:
-        """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
-        if self.output_size is not None:  # it resizes its input itself
-            if input_size:
-                raise ValueError(f"--input_size: {class_name} resizes its input itself ({where}); drop it")
-            if resolution != self.output_size:
-                raise ValueError(f"{class_name} decodes {self.output_size}x{self.output_size} images whatever its "
-                                 f"input ({where}), and the loss compares --resolution {resolution}: use --resolution "
-                                 f"{self.output_size}")
-            return
-        height, width = input_size or (resolution, resolution)
-        if height % self.factor or width % self.factor:
-            flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
-            raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {self.factor} "
-                             f"({self.rule}, {where})")
-        if min(height, width) // self.factor < self.min_latent_side:
-            flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
-            side = self.min_latent_side
-            raise ValueError(f"{flag} gives latents below {side}x{side}, the smallest {class_name} takes ({where}: its "
-                             f"reflect padding): give at least {side * self.factor} px")
-        out = (height // self.factor * self.decoder_factor, width // self.factor * self.decoder_factor)
-        if out != (resolution, resolution):
-            raise ValueError(
-                f"the encoder sees {height}x{width} images and the decoder (x{self.decoder_factor} from "
-                f"x{self.factor} latents) returns {out[0]}x{out[1]}, but the loss compares {resolution}x{resolution} "
-                "targets (--resolution). With --input_size H W the decoder needs more up blocks than the encoder has "
-                "down blocks (up_block_types / up_block_out_channels in --vae_config_file), so that it returns "
-                "--resolution.")
 
 
 class Deterministic:
@@ -89,8 +59,7 @@ class Deterministic:
     def mode(self) -> Tensor:
         return self.mean
 
-    def sample(self) -> Tensor:
-        return self.mean
+    sample = mode
 
 
 class Family:
@@ -156,25 +125,14 @@ class Family:
     def image_convs(self, vae: Layer) -> Any:
         """Where the image's channels enter and leave `vae` (rgba.ImageConvs), where its geometry's `rgba_refusal`
         is ""."""
-        raise ValueError(f"--expand_to_rgba: {self.class_name}: {self.geometry(vae.config).rgba_refusal}")
+        refusal = self.geometry(vae.config).rgba_refusal or "where its image channels enter and leave is not known here"
+        raise ValueError(f"--expand_to_rgba: {self.class_name}: {refusal}")
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:
     """The family's constructor defaults: what a config leaves out."""
     parameters = inspect.signature(family.network.__init__).parameters
     return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
-
-
-def encoder_layers(family: Family, vae: Layer) -> List[Layer]:
-    """The layers at the family's `encoder_prefixes` (those the network has: FLUX.1's has no quant_conv)."""
-    layers = []
-    for prefix in family.encoder_prefixes:
-        layer = vae
-        for name in prefix.rstrip(".").split("."):
-            layer = getattr(layer, name, None)
-        if isinstance(layer, Layer):
-            layers.append(layer)
-    return layers
 
 
 def constant_logvar_values(vae: Layer, prefix: str, channels: int, posterior_std: float) -> Dict[str, np.ndarray]:
@@ -198,22 +156,12 @@ def diffusers_tiling(class_name: str, note: str = "") -> str:
 def tiling_enabled(vae: Layer, *settings: Any):
     """Within: `vae.enable_tiling(*settings)`; its tiling attributes (`use_tiling`, `tile_*`) restored on leaving."""
     state = {name: value for name, value in vars(vae).items() if name == "use_tiling" or name.startswith("tile_")}
-    with attributes_set(vae, **state):
+    try:
         vae.enable_tiling(*settings)
         yield
-
-
-@contextlib.contextmanager
-def attributes_set(owner: Any, **values: Any):
-    """Within: `owner`'s attributes set to `values`, restored on leaving."""
-    saved = {name: getattr(owner, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(owner, name, value)
-        yield
     finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
+        for name, value in state.items():
+            setattr(vae, name, value)
 
 
 def check_config_keys(config: Mapping[str, Any], family: Family, where: str, required: Tuple[str, ...] = (),

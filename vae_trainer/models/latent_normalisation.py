@@ -196,7 +196,8 @@ class PerPosition(PerChannel):
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
             raise ValueError(f"measuring {type(vae).__name__}'s latent normalisation needs its token statistics")
-        shape = token_shape(vae.config)
+        grid = int(vae.config["encoder_input_size"]) // int(vae.config["encoder_patch_size"])
+        shape = [int(vae.config["encoder_hidden_size"]), grid, grid]  # (C, h, w) of the tokens: the latent's shape
         mean = np.asarray(stats.view_mean, np.float64).reshape(shape)
         variance = np.asarray(stats.view_var, np.float64).reshape(shape)
         # float32 values in the config, so that config.json and the weights hold the same numbers
@@ -348,9 +349,3 @@ LTX2_BUFFERS = HeldInWeights(
     "latents_mean / latents_std buffers", {"latents_mean": "latents_mean", "latents_std": "latents_std"},
     "(z - latents_mean) * scaling_factor / latents_std per channel, z the posterior mode (the LTX-2 pipelines)",
     keys=("scaling_factor",))
-
-
-def token_shape(config: Mapping[str, Any]) -> List[int]:
-    """(C, h, w) of RAE's tokens: its latent's shape."""
-    grid = int(config["encoder_input_size"]) // int(config["encoder_patch_size"])
-    return [int(config["encoder_hidden_size"]), grid, grid]

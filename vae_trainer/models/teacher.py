@@ -1,5 +1,5 @@
 """The frozen teacher of a distillation run (`Teacher`): a VAE of any family and the latents its diffusion pipelines
-see, computed or read back from a cache on disk (`_cache_subfolder`); it is held beside the trained networks, never in a
+see, computed or read back from a cache on disk; it is held beside the trained networks, never in a
 checkpoint or an EMA. `to_pipeline` / `from_pipeline` take latents to and from that space with a family's
 normalisation's `pipeline` (mean, std) of shape [C, p, p], tiled over the latent positions with period p. The student
 a teacher folder implies (`student_of`) and the check of a given one against its teacher (`check_student`)."""
@@ -19,7 +19,6 @@ from .families import family_for_config, family_of, image_channels
 from .families.tiny import TINY, student_config
 
 Tensor = paddle.Tensor
-STUDENT = TINY  # the family of a distilled student
 
 
 def _tiled(pattern: np.ndarray, latents: paddle.Tensor) -> paddle.Tensor:
@@ -55,27 +54,9 @@ def load_teacher(path: str, subfolder: Optional[str] = None, cache_folder: Optio
     return Teacher(vae, cache_folder, path)
 
 
-def _cache_subfolder(folder: str, teacher: paddle.nn.Layer) -> str:
-    """The teacher's latent cache (--cache_teacher_latents): the teacher's latents of each crop it saw, one .npy file
-    per crop named by a hash of the crop's float32 pixels (so a cached latent is exactly that crop's: a random crop or
-    flip that differs is a new entry), in a subfolder of `folder` named by the teacher's weights and config (another
-    teacher never reads them), made here."""
-    config = {k: v for k, v in dict(teacher.config).items() if not k.startswith("_")}  # (_use_default_values:
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
-    for name, tensor in sorted(teacher.state_dict().items()):
-        digest.update(name.encode() + tensor.numpy().tobytes())
-    family = family_of(teacher)  # and the normalisation applied: a change of it is another space
-    for array in (family.class_name.encode(), *family.normalisation.pipeline(teacher)):
-        digest.update(array if isinstance(array, bytes) else array.tobytes())
-    folder = os.path.join(folder, digest.hexdigest()[:16])
-    os.makedirs(folder, exist_ok=True)
-    return folder
-
-
 class Teacher:
     """A frozen VAE in eval mode: `latents` of [-1, 1] NCHW images in its pipelines' normalised space (float32, no
-    graph), read from and written to its cache folder if it has one (`_cache_subfolder`), and `decode` of such latents
-    to images."""
+    graph), read from and written to its cache folder if it has one, and `decode` of such latents to images."""
 
     def __init__(self, vae: paddle.nn.Layer, cache_folder: Optional[str] = None, source: str = ""):
         self.vae, self.family, self.source = vae, family_of(vae), source  # `source`: its folder, for the protocol
@@ -83,7 +64,21 @@ class Teacher:
             param.stop_gradient = True
         vae.eval()
         self.mean, self.std = self.family.normalisation.pipeline(vae)  # raises for a family that has none
-        self.cache = _cache_subfolder(cache_folder, vae) if cache_folder else None
+        # The latent cache (--cache_teacher_latents): the teacher's latents of each crop it saw, one .npy file per
+        # crop named by a hash of the crop's float32 pixels (so a cached latent is exactly that crop's: a random crop
+        # or flip that differs is a new entry), in a subfolder of `cache_folder` named by the teacher's weights and
+        # config (another teacher never reads them), made here.
+        self.cache = None
+        if cache_folder:
+            config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}  # (_use_default_values:
+            digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())  # in any order)
+            for name, tensor in sorted(vae.state_dict().items()):
+                digest.update(name.encode() + tensor.numpy().tobytes())
+            # and the normalisation applied: a change of it is another space
+            for array in (self.family.class_name.encode(), self.mean, self.std):
+                digest.update(array if isinstance(array, bytes) else array.tobytes())
+            self.cache = os.path.join(cache_folder, digest.hexdigest()[:16])
+            os.makedirs(self.cache, exist_ok=True)
 
     @property
     def latent_channels(self) -> int:
@@ -130,9 +125,9 @@ def check_student(student: paddle.nn.Layer, teacher: Teacher) -> None:
     that cannot live in `teacher`'s pipeline latents: another class, latent channels or factor, or a scale other
     than 1 (a pipeline would divide its latents by it)."""
     family = family_of(student)
-    if family is not STUDENT:
-        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {STUDENT.class_name}")
-    mine, theirs = STUDENT.geometry(student.config), teacher.family.geometry(teacher.vae.config)
+    if family is not TINY:  # the family of a distilled student
+        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {TINY.class_name}")
+    mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
     if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
         raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its "
                          f"teacher {theirs.latent_channels} at factor {theirs.factor}: give a student of the teacher's "

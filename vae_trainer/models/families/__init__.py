@@ -1,13 +1,13 @@
 """The autoencoder families the trainer trains, one adapter file each (models/family.py says what an adapter
 implements), listed by the `_class_name` their config.json persists: adding a family is its file and one entry in
-FAMILIES. Also what every caller asks of any network through its family: its encoder's layers and weights, its image
+FAMILIES. Also what every caller asks of any network through its family: its encoder's weights, its image
 channels and its geometry's size check."""
 
 from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence
 
-from ..family import Family, Layer, Tensor, encoder_layers
+from ..family import Family, Layer, Tensor
 from .dc_ae import DC_AE
 from .flux2 import FLUX2
 from .hunyuanvideo15 import HUNYUAN_VIDEO15
@@ -23,10 +23,7 @@ from .wan import QWEN_IMAGE, WAN
 # LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2. A network's family is the first
 # whose class it is an instance of, so a class comes before the one it derives from (FLUX2 before KL).
 FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, LTX2, FLUX2, RAE, HUNYUAN_VIDEO15, KL)
-
-
-def trained_classes() -> str:
-    return ", ".join(family.class_name for family in FAMILIES)
+TRAINED_CLASSES = ", ".join(family.class_name for family in FAMILIES)
 
 
 def family_of(vae: Layer) -> Family:
@@ -36,7 +33,7 @@ def family_of(vae: Layer) -> Family:
             return family
     if hasattr(vae, "config"):
         return family_for_config(vae.config)
-    raise TypeError(f"{type(vae).__name__} is not an autoencoder class this trainer trains ({trained_classes()})")
+    raise TypeError(f"{type(vae).__name__} is not an autoencoder class this trainer trains ({TRAINED_CLASSES})")
 
 
 def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config") -> Family:
@@ -48,12 +45,20 @@ def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config"
         if family.class_name == name:
             return family
     raise ValueError(f"{where}: its \"_class_name\" is {name}, a class this trainer does not train (yet); it trains "
-                     f"{trained_classes()}")
+                     f"{TRAINED_CLASSES}")
 
 
 def encoder_parameters(vae: Layer) -> List[Tensor]:
-    """The weights that define the latent: those of the family's `encoder_prefixes` layers."""
-    return [param for layer in encoder_layers(family_of(vae), vae) for param in layer.parameters()]
+    """The weights that define the latent: those of the layers at the family's `encoder_prefixes` (those the network
+    has: FLUX.1's has no quant_conv)."""
+    params = []
+    for prefix in family_of(vae).encoder_prefixes:
+        layer = vae
+        for name in prefix.rstrip(".").split("."):
+            layer = getattr(layer, name, None)
+        if isinstance(layer, Layer):
+            params += layer.parameters()
+    return params
 
 
 def image_channels(vae: Layer) -> int:
@@ -65,4 +70,29 @@ def check_reconstruction_shape(config: Mapping[str, Any], input_size: Optional[S
                                where: str = "the VAE's config") -> None:
     """The decoder must give back `resolution` from what the encoder sees (`input_size`, default the image)."""
     family = family_for_config(config, where)
-    family.geometry(config).check_reconstruction(input_size, resolution, where, family.class_name)
+    geometry, name = family.geometry(config), family.class_name
+    if geometry.output_size is not None:  # it resizes its input itself
+        if input_size:
+            raise ValueError(f"--input_size: {name} resizes its input itself ({where}); drop it")
+        if resolution != geometry.output_size:
+            raise ValueError(f"{name} decodes {geometry.output_size}x{geometry.output_size} images whatever its "
+                             f"input ({where}), and the loss compares --resolution {resolution}: use --resolution "
+                             f"{geometry.output_size}")
+        return
+    height, width = input_size or (resolution, resolution)
+    flag = f"--input_size {height} {width}" if input_size else f"--resolution {resolution}"
+    if height % geometry.factor or width % geometry.factor:
+        raise ValueError(f"{flag} must be a multiple of the VAE's downsampling factor {geometry.factor} "
+                         f"({geometry.rule}, {where})")
+    if min(height, width) // geometry.factor < geometry.min_latent_side:
+        side = geometry.min_latent_side
+        raise ValueError(f"{flag} gives latents below {side}x{side}, the smallest {name} takes ({where}: its "
+                         f"reflect padding): give at least {side * geometry.factor} px")
+    out = (height // geometry.factor * geometry.decoder_factor, width // geometry.factor * geometry.decoder_factor)
+    if out != (resolution, resolution):
+        raise ValueError(
+            f"the encoder sees {height}x{width} images and the decoder (x{geometry.decoder_factor} from "
+            f"x{geometry.factor} latents) returns {out[0]}x{out[1]}, but the loss compares {resolution}x{resolution} "
+            "targets (--resolution). With --input_size H W the decoder needs more up blocks than the encoder has "
+            "down blocks (up_block_types / up_block_out_channels in --vae_config_file), so that it returns "
+            "--resolution.")

@@ -38,13 +38,28 @@ class DCFamily(Family):
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
                         2 ** (len(config["decoder_block_out_channels"]) - 1), int(config["latent_channels"]),
-                        "2 ** (stages - 1)", deterministic=True, channels=int(config["in_channels"]),
-                        rgba_refusal="")
+                        "2 ** (stages - 1)", deterministic=True, channels=int(config["in_channels"]))
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
         check_config_keys(config, self, where, required=ARCHITECTURE_KEYS)
-        check_stages({**constructor_defaults(self), **config}, where)
+        # One error naming the key: a per-stage value that is neither a list of one entry per stage of its side nor
+        # (where one applies to all) a name, or a shortcut whose channel groups the latent channels do not divide
+        # (diffusers would fail in the first forward; it also takes lists longer than the stages, which we refuse).
+        merged = {**constructor_defaults(self), **config}
+        for side, keys in STAGE_KEYS.items():
+            widths = merged[f"{side}_block_out_channels"]
+            for key in keys:
+                value = merged[key]
+                if isinstance(value, str) and key in NAMED_KEYS:
+                    continue
+                if not isinstance(value, (list, tuple)) or len(value) != len(widths):
+                    raise ValueError(f"{where}: {key} is {value!r}, for the {len(widths)} stages of "
+                                     f"{side}_block_out_channels {list(widths)}: give a list of one entry per stage"
+                                     + (" (or one name for all)" if key in NAMED_KEYS else ""))
+            if merged[SHORTCUTS[side]] and widths[-1] % merged["latent_channels"]:
+                raise ValueError(f"{where}: {SHORTCUTS[side]} needs latent_channels ({merged['latent_channels']}) to "
+                                 f"divide the last of {side}_block_out_channels ({widths[-1]})")
         try:
             return self.network.from_config(dict(config))
         except (KeyError, ValueError) as error:  # a block, norm or activation name the class does not know
@@ -72,25 +87,6 @@ class DCFamily(Family):
                 for coder, blocks in (("encoder", "down_blocks"), ("decoder", "up_blocks"))
                 for i, stage in enumerate(getattr(getattr(vae, coder), blocks))
                 for j, layer in enumerate(stage.children()) if not holds_batch_norm(layer)]
-
-
-def check_stages(config: Mapping[str, Any], where: str) -> None:
-    """One error naming the key: a per-stage value that is neither a list of one entry per stage of its side nor
-    (where one applies to all) a name, or a shortcut whose channel groups the latent channels do not divide
-    (diffusers would fail in the first forward; it also takes lists longer than the stages, which we refuse)."""
-    for side, keys in STAGE_KEYS.items():
-        widths = config[f"{side}_block_out_channels"]
-        for key in keys:
-            value = config[key]
-            if isinstance(value, str) and key in NAMED_KEYS:
-                continue
-            if not isinstance(value, (list, tuple)) or len(value) != len(widths):
-                raise ValueError(f"{where}: {key} is {value!r}, for the {len(widths)} stages of "
-                                 f"{side}_block_out_channels {list(widths)}: give a list of one entry per stage"
-                                 + (" (or one name for all)" if key in NAMED_KEYS else ""))
-        if config[SHORTCUTS[side]] and widths[-1] % config["latent_channels"]:
-            raise ValueError(f"{where}: {SHORTCUTS[side]} needs latent_channels ({config['latent_channels']}) to "
-                             f"divide the last of {side}_block_out_channels ({widths[-1]})")
 
 
 DC_AE = DCFamily()

@@ -5,11 +5,10 @@ measured at export). docs/fine-tuning.md has the details.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Mapping, Optional
 
 from ..autoencoder_kl_flux2 import AutoencoderKLFlux2
-from ..family import Layer
+from ..family import Layer, constructor_defaults
 from ..latent_normalisation import FLUX2_BN
 from .kl import KLFamily, widths
 
@@ -32,7 +31,7 @@ class Flux2Family(KLFamily):
               encoder_path: Optional[str] = None) -> Layer:
         """A fresh AutoencoderKLFlux2 whose config also holds (and exports) entries it does not take
         (`force_upcast`)."""
-        accepted = set(inspect.signature(AutoencoderKLFlux2.__init__).parameters)
+        accepted = constructor_defaults(self)  # every argument of its constructor has a default
         vae = AutoencoderKLFlux2.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
         vae.register_to_config(**{k: v for k, v in config.items() if not k.startswith("_") and k not in vae.config})
         return vae

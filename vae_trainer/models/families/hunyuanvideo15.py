@@ -7,13 +7,12 @@ conv, so no weights give its posterior a constant std: --posterior_std is refuse
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import numpy as np
 
 from ..autoencoder_kl_hunyuanvideo15 import AutoencoderKLHunyuanVideo15
-from ..family import (TILE_OVERLAP, Geometry, Layer, check_config_keys, constructor_defaults, diffusers_tiling,
-                      tiling_enabled)
+from ..family import TILE_OVERLAP, Geometry, Layer, constructor_defaults, diffusers_tiling, tiling_enabled
 from ..latent_normalisation import Scale
 from .wan import CausalVideoFamily
 
@@ -32,13 +31,7 @@ class HunyuanVideo15Family(CausalVideoFamily):
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = int(config["spatial_compression_ratio"])
         return Geometry(factor, factor, int(config["latent_channels"]), "spatial_compression_ratio",
-                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]),
-                        rgba_refusal="")
-
-    def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
-              encoder_path: Optional[str] = None) -> Layer:
-        check_config_keys(config, self, where)
-        return self.network.from_config(dict(config))
+                        frames=int(config["temporal_compression_ratio"]), channels=int(config["in_channels"]))
 
     def tiled(self, vae: Layer, tile: int):
         """Its own enable_tiling: square `tile` px tiles and their latent tiles, overlapping by a quarter."""

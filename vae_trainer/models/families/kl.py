@@ -12,8 +12,8 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import (TILE_OVERLAP, Family, Geometry, Layer, Tensor, attributes_set, constant_logvar_values,
-                      constructor_defaults)
+from ..family import (TILE_OVERLAP, Family, Geometry, Layer, Tensor, constant_logvar_values, constructor_defaults,
+                      tiling_enabled)
 from ..latent_normalisation import Scale
 from ..rgba import ImageConvs
 
@@ -31,8 +31,7 @@ class KLFamily(Family):
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
-                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]),
-                        rgba_refusal="")
+                        int(config["latent_channels"]), "2 ** (down blocks - 1)", channels=int(config["in_channels"]))
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
@@ -72,15 +71,15 @@ class KLFamily(Family):
 
     @contextlib.contextmanager
     def tiled(self, vae: Layer, tile: int):
-        settings = dict(use_tiling=True, tile_sample_min_size=tile, tile_overlap_factor=TILE_OVERLAP,
-                        tile_latent_min_size=tile // self.geometry(vae.config).factor)
         stand_ins = [name for name in ("quant_conv", "post_quant_conv") if getattr(vae, name, None) is None]  # FLUX's
         try:
             for name in stand_ins:  # the tiled passes call them and read `.weight.dtype` (not a parameter here)
                 owner = vae.encoder if name == "quant_conv" else vae.decoder
                 setattr(vae, name, paddle.nn.Identity())
                 getattr(vae, name).weight = SimpleNamespace(dtype=owner.conv_in.weight.dtype)
-            with attributes_set(vae, **settings):
+            with tiling_enabled(vae):  # ppdiffusers' enable_tiling sets use_tiling; the tile_* below restored too
+                vae.tile_sample_min_size, vae.tile_overlap_factor = tile, TILE_OVERLAP
+                vae.tile_latent_min_size = tile // self.geometry(vae.config).factor
                 yield
         finally:
             for name in stand_ins:

@@ -19,7 +19,6 @@ import numpy as np
 from ..autoencoder_kl_ltx2 import STRIDES, AutoencoderKLLTX2Video, _per_block
 from ..family import Geometry, Layer, check_config_keys, constructor_defaults
 from ..latent_normalisation import LTX2_BUFFERS
-from ..rgba import ImageConvs
 from .wan import CausalVideoFamily
 
 UNHONOURED = {"timestep_conditioning": "its decoder then needs a timestep per sample, which the pipelines draw beside "
@@ -33,8 +32,8 @@ class LTX2Family(CausalVideoFamily):
     network = AutoencoderKLLTX2Video
     encoder_prefixes = ("encoder.", "latents_mean", "latents_std")  # the buffers define the latent's normalisation
     normalisation = LTX2_BUFFERS
-    tiling = ""
     moments_conv = "encoder.conv_out.conv."
+    patch_key = "patch_size"  # 4x4, before the first conv (its config counts image channels, not patch channels)
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         return "spatio_temporal_scaling" in config or "decoder_inject_noise" in config
@@ -55,8 +54,7 @@ class LTX2Family(CausalVideoFamily):
         return Geometry(patch * math.prod(s[1] for s in down), patch * math.prod(s[1] for s in up),
                         int(config["latent_channels"]), "patch_size x the down blocks' strides",
                         frames=int(config["patch_size_t"]) * math.prod(s[0] for s in down),
-                        channels=int(config["in_channels"]), rgba_refusal="",
-                        min_latent_side=2 if reflect else 1)
+                        channels=int(config["in_channels"]), min_latent_side=2 if reflect else 1)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
@@ -66,13 +64,6 @@ class LTX2Family(CausalVideoFamily):
                 raise ValueError(f"{where}: {key} is set, and {why}: this trainer cannot train it (LTX-2's published "
                                  "VAE has it off)")
         return self.network.from_config(dict(config))
-
-    def image_convs(self, vae: Layer) -> ImageConvs:
-        """The Conv3Ds of encoder.conv_in and decoder.conv_out, on the patch_size ** 2 channels of each image channel's
-        patches (its config counts image channels)."""
-        group = int(vae.config.patch_size) ** 2
-        return ImageConvs(vae.encoder.conv_in.conv, vae.decoder.conv_out.conv, {"in_channels": 4, "out_channels": 4},
-                          group, group)
 
 
 LTX2 = LTX2Family()

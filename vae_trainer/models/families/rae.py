@@ -16,14 +16,13 @@ from ..autoencoder_rae import AutoencoderRAE, encoder_state_from_dinov2
 from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults
 from ..latent_normalisation import PerPosition
 
-CLASS_NAME = "AutoencoderRAE"
 RGB_TOKENS = ("its latent is a frozen DINOv2's tokens of RGB (normalised by ImageNet's three means and stds): "
               "an alpha channel has no way into that representation")
 STAT_EPS = PerPosition.eps  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
 
 
 class RAEFamily(Family):
-    class_name = CLASS_NAME
+    class_name = "AutoencoderRAE"
     network = AutoencoderRAE
     normalisation = PerPosition()
     def owns(self, config: Mapping[str, Any]) -> bool:
@@ -41,22 +40,19 @@ class RAEFamily(Family):
               encoder_path: Optional[str] = None) -> Layer:
         """Fresh: a decoder to train from scratch on the DINOv2 of `encoder_path`, whose weights give the encoder's
         sizes; a config stating other sizes is an error naming the key."""
-        if fresh:
-            return self._on_dinov2(config, where, encoder_path)
-        check_config_keys(config, self, where)
-        if config.get("reshape_to_2d") is False:
-            raise ValueError(f"{where}: reshape_to_2d false gives token latents (N, h * w, C), and the trainer trains "
-                             "image-shaped latents (N, C, h, w): set it true (as RAE's released decoders have it)")
-        try:
-            return self.network.from_config(dict(config))
-        except ValueError as error:  # the constructor's own checks, which do not name the file
-            raise ValueError(f"{where}: {error}") from None
-
-    def _on_dinov2(self, config: Mapping[str, Any], where: str, encoder_path: Optional[str]) -> Layer:
-        """A fresh decoder on the frozen DINOv2 weights of `encoder_path`."""
+        if not fresh:  # else a fresh decoder on the frozen DINOv2 weights of `encoder_path`
+            check_config_keys(config, self, where)
+            if config.get("reshape_to_2d") is False:
+                raise ValueError(f"{where}: reshape_to_2d false gives token latents (N, h * w, C), and the trainer "
+                                 "trains image-shaped latents (N, C, h, w): set it true (as RAE's released decoders "
+                                 "have it)")
+            try:
+                return self.network.from_config(dict(config))
+            except ValueError as error:  # the constructor's own checks, which do not name the file
+                raise ValueError(f"{where}: {error}") from None
         if not encoder_path:
-            raise ValueError(f"{where}: an {CLASS_NAME} trained from scratch needs its frozen encoder's weights: give "
-                             "--rae_encoder_path (a transformers Dinov2WithRegistersModel folder, or a timm / "
+            raise ValueError(f"{where}: an {self.class_name} trained from scratch needs its frozen encoder's weights: "
+                             "give --rae_encoder_path (a transformers Dinov2WithRegistersModel folder, or a timm / "
                              "torch-hub DINOv2-with-registers file)")
         if config.get("encoder_type", "dinov2") != "dinov2":
             raise ValueError(f"{where}: encoder_type {config['encoder_type']!r}, but --rae_encoder_path reads a DINOv2")
@@ -68,7 +64,7 @@ class RAEFamily(Family):
         vae = self.build({**config, **sizes}, where)
         missing = sorted(k for k in vae.state_dict() if k.startswith("encoder.") and k not in state)
         if missing:
-            raise ValueError(f"--rae_encoder_path {encoder_path} lacks {missing[:4]} of {CLASS_NAME}'s encoder")
+            raise ValueError(f"--rae_encoder_path {encoder_path} lacks {missing[:4]} of {self.class_name}'s encoder")
         vae.set_state_dict({**vae.state_dict(), **state})
         return vae
 

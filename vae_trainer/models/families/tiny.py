@@ -1,7 +1,7 @@
 """ppdiffusers' `AutoencoderTiny` (TAESD) as a family (family.py), the student of a distillation: a deterministic
 encoder (no posterior) whose latents live in its teacher's pipeline latent space (so its scale is fixed: scaling_factor
 1.0, never measured: latent_normalisation.Fixed), the layers training reads, and `student_config`, a TAESD-shaped
-config following a teacher's geometry, with `init_mid_grey` for a fresh decoder.
+config following a teacher's geometry, and a fresh decoder's mid-grey start.
 
 The classes map the ranges themselves: EncoderTiny takes [-1, 1] images to [0, 1] before its layers, DecoderTiny
 soft-clamps the latents (3 * tanh(z / 3)) and maps its [0, 1] output back to [-1, 1]. Their own gradient
@@ -58,7 +58,14 @@ class TinyFamily(Family):
             # PyTorch's spread, not Paddle's Kaiming-normal one: with that, a fresh encoder's output RMS is ~37 for
             # normalised latents of RMS ~0.3, and its first steps only shrink it (docs/distillation.md, issue 53).
             init_like_pytorch(vae)
-            init_mid_grey(vae)  # a fresh student's first decodes are about grey, not anywhere in several units
+            # A fresh student's first decodes about mid-grey (0 on [-1, 1]), not anywhere in several units: DecoderTiny
+            # returns 2 * conv_out - 1, so its output conv gets bias 0.5. Its weights keep PyTorch's small draw (the
+            # conv's input has RMS ~0.03, the output is grey within a few hundredths). Zero weights would be exactly
+            # grey, but they leave every earlier layer without a gradient at the first step, and Adam's first steps
+            # then overshoot as that gradient grows (a pooled MSE of 29 at step 4 against 0.35 at the start, measured
+            # at lr 1e-3; docs/distillation.md, issue 53).
+            conv = vae.decoder.layers[-1]
+            conv.bias.set_value(paddle.full_like(conv.bias, 0.5))
         return vae
 
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
@@ -92,16 +99,6 @@ def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) 
             "encoder_block_out_channels": [width] * stages, "decoder_block_out_channels": [width] * stages,
             "num_encoder_blocks": [1] + [depth] * (stages - 1), "num_decoder_blocks": [depth] * (stages - 1) + [1],
             "latent_magnitude": 3, "latent_shift": 0.5, "force_upcast": False, "scaling_factor": 1.0}
-
-
-def init_mid_grey(vae: Layer) -> None:
-    """A fresh decoder's output about mid-grey (0 on [-1, 1]): DecoderTiny returns 2 * conv_out - 1, so its output
-    conv gets bias 0.5. Its weights keep PyTorch's small draw (init_like_pytorch: the conv's input has RMS ~0.03, the
-    output is grey within a few hundredths). Zero weights would be exactly grey, but they leave every earlier layer
-    without a gradient at the first step, and Adam's first steps then overshoot as that gradient grows (a pooled MSE
-    of 29 at step 4 against 0.35 at the start, measured at lr 1e-3; docs/distillation.md, issue 53)."""
-    conv = vae.decoder.layers[-1]
-    conv.bias.set_value(paddle.full_like(conv.bias, 0.5))
 
 
 TINY = TinyFamily()

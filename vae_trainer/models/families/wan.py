@@ -33,7 +33,7 @@ from ..rgba import ImageConvs
 
 
 class CausalVideoFamily(Family):
-    """What AutoencoderKLWan and AutoencoderKLQwenImage share as families."""
+    """What the causal 3D VAEs (Wan, Qwen-Image, and with their own configs LTX-2 and HunyuanVideo 1.5) share."""
 
     encoder_prefixes = ("encoder.", "quant_conv.")
     normalisation = PerChannel()
@@ -51,15 +51,14 @@ class CausalVideoFamily(Family):
         rule = "2 ** (len(dim_mult) - 1)" + (f" x {self.patch_key}" if config.get(self.patch_key) else "")
         patchified = int(config.get("in_channels", config.get("input_channels", 3)))  # Wan 2.2's: p * p per channel
         channels = patchified // int(config.get(self.patch_key) or 1) ** 2
-        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels,
-                        rgba_refusal="")
+        return Geometry(factor, factor, int(config["z_dim"]), rule, frames=self.frames, channels=channels)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:
         check_config_keys(config, self, where, retired=self.retired_keys)
         geometry, merged = self.geometry(config), {**constructor_defaults(self), **config}
-        for key in self.normalisation.keys:  # diffusers' defaults are Wan 2.1's 16 values, whatever z_dim is
-            if len(merged[key]) != geometry.latent_channels:
+        for key in PerChannel.keys:  # diffusers' defaults are Wan 2.1's 16 values, whatever z_dim is
+            if key in merged and len(merged[key]) != geometry.latent_channels:
                 raise ValueError(f"{where}: {key} has {len(merged[key])} values for z_dim {geometry.latent_channels} "
                                  "latent channels: state one per channel (the source VAE's config.json)")
         vae = self.network.from_config(dict(config))
@@ -85,12 +84,13 @@ class CausalVideoFamily(Family):
         return vae.decoder_last_layer(), getattr(moments, "conv", moments).weight
 
     def image_convs(self, vae: Layer) -> ImageConvs:
-        """encoder.conv_in and decoder.conv_out (the conv a causal conv holds, HunyuanVideo 1.5's), on the p * p
-        channels of each image channel's patches (Wan 2.2)."""
+        """encoder.conv_in and decoder.conv_out (the conv a causal conv holds, HunyuanVideo 1.5's and LTX-2's), on the
+        p * p channels of each image channel's patches (Wan 2.2, LTX-2); the config's counts of RGB channels (Wan
+        2.2's: of patch channels) grown by 4 / 3."""
         group = int(vae.config.get(self.patch_key) or 1) ** 2
         first, last = vae.encoder.conv_in, vae.decoder.conv_out
         return ImageConvs(getattr(first, "conv", first), getattr(last, "conv", last),
-                          {key: 4 * group for key in self.image_channel_keys}, group, group)
+                          {key: int(vae.config[key]) // 3 * 4 for key in self.image_channel_keys}, group, group)
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """The encoder's and decoder's blocks (pure functions of their input on the one-frame path) and their chunk
