@@ -11,7 +11,7 @@ import time
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, run_entry_point, tiny_args, vae_weights
+from conftest import DRIVERS, REPO, run_entry_point, run_in_process, tiny_args, vae_weights
 
 from vae_trainer import checkpoint as ckpt
 
@@ -122,7 +122,7 @@ def test_sigkill_during_save_then_resume_latest(photo_filelist, tmp_path, driver
 
     # The run picked up where the complete checkpoint left off: same weights as a run never killed.
     straight = str(tmp_path / "straight")
-    run_entry_point(driver, crash_args(photo_filelist, straight))
+    run_in_process(driver, crash_args(photo_filelist, straight))
     resumed_weights, straight_weights = vae_weights(output_dir), vae_weights(straight)
     for name, value in straight_weights.items():
         np.testing.assert_array_equal(resumed_weights[name], value, err_msg=name)

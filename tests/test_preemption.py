@@ -14,7 +14,7 @@ import time
 import numpy as np
 import paddle
 import pytest
-from conftest import DRIVERS, REPO, run_entry_point, tiny_args
+from conftest import DRIVERS, REPO, run_entry_point, run_in_process, tiny_args
 
 from vae_trainer.preemption import PREEMPTED_EXIT_CODE
 
@@ -67,7 +67,8 @@ def signal_self_script(tmp_path) -> str:
 def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrupted_run(
         photo_filelist, tmp_path, driver, signum):
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-    run_entry_point(driver, tiny_args(photo_filelist, straight, **FLAGS))
+    run_in_process(driver, tiny_args(photo_filelist, straight, **FLAGS))  # the uninterrupted reference
+    uninstall()  # (the run's signal handlers, installed in this process)
     result = subprocess.run([sys.executable, signal_self_script(tmp_path), driver, "3", str(int(signum)),
                              *map(str, tiny_args(photo_filelist, stopped, **FLAGS))],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
