@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from scipy import linalg
+from scipy import linalg, signal
 
 from .distributed import sum_over_ranks
 
@@ -66,8 +66,7 @@ def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     x, y = x.astype("float32"), y.astype("float32")
     if min(x.shape[-2:]) < SSIM_WINDOW_SIZE:
         raise ValueError(f"SSIM needs images of at least {SSIM_WINDOW_SIZE} px, got {x.shape}")
-    offsets = np.arange(SSIM_WINDOW_SIZE, dtype=np.float64) - (SSIM_WINDOW_SIZE - 1) / 2.0
-    window = np.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
+    window = signal.windows.gaussian(SSIM_WINDOW_SIZE, SSIM_SIGMA)  # exp(-n^2 / (2 sigma^2)), n from the centre
     window /= window.sum()
     mean_x, mean_y = _gaussian_blur(x, window), _gaussian_blur(y, window)
     var_x = _gaussian_blur(x * x, window) - mean_x**2
