@@ -47,8 +47,7 @@ def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
     """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t); images as they are."""
     if clips.ndim == 4:
         return clips
-    b, c, t, h, w = clips.shape
-    return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
+    return clips.transpose([0, 2, 1, 3, 4]).flatten(0, 1)
 
 
 def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
