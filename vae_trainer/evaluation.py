@@ -251,8 +251,7 @@ class _Pass:
                 if self.count == 0:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:
-            if was_training:
-                self.vae.train()
+            self.vae.train(was_training)
         return self
 
     def encode(self, pixels: paddle.Tensor):
