@@ -50,15 +50,6 @@ def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
     return clips.transpose([0, 2, 1, 3, 4]).flatten(0, 1)
 
 
-def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
-    """Separable depthwise Gaussian filter over H and W of NCHW, 'valid' mode (no padding)."""
-    channels, size = images.shape[1], window_1d.shape[0]
-    kernel = paddle.to_tensor(window_1d.astype(np.float32))
-    horizontal = kernel.reshape([1, 1, 1, size]).tile([channels, 1, 1, 1])
-    vertical = kernel.reshape([1, 1, size, 1]).tile([channels, 1, 1, 1])
-    return F.conv2d(F.conv2d(images, horizontal, groups=channels), vertical, groups=channels)
-
-
 def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     """SSIM per [0, 1] NCHW image, shape [B], averaged over channels: scikit-image's structural_similarity(
     gaussian_weights=True, use_sample_covariance=False, data_range=1), whose cropped border is a 'valid' convolution."""
@@ -66,11 +57,16 @@ def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     if min(x.shape[-2:]) < SSIM_WINDOW_SIZE:
         raise ValueError(f"SSIM needs images of at least {SSIM_WINDOW_SIZE} px, got {x.shape}")
     window = signal.windows.gaussian(SSIM_WINDOW_SIZE, SSIM_SIGMA)  # exp(-n^2 / (2 sigma^2)), n from the centre
-    window /= window.sum()
-    mean_x, mean_y = _gaussian_blur(x, window), _gaussian_blur(y, window)
-    var_x = _gaussian_blur(x * x, window) - mean_x**2
-    var_y = _gaussian_blur(y * y, window) - mean_y**2
-    cov_xy = _gaussian_blur(x * y, window) - mean_x * mean_y
+    kernel = paddle.to_tensor((window / window.sum()).astype(np.float32)).tile([x.shape[1], 1, 1, 1])  # [C, 1, 1, K]
+
+    def blur(images: paddle.Tensor) -> paddle.Tensor:  # separable depthwise Gaussian over H and W, 'valid' (no padding)
+        horizontal = F.conv2d(images, kernel, groups=x.shape[1])
+        return F.conv2d(horizontal, kernel.transpose([0, 1, 3, 2]), groups=x.shape[1])
+
+    mean_x, mean_y = blur(x), blur(y)
+    var_x = blur(x * x) - mean_x**2
+    var_y = blur(y * y) - mean_y**2
+    cov_xy = blur(x * y) - mean_x * mean_y
     c1, c2 = SSIM_K1**2, SSIM_K2**2
     ssim_map = ((2 * mean_x * mean_y + c1) * (2 * cov_xy + c2)) / ((mean_x**2 + mean_y**2 + c1) * (var_x + var_y + c2))
     return ssim_map.reshape([ssim_map.shape[0], -1]).mean(axis=1)
