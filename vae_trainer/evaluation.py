@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Iterable
@@ -48,7 +47,7 @@ METRIC_DEFINITIONS = {
             "population covariances, valid region only, averaged over channels and images (scikit-image "
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "alpha_psnr": f"10 log10(1 / max(MSE, {ALPHA_MSE_FLOOR:g})) per image over the alpha channel alone (a ceiling of "
-                  f"{-10 * math.log10(ALPHA_MSE_FLOOR):g} dB: exact alpha, e.g. an opaque image decoded opaque, would "
+                  f"{-10 * np.log10(ALPHA_MSE_FLOOR):g} dB: exact alpha, e.g. an opaque image decoded opaque, would "
                   "be +inf), averaged over images",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
