@@ -27,8 +27,8 @@ from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
 from vae_trainer.metrics import (ALPHA_MSE_FLOOR, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
-                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, alpha_psnr,
-                                 fold_frames, frechet_distance, psnr, ssim, to_unit_range)
+                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames,
+                                 frechet_distance, psnr, ssim, to_unit_range)
 from vae_trainer.models.families import family_of, image_channels
 from vae_trainer.models.families.kl import KL
 from vae_trainer.models.trainable import encoder_input
@@ -304,7 +304,7 @@ class _Pass:
                                           self.geometry.frames or clips_part.GROUP_FRAMES)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         if unit_pixels.shape[1] == 4:
-            self.metrics.update("alpha_psnr", alpha_psnr(unit_pixels, unit_recons))
+            self.metrics.update("alpha_psnr", psnr(unit_pixels[:, 3:], unit_recons[:, 3:], ALPHA_MSE_FLOOR))
         for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += equivariance.spectrum_energies(mode)

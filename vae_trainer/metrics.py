@@ -1,7 +1,7 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1; of RGBA images over all four channels), alpha PSNR,
-the Frechet distance and streaming accumulators (an objective's own metrics are its part's: flicker in
-objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never means, and their
-`compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
+"""Metric math: PSNR (of the alpha channel too, its MSE floored) and SSIM (on [0, 1] images, data range 1; of RGBA
+images over all four channels), the Frechet distance and streaming accumulators (an objective's own metrics are its
+part's: flicker in objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never
+means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 import logging
 
@@ -36,11 +36,6 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor, mse_floor: float | None = None) -> 
     unless the MSE is floored at `mse_floor`."""
     mse = ((x.astype("float32") - y.astype("float32")) ** 2).flatten(1).mean(axis=1)
     return 10.0 * paddle.log10(1.0 / (mse if mse_floor is None else paddle.clip(mse, min=mse_floor)))
-
-
-def alpha_psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """PSNR in dB of the alpha channel alone (the 4th) of [0, 1] RGBA images, shape [B], its MSE floored."""
-    return psnr(x[:, 3:], y[:, 3:], ALPHA_MSE_FLOOR)
 
 
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
