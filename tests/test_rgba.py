@@ -17,7 +17,7 @@ from PIL import Image
 from vae_trainer.data.dataset import build_eval_dataloader, build_train_dataloader
 from vae_trainer.data.position import OPAQUE, SKIP_REASONS, StreamPosition
 from vae_trainer.evaluation import CHECKER_LEVELS, CHECKER_SQUARE, EvalProtocol, make_grid
-from vae_trainer.metrics import alpha_psnr, psnr, ssim
+from vae_trainer.metrics import ALPHA_MSE_FLOOR, psnr, ssim
 
 paddle.set_device("cpu")
 RES = 32
@@ -204,10 +204,11 @@ def test_rgba_psnr_ssim_and_alpha_psnr():
     expected = 10 * np.log10(1 / ((xn - yn) ** 2).reshape(2, -1).mean(axis=1))  # over all four channels
     np.testing.assert_allclose(psnr(x, y).numpy(), expected, rtol=1e-5)
     alpha_only = 10 * np.log10(1 / ((xn[:, 3] - yn[:, 3]) ** 2).reshape(2, -1).mean(axis=1))
-    np.testing.assert_allclose(alpha_psnr(x, y).numpy(), alpha_only, rtol=1e-5)
+    np.testing.assert_allclose(psnr(x[:, 3:], y[:, 3:], ALPHA_MSE_FLOOR).numpy(), alpha_only, rtol=1e-5)  # as evaluated
     assert not np.allclose(alpha_only, expected, rtol=1e-3)
     same_alpha = paddle.concat([y[:, :3], x[:, 3:]], axis=1)
-    np.testing.assert_allclose(alpha_psnr(x, same_alpha).numpy(), [100.0, 100.0], rtol=1e-6)  # the ceiling, not inf
+    np.testing.assert_allclose(psnr(x[:, 3:], same_alpha[:, 3:], ALPHA_MSE_FLOOR).numpy(), [100.0, 100.0],
+                               rtol=1e-6)  # the ceiling, not inf
     per_channel = [ssim(x[:, c:c + 1], y[:, c:c + 1]).numpy() for c in range(4)]
     np.testing.assert_allclose(ssim(x, y).numpy(), np.mean(per_channel, axis=0), rtol=1e-5)
 

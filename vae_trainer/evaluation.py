@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Iterable
@@ -28,8 +27,8 @@ from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
 from vae_trainer.metrics import (ALPHA_MSE_FLOOR, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
-                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, alpha_psnr,
-                                 fold_frames, frechet_distance, psnr, ssim, to_unit_range)
+                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames,
+                                 frechet_distance, psnr, ssim, to_unit_range)
 from vae_trainer.models.families import family_of, image_channels
 from vae_trainer.models.families.kl import KL
 from vae_trainer.models.trainable import encoder_input
@@ -48,7 +47,7 @@ METRIC_DEFINITIONS = {
             "population covariances, valid region only, averaged over channels and images (scikit-image "
             "structural_similarity with gaussian_weights=True, use_sample_covariance=False, data_range=1)",
     "alpha_psnr": f"10 log10(1 / max(MSE, {ALPHA_MSE_FLOOR:g})) per image over the alpha channel alone (a ceiling of "
-                  f"{-10 * math.log10(ALPHA_MSE_FLOOR):g} dB: exact alpha, e.g. an opaque image decoded opaque, would "
+                  f"{-10 * np.log10(ALPHA_MSE_FLOOR):g} dB: exact alpha, e.g. an opaque image decoded opaque, would "
                   "be +inf), averaged over images",
     "lpips": "LPIPS v0.1 (VGG16), averaged over images",
     "rfid": "Frechet distance between pytorch-fid InceptionV3 pool features of the inputs and of the reconstructions",
@@ -251,36 +250,30 @@ class _Pass:
                 if self.count == 0:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:
-            if was_training:
-                self.vae.train()
+            self.vae.train(was_training)
         return self
 
-    def posterior(self, pixels: paddle.Tensor):
-        """The posterior of `pixels` (resized to --input_size); with --posterior_std its std is that constant."""
-        posterior = self.family.encode(self.vae, encoder_input(pixels, self.input_size))
-        if self.posterior_std > 0:
-            posterior.std = paddle.full_like(posterior.mean, self.posterior_std)
-            posterior.var = paddle.full_like(posterior.mean, self.posterior_std**2)
-        return posterior
-
-    def add_latents(self, posterior) -> None:
+    def encode(self, pixels: paddle.Tensor):
+        """The posterior of `pixels` (resized to --input_size; with --posterior_std its std is that constant), its
+        latents added to the statistics."""
+        with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
+            posterior = self.family.encode(self.vae, encoder_input(pixels, self.input_size))
+            if self.posterior_std > 0:
+                posterior.std = paddle.full_like(posterior.mean, self.posterior_std)
+                posterior.var = paddle.full_like(posterior.mean, self.posterior_std**2)
         self.count += posterior.mean.shape[0]
         self.samples.update(posterior.mean, posterior.var)  # (float64 sums, from half precision too)
         view = self.family.normalisation.view(self.vae, posterior)
         if view is not None:
             self.view = self.view or LatentStatistics()
             self.view.update(view)
-
-    def encode(self, pixels: paddle.Tensor) -> None:
-        with half_precision_autocast(self.vae):  # as `reconstruct` encodes
-            posterior = self.posterior(pixels)
-        self.add_latents(posterior)
+        return posterior
 
     def reconstruct(self, pixels: paddle.Tensor) -> None:
         """Encode, decode and add every metric of the reconstructions, clamped to [-1, 1] (clips: also flicker)."""
         clips = pixels.ndim == 5
-        with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
-            posterior = self.posterior(pixels)
+        posterior = self.encode(pixels)
+        with half_precision_autocast(self.vae):  # as `encode`
             latent = mode = posterior.mode()
             if self.rng is not None and posterior.std is not None:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
@@ -296,7 +289,6 @@ class _Pass:
             pairs = {} if clips or taught is not None else equivariance.equivariance_pairs(
                 lambda z: self.family.decode(self.vae, z), pixels, mode, scale=self.geometry.output_size is None
                 and min(mode.shape[2:]) // 2 >= self.geometry.min_latent_side)
-        self.add_latents(posterior)
         recons = recons.astype("float32").clip(-1.0, 1.0)
         missing = self.grid_images - sum(len(inputs) for inputs, _ in self.grid)
         if missing > 0:
@@ -312,7 +304,7 @@ class _Pass:
                                           self.geometry.frames or clips_part.GROUP_FRAMES)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         if unit_pixels.shape[1] == 4:
-            self.metrics.update("alpha_psnr", alpha_psnr(unit_pixels, unit_recons))
+            self.metrics.update("alpha_psnr", psnr(unit_pixels[:, 3:], unit_recons[:, 3:], ALPHA_MSE_FLOOR))
         for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
         self.spectrum += equivariance.spectrum_energies(mode)
@@ -465,10 +457,8 @@ class TrainingEvaluator:
 
     def evaluated_at(self, step: int, ema=None) -> bool:
         """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
-        wanted = self.data_args.latent_stats_num_images
         return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
-                and not self.stats_on_training_data
-                and (wanted is None or wanted == self.data_args.eval_num_images))
+                and self.latent_stats_data == (self.data_args.eval_file_list, self.data_args.eval_num_images, None))
 
     def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:
         """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
@@ -507,20 +497,16 @@ class TrainingEvaluator:
         record = {"step": step, "weights": "ema" if ema is not None else "raw", **result_record(result, protocol)}
         if self.metric is not None:
             record.update(metric_for_best_model=self.metric, is_best=better)
-        with all_ranks_agree(f"writing {EVAL_METRICS_NAME}"):  # rank 0 writes; a failure ends every rank
-            self._append_record(record)
+        # Rank 0 adds a line to eval_metrics.jsonl, dropping those of steps >= this one (before a resume) and
+        # unreadable ones (a killed run's half line); a failure ends every rank.
+        with all_ranks_agree(f"writing {EVAL_METRICS_NAME}"):
+            if rank() == 0:
+                os.makedirs(self.args.output_dir, exist_ok=True)  # the loop writes nothing there before its first save
+                path = os.path.join(self.args.output_dir, EVAL_METRICS_NAME)
+                kept = []
+                if os.path.isfile(path):
+                    with open(path) as handle:
+                        kept = [line.rstrip("\n") + "\n" for line in handle
+                                if eval_line_step(line) is not None and eval_line_step(line) < step]
+                replace_file(path, "".join(kept + [json.dumps(record) + "\n"]))  # durable: best model, history
         return better
-
-    def _append_record(self, record: dict) -> None:
-        """Rank 0 adds a line to eval_metrics.jsonl, dropping those of steps >= this one (before a resume) and
-        unreadable ones (a killed run's half line)."""
-        if rank() != 0:
-            return
-        os.makedirs(self.args.output_dir, exist_ok=True)  # the loop writes nothing there before its first save
-        path = os.path.join(self.args.output_dir, EVAL_METRICS_NAME)
-        kept = []
-        if os.path.isfile(path):
-            with open(path) as handle:
-                kept = [line.rstrip("\n") + "\n" for line in handle
-                        if eval_line_step(line) is not None and eval_line_step(line) < record["step"]]
-        replace_file(path, "".join(kept + [json.dumps(record) + "\n"]))  # durable: best model, history

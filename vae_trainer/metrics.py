@@ -1,14 +1,14 @@
-"""Metric math: PSNR and SSIM (on [0, 1] images, data range 1; of RGBA images over all four channels), alpha PSNR,
-the Frechet distance and streaming accumulators (an objective's own metrics are its part's: flicker in
-objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never means, and their
-`compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
+"""Metric math: PSNR (of the alpha channel too, its MSE floored) and SSIM (on [0, 1] images, data range 1; of RGBA
+images over all four channels), the Frechet distance and streaming accumulators (an objective's own metrics are its
+part's: flicker in objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never
+means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
 
 import logging
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from scipy import linalg
+from scipy import linalg, signal
 
 from .distributed import sum_over_ranks
 
@@ -38,26 +38,11 @@ def psnr(x: paddle.Tensor, y: paddle.Tensor, mse_floor: float | None = None) -> 
     return 10.0 * paddle.log10(1.0 / (mse if mse_floor is None else paddle.clip(mse, min=mse_floor)))
 
 
-def alpha_psnr(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
-    """PSNR in dB of the alpha channel alone (the 4th) of [0, 1] RGBA images, shape [B], its MSE floored."""
-    return psnr(x[:, 3:], y[:, 3:], ALPHA_MSE_FLOOR)
-
-
 def fold_frames(clips: paddle.Tensor) -> paddle.Tensor:
     """[B, C, T, H, W] clips -> [B*T, C, H, W] frames, clip-major (frame t of clip b at b*T + t); images as they are."""
     if clips.ndim == 4:
         return clips
-    b, c, t, h, w = clips.shape
-    return clips.transpose([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
-
-
-def _gaussian_blur(images: paddle.Tensor, window_1d: np.ndarray) -> paddle.Tensor:
-    """Separable depthwise Gaussian filter over H and W of NCHW, 'valid' mode (no padding)."""
-    channels, size = images.shape[1], window_1d.shape[0]
-    kernel = paddle.to_tensor(window_1d.astype(np.float32))
-    horizontal = kernel.reshape([1, 1, 1, size]).tile([channels, 1, 1, 1])
-    vertical = kernel.reshape([1, 1, size, 1]).tile([channels, 1, 1, 1])
-    return F.conv2d(F.conv2d(images, horizontal, groups=channels), vertical, groups=channels)
+    return clips.transpose([0, 2, 1, 3, 4]).flatten(0, 1)
 
 
 def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
@@ -66,13 +51,17 @@ def ssim(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     x, y = x.astype("float32"), y.astype("float32")
     if min(x.shape[-2:]) < SSIM_WINDOW_SIZE:
         raise ValueError(f"SSIM needs images of at least {SSIM_WINDOW_SIZE} px, got {x.shape}")
-    offsets = np.arange(SSIM_WINDOW_SIZE, dtype=np.float64) - (SSIM_WINDOW_SIZE - 1) / 2.0
-    window = np.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
-    window /= window.sum()
-    mean_x, mean_y = _gaussian_blur(x, window), _gaussian_blur(y, window)
-    var_x = _gaussian_blur(x * x, window) - mean_x**2
-    var_y = _gaussian_blur(y * y, window) - mean_y**2
-    cov_xy = _gaussian_blur(x * y, window) - mean_x * mean_y
+    window = signal.windows.gaussian(SSIM_WINDOW_SIZE, SSIM_SIGMA)  # exp(-n^2 / (2 sigma^2)), n from the centre
+    kernel = paddle.to_tensor((window / window.sum()).astype(np.float32)).tile([x.shape[1], 1, 1, 1])  # [C, 1, 1, K]
+
+    def blur(images: paddle.Tensor) -> paddle.Tensor:  # separable depthwise Gaussian over H and W, 'valid' (no padding)
+        horizontal = F.conv2d(images, kernel, groups=x.shape[1])
+        return F.conv2d(horizontal, kernel.transpose([0, 1, 3, 2]), groups=x.shape[1])
+
+    mean_x, mean_y = blur(x), blur(y)
+    var_x = blur(x * x) - mean_x**2
+    var_y = blur(y * y) - mean_y**2
+    cov_xy = blur(x * y) - mean_x * mean_y
     c1, c2 = SSIM_K1**2, SSIM_K2**2
     ssim_map = ((2 * mean_x * mean_y + c1) * (2 * cov_xy + c2)) / ((mean_x**2 + mean_y**2 + c1) * (var_x + var_y + c2))
     return ssim_map.reshape([ssim_map.shape[0], -1]).mean(axis=1)

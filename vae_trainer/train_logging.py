@@ -160,17 +160,14 @@ class TrainMonitor:
             logger.info("data: no training record was skipped%s", when)
             return
         worst = sorted(files.items(), key=lambda item: (-item[1][1], -item[1][0], item[0]))[:SUMMARY_FILES]
-        shown = "".join(_file_row(path, skips, bad, numbers) for path, (skips, bad, *numbers) in worst)
+        shown = ""
+        for path, (skips, bad, *numbers) in worst:  # distinct bad records, skips, path, first bad records (1-based)
+            first = ", ".join(str(number + 1) for number in numbers) + (", ..." if bad > len(numbers) else "")
+            shown += f"\n  {bad:>8}  {skips:>8}  {path}" + (f": {first}" if numbers else "")
         logger.warning("data: %d training records skipped (all ranks, resumed runs included)%s: %s; see the "
                        "data/skipped_* scalars. Files with skips: %d, the worst %d (bad records, skips: each read of "
                        "one counts, file: the first bad line or tar sample numbers):%s", sum(skipped.values()), when,
                        skipped, len(files), len(worst), shown)
-
-
-def _file_row(path: str, skips: int, bad: int, numbers: List[int]) -> str:
-    """A file of the skip summary: its distinct bad records, skips, path and first bad record numbers (1-based)."""
-    shown = ", ".join(str(number + 1) for number in numbers) + (", ..." if bad > len(numbers) else "")
-    return f"\n  {bad:>8}  {skips:>8}  {path}" + (f": {shown}" if numbers else "")
 
 
 def format_scalars(scalars: Dict[str, float]) -> str:
