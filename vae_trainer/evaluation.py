@@ -497,16 +497,20 @@ class TrainingEvaluator:
         record = {"step": step, "weights": "ema" if ema is not None else "raw", **result_record(result, protocol)}
         if self.metric is not None:
             record.update(metric_for_best_model=self.metric, is_best=better)
-        # Rank 0 adds a line to eval_metrics.jsonl, dropping those of steps >= this one (before a resume) and
-        # unreadable ones (a killed run's half line); a failure ends every rank.
-        with all_ranks_agree(f"writing {EVAL_METRICS_NAME}"):
-            if rank() == 0:
-                os.makedirs(self.args.output_dir, exist_ok=True)  # the loop writes nothing there before its first save
-                path = os.path.join(self.args.output_dir, EVAL_METRICS_NAME)
-                kept = []
-                if os.path.isfile(path):
-                    with open(path) as handle:
-                        kept = [line.rstrip("\n") + "\n" for line in handle
-                                if eval_line_step(line) is not None and eval_line_step(line) < step]
-                replace_file(path, "".join(kept + [json.dumps(record) + "\n"]))  # durable: best model, history
+        with all_ranks_agree(f"writing {EVAL_METRICS_NAME}"):  # rank 0 writes; a failure ends every rank
+            self._append_record(record)
         return better
+
+    def _append_record(self, record: dict) -> None:
+        """Rank 0 adds a line to eval_metrics.jsonl, dropping those of steps >= this one (before a resume) and
+        unreadable ones (a killed run's half line)."""
+        if rank() != 0:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)  # the loop writes nothing there before its first save
+        path = os.path.join(self.args.output_dir, EVAL_METRICS_NAME)
+        kept = []
+        if os.path.isfile(path):
+            with open(path) as handle:
+                kept = [line.rstrip("\n") + "\n" for line in handle
+                        if eval_line_step(line) is not None and eval_line_step(line) < record["step"]]
+        replace_file(path, "".join(kept + [json.dumps(record) + "\n"]))  # durable: best model, history
