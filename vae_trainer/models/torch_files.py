@@ -1,20 +1,21 @@
 """PyTorch weight files read without torch (`read_state_dict`): a torch.save pickle unpickles tensors, dicts and plain
-values only (no code runs); a .safetensors file is read from its documented layout, bfloat16 included. ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
+values only (no code runs); a .safetensors file is read by safetensors' Paddle loader, bfloat16 included. ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
 """
 
 from __future__ import annotations
 
 import collections
 import io
-import json
 import pickle
 import zipfile
 
 import numpy as np
+import paddle
+from safetensors import safe_open
 
 
 def _from_bfloat16(value: np.ndarray) -> np.ndarray:
-    # numpy has no bfloat16: this reader and ppdiffusers' safetensors patch hold its bits as uint16.
+    # numpy has no bfloat16: a torch.save storage of it is read as its bits, uint16.
     return (value.astype(np.uint32) << 16).view(np.float32) if value.dtype == np.uint16 else value
 
 
@@ -23,21 +24,13 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple
     return _from_bfloat16(np.array(view))
 
 
-# safetensors' dtypes as numpy's; BF16 as its bits (safetensors.numpy refuses it: numpy has no bfloat16).
-_SAFETENSORS = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-
 def _read_safetensors(path: str) -> dict:
-    """A .safetensors file's tensors as numpy: its format is an 8-byte little-endian header size, a JSON header of
-    {name: {dtype, shape, data_offsets}} and the tensors' bytes (github.com/huggingface/safetensors, "Format")."""
-    with open(path, "rb") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        header, data = json.loads(handle.read(size)), handle.read()
-    header.pop("__metadata__", None)
-    return {name: _from_bfloat16(np.frombuffer(data[entry["data_offsets"][0]:entry["data_offsets"][1]],
-                                               _SAFETENSORS[entry["dtype"]]).reshape(entry["shape"]).copy())
-            for name, entry in header.items()}
+    """A .safetensors file's tensors as numpy, in the file's order, read by safetensors' Paddle loader (numpy has no
+    bfloat16, Paddle has: its values are cast to float32, exactly)."""
+    with safe_open(path, framework="paddle") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.offset_keys()}
+    return {name: (tensor.astype("float32") if tensor.dtype == paddle.bfloat16 else tensor).numpy()
+            for name, tensor in tensors.items()}
 
 
 _STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
