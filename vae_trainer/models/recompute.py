@@ -30,15 +30,13 @@ class RecomputedForward:
         self.calls = 0
 
     def __call__(self, *args, **kwargs):
-        if RecomputedForward.running or not self._builds_graph(args):
+        recomputed = not RecomputedForward.running and paddle.is_grad_enabled() and (
+            any(isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args)
+            or any(not p.stop_gradient for p in self.parameters()))
+        if not recomputed:
             return self.forward(*args, **kwargs)  # also evaluation, a frozen encoder: nothing to keep for a backward
         self.calls += 1
         return recompute(self._outermost, *args, use_reentrant=False, **kwargs)
-
-    def _builds_graph(self, args) -> bool:
-        return paddle.is_grad_enabled() and (
-            any(isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args)
-            or any(not p.stop_gradient for p in self.parameters()))
 
     def _outermost(self, *args, **kwargs):
         RecomputedForward.running = True
@@ -52,12 +50,11 @@ def enable_recompute(vae: paddle.nn.Layer) -> List[str]:
     """--recompute: each of the family's `recompute_segments` recomputed in the backward (its forward replaced on the
     instance); returns their names. ppdiffusers' block-level checkpointing stays off (nested, segments would run
     twice)."""
-    family, names = family_of(vae), []
+    family = family_of(vae)
     segments = family.recompute_segments(vae)
     if not segments:
         raise ValueError(f"--recompute: {family.class_name} has no recompute segments here; drop --recompute")
     for name, layer in segments:
         if not isinstance(layer.__dict__.get("forward"), RecomputedForward):
             layer.forward = RecomputedForward(layer.forward, layer.parameters)
-        names.append(name)
-    return names
+    return [name for name, _ in segments]
