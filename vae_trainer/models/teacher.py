@@ -64,6 +64,7 @@ class Teacher:
             param.stop_gradient = True
         vae.eval()
         self.mean, self.std = self.family.normalisation.pipeline(vae)  # raises for a family that has none
+        self.latent_channels = int(self.mean.shape[0])
         # The latent cache (--cache_teacher_latents): the teacher's latents of each crop it saw, one .npy file per
         # crop named by a hash of the crop's float32 pixels (so a cached latent is exactly that crop's: a random crop
         # or flip that differs is a new entry), in a subfolder of `cache_folder` named by the teacher's weights and
@@ -79,10 +80,6 @@ class Teacher:
                 digest.update(array if isinstance(array, bytes) else array.tobytes())
             self.cache = os.path.join(cache_folder, digest.hexdigest()[:16])
             os.makedirs(self.cache, exist_ok=True)
-
-    @property
-    def latent_channels(self) -> int:
-        return int(self.mean.shape[0])
 
     def latents(self, images: Tensor) -> Tensor:
         paths = []
