@@ -14,8 +14,7 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
-from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import (convert_diffusers_vae_unet_to_ppdiffusers,
-                                                                     convert_ldm_vae_checkpoint)
+from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import convert_ldm_vae_checkpoint
 from ppdiffusers.utils import _add_variant
 from ppdiffusers.utils import constants as names
 from safetensors import safe_open
@@ -267,7 +266,7 @@ def _convert_single_file(vae: paddle.nn.Layer, ldm_state: Dict[str, np.ndarray])
     stand_ins = {k: np.zeros([1], "float32") for k in ("quant_conv.weight", "quant_conv.bias", "post_quant_conv.weight",
                                                        "post_quant_conv.bias") if k not in ldm_state}
     converted = convert_ldm_vae_checkpoint({**ldm_state, **stand_ins}, dict(vae.config))
-    return convert_diffusers_vae_unet_to_ppdiffusers(vae, {k: v for k, v in converted.items() if k not in stand_ins})
+    return convert_pytorch_state_dict_to_paddle(vae, {k: v for k, v in converted.items() if k not in stand_ins})
 
 
 def load_vae_weights(vae: paddle.nn.Layer, path: str, ignore_keys: Iterable[str] = ()) -> None:
