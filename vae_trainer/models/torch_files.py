@@ -14,23 +14,11 @@ import paddle
 from safetensors import safe_open
 
 
-def _from_bfloat16(value: np.ndarray) -> np.ndarray:
-    # numpy has no bfloat16: a torch.save storage of it is read as its bits, uint16.
-    return (value.astype(np.uint32) << 16).view(np.float32) if value.dtype == np.uint16 else value
-
-
 def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple, *_) -> np.ndarray:
-    view = np.lib.stride_tricks.as_strided(storage[offset:], size, [step * storage.itemsize for step in stride])
-    return _from_bfloat16(np.array(view))
-
-
-def _read_safetensors(path: str) -> dict:
-    """A .safetensors file's tensors as numpy, in the file's order, read by safetensors' Paddle loader (numpy has no
-    bfloat16, Paddle has: its values are cast to float32, exactly)."""
-    with safe_open(path, framework="paddle") as handle:
-        tensors = {name: handle.get_tensor(name) for name in handle.offset_keys()}
-    return {name: (tensor.astype("float32") if tensor.dtype == paddle.bfloat16 else tensor).numpy()
-            for name, tensor in tensors.items()}
+    strides = [step * storage.itemsize for step in stride]
+    view = np.array(np.lib.stride_tricks.as_strided(storage[offset:], size, strides))
+    # numpy has no bfloat16: a torch.save storage of it is read as its bits, uint16, and widened to float32 here.
+    return (view.astype(np.uint32) << 16).view(np.float32) if view.dtype == np.uint16 else view
 
 
 _STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
@@ -45,8 +33,11 @@ _ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
 
 def read_state_dict(path: str) -> dict:
     """The arrays of a .safetensors or torch.save file as numpy (nested dicts kept; bfloat16 as float32)."""
-    if path.endswith(".safetensors"):
-        return _read_safetensors(path)
+    if path.endswith(".safetensors"):  # safetensors' Paddle loader: numpy has no bfloat16, Paddle has (cast exactly)
+        with safe_open(path, framework="paddle") as handle:
+            tensors = {name: handle.get_tensor(name) for name in handle.offset_keys()}  # in the file's order
+        return {name: (tensor.astype("float32") if tensor.dtype == paddle.bfloat16 else tensor).numpy()
+                for name, tensor in tensors.items()}
     if not zipfile.is_zipfile(path):  # torch.save before 1.6: a plain pickle, which torch itself reads
         import torch  # without torch: ModuleNotFoundError
 
