@@ -129,8 +129,8 @@ def clear_run(output_dir: str) -> None:
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
             continue
-        if re.fullmatch(rf"{PREFIX}-\d+", os.path.basename(path)):  # via checkpoint-N.old, which the next start removes if this one is killed
-            delete_folder(path)
+        if re.fullmatch(rf"{PREFIX}-\d+", os.path.basename(path)):  # a checkpoint: via checkpoint-N.old, which the
+            delete_folder(path)  # next start removes if this one is killed
         elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:
