@@ -160,9 +160,10 @@ def save_checkpoint(output_dir: str, step: int, *, model: paddle.nn.Layer, state
     what = f"saving {os.path.basename(final)}"  # each region ends with every rank knowing all succeeded
     with all_ranks_agree(what, explain):
         if rank() == 0:
-            for path in unfinished_checkpoints(output_dir):
-                shutil.rmtree(path, ignore_errors=True)
-                logger.info("removed unfinished %s", os.path.basename(path))
+            for name in sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []:
+                if _UNFINISHED_RE.match(name):  # left by a process killed while saving or deleting a checkpoint
+                    shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+                    logger.info("removed unfinished %s", name)
             os.makedirs(tmp)
     with all_ranks_agree(what, explain):
         if rank() == 0:
@@ -193,12 +194,6 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
         if os.path.abspath(path) != keep:
             delete_folder(path)
             logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
-
-
-def unfinished_checkpoints(output_dir: str) -> List[str]:
-    """`.tmp` and `.old` folders left by a process killed while saving or deleting a checkpoint."""
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    return [os.path.join(output_dir, name) for name in sorted(names) if _UNFINISHED_RE.match(name)]
 
 
 def set_aside_later(output_dir: str, resume: Optional[str]) -> List[str]:

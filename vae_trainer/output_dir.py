@@ -4,13 +4,14 @@ the run reads or what is not ours; refuse one the ranks do not share (docs/train
 import functools
 import logging
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from .arguments import DataArguments, ModelArguments, VAETrainingArguments
-from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, list_checkpoints, resume_requested, unfinished_checkpoints
+from .checkpoint import ABANDONED_DIR, EVAL_METRICS_NAME, PREFIX, list_checkpoints, resume_requested
 from .data.filelists import PIPE_PREFIX, read_sources
 from .disk import delete_folder
 from .distributed import all_ranks_agree, from_rank_0, rank, world_size
@@ -18,8 +19,8 @@ from .distributed import all_ranks_agree, from_rank_0, rank, world_size
 logger = logging.getLogger(__name__)
 
 EXPORTS = ("vae", "vae_raw", "discriminator", EVAL_METRICS_NAME)  # what a run writes besides checkpoints
-# What an export killed mid-way leaves (disk.written_atomically).
-EXPORT_LEFTOVERS = tuple(f"{name}{suffix}" for name in EXPORTS[:3] for suffix in (".tmp", ".old"))
+# What a save, export or deletion killed mid-way leaves (checkpoint.py, disk.py): checkpoint-N.tmp, vae.old, ...
+LEFTOVER_RE = re.compile(rf"^({PREFIX}-\d+|{'|'.join(EXPORTS[:3])})\.(tmp|old)$")
 LOG_FILES_NAME = "visualdl_records.txt"  # the VisualDL record files our runs wrote, relative to OUTPUT_DIR
 
 
@@ -81,8 +82,9 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> Dict[str
 
 def doomed_paths(output_dir: str) -> List[str]:
     """What `clear_run` would delete."""
-    paths = [path for _, path in list_checkpoints(output_dir, complete=False)] + unfinished_checkpoints(output_dir)
-    names = EXPORTS + EXPORT_LEFTOVERS + (ABANDONED_DIR, LOG_FILES_NAME)
+    listed = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    names = [name for name in listed if LEFTOVER_RE.match(name)] + [*EXPORTS, ABANDONED_DIR, LOG_FILES_NAME]
+    paths = [path for _, path in list_checkpoints(output_dir, complete=False)]
     paths += [os.path.join(output_dir, name) for name in names] + _noted_log_files(output_dir)
     return [path for path in paths if os.path.lexists(path)]
 
@@ -124,12 +126,11 @@ def _file_list_members(file_list: str) -> List[str]:
 def clear_run(output_dir: str) -> None:
     """Delete `doomed_paths`, then the log folders inside OUTPUT_DIR they leave empty; nothing else."""
     log_files = _noted_log_files(output_dir)  # (before the listing is deleted)
-    checkpoints = {path for _, path in list_checkpoints(output_dir, complete=False)}
     for path in doomed_paths(output_dir):
         if not os.path.lexists(path) or (path in log_files and not os.path.isfile(path)):
             continue
-        if path in checkpoints:  # via checkpoint-N.old, which the next start removes if this one is killed
-            delete_folder(path)
+        if re.fullmatch(rf"{PREFIX}-\d+", os.path.basename(path)):  # a checkpoint: via checkpoint-N.old, which the
+            delete_folder(path)  # next start removes if this one is killed
         elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:

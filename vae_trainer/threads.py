@@ -1,5 +1,5 @@
 """CPU threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1) unless the user did
-(docs/launching.md, "CPU threads"). Imports Paddle only once the variable is set."""
+(docs/launching.md, "CPU threads"). Imports Paddle only once the variable is set, without Paddle's warning about it."""
 
 import json
 import math
@@ -10,11 +10,11 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 import psutil  # (visualdl's dependency)
 
-from .console import import_paddle_quietly
-
 VARIABLE = "OMP_NUM_THREADS"
 _CORES_BEFORE_RESERVING = 4  # with workers and this many cores per process, one is left to decode
 _LAUNCHER_VARIABLES = ("PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ENDPOINTS")
+# Printed by Paddle's import whenever OMP_NUM_THREADS > 1, which this module chooses on purpose (and says so).
+PADDLE_THREAD_WARNING = ("WARNING: OMP_NUM_THREADS set to", "PLEASE USE OMP_NUM_THREADS WISELY")
 # The flag and its reference-trainer alias (vae_trainer.arguments.ALIASES; a test keeps them in step).
 WORKER_FLAGS = ("dataloader_num_workers", "num_workers")
 
@@ -104,3 +104,28 @@ def set_default_threads(argv: Sequence[str]) -> Optional[ThreadChoice]:
     print(choice.description, file=sys.stderr, flush=True)
     import_paddle_quietly()
     return choice
+
+
+class _WithoutThreadWarning:
+    """`stream`, less PADDLE_THREAD_WARNING's lines (print writes a line's text and its newline separately)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.dropping = stream, False
+
+    def write(self, text: str) -> int:
+        drop = text.startswith(PADDLE_THREAD_WARNING) or (self.dropping and text == "\n")
+        self.dropping = drop and text != "\n"
+        return len(text) if drop else self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def import_paddle_quietly() -> None:
+    """Import Paddle without PADDLE_THREAD_WARNING. (A stream made during the import, a logging handler's, keeps
+    the filter, which passes every other line on.)"""
+    real, sys.stderr = sys.stderr, _WithoutThreadWarning(sys.stderr)
+    try:
+        import paddle  # noqa: F401
+    finally:
+        sys.stderr = real
