@@ -17,7 +17,7 @@ from test_dataset import _batches, time_limit
 
 from vae_trainer.data import clips
 from vae_trainer.data.clips import read_window
-from vae_trainer.data.dataset import ImageStream, TrainBatches, build_eval_dataloader, build_train_dataloader
+from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
 from vae_trainer.data.images import BadImage
 from vae_trainer.data.position import SKIP_REASONS, StreamPosition
 
@@ -301,12 +301,12 @@ def clip_batches(folder, count, state=None, ratio=0.0, workers=None, batch_size=
         loader = build_train_dataloader(folder, RES, batch_size, workers, rank=0, world_size=1, resume_state=state,
                                         **options)
         tracker = StreamPosition.from_state(state) if state else StreamPosition(workers, 1, 3, 1000)
-        tracker.files = loader.dataset.stream.part_paths
+        tracker.files = loader.dataset.part_paths
         return _batches(loader, count, tracker), tracker
-    stream = ImageStream(folder, RES, resume_state=state, **options)
+    stream = ImageStream(folder, RES, resume_state=state, batch_size=batch_size, **options)
     tracker = StreamPosition.from_state(state) if state else StreamPosition(None, 1, 3, 1000)
     tracker.files, batches = stream.part_paths, []
-    for batch in TrainBatches(stream, batch_size):
+    for batch in stream:
         tracker.update(batch["position"])
         batches.append(batch)
         if len(batches) == count:

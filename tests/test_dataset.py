@@ -330,7 +330,7 @@ def test_skips_per_file_count_each_bad_line_once_with_its_number(tmp_path, num_w
         def run(batches, state=None):
             loader = build_train_dataloader(file_list, RES, resume_state=state, **options)
             tracker = StreamPosition.from_state(state) if state else StreamPosition(num_workers, world_size)
-            tracker.files = loader.dataset.stream.part_paths
+            tracker.files = loader.dataset.part_paths
             _batches(loader, batches, tracker)
             return tracker
 
