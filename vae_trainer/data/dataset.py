@@ -29,8 +29,7 @@ class _Sample:
     pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, C]
     bucket: tuple[int, int]  # (frames, shape index)
     epoch: int
-    index: int  # record index in the shard epoch
-    restored: bool  # decoded again to refill a bucket on resume (already counted)
+    index: int  # record index in the shard epoch (a replayed one: decoded again to refill a bucket on resume)
 
 
 @dataclass
@@ -41,11 +40,10 @@ class _EpochEnd:
 
 class ImageStream(RaisesInMainThread):
     """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
-    probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
-    samples (float32 [C,H,W] or [C,T,H,W] in [-1, 1] and their position), or with `batch_size` batches of one bucket
-    (shape and frame count) each, [B, C, (T,) H, W], partly filled ones flushed at each shard epoch's end when there
-    are several buckets. `channels` 4: images keep their alpha (RGBA), and one without is read as opaque and counted
-    (position.OPAQUE)."""
+    probability `video_image_ratio`; `first_windows`: each video's first, images skipped), in batches of one bucket
+    (shape and frame count) each: float32 [B, C, (T,) H, W] in [-1, 1] and their position, partly filled ones flushed
+    at each shard epoch's end when there are several buckets. `channels` 4: images keep their alpha (RGBA), and one
+    without is read as opaque and counted (position.OPAQUE)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
@@ -53,7 +51,7 @@ class ImageStream(RaisesInMainThread):
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
                  draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
                  video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int = 1) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -77,7 +75,7 @@ class ImageStream(RaisesInMainThread):
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
-        if batch_size is not None and batch_size < 1:
+        if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
 
@@ -107,11 +105,6 @@ class ImageStream(RaisesInMainThread):
         num_shards, start = self.world_size * num_workers, self.resume.start_of(shard)
         waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
         for item in self.samples(shard, num_shards, start):
-            if self.batch_size is None:  # single samples
-                if isinstance(item, _Sample) and not item.restored:
-                    position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
-                    yield {"pixel_values": to_float(item.pixels, item.pixels.ndim == 4), "position": position}
-                continue
             if isinstance(item, _EpochEnd):
                 ready, consumed = sorted(waiting) if self.flush_each_epoch else [], item.records
             else:
@@ -142,7 +135,7 @@ class ImageStream(RaisesInMainThread):
                 decoded = self._decode(record, (shard, epoch, index), not replaying)
                 if decoded is not None:
                     usable += 1
-                    yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
+                    yield _Sample(decoded[1], decoded[0], epoch, index)
             if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
             yield _EpochEnd(epoch, end)
