@@ -701,20 +701,15 @@ def _eval_on_ranks(monkeypatch, path, world_size, num_images, batch_size=2, samp
     """(image ids, decode calls) of each of `world_size` ranks evaluating `path` (with `sample_seed`: a random
     sample of it), faked in one process: each rank runs in a thread, and the loader's gathering of a number from
     every rank meets at a barrier."""
-    from vae_trainer.data import dataset
-
     barrier, values = threading.Barrier(world_size, timeout=60), {}
 
-    def gather(value, ranks):
-        if ranks == 1:
-            return [value]
+    def all_gather(gathered, value):
         values[threading.get_ident()] = value
         barrier.wait()
-        gathered = [values[thread.ident] for thread in threads]  # in rank order
+        gathered += [values[thread.ident] for thread in threads]  # in rank order
         barrier.wait()  # (nobody overwrites a value before every rank has read them all)
-        return gathered
 
-    monkeypatch.setattr(dataset, "_gather", gather, raising=False)
+    monkeypatch.setattr(paddle.distributed, "all_gather", all_gather)
     decodes, decode = Counter(), ImageStream._decode
     monkeypatch.setattr(ImageStream, "_decode", lambda self, *a: decodes.update([id(self)]) or decode(self, *a))
     ids = {}
@@ -797,14 +792,13 @@ def test_a_rank_that_fails_mid_evaluation_stops_the_others_instead_of_leaving_th
     path = write_filelist(tmp_path / "eval.filelist", [part])
     barrier, values, errors = threading.Barrier(2, timeout=60), {}, {}
 
-    def gather(value, ranks):
+    def all_gather(gathered, value):
         values[threading.get_ident()] = value
         barrier.wait()
-        gathered = [values[thread.ident] for thread in threads]
+        gathered += [values[thread.ident] for thread in threads]
         barrier.wait()
-        return gathered
 
-    monkeypatch.setattr(dataset, "_gather", gather)
+    monkeypatch.setattr(paddle.distributed, "all_gather", all_gather)
     items = dataset._EvalShare._items
 
     def failing_items(self):

@@ -229,14 +229,6 @@ class _EvalShare(RaisesInMainThread):
                 yield {"pixel_values": to_float(decoded[1], decoded[1].ndim == 4)}
 
 
-def _gather(values: list[int], world_size: int) -> list[list[int]]:
-    if world_size == 1:
-        return [values]
-    gathered = []
-    paddle.distributed.all_gather(gathered, paddle.to_tensor(values, dtype="int64"))
-    return [tensor.numpy().tolist() for tensor in gathered]
-
-
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
                           num_images: int | None, sample: RecordSample | None = None, *, num_frames: int = 1,
                           frame_stride: int = 1, channels: int = 3) -> Iterator[dict]:
@@ -265,7 +257,10 @@ def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: in
             yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
             done = True
         finally:  # (on a failure this rank's own error goes on after the gather)
-            rounds = _gather([share.usable, int(not done)], world_size)
+            rounds, gathered = [[share.usable, int(not done)]], []
+            if world_size > 1:
+                paddle.distributed.all_gather(gathered, paddle.to_tensor(rounds[0], dtype="int64"))
+                rounds = [tensor.numpy().tolist() for tensor in gathered]
         failed = [str(r) for r, (_, bad) in enumerate(rounds) if bad]
         if failed:
             raise RuntimeError(f"stopped with rank {', '.join(failed)}, which failed in this evaluation")
