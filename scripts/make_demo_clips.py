@@ -26,7 +26,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from vae_trainer.data.filelists import LINES, Part, image_suffixes  # noqa: E402
-from vae_trainer.data.images import BadImage, decode_image  # noqa: E402
+from vae_trainer.data.images import BadImage, load_rgb, open_image  # noqa: E402
 from vae_trainer.data.records import image_bytes, iterate_records  # noqa: E402
 
 SUFFIX = {"libx264": ".mp4", "libvpx-vp9": ".webm", "ffv1": ".mkv"}
@@ -41,11 +41,11 @@ def photos(image_dir: str) -> Iterator[Image.Image]:
             continue
         try:
             if path.suffix.lower() in image_suffixes():
-                yield decode_image(path.read_bytes(), MAX_PIXELS)
+                yield load_rgb(open_image(path.read_bytes(), MAX_PIXELS))
                 continue
             for line in iterate_records(Part(str(path), LINES)):
                 if isinstance(line, bytes):
-                    yield decode_image(image_bytes(line, 2), MAX_PIXELS)
+                    yield load_rgb(open_image(image_bytes(line, 2), MAX_PIXELS))
         except BadImage:
             continue
 

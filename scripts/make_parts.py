@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from vae_trainer.data.images import BadImage, decode_image  # noqa: E402
+from vae_trainer.data.images import BadImage, load_rgb, open_image  # noqa: E402
 
 PART_PATTERN = "part-{:05d}{}"
 MAX_PIXELS = 16384 * 16384
@@ -70,7 +70,7 @@ def records_from_folders(
             continue
         data = path.read_bytes()
         try:
-            decode_image(data, MAX_PIXELS)
+            load_rgb(open_image(data, MAX_PIXELS))
         except BadImage:
             skipped.append(str(path))
             continue

@@ -17,7 +17,7 @@ from test_dataset import _batches, time_limit
 
 from vae_trainer.data import clips
 from vae_trainer.data.clips import read_window
-from vae_trainer.data.dataset import ImageStream, TrainBatches, build_eval_dataloader, build_train_dataloader
+from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
 from vae_trainer.data.images import BadImage
 from vae_trainer.data.position import SKIP_REASONS, StreamPosition
 
@@ -236,7 +236,7 @@ def test_skips_are_counted_per_reason_and_file_and_logged_and_the_stream_goes_on
     stream = ImageStream(folder, RES, num_frames=5, frame_stride=2, infinite=False)
     with caplog.at_level(logging.WARNING, logger="vae_trainer.data"):
         samples = [sample["pixel_values"] for sample in stream]
-    assert len(samples) == 4 and all(s.shape == (3, 5, RES, RES) for s in samples)
+    assert len(samples) == 4 and all(s.shape == (1, 3, 5, RES, RES) for s in samples)
     assert stream.skip_stats() == {"not_video": 1, "too_short": 1}
     per_file = {stream.part_paths[key]: n for key, n in stream.counts.items() if isinstance(key, int)}
     assert sorted(p.rsplit("/", 1)[1] for p in per_file) == ["b_not.mp4", "b_short.mkv"]
@@ -254,7 +254,7 @@ def test_every_frame_of_a_clip_gets_the_same_crop_and_flip(tmp_path):
             container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
         container.mux(stream.encode())
     stream = ImageStream(str(tmp_path / "d"), RES, num_frames=5)
-    clips_read = [sample["pixel_values"] for _, sample in zip(range(8), stream)]
+    clips_read = [sample["pixel_values"][0] for _, sample in zip(range(8), stream)]
     assert all(np.array_equal(clip[:, 0], clip[:, t]) for clip in clips_read for t in range(1, 5))
     assert len({clip[:, 0].tobytes() for clip in clips_read}) >= 4  # random crops and flips
 
@@ -272,7 +272,8 @@ def test_tar_shards_of_video_members_and_a_list_of_video_files(tmp_path):
                                            ("c.mp4", mp4[:100]), ("d.webm", mp4)])
     stream = ImageStream(str(shard), RES, num_frames=5, infinite=False, shuffle=False)
     shapes = [sample["pixel_values"].shape for sample in stream]
-    assert shapes == [(3, 5, RES, RES), (3, RES, RES), (3, 5, RES, RES)] and stream.skip_stats() == {"not_video": 1}
+    assert shapes == [(1, 3, 5, RES, RES), (1, 3, RES, RES), (1, 3, 5, RES, RES)]
+    assert stream.skip_stats() == {"not_video": 1}
     # An image run reads the shard's images and never holds its video members (they may be large).
     from vae_trainer.data.filelists import read_sources
     from vae_trainer.data.records import iterate_records
@@ -290,7 +291,7 @@ def test_tar_shards_of_video_members_and_a_list_of_video_files(tmp_path):
     listed = tmp_path / "videos.txt"
     listed.write_text(f"n.mp4\n{shard}\n")
     stream = ImageStream(str(listed), RES, num_frames=9, infinite=False, shuffle=False)
-    samples = [sample["pixel_values"] for sample in stream]
+    samples = [sample["pixel_values"][0] for sample in stream]
     window = ids(samples[0])
     assert len(samples) == 4 and window == list(range(window[0], window[0] + 9))
 
@@ -301,12 +302,12 @@ def clip_batches(folder, count, state=None, ratio=0.0, workers=None, batch_size=
         loader = build_train_dataloader(folder, RES, batch_size, workers, rank=0, world_size=1, resume_state=state,
                                         **options)
         tracker = StreamPosition.from_state(state) if state else StreamPosition(workers, 1, 3, 1000)
-        tracker.files = loader.dataset.stream.part_paths
+        tracker.files = loader.dataset.part_paths
         return _batches(loader, count, tracker), tracker
-    stream = ImageStream(folder, RES, resume_state=state, **options)
+    stream = ImageStream(folder, RES, resume_state=state, batch_size=batch_size, **options)
     tracker = StreamPosition.from_state(state) if state else StreamPosition(None, 1, 3, 1000)
     tracker.files, batches = stream.part_paths, []
-    for batch in TrainBatches(stream, batch_size):
+    for batch in stream:
         tracker.update(batch["position"])
         batches.append(batch)
         if len(batches) == count:
@@ -334,7 +335,7 @@ def test_video_image_ratio_is_the_share_of_single_frames_and_reproducible(tmp_pa
     singles = []
     for run in range(2):
         stream = ImageStream(str(folder), RES, num_frames=5, video_image_ratio=0.25, seed=1)
-        single = [sample["pixel_values"].ndim == 3 for _, sample in zip(range(200), stream)]
+        single = [sample["pixel_values"].ndim == 4 for _, sample in zip(range(200), stream)]
         singles.append(single)
     assert singles[0] == singles[1]
     assert abs(np.mean(singles[0]) - 0.25) < 0.09, np.mean(singles[0])  # 2.9 standard deviations

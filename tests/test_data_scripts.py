@@ -154,7 +154,7 @@ def test_prepare_demo_data_matches_committed_filelists_and_is_deterministic(tmp_
     sizes = {Image.open(io.BytesIO(base64.b64decode(line.split(b"\t")[2]))).size[0] for line in train_lines[:50]}
     assert min(sizes) >= 96 and max(sizes) <= 160 and len(sizes) > 10
     stream = ImageStream(str(root / "filelist" / "demo.filelist.list"), 64, seed=0)
-    batch = np.stack([sample["pixel_values"] for _, sample in zip(range(8), stream)])
+    batch = np.concatenate([sample["pixel_values"] for _, sample in zip(range(8), stream)])
     assert batch.shape == (8, 3, 64, 64) and batch.std() > 0.1
     paths = prepare_demo_data.photo_paths()
     eval_sizes = [Image.open(paths[name]).size for name in prepare_demo_data.split_photos(sorted(paths))[1]]

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from skimage import data as skdata
 
-from vae_trainer.data.images import BadImage, crop, decode_base64, decode_image, to_float
+from vae_trainer.data.images import BadImage, crop, decode_base64, load_rgb, open_image, to_float
 
 LIMIT = 4096 * 4096
 
@@ -58,14 +58,14 @@ def test_base64_garbage_is_bad_image(field):
 
 def test_rgb_jpeg_roundtrip_close():
     photo = Image.fromarray(skdata.astronaut()[:64, :48])
-    decoded = decode_image(_encode(photo, "JPEG", quality=95), LIMIT)
+    decoded = load_rgb(open_image(_encode(photo, "JPEG", quality=95), LIMIT))
     assert decoded.mode == "RGB" and decoded.size == (48, 64)
     assert np.abs(np.asarray(decoded, np.int16) - np.asarray(photo, np.int16)).mean() < 4
 
 
 def test_sixteen_bit_grey_is_scaled_not_clipped():
     grey = np.array([[0, 1000, 32896, 65535]], np.uint16)
-    decoded = np.asarray(decode_image(_png16(grey), LIMIT))
+    decoded = np.asarray(load_rgb(open_image(_png16(grey), LIMIT)))
     expected = np.rint(grey / 257.0).astype(np.uint8)  # 0, 4, 128, 255
     assert decoded.shape == (1, 4, 3)
     np.testing.assert_array_equal(decoded, np.repeat(expected[..., None], 3, axis=2))
@@ -73,7 +73,7 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
 
 def test_sixteen_bit_rgba_composites_on_white():
     rgba = np.array([[[65535, 0, 0, 65535], [0, 0, 65535, 0], [0, 0, 0, 32896]]], np.uint16)
-    decoded = np.asarray(decode_image(_png16(rgba), LIMIT)).astype(int)
+    decoded = np.asarray(load_rgb(open_image(_png16(rgba), LIMIT))).astype(int)
     assert decoded[0, 0].tolist() == [255, 0, 0]  # opaque red stays red
     assert decoded[0, 1].tolist() == [255, 255, 255]  # fully transparent blue becomes white
     assert np.all(np.abs(decoded[0, 2] - 127) <= 1)  # half-transparent black -> mid grey
@@ -82,25 +82,25 @@ def test_sixteen_bit_rgba_composites_on_white():
 def test_cmyk_becomes_rgb():
     cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # no cyan, full magenta+yellow = red
     for encoded in (_encode(cmyk, "JPEG", quality=100), _encode(cmyk, "TIFF")):
-        pixel = np.asarray(decode_image(encoded, LIMIT))[4, 4].astype(int)
+        pixel = np.asarray(load_rgb(open_image(encoded, LIMIT)))[4, 4].astype(int)
         assert np.all(np.abs(pixel - [255, 0, 0]) <= 3)
 
 
 def test_la_and_palette_transparency_composite_on_white():
     la = Image.new("LA", (4, 4), (0, 0))  # black, fully transparent
     la.putpixel((0, 0), (0, 255))
-    decoded = np.asarray(decode_image(_encode(la), LIMIT))
+    decoded = np.asarray(load_rgb(open_image(_encode(la), LIMIT)))
     assert decoded[0, 0].tolist() == [0, 0, 0] and decoded[1, 1].tolist() == [255, 255, 255]
     palette = Image.new("P", (4, 4), 1)
     palette.putpalette([0, 255, 0, 10, 20, 30] + [0] * 762)
     palette.putpixel((0, 0), 0)
-    decoded = np.asarray(decode_image(_encode(palette, transparency=1), LIMIT))
+    decoded = np.asarray(load_rgb(open_image(_encode(palette, transparency=1), LIMIT)))
     assert decoded[0, 0].tolist() == [0, 255, 0] and decoded[2, 2].tolist() == [255, 255, 255]
 
 
 def test_grayscale_is_replicated():
     grey = Image.fromarray(np.array([[0, 100], [200, 255]], np.uint8), mode="L")
-    decoded = np.asarray(decode_image(_encode(grey), LIMIT))
+    decoded = np.asarray(load_rgb(open_image(_encode(grey), LIMIT)))
     np.testing.assert_array_equal(decoded[..., 1], np.array([[0, 100], [200, 255]]))
     np.testing.assert_array_equal(decoded[..., 0], decoded[..., 2])
 
@@ -110,7 +110,7 @@ def test_exif_orientation_is_applied():
     image.paste((0, 0, 255), (0, 0, 20, 20))  # left half blue
     exif = Image.Exif()
     exif[0x0112] = 6  # display rotated 90 degrees clockwise
-    decoded = decode_image(_encode(image, "JPEG", quality=95, exif=exif), LIMIT)
+    decoded = load_rgb(open_image(_encode(image, "JPEG", quality=95, exif=exif), LIMIT))
     assert decoded.size == (20, 40)
     top = np.asarray(decoded)[5, 10].astype(int)  # blue left half is now on top
     assert top[2] > 200 and top[0] < 60
@@ -127,18 +127,18 @@ def test_exif_orientation_is_applied():
 )
 def test_unusable_data_is_bad_image(make, reason):
     with pytest.raises(BadImage) as error:
-        decode_image(make(), LIMIT)
+        load_rgb(open_image(make(), LIMIT))
     assert error.value.reason == reason
 
 
 def test_size_limits_are_checked_from_the_header():
     big = _encode(Image.new("L", (300, 200)))
     with pytest.raises(BadImage) as error:
-        decode_image(big, max_pixels=300 * 200 - 1)
+        load_rgb(open_image(big, max_pixels=300 * 200 - 1))
     assert error.value.reason == "too_large"
-    assert decode_image(big, max_pixels=300 * 200).size == (300, 200)
+    assert load_rgb(open_image(big, max_pixels=300 * 200)).size == (300, 200)
     with pytest.raises(BadImage) as error:
-        decode_image(big, LIMIT, min_size=201)
+        load_rgb(open_image(big, LIMIT, min_size=201))
     assert error.value.reason == "too_small"
 
 
@@ -194,7 +194,7 @@ def test_jpeg_draft_decodes_small_and_matches_a_full_decode():
     assert drafted.size == (64, 64)  # decoded at 1/8 scale directly
     assert load_rgb(open_image(data, LIMIT), cover=(100, 100)).size == (128, 128)  # 1/4 still covers 100
     assert load_rgb(open_image(data, LIMIT), cover=(300, 300)).size == (512, 512)
-    full = crop(decode_image(data, LIMIT), (64, 64), None, False).astype(int)
+    full = crop(load_rgb(open_image(data, LIMIT)), (64, 64), None, False).astype(int)
     fast = crop(drafted, (64, 64), None, False).astype(int)
     assert np.abs(full - fast).mean() < 4
 
@@ -272,7 +272,7 @@ def test_adobe_rgb_profile_is_converted_to_srgb(fmt):
     pixels = np.array([[c] * 8 for c in colours], np.uint8).repeat(8, axis=0)  # 32 x 8, four bands
     tagged = _encode(Image.fromarray(pixels), fmt, icc_profile=ADOBE_RGB, **({"quality": 100} if fmt == "JPEG" else {}))
     naive = np.asarray(Image.open(io.BytesIO(tagged)).convert("RGB"), np.float64)
-    converted = np.asarray(decode_image(tagged, LIMIT), np.float64)
+    converted = np.asarray(load_rgb(open_image(tagged, LIMIT)), np.float64)
     for band, colour in enumerate(colours):
         got, plain = converted[band * 8 + 4, 4], naive[band * 8 + 4, 4]
         np.testing.assert_allclose(got, _adobe_to_srgb(colour), atol=4, err_msg=str(colour))
@@ -289,7 +289,7 @@ def test_srgb_and_broken_profiles_leave_pixels_alone():
     image = Image.fromarray(skdata.astronaut()[:32, :32])
     for profile in (srgb, b"not an icc profile at all"):
         data = _encode(image, "PNG", icc_profile=profile)
-        np.testing.assert_array_equal(np.asarray(decode_image(data, LIMIT)), np.asarray(image))
+        np.testing.assert_array_equal(np.asarray(load_rgb(open_image(data, LIMIT))), np.asarray(image))
 
 
 def _cmyk_to_lab(c, m, y, k):
@@ -334,7 +334,7 @@ def test_cmyk_jpeg_with_an_icc_profile_is_converted_as_imagecms_converts_it():
                                           ImageCms.createProfile("sRGB"), renderingIntent=0, outputMode="RGB")
     reference = np.asarray(reference, np.float64)
     naive = np.asarray(Image.open(io.BytesIO(tagged)).convert("RGB"), np.float64)
-    converted = np.asarray(decode_image(tagged, LIMIT), np.float64)
+    converted = np.asarray(load_rgb(open_image(tagged, LIMIT)), np.float64)
     assert converted.shape == reference.shape
     for band in range(len(inks)):
         got, want, plain = (pixels[8 * band + 4, 4] for pixels in (converted, reference, naive))

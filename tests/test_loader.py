@@ -130,7 +130,7 @@ def test_workers_fork_with_the_parents_objects_frozen(tmp_path, monkeypatch):
     """A worker's garbage collector must never destroy what it inherited: a Paddle object in an inherited
     garbage cycle can hold a condition variable the parent's threads waited on, and destroying it in the
     child waits forever (seen: both workers hung at their first log line). The parent collects first and
-    freezes the rest for the fork (NoHangLoader._fork_workers), and unfreezes its own objects after."""
+    freezes the rest for the fork (NoHangLoader.__iter__), and unfreezes its own objects after."""
     import gc
 
     from vae_trainer.data import loader as loader_module

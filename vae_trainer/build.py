@@ -174,7 +174,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
     position = (StreamPosition.from_state(data_state) if data_state
                 else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
                                     data_args.shuffle_buffer_size))
-    position.files = loader.dataset.stream.part_paths  # names the files in the skip summary
+    position.files = loader.dataset.part_paths  # names the files in the skip summary
     return loader, position
 
 

@@ -29,8 +29,7 @@ class _Sample:
     pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, C]
     bucket: tuple[int, int]  # (frames, shape index)
     epoch: int
-    index: int  # record index in the shard epoch
-    restored: bool  # decoded again to refill a bucket on resume (already counted)
+    index: int  # record index in the shard epoch (a replayed one: decoded again to refill a bucket on resume)
 
 
 @dataclass
@@ -41,16 +40,18 @@ class _EpochEnd:
 
 class ImageStream(RaisesInMainThread):
     """Decoded, cropped images and clips (`num_frames` > 1: a random window of each video, or one frame with
-    probability `video_image_ratio`; `first_windows`: each video's first, images skipped); iterated directly, single
-    samples (float32 [C,H,W] or [C,T,H,W] in [-1, 1] and their position). `channels` 4: images keep their alpha
-    (RGBA), and one without is read as opaque and counted (position.OPAQUE)."""
+    probability `video_image_ratio`; `first_windows`: each video's first, images skipped), in batches of one bucket
+    (shape and frame count) each: float32 [B, C, (T,) H, W] in [-1, 1] and their position, partly filled ones flushed
+    at each shard epoch's end when there are several buckets. `channels` 4: images keep their alpha (RGBA), and one
+    without is read as opaque and counted (position.OPAQUE)."""
 
     def __init__(self, file_list: str, resolution: int, *, image_column: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, infinite: bool = True, shuffle: bool = True, random_crop: bool = True,
                  random_flip: bool = True, min_image_size: int = 32, max_image_pixels: int = 8192 * 8192,
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
                  draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
-                 video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3) -> None:
+                 video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3,
+                 batch_size: int = 1) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -74,6 +75,9 @@ class ImageStream(RaisesInMainThread):
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
 
     def skip_stats(self) -> dict[str, int]:
         return {reason: n for reason, n in self.counts.items() if isinstance(reason, str) and reason not in NOTES}
@@ -92,20 +96,27 @@ class ImageStream(RaisesInMainThread):
             logger.warning("%s: further problems in this file are counted (data/skipped_* scalars, end-of-run "
                            "summary), not logged", record.part.path)
 
-    def worker_shard(self) -> tuple[int, int, ShardStart]:
-        """(shard, num_shards, start) of the calling worker; resumed, worker w plays role (w + batches) % workers."""
+    def _items(self) -> Iterator[dict]:
+        # The calling worker's shard; resumed, worker w plays role (w + batches) % workers.
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
         self.resume.check_workers(num_workers)
         shard = self.rank * num_workers + (worker_id + self.resume.batches_consumed) % num_workers
-        return shard, self.world_size * num_workers, self.resume.start_of(shard)
-
-    def _items(self) -> Iterator[dict[str, np.ndarray]]:
-        shard, num_shards, start = self.worker_shard()
+        num_shards, start = self.world_size * num_workers, self.resume.start_of(shard)
+        waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
         for item in self.samples(shard, num_shards, start):
-            if isinstance(item, _Sample) and not item.restored:
-                position = np.array([shard, item.epoch, item.index + 1], dtype=np.int64)
-                yield {"pixel_values": to_float(item.pixels, item.pixels.ndim == 4), "position": position}
+            if isinstance(item, _EpochEnd):
+                ready, consumed = sorted(waiting) if self.flush_each_epoch else [], item.records
+            else:
+                waiting[item.bucket].append(item)
+                ready, consumed = [item.bucket] if len(waiting[item.bucket]) == self.batch_size else [], item.index + 1
+            for bucket in ready:
+                if waiting[bucket]:
+                    batch, waiting[bucket] = waiting[bucket], []
+                    pending = sorted(sample.index for samples in waiting.values() for sample in samples)
+                    pixels = np.stack([sample.pixels for sample in batch])
+                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
+                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
 
     def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
         """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
@@ -124,7 +135,7 @@ class ImageStream(RaisesInMainThread):
                 decoded = self._decode(record, (shard, epoch, index), not replaying)
                 if decoded is not None:
                     usable += 1
-                    yield _Sample(decoded[1], decoded[0], epoch, index, replaying)
+                    yield _Sample(decoded[1], decoded[0], epoch, index)
             if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
             yield _EpochEnd(epoch, end)
@@ -191,40 +202,12 @@ class ImageStream(RaisesInMainThread):
                 "one record). Use fewer --dataloader_num_workers or processes, or more images.")
 
 
-class TrainBatches(RaisesInMainThread):
-    """Batches of one bucket (shape and frame count) each, [B, 3, (T,) H, W]; partly filled ones flushed at each
-    shard epoch's end when there are several buckets."""
-
-    def __init__(self, stream: ImageStream, batch_size: int) -> None:
-        super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.stream, self.batch_size = stream, batch_size
-
-    def _items(self) -> Iterator[dict]:
-        shard, num_shards, start = self.stream.worker_shard()
-        waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
-        for item in self.stream.samples(shard, num_shards, start):
-            if isinstance(item, _EpochEnd):
-                ready, consumed = sorted(waiting) if self.stream.flush_each_epoch else [], item.records
-            else:
-                waiting[item.bucket].append(item)
-                ready, consumed = [item.bucket] if len(waiting[item.bucket]) == self.batch_size else [], item.index + 1
-            for bucket in ready:
-                if waiting[bucket]:
-                    batch, waiting[bucket] = waiting[bucket], []
-                    pending = sorted(sample.index for samples in waiting.values() for sample in samples)
-                    pixels = np.stack([sample.pixels for sample in batch])
-                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
-                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
-
-
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
                            world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
     """The infinite training DataLoader of one rank (batches of "pixel_values" and "position")."""
     stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
-                         **stream_kwargs)
-    return NoHangLoader(TrainBatches(stream, batch_size), batch_size=None, num_workers=num_workers)
+                         batch_size=batch_size, **stream_kwargs)
+    return NoHangLoader(stream, batch_size=None, num_workers=num_workers)
 
 
 class _EvalShare(RaisesInMainThread):
@@ -244,14 +227,6 @@ class _EvalShare(RaisesInMainThread):
             if decoded is not None:
                 self.usable += 1
                 yield {"pixel_values": to_float(decoded[1], decoded[1].ndim == 4)}
-
-
-def _gather(values: list[int], world_size: int) -> list[list[int]]:
-    if world_size == 1:
-        return [values]
-    gathered = []
-    paddle.distributed.all_gather(gathered, paddle.to_tensor(values, dtype="int64"))
-    return [tensor.numpy().tolist() for tensor in gathered]
 
 
 def build_eval_dataloader(path: str, resolution: int, batch_size: int, rank: int, world_size: int,
@@ -282,7 +257,10 @@ def _eval_rounds(stream: ImageStream, batch_size: int, rank: int, world_size: in
             yield from NoHangLoader(share, batch_size=batch_size, drop_last=False)
             done = True
         finally:  # (on a failure this rank's own error goes on after the gather)
-            rounds = _gather([share.usable, int(not done)], world_size)
+            rounds, gathered = [[share.usable, int(not done)]], []
+            if world_size > 1:
+                paddle.distributed.all_gather(gathered, paddle.to_tensor(rounds[0], dtype="int64"))
+                rounds = [tensor.numpy().tolist() for tensor in gathered]
         failed = [str(r) for r, (_, bad) in enumerate(rounds) if bad]
         if failed:
             raise RuntimeError(f"stopped with rank {', '.join(failed)}, which failed in this evaluation")

@@ -142,11 +142,6 @@ def load_rgb(image: Image.Image, cover: tuple[int, int] | None = None, alpha: bo
     return rgb.convert("RGBA") if alpha else rgb
 
 
-def decode_image(data: bytes, max_pixels: int, min_size: int = 1) -> Image.Image:
-    """Decode image bytes at full size to an EXIF-upright 8-bit sRGB image, or raise :class:`BadImage`."""
-    return load_rgb(open_image(data, max_pixels, min_size))
-
-
 def crop(image: Image.Image | list[Image.Image], size: tuple[int, int], rng: np.random.Generator | None,
          random_flip: bool, random_crop: bool = True) -> np.ndarray:
     """Cover `size` = (width, height) and crop an RGB(A) image: uint8 [H, W, C]; without `rng` centred and unflipped.

@@ -70,7 +70,20 @@ class NoHangLoader(paddle.io.DataLoader):
     def __iter__(self):
         self.dataset.failure = None
         self.worker_init_fn = functools.partial(_start_worker, os.getpid())  # the process that iterates
-        batches = self._fork_workers()
+        if self.num_workers <= 0:
+            batches = super().__iter__()
+        else:  # Paddle's iterator, its workers forked with the stop signals blocked (none reaches a worker before it
+            # ignores them) and the parent's objects frozen: a worker collecting an inherited Paddle object would hang.
+            frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
+            gc.collect()
+            gc.freeze()
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            try:
+                batches = super().__iter__()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+                if not frozen_before:
+                    gc.unfreeze()
         try:
             for batch in batches:
                 if isinstance(batch, dict) and _FAILURE in batch:
@@ -88,20 +101,3 @@ class NoHangLoader(paddle.io.DataLoader):
                 if worker.is_alive():
                     worker.kill()
                     worker.join()
-
-    def _fork_workers(self):
-        """Paddle's iterator, its workers forked with the stop signals blocked (none reaches a worker before it
-        ignores them) and the parent's objects frozen: a worker collecting an inherited Paddle object would hang."""
-        if self.num_workers <= 0:
-            return super().__iter__()
-        frozen_before = gc.get_freeze_count()  # (someone else's freeze stays: unfreezing is all or nothing)
-        gc.collect()
-        gc.freeze()
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-        try:
-            return super().__iter__()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-            if not frozen_before:
-                gc.unfreeze()
-
