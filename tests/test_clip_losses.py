@@ -268,7 +268,7 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     micro = step.forward_backward(images, 6, 0)
     assert "loss/temporal" not in micro.logs and micro.reconstructions.shape == [1, 3, SIZE, SIZE]
     assert np.isfinite(micro.logs["loss/total"].item()) and "loss/discriminator" in micro.logs
-    assert not step.optimizer_step(6).stop
+    assert not step.optimizer_step(6)[1]
 
 
 @pytest.mark.parametrize("flags,message", [

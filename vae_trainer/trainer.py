@@ -25,11 +25,11 @@ class VAETrainer(Trainer, TrainerCallback):
         args.ignore_data_skip = True  # the stream resumes at its saved position instead of replaying
         super().__init__(model=run.networks.model, args=args)
         self.run, self.micro_steps = run, 0
-        self.micro = self.step_report = None  # the last micro-batch's MicroBatch, optimizer step's StepReport
+        self.micro = self.report = None  # the last micro-batch's MicroBatch, optimizer step's (scalars, stop)
         self.add_callback(self)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.run.after_step(state, self.step_report, self.micro)
+        self.run.after_step(state, self.report, self.micro)
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs) -> None:
         """`Run.begin`, then the Trainer's training (none from a checkpoint at --max_steps: it would train one more)."""
@@ -48,7 +48,7 @@ class VAETrainer(Trainer, TrainerCallback):
         self.lr_scheduler = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
 
     def _update(self) -> None:
-        self.step_report = self.run.step.optimizer_step(self.state.global_step)
+        self.report = self.run.step.optimizer_step(self.state.global_step)
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
