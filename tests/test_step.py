@@ -15,7 +15,7 @@ from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+from vae_trainer.optim import build_optimizer
 from vae_trainer.precision import Precision
 from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep, logged_images
 
@@ -39,8 +39,8 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
     args = make_args(tmp_path, learning_rate=learning_rate)
-    vae_opt, vae_sched = build_vae_optimizer(args, model)
-    disc_opt, disc_sched = build_disc_optimizer(args, model, loss_args.disc_start)
+    vae_opt, vae_sched = build_optimizer(args, model)
+    disc_opt, disc_sched = build_optimizer(args, model, loss_args.disc_start)
     return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation,
                      precision or Precision(), max_grad_norm=args.max_grad_norm,
                      guard=NonFiniteGuard(max_nonfinite, max_overflow))
