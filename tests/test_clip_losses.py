@@ -25,7 +25,7 @@ from vae_trainer.models.discriminator import build_discriminator, init_discrimin
 from vae_trainer.models.recompute import enable_recompute
 from vae_trainer.models.lpips import LPIPS
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+from vae_trainer.optim import build_optimizer
 from vae_trainer.step import TrainStep, logged_images
 
 paddle.set_device("cpu")
@@ -228,8 +228,8 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     loss_args = LossArguments(perceptual_weight=0.1, lpips_num_frames=2, temporal_loss_weight=0.5, disc_start=0,
                               disc_weight_warmup_steps=0)
     args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3)
-    vae_opt, vae_sched = build_vae_optimizer(args, model)
-    disc_opt, disc_sched = build_disc_optimizer(args, model, 0)
+    vae_opt, vae_sched = build_optimizer(args, model)
+    disc_opt, disc_sched = build_optimizer(args, model, 0)
     lpips_inputs = []
 
     def lpips(a, b):  # a stand-in for LPIPS that records what it was given
@@ -268,7 +268,7 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     micro = step.forward_backward(images, 6, 0)
     assert "loss/temporal" not in micro.logs and micro.reconstructions.shape == [1, 3, SIZE, SIZE]
     assert np.isfinite(micro.logs["loss/total"].item()) and "loss/discriminator" in micro.logs
-    assert not step.optimizer_step(6).stop
+    assert not step.optimizer_step(6)[1]
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -17,7 +17,7 @@ from vae_trainer.models.discriminator import build_discriminator, save_discrimin
 from vae_trainer.models.families import check_reconstruction_shape, encoder_parameters
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
-from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+from vae_trainer.optim import build_optimizer
 
 paddle.set_device("cpu")
 MICRO = "configs/vae_micro.json"
@@ -159,8 +159,8 @@ def test_scale_lr_multiplies_both_learning_rates_by_the_global_batch(tmp_path):
     for scale, factor in ((False, 1), (True, 3 * 2)):
         args = make_args(tmp_path, learning_rate=1e-4, disc_learning_rate=2e-4, scale_lr=scale,
                          per_device_train_batch_size=3, gradient_accumulation_steps=2, lr_scheduler_type="constant")
-        assert build_vae_optimizer(args, model)[0].get_lr() == pytest.approx(1e-4 * factor)
-        assert build_disc_optimizer(args, model, 0)[0].get_lr() == pytest.approx(2e-4 * factor)
+        assert build_optimizer(args, model)[0].get_lr() == pytest.approx(1e-4 * factor)
+        assert build_optimizer(args, model, 0)[0].get_lr() == pytest.approx(2e-4 * factor)
 
 
 def _trained_discriminator(norm="group"):

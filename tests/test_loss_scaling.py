@@ -100,7 +100,7 @@ def test_an_overflowing_adaptive_weight_skips_the_gan_term_and_is_counted(tmp_pa
     logs = step.forward_backward(images(), 0, 0).logs
     assert logs["gan/adaptive_weight_overflow"].item() == 1.0 and logs["gan/adaptive_weight"].item() == 0.0
     assert np.isfinite(logs["loss/total"].item())
-    report = step.optimizer_step(global_step=0).scalars
+    report = step.optimizer_step(global_step=0)[0]
     assert report["train/skipped_gan_terms"] == 1 and report["train/skipped_steps"] == 0
 
 

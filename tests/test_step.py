@@ -15,7 +15,7 @@ from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.optim import build_disc_optimizer, build_vae_optimizer
+from vae_trainer.optim import build_optimizer
 from vae_trainer.precision import Precision
 from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep, logged_images
 
@@ -39,8 +39,8 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
     args = make_args(tmp_path, learning_rate=learning_rate)
-    vae_opt, vae_sched = build_vae_optimizer(args, model)
-    disc_opt, disc_sched = build_disc_optimizer(args, model, loss_args.disc_start)
+    vae_opt, vae_sched = build_optimizer(args, model)
+    disc_opt, disc_sched = build_optimizer(args, model, loss_args.disc_start)
     return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation,
                      precision or Precision(), max_grad_norm=args.max_grad_norm,
                      guard=NonFiniteGuard(max_nonfinite, max_overflow))
@@ -49,7 +49,7 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
 def full_step(step, x, global_step):
     """One micro-batch and its optimizer step, as the drivers run them (accumulation 1)."""
     logs = step.forward_backward(x, global_step, 0).logs
-    scalars = step.optimizer_step(global_step).scalars
+    scalars = step.optimizer_step(global_step)[0]
     step.schedule(global_step)
     return {**logs, **scalars}
 
@@ -122,7 +122,7 @@ def test_gan_is_off_before_disc_start(tmp_path):
     logs = step.forward_backward(images(), 4, 0).logs
     assert "loss/generator" not in logs and "gan/adaptive_weight" not in logs
     assert all(p.grad is None for p in model.discriminator.parameters())
-    report = step.optimizer_step(global_step=4).scalars
+    report = step.optimizer_step(global_step=4)[0]
     step.schedule(4)
     assert unchanged(model.discriminator, before) and "train/disc_grad_norm" not in report
     assert step.disc_scheduler.last_epoch == 0  # its schedule starts at disc_start
@@ -169,7 +169,7 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
     vae_before, disc_before = weights(model.vae), weights(model.discriminator)
     step.forward_backward(images(), 0, 0)
     grads = {id(p): p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
-    report = step.optimizer_step(global_step=0).scalars
+    report = step.optimizer_step(global_step=0)[0]
     norm = report["train/grad_norm"].item()
     expected = np.sqrt(sum(np.square(grads[id(p)].astype(np.float64)).sum() for p in model.vae_parameters()
                            if id(p) in grads))
@@ -240,7 +240,7 @@ def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_pa
     before, vae_before, disc_before = weights(model), weights(model.vae), weights(model.discriminator)
     logs = step.forward_backward(images(), 0, 0).logs
     assert np.isfinite(logs["loss/total"].item()) and np.isfinite(logs["loss/discriminator"].item())
-    report = step.optimizer_step(global_step=0).scalars
+    report = step.optimizer_step(global_step=0)[0]
     assert report["train/skipped_steps"] == 1 and unchanged(model, before)
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())  # nothing carried over
     step.schedule(0)

@@ -30,7 +30,7 @@ from .models.teacher import check_student, load_teacher
 from .models.families import check_reconstruction_shape, image_channels
 from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
-from .optim import build_disc_optimizer, build_vae_optimizer
+from .optim import build_optimizer
 from .precision import setup_precision, uses_master_weights
 from .objectives.gan import FakeReplay, disc_update_start
 from .step import NonFiniteGuard, TrainStep
@@ -136,8 +136,8 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
-    vae_optimizer, vae_scheduler = build_vae_optimizer(training_args, model)
-    disc_optimizer, disc_scheduler = build_disc_optimizer(training_args, model, disc_update_start(loss_args))
+    vae_optimizer, vae_scheduler = build_optimizer(training_args, model)
+    disc_optimizer, disc_scheduler = build_optimizer(training_args, model, disc_update_start(loss_args))
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     replay = FakeReplay(loss_args.disc_replay_size, training_args.seed + rank()) if loss_args.disc_replay_size else None
     if rank() == 0:

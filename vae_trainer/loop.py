@@ -22,7 +22,7 @@ from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, stop_signal
-from .step import MicroBatch, NonFiniteError, StepReport, TrainStep, logged_images
+from .step import MicroBatch, NonFiniteError, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
 
@@ -95,12 +95,14 @@ class Run:
         watchdog.beat(f"saving checkpoint-{step}", step)
         return path
 
-    def after_step(self, state: TrainerState, report: StepReport, micro: MicroBatch) -> Optional[Dict[str, float]]:
-        """After optimizer step `state.global_step`: telemetry, evaluation (and the best checkpoint), the periodic
-        save, and a stop on a signal (preemption.py). Returns the logged numbers at logging steps."""
-        step = state.global_step
+    def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool],
+                   micro: MicroBatch) -> Optional[Dict[str, float]]:
+        """After optimizer step `state.global_step` (`report`: `TrainStep.optimizer_step`'s numbers and stop):
+        telemetry, evaluation (and the best checkpoint), the periodic save, and a stop on a signal (preemption.py).
+        Returns the logged numbers at logging steps."""
+        step, (logged, stop) = state.global_step, report
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, report.scalars, lambda: logged_images(self.step, micro))
+        scalars = self.monitor.optimizer_step_end(step, logged, lambda: logged_images(self.step, micro))
         if scalars is not None:
             state.log_history.append({"step": step, **scalars})
         if self.evaluator.due(step) and self.evaluator.run(step, self.networks.model.vae, self.step.ema, self.monitor,
@@ -109,7 +111,7 @@ class Run:
             self.save(state)  # the best checkpoint so far, kept by rotation
         if self.args.save_steps > 0 and step % self.args.save_steps == 0:
             self.save(state)
-        if report.stop:  # some rank was signalled, agreed by the step: saved, then stopped
+        if stop:  # some rank was signalled, agreed by the step: saved, then stopped
             checkpoint = self.save(state)
             stopped = Preempted(f"stopped by {stop_signal() or 'a signal to another rank'} after step {step}: saved "
                                 f"{checkpoint}; the same command with --resume_from_checkpoint latest continues "

@@ -1,7 +1,7 @@
 """Optimizers, LR schedules and gradient clipping of the VAE and the discriminator (docs/training.md): AdamW
 without decay on biases and norms, PaddleNLP's schedules (the discriminator's counted from --disc_start)."""
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import paddle
 from paddlenlp.trainer.trainer_utils import get_scheduler
@@ -27,29 +27,24 @@ def build_scheduler(args, learning_rate: float, num_training_steps: int) -> padd
                          lr_end=args.lr_end, power=args.power)
 
 
-def _build(args, model, discriminator: bool, learning_rate: float, num_training_steps: int):
-    """(AdamW, schedule) of the discriminator's parameters or of the rest, no decay on biases and norms."""
+def build_optimizer(args, model, disc_start: Optional[int] = None):
+    """(AdamW, schedule) of the VAE (and the learnable log-variance, when enabled), or given `disc_start` of the
+    discriminator (--disc_learning_rate if set; its schedule covers the steps after disc_start); no decay on biases
+    and norms."""
+    discriminator = disc_start is not None
+    learning_rate = args.learning_rate
+    if discriminator and args.disc_learning_rate is not None:
+        learning_rate = args.disc_learning_rate
     if args.scale_lr:  # LDM's rule: x per-device batch x accumulation x processes
         batch = args.per_device_train_batch_size
         learning_rate = learning_rate * batch * args.gradient_accumulation_steps * world_size()
-    scheduler = build_scheduler(args, learning_rate, num_training_steps)
+    scheduler = build_scheduler(args, learning_rate, args.max_steps - min(disc_start or 0, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.") == discriminator]
     no_decay = {p.name for n, p in named if "bias" in n or "norm" in n}
     return paddle.optimizer.AdamW(
         learning_rate=scheduler, parameters=[p for _, p in named if not p.stop_gradient], beta1=args.adam_beta1,
         beta2=args.adam_beta2, epsilon=args.adam_epsilon, weight_decay=args.weight_decay,
         apply_decay_param_fun=lambda name: name not in no_decay, multi_precision=uses_master_weights(args)), scheduler
-
-
-def build_vae_optimizer(args, model):
-    """Optimizer and schedule of the VAE (and the learnable log-variance, when enabled)."""
-    return _build(args, model, False, args.learning_rate, args.max_steps)
-
-
-def build_disc_optimizer(args, model, disc_start: int):
-    """Optimizer and schedule of the discriminator; its schedule covers the steps after disc_start."""
-    learning_rate = args.disc_learning_rate if args.disc_learning_rate is not None else args.learning_rate
-    return _build(args, model, True, learning_rate, args.max_steps - min(disc_start, args.max_steps))
 
 
 @paddle.no_grad()

@@ -89,8 +89,6 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
     """The Precision for --fp16/--bf16; decorates `model` for O2 on a GPU, except `keep_float32` (frozen layers:
     no optimizer keeps their float32 master copy), the root's own tensors (logvar, LeCAM's EMA) and the buffers of
     layers without weights."""
-    if args.fp16 and args.bf16:
-        raise ValueError("--fp16 and --bf16 are mutually exclusive")
     if not (args.fp16 or args.bf16):
         return Precision()
     if args.fp16 and not args.min_loss_scale > 0:

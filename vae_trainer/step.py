@@ -104,14 +104,6 @@ class MicroBatch:
 
 
 @dataclass
-class StepReport:
-    """What `optimizer_step` returns: numbers to log and whether to stop."""
-
-    scalars: Dict[str, object]  # learning rates, skip counters, loss scales (host); gradient norms (device)
-    stop: bool  # some rank was signalled to stop (preemption.py), agreed by every rank
-
-
-@dataclass
 class TrainStep:
     model: VAEWithDiscriminator
     lpips: Optional[paddle.nn.Layer]
@@ -187,11 +179,13 @@ class TrainStep:
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
 
-    def optimizer_step(self, global_step: int) -> StepReport:
+    def optimizer_step(self, global_step: int) -> Tuple[Dict[str, object], bool]:
         """The update after the last micro-batch of optimizer step `global_step` (0-based): the gradients all-reduced;
         for each network that trains (the VAE, and the discriminator from its start) unscale; one finite check of
         both; for each, clip, step and its loss scale; the gradients freed, the BatchNorm statistics averaged over
-        ranks and the EMA stepped. The learning rates move on in `schedule`."""
+        ranks and the EMA stepped. The learning rates move on in `schedule`. Returns the numbers to log (learning
+        rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
+        was signalled to (preemption.py), agreed by every rank."""
         precision = self.precision
         trained = {"vae": (self.model.vae_parameters(), self.vae_optimizer, precision.vae_scaler)}
         if disc_trains(self.loss_args, global_step):
@@ -206,7 +200,21 @@ class TrainStep:
                                       "train/grad_norm": norms["vae"]}
         if "discriminator" in norms:
             scalars["train/disc_grad_norm"] = norms["discriminator"]
-        take, stop = self._finite_check(global_step, norms)                               # finite check
+        # finite check: THE host sync of an optimizer step, one read of a few numbers summed over ranks (losses finite
+        # on every rank, VAE / discriminator gradients finite, GAN terms skipped for overflow, some rank signalled to
+        # stop), and the guard's decision {network: take its step?} (which raises when a run is broken).
+        zero = paddle.zeros([], "float32")
+        losses = paddle.stack(self._window_losses).astype("float32")
+        gan_overflows = paddle.stack(self._window_gan_overflows + [zero]).sum()
+        self._window_losses, self._window_gan_overflows = [], []
+        nonfinite = [(~paddle.isfinite(value)).any().astype("float32")
+                     for value in (losses, norms["vae"], norms.get("discriminator", zero))]
+        signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
+        bad = paddle.stack(nonfinite + [gan_overflows, signal])
+        bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
+        scales = {"vae": precision.vae_scaler.scale_value, "discriminator": precision.disc_scaler.scale_value}
+        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": not bad_vae, "discriminator": not bad_disc},
+                                 int(overflows), precision.scales_losses, scales)
         for name, (params, optimizer, scaler) in trained.items():
             if take[name]:
                 clip_grads(params, norms[name], self.max_grad_norm)                       # clip
@@ -226,31 +234,13 @@ class TrainStep:
         if precision.scales_losses:
             scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
                             "train/disc_loss_scale": precision.disc_scaler.scale_value})
-        return StepReport(scalars, stop)
+        return scalars, signalled > 0
 
     def schedule(self, global_step: int) -> None:
         """After `optimizer_step` of `global_step`: the learning rate of each network that trained moves on."""
         self.vae_scheduler.step()
         if disc_trains(self.loss_args, global_step):
             self.disc_scheduler.step()
-
-    def _finite_check(self, global_step: int, norms: Dict[str, paddle.Tensor]) -> Tuple[Dict[str, bool], bool]:
-        """({network: take its step?}, stop?) from THE host sync of an optimizer step, one read of a few numbers
-        summed over ranks (losses finite on every rank, VAE / discriminator gradients finite, GAN terms skipped for
-        overflow, some rank signalled to stop), and the guard's decision (which raises when a run is broken)."""
-        zero = paddle.zeros([], "float32")
-        losses = paddle.stack(self._window_losses).astype("float32")
-        gan_overflows = paddle.stack(self._window_gan_overflows + [zero]).sum()
-        self._window_losses, self._window_gan_overflows = [], []
-        nonfinite = [(~paddle.isfinite(value)).any().astype("float32")
-                     for value in (losses, norms["vae"], norms.get("discriminator", zero))]
-        signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
-        bad = paddle.stack(nonfinite + [gan_overflows, signal])
-        bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
-        scales = {"vae": self.precision.vae_scaler.scale_value, "discriminator": self.precision.disc_scaler.scale_value}
-        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": not bad_vae, "discriminator": not bad_disc},
-                                 int(overflows), self.precision.scales_losses, scales)
-        return take, signalled > 0
 
 
 def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:

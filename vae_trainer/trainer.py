@@ -23,13 +23,21 @@ class VAETrainer(Trainer, TrainerCallback):
         args = copy.copy(run.args)
         args.report_to, args.fp16, args.bf16 = [], False, False
         args.ignore_data_skip = True  # the stream resumes at its saved position instead of replaying
-        super().__init__(model=run.networks.model, args=args)
+        # What the Trainer calls its optimizer: `step` is both networks' update after the last micro-batch (all-reduce,
+        # unscale, finite check, clip, step, loss scales, EMA), whose report the callback logs; nothing left for
+        # `clear_grad` (the update freed the gradients); `get_lr` the console's learning rate. Its lr_scheduler:
+        # `step` moves both networks' learning rates on.
+        step = run.step
+        optimizer = SimpleNamespace(step=self._update, clear_grad=lambda set_to_zero=True: None,
+                                    get_lr=step.vae_optimizer.get_lr)
+        schedule = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
+        super().__init__(model=run.networks.model, args=args, optimizers=(optimizer, schedule))
         self.run, self.micro_steps = run, 0
-        self.micro = self.step_report = None  # the last micro-batch's MicroBatch, optimizer step's StepReport
+        self.micro = self.report = None  # the last micro-batch's MicroBatch, optimizer step's (scalars, stop)
         self.add_callback(self)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.run.after_step(state, self.step_report, self.micro)
+        self.run.after_step(state, self.report, self.micro)
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs) -> None:
         """`Run.begin`, then the Trainer's training (none from a checkpoint at --max_steps: it would train one more)."""
@@ -37,18 +45,8 @@ class VAETrainer(Trainer, TrainerCallback):
         if self.state.global_step < self.args.max_steps:
             super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
-    def create_optimizer_and_scheduler(self, num_training_steps: int):
-        """What the Trainer calls its optimizer: `step` is both networks' update after the last micro-batch
-        (all-reduce, unscale, finite check, clip, step, loss scales, EMA), whose report the callback logs; nothing
-        left for `clear_grad` (the update freed the gradients); `get_lr` the console's learning rate. Its
-        lr_scheduler: `step` moves both networks' learning rates on."""
-        step = self.run.step
-        self.optimizer = SimpleNamespace(step=self._update, clear_grad=lambda set_to_zero=True: None,
-                                         get_lr=step.vae_optimizer.get_lr)
-        self.lr_scheduler = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
-
     def _update(self) -> None:
-        self.step_report = self.run.step.optimizer_step(self.state.global_step)
+        self.report = self.run.step.optimizer_step(self.state.global_step)
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
