@@ -70,9 +70,9 @@ class ModelArguments:
     vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; its "
                                                 "_class_name: any family of vae_trainer/models/families/, "
                                                 "docs/fine-tuning.md).")
-    rae_encoder_path: Optional[str] = flag(None, "AutoencoderRAE from scratch: its frozen DINOv2 (transformers folder, "
+    rae_encoder_path: Optional[str] = flag(None, "An RAE from scratch: its frozen DINOv2 (transformers folder, "
                                                  "timm / torch-hub file); widths, patch and depth come from it.")
-    noise_tau: Optional[float] = flag(None, "AutoencoderRAE: training noise on the encoder's tokens, std ~ U(0, tau) "
+    noise_tau: Optional[float] = flag(None, "An RAE: training noise on the encoder's tokens, std ~ U(0, tau) "
                                             "per image (RAE: 0.8; default the config's noise_tau).")
     pretrained_model_name_or_path: Optional[str] = flag(
         None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder, or an LDM single file (architecture inferred, "
@@ -106,7 +106,7 @@ class ModelArguments:
                     "was trained) or vavae (VA-VAE's: [-1, 1], not normalised). docs/techniques.md, 12.", group="loss")
     posterior_std: float = flag(0.0, "If > 0: sample z = mean + posterior_std * noise (constant variance).")
     teacher_model_name_or_path: Optional[str] = flag(
-        None, "Distil a tiny autoencoder (AutoencoderTiny) from this VAE folder, in the normalised latent space its "
+        None, "Distil a tiny student autoencoder from this VAE folder, in the normalised latent space its "
               "pipelines use; the student is OUTPUT_DIR/vae. docs/distillation.md.", group="distillation")
     teacher_subfolder: Optional[str] = flag(None, "Subfolder of the teacher holding its VAE ('vae').",
                                             group="distillation")
@@ -244,9 +244,10 @@ class VAETrainingArguments(TrainingArguments):
     def __post_init__(self):
         # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
         given = {name for name, default in UNSUPPORTED_FLAGS.items() if getattr(self, name) != default}
-        refuse(self, given, tuple((names, lambda f: True, why) for names, why in INHERITED_REFUSALS.items()),
-               header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists",
-               otherwise="not honoured the same way by both entry points")
+        unnamed = tuple(sorted(given - {name for names in INHERITED_REFUSALS for name in names}))
+        rows = {**INHERITED_REFUSALS, unnamed: "not honoured the same way by both entry points"}
+        refuse(self, given, tuple((names, lambda f: True, why) for names, why in rows.items()),
+               header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists")
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")  # as in the ppdiffusers scripts
         try:
             device_name(self.device)  # from a JSON file or code, checked like the flag
