@@ -86,10 +86,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
     parser = VAEArgumentParser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if len(argv) == 1 and argv[0].endswith(".json"):
-        argv = parser.read_json(argv[0])
-        arguments = parser.common_parse(argv, return_remaining_strings=False)
-    else:
-        arguments = parser.parse_args_into_dataclasses(args=argv)
+        argv = parser.read_json(argv[0])  # the file's flags, parsed as if given on the command line
+    arguments = parser.parse_args_into_dataclasses(args=argv)
     actions = parser._option_string_actions  # each spelling (an alias, --no_name of a boolean) -> its field's action
     spelled = (token.split("=", 1)[0] for token in argv if token.startswith("--"))  # --name value, --name=value
     given = {actions[name].dest for name in spelled if name in actions}

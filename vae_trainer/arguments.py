@@ -1,7 +1,7 @@
 """Every flag of both entry points, declared once: four dataclasses that argument_parser.py parses together.
 
 A field is a flag: type (a `Literal` gives its choices), default, one line of --help, and its --help group
-(its dataclass's `_group` unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
+(its dataclass's `_group`, else training, unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
 the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the other refusals
 sit beside what they guard (argument_parser.REFUSALS gathers them).
 """
@@ -21,6 +21,7 @@ from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
 from .checkpoint import resume_requested
+from .distributed import world_size
 from .objectives.equivariance import DEFAULT_TRANSFORMS
 from .refusals import refuse
 from .metrics import HIGHER_IS_BETTER
@@ -198,9 +199,7 @@ class LossArguments:
 
 @dataclass
 class VAETrainingArguments(TrainingArguments):
-    """PaddleNLP's TrainingArguments with VAE-friendly defaults and our extra options."""
-
-    _group = "training"
+    """PaddleNLP's TrainingArguments with VAE-friendly defaults and our extra options (--help group: training)."""
 
     output_dir: str = flag("outputs/vae", "Where checkpoints, logs and the VAE go.")
     overwrite_output_dir: bool = flag(False, "Start a new run in an --output_dir of an earlier run: delete its "
@@ -253,7 +252,7 @@ class VAETrainingArguments(TrainingArguments):
             device_name(self.device)  # from a JSON file or code, checked like the flag
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"--device: {error}") from None
-        if self.device.startswith("gpu:") and int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        if self.device.startswith("gpu:") and world_size() > 1:  # (the launcher's count: no process group yet)
             raise ValueError(f"--device {self.device} would put every process on that one GPU: under the launcher "
                              "use --device gpu (each process takes the GPU the launcher gave it, see --gpus).")
         if self.stall_timeout and self.stall_timeout > 0:

@@ -7,7 +7,6 @@ checks). The rows themselves live beside what they guard (refusals.py). Importin
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -20,7 +19,7 @@ DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
 def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
     """(path, contents) of the config of the VAE the flags build: --vae_config_file, else the pretrained folder's or
     the --init_from_ckpt checkpoint's; (path or None, None) when there is none to read (a single file)."""
-    from .checkpoint import checkpoint_vae_config
+    from .checkpoint import checkpoint_vae_config, read_json
 
     path, derived = model_args.vae_config_file, derived_student_config(model_args)
     if derived:
@@ -31,8 +30,7 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
         path = checkpoint_vae_config(model_args.init_from_ckpt)
     if path is None or not os.path.isfile(path):
         return path, None
-    with open(path) as handle:
-        return path, {key: value for key, value in json.load(handle).items() if value is not None}
+    return path, {key: value for key, value in read_json(path).items() if value is not None}
 
 
 def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
