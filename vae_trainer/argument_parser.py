@@ -24,9 +24,9 @@ GROUPS = {"data": "data: training images and preprocessing", "model": "model: th
           "loss": "loss: the VAE objective", "discriminator": "discriminator: the adversarial term and its network",
           "evaluation": "evaluation: held-out metrics during training",
           "distillation": "distillation: a tiny autoencoder from a teacher VAE (docs/distillation.md)",
-          "training": "training: run-time options of both entry points"}
-PADDLENLP_GROUP = ("PaddleNLP TrainingArguments honoured identically by both entry points "
-                   "(every other PaddleNLP flag is refused)")
+          "training": "training: run-time options of both entry points",
+          "paddlenlp": "PaddleNLP TrainingArguments honoured identically by both entry points "
+                       "(every other PaddleNLP flag is refused)"}
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
 Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
@@ -49,7 +49,6 @@ class VAEArgumentParser(PdArgumentParser):
     def _add_dataclass_arguments(self, dtype) -> None:
         if not self._groups:  # created in a fixed order, so --help lists them in that order
             self._groups = {name: self.add_argument_group(title) for name, title in GROUPS.items()}
-            self._groups["paddlenlp"] = self.add_argument_group(PADDLENLP_GROUP)
         hints, inherited = get_type_hints(dtype), {f.name for f in dataclasses.fields(TrainingArguments)}
         for f in dataclasses.fields(dtype):
             if not f.init:

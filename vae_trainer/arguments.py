@@ -1,9 +1,9 @@
 """Every flag of both entry points, declared once: four dataclasses that argument_parser.py parses together.
 
 A field is a flag: type (a `Literal` gives its choices), default, one line of --help, and its --help group
-(its dataclass's `_group`, else training, unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
-the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the other refusals
-sit beside what they guard (argument_parser.REFUSALS gathers them).
+(its dataclass's `_group`, else training, unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both
+drivers honour, the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the
+other refusals sit beside what they guard (argument_parser.REFUSALS gathers them).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
-    """A dataclass field that is a flag (`metadata`: e.g. "parse", a function checking the value)."""
-    metadata = {"help": help, **({"group": group} if group else {}), **metadata}
+def flag(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field that is a flag (`metadata`: e.g. "group", its --help group; "parse", its value's check)."""
+    metadata = {"help": help, **metadata}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
