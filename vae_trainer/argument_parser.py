@@ -11,7 +11,7 @@ from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, ge
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, IGNORED_FLAGS, PADDLENLP_FLAGS, RECIPES, DataArguments,
+from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES, DataArguments,
                         LossArguments, ModelArguments, VAETrainingArguments)
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
@@ -32,10 +32,9 @@ USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model
 Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
 # Every parse-time refusal, each table beside what it guards (the refused PaddleNLP flags' are checked by value in
 # VAETrainingArguments: arguments.INHERITED_REFUSALS).
-REFUSALS = (vae_loading.REFUSALS + trainable.REFUSALS + buckets.REFUSALS + reconstruction.REFUSALS + clips.REFUSALS
-            + equivariance.REFUSALS + alignment.REFUSALS + evaluation.REFUSALS + gan.REFUSALS + latent_scale.REFUSALS
-            + ema.REFUSALS + train_logging.REFUSALS + precision.REFUSALS + optim.REFUSALS + distillation.REFUSALS
-            + rgba.REFUSALS)
+REFUSALS = sum((part.REFUSALS for part in (vae_loading, trainable, buckets, reconstruction, clips, equivariance,
+                                           alignment, evaluation, gan, latent_scale, ema, train_logging, precision,
+                                           optim, distillation, rgba)), ())
 
 
 class VAEArgumentParser(PdArgumentParser):
@@ -57,7 +56,7 @@ class VAEArgumentParser(PdArgumentParser):
             paddlenlp = issubclass(dtype, TrainingArguments) and f.name in inherited
             group = metadata.pop("group", None) or ("paddlenlp" if paddlenlp else getattr(dtype, "_group", "training"))
             if paddlenlp and f.name not in PADDLENLP_FLAGS:  # parsed (to refuse it with a reason), never advertised
-                metadata["help"] = IGNORED_FLAGS.get(f.name, argparse.SUPPRESS)
+                metadata["help"] = argparse.SUPPRESS
             spec, choices = copy.copy(f), _literal_choices(hints[f.name])
             spec.type = hints[f.name]
             if choices is not None:  # PdArgumentParser knows Enums, not Literals: the values' type, and choices

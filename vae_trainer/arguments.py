@@ -239,6 +239,8 @@ class VAETrainingArguments(TrainingArguments):
     max_consecutive_nonfinite_steps: int = flag(5, "Save and stop after N non-finite steps in a row.")
     max_consecutive_overflow_steps: int = flag(25, "fp16: save and stop after N overflowing steps in a row.")
     min_loss_scale: float = flag(1.0, "fp16: the dynamic loss scale is never lowered below this.")
+    do_train: bool = flag(False, "Accepted and ignored (the ppdiffusers commands pass it): both entry points always "
+                                 "train.")
 
     def __post_init__(self):
         # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
@@ -283,10 +285,8 @@ PADDLENLP_FLAGS = frozenset({
     "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
     "num_cycles", "lr_end", "power", "logging_dir", "logging_steps", "report_to", "disable_tqdm", "save_steps",
     "save_total_limit", "seed", "device", "dataloader_num_workers", "fp16", "bf16", "fp16_opt_level", "scale_loss",
-    "recompute", "eval_steps", "metric_for_best_model",
+    "recompute", "eval_steps", "metric_for_best_model", "do_train",  # do_train: accepted and ignored by both
 })
-# Accepted and ignored (ppdiffusers' commands pass it) -> its --help text.
-IGNORED_FLAGS = {"do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train."}
 # The refusals of PaddleNLP flags: flags -> why and what to do instead, checked by value in VAETrainingArguments
 # (refusals.refuse). Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other
 # inherited flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
@@ -313,8 +313,7 @@ INHERITED_REFUSALS = {
 }
 # Every other PaddleNLP flag -> its default (parsed, hidden in --help, refused for any other value).
 UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                     for f in dataclasses.fields(TrainingArguments)
-                     if f.init and f.name not in PADDLENLP_FLAGS and f.name not in IGNORED_FLAGS}
+                     for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in PADDLENLP_FLAGS}
 # The ppdiffusers reference scripts' spellings -> our flag (README "Flags from the ppdiffusers scripts").
 ALIASES = {"per_device_train_batch_size": ("train_batch_size", "batch_size"), "max_steps": ("max_train_steps",),
            "weight_decay": ("adam_weight_decay",), "lr_scheduler_type": ("lr_scheduler",),
