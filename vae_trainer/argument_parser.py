@@ -15,7 +15,7 @@ from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES,
                         LossArguments, ModelArguments, VAETrainingArguments)
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
-from .flag_checks import check_eval_batch_size, check_sizes, flag_values
+from .flag_checks import check_sizes, flag_values
 from .models import latent_scale, rgba, trainable, vae_loading
 from .objectives import alignment, clips, distillation, equivariance, gan, reconstruction
 from .refusals import refuse
@@ -118,6 +118,6 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
                 raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
     flags = flag_values(arguments)  # raises on a bad --scaling_factor
     equivariance.parse_transforms(loss_args.equivariance_transforms)  # raises on a bad list
-    check_eval_batch_size(training_args.per_device_eval_batch_size)
+    evaluation.eval_batch_size(data_args.resolution, training_args.per_device_eval_batch_size)  # raises on one < 1
     refuse(flags, given, REFUSALS)
     check_sizes(flags)

@@ -1,7 +1,7 @@
 """What the parse-time refusals read (`flag_values`: every flag, and the facts several rows need, such as the VAE's
-family from its config file), and the checks of sizes against that config (`check_sizes`, the tiling and batch
-checks). The rows themselves live beside what they guard (refusals.py). Importing this module stays free of Paddle
-(evaluation.py and scripts/eval_vae.py share the tiling checks).
+family from its config file), and the checks of sizes against that config (`check_sizes`, the tiling checks). The
+rows themselves live beside what they guard (refusals.py). Importing this module stays free of Paddle (evaluation.py
+and scripts/eval_vae.py share the tiling checks).
 """
 
 from __future__ import annotations
@@ -68,12 +68,6 @@ def check_sizes(f: SimpleNamespace) -> None:
 
 def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
     return next((shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor), None)
-
-
-def check_eval_batch_size(given: Optional[int], flag: str = "--per_device_eval_batch_size") -> None:
-    """An evaluation batch the user gave (`flag`: --per_device_eval_batch_size, the scripts' --batch_size)."""
-    if given is not None and given < 1:
-        raise ValueError(f"{flag} must be >= 1, got {given}")
 
 
 def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_size: Optional[Sequence[int]] = None,
