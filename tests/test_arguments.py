@@ -105,10 +105,10 @@ def test_bad_choices_fail_at_parse_time_naming_the_choices(flag, value, capsys):
 
 
 def test_choices_hold_in_code_too():
+    arguments = (ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"), LossArguments(pixel_loss="l3"),
+                 VAETrainingArguments(output_dir="/tmp/x", max_steps=1))
     with pytest.raises(ValueError, match="--pixel_loss"):
-        argument_parser.validate(ModelArguments(vae_config_file="c.json"), DataArguments(file_list="x"),
-                                 LossArguments(pixel_loss="l3"), VAETrainingArguments(output_dir="/tmp/x", max_steps=1),
-                                 given=set())
+        argument_parser.validate(arguments, given=set())
 
 
 # ---------------------------------------------------------------- refused PaddleNLP flags

@@ -94,14 +94,14 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
         if name not in given:
             owner = next(a for a in arguments if name in {f.name for f in dataclasses.fields(a)})
             setattr(owner, name, value)
-    validate(*arguments, given=given)
+    validate(arguments, given=given)
     return arguments
 
 
-def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: LossArguments,
-             training_args: VAETrainingArguments, given: Set[str]) -> None:
+def validate(arguments: Arguments, given: Set[str]) -> None:
     """Refuse, before anything is built, a missing VAE or data, values outside their choices, sizes the VAE cannot
     take and the rows of `REFUSALS` for the flags the user gave (`given`, field names)."""
+    model_args, data_args, loss_args, training_args = arguments
     if not (model_args.vae_config_file or model_args.pretrained_model_name_or_path or model_args.init_from_ckpt
             or model_args.teacher_model_name_or_path):
         raise ValueError("Give the VAE: --vae_config_file (train from scratch) and/or --pretrained_model_name_or_path "
@@ -109,7 +109,6 @@ def validate(model_args: ModelArguments, data_args: DataArguments, loss_args: Lo
     if data_args.file_list is None:
         raise ValueError("--file_list is required (a folder of images, WebDataset tar shards, a .filelist or a "
                          ".filelist.list).")
-    arguments = (model_args, data_args, loss_args, training_args)
     for objects in arguments[:3]:  # the parser checks typed choices; this covers code and JSON files
         hints = get_type_hints(type(objects))
         for f in dataclasses.fields(objects):

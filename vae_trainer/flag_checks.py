@@ -49,21 +49,20 @@ def check_sizes(f: SimpleNamespace) -> None:
     checked once built)."""
     from .models.families import check_reconstruction_shape
 
-    path, config = f.config_path, f.config
-    check_tiling_flags(f, f, config, path if config is not None else "no config file")
-    if config is None:
+    check_tiling_flags(f, f, f.config, f.config_path)  # (which names the path only with a config)
+    if f.config is None:
         return
     resolution, factor = f.resolution, f.geometry.factor
-    check_reconstruction_shape(config, f.input_size, resolution, path)
+    check_reconstruction_shape(f.config, f.input_size, resolution, f.config_path)
     if f.aspect_ratio_buckets and f.geometry.output_size:
-        raise ValueError(f"--aspect_ratio_buckets: this VAE ({path}) decodes square images only; drop it")
+        raise ValueError(f"--aspect_ratio_buckets: this VAE ({f.config_path}) decodes square images only; drop it")
     bad = _misfit_bucket(resolution, factor) if f.aspect_ratio_buckets else None
     if bad:
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
                     if size % factor == 0 and not _misfit_bucket(size, factor))
         raise ValueError(f"--aspect_ratio_buckets at --resolution {resolution} makes buckets such as "
                          f"{bad[0]}x{bad[1]}, whose sides are not multiples of the VAE's downsampling factor {factor} "
-                         f"({path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
+                         f"({f.config_path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
 
 
 def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
@@ -105,11 +104,11 @@ def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]
 def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
     (raises on a bad --scaling_factor): the VAE's config (`config`, `config_path`: `vae_config`) and `family`, its
-    config's, else AutoencoderKL's (a single file)."""
+    config's, else the KL family's (a single file)."""
     from .models.families import family_for_config
     from .models.families.kl import KL
     from .models.families.tiny import TINY as STUDENT
-    from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
+    from .models.latent_scale import scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
@@ -120,14 +119,12 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
-    path, config = vae_config(f)
-    f.config_path, f.config = path, config
-    f.family = KL if config is None else family_for_config(config, path)
-    f.geometry = f.family.geometry(config or {})
+    f.config_path, f.config = vae_config(f)
+    f.family = KL if f.config is None else family_for_config(f.config, f.config_path)
+    f.geometry = f.family.geometry(f.config or {})
     f.deterministic, f.frozen_latent = f.geometry.deterministic, not f.geometry.encoder_trains
     f.video = f.geometry.frames  # a video VAE's temporal factor, 0 for an image VAE
-    f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
-    f.family_known = config is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
+    f.family_known = f.config is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     f.single_frames = f.num_frames == 1 or f.video_image_ratio == 1
     f.distils, f.student = bool(f.teacher_model_name_or_path), f.family is STUDENT
     return f
