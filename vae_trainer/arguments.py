@@ -278,15 +278,13 @@ class VAETrainingArguments(TrainingArguments):
 
 ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
 
-# PaddleNLP TrainingArguments that both drivers honour with the same meaning (read by our shared code).
+# PaddleNLP TrainingArguments that both drivers honour with the same meaning (read by our shared code): these, and
+# each one VAETrainingArguments declares again with its own default and --help (--do_train: accepted and ignored).
 PADDLENLP_FLAGS = frozenset({
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "per_device_train_batch_size",
-    "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate", "weight_decay",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
-    "num_cycles", "lr_end", "power", "logging_dir", "logging_steps", "report_to", "disable_tqdm", "save_steps",
-    "save_total_limit", "seed", "device", "dataloader_num_workers", "fp16", "bf16", "fp16_opt_level", "scale_loss",
-    "recompute", "eval_steps", "metric_for_best_model", "do_train",  # do_train: accepted and ignored by both
-})
+    "per_device_train_batch_size", "gradient_accumulation_steps", "adam_epsilon", "warmup_steps", "warmup_ratio",
+    "num_cycles", "lr_end", "power", "disable_tqdm", "save_total_limit", "seed", "dataloader_num_workers", "fp16",
+    "bf16", "scale_loss",
+} | {f.name for f in dataclasses.fields(TrainingArguments) if f.name in VAETrainingArguments.__annotations__})
 # The refusals of PaddleNLP flags: flags -> why and what to do instead, checked by value in VAETrainingArguments
 # (refusals.refuse). Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other
 # inherited flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
