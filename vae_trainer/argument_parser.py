@@ -92,8 +92,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> Arguments:
     recipe = arguments[2].recipe or ("tiny" if arguments[0].teacher_model_name_or_path else None)
     for name, value in RECIPES.get(recipe, {}).items():  # explicit flags win over the recipe
         if name not in given:
-            owner = next(a for a in arguments if name in {f.name for f in dataclasses.fields(a)})
-            setattr(owner, name, value)
+            setattr(next(a for a in arguments if hasattr(a, name)), name, value)  # the dataclass holding the flag
     validate(arguments, given=given)
     return arguments
 
