@@ -6,7 +6,6 @@ import argparse
 import copy
 import dataclasses
 import sys
-import types
 from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, get_args, get_origin, get_type_hints
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
@@ -64,7 +63,7 @@ class VAEArgumentParser(PdArgumentParser):
                 listed = any(get_origin(a) is list for a in (spec.type, *get_args(spec.type)))
                 spec.type = List[type(choices[0])] if listed else type(choices[0])
             spec.type = metadata.pop("parse", spec.type)
-            spec.metadata = types.MappingProxyType(metadata)
+            spec.metadata = metadata  # (PdArgumentParser copies it into add_argument's keywords)
             self._parse_dataclass_field(self._groups[group], spec)
             action = self._option_string_actions[f"--{f.name}"]
             for alias in ALIASES.get(f.name, ()):  # the same action, listed after the name in --help
