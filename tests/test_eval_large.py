@@ -88,7 +88,7 @@ def test_an_evaluation_batch_below_1_is_refused_when_parsing(tmp_path, capsys):
 
 
 def test_the_parse_time_checks_do_not_import_the_evaluation_module():
-    """flag_checks.py holds the parse-time tiling and batch checks; evaluation.py (metrics, data) is not imported
+    """flag_checks.py holds the parse-time tiling checks; evaluation.py (metrics, data) is not imported
     to make them, and importing flag_checks imports no Paddle (the VAE's family, read from its config, does)."""
     import subprocess
     import sys
@@ -96,7 +96,7 @@ def test_the_parse_time_checks_do_not_import_the_evaluation_module():
     code = ("import sys; from types import SimpleNamespace as N; from vae_trainer import flag_checks as f; "
             "assert 'paddle' not in sys.modules, 'paddle imported'; "
             "f.check_tiling_flags(N(input_size=None), N(eval_tiled=True, eval_tile_size=64), "
-            "{'down_block_types': ['D'] * 4}, 'x'); f.check_eval_batch_size(1); "
+            "{'down_block_types': ['D'] * 4}, 'x'); "
             "assert 'vae_trainer.evaluation' not in sys.modules, 'imported'")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)

@@ -1,9 +1,9 @@
 """Every flag of both entry points, declared once: four dataclasses that argument_parser.py parses together.
 
 A field is a flag: type (a `Literal` gives its choices), default, one line of --help, and its --help group
-(its dataclass's `_group` unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both drivers honour,
-the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the other refusals
-sit beside what they guard (argument_parser.REFUSALS gathers them).
+(its dataclass's `_group`, else training, unless `flag(..., group=...)`). Also the inherited PaddleNLP flags both
+drivers honour, the ppdiffusers scripts' spellings, the --recipe presets and the refusals of PaddleNLP's flags; the
+other refusals sit beside what they guard (argument_parser.REFUSALS gathers them).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from paddlenlp.trainer import TrainingArguments
 from paddlenlp.trainer.trainer_utils import SchedulerType
 
 from .checkpoint import resume_requested
+from .distributed import world_size
 from .objectives.equivariance import DEFAULT_TRANSFORMS
 from .refusals import refuse
 from .metrics import HIGHER_IS_BETTER
@@ -48,9 +49,9 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def flag(default: Any, help: str, group: Optional[str] = None, **metadata: Any) -> Any:
-    """A dataclass field that is a flag (`metadata`: e.g. "parse", a function checking the value)."""
-    metadata = {"help": help, **({"group": group} if group else {}), **metadata}
+def flag(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field that is a flag (`metadata`: e.g. "group", its --help group; "parse", its value's check)."""
+    metadata = {"help": help, **metadata}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -70,9 +71,9 @@ class ModelArguments:
     vae_config_file: Optional[str] = flag(None, "VAE config JSON to train from scratch (configs/*.json; its "
                                                 "_class_name: any family of vae_trainer/models/families/, "
                                                 "docs/fine-tuning.md).")
-    rae_encoder_path: Optional[str] = flag(None, "AutoencoderRAE from scratch: its frozen DINOv2 (transformers folder, "
+    rae_encoder_path: Optional[str] = flag(None, "An RAE from scratch: its frozen DINOv2 (transformers folder, "
                                                  "timm / torch-hub file); widths, patch and depth come from it.")
-    noise_tau: Optional[float] = flag(None, "AutoencoderRAE: training noise on the encoder's tokens, std ~ U(0, tau) "
+    noise_tau: Optional[float] = flag(None, "An RAE: training noise on the encoder's tokens, std ~ U(0, tau) "
                                             "per image (RAE: 0.8; default the config's noise_tau).")
     pretrained_model_name_or_path: Optional[str] = flag(
         None, "Local VAE to fine-tune: a ppdiffusers/diffusers folder, or an LDM single file (architecture inferred, "
@@ -106,7 +107,7 @@ class ModelArguments:
                     "was trained) or vavae (VA-VAE's: [-1, 1], not normalised). docs/techniques.md, 12.", group="loss")
     posterior_std: float = flag(0.0, "If > 0: sample z = mean + posterior_std * noise (constant variance).")
     teacher_model_name_or_path: Optional[str] = flag(
-        None, "Distil a tiny autoencoder (AutoencoderTiny) from this VAE folder, in the normalised latent space its "
+        None, "Distil a tiny student autoencoder from this VAE folder, in the normalised latent space its "
               "pipelines use; the student is OUTPUT_DIR/vae. docs/distillation.md.", group="distillation")
     teacher_subfolder: Optional[str] = flag(None, "Subfolder of the teacher holding its VAE ('vae').",
                                             group="distillation")
@@ -198,9 +199,7 @@ class LossArguments:
 
 @dataclass
 class VAETrainingArguments(TrainingArguments):
-    """PaddleNLP's TrainingArguments with VAE-friendly defaults and our extra options."""
-
-    _group = "training"
+    """PaddleNLP's TrainingArguments with VAE-friendly defaults and our extra options (--help group: training)."""
 
     output_dir: str = flag("outputs/vae", "Where checkpoints, logs and the VAE go.")
     overwrite_output_dir: bool = flag(False, "Start a new run in an --output_dir of an earlier run: delete its "
@@ -240,19 +239,22 @@ class VAETrainingArguments(TrainingArguments):
     max_consecutive_nonfinite_steps: int = flag(5, "Save and stop after N non-finite steps in a row.")
     max_consecutive_overflow_steps: int = flag(25, "fp16: save and stop after N overflowing steps in a row.")
     min_loss_scale: float = flag(1.0, "fp16: the dynamic loss scale is never lowered below this.")
+    do_train: bool = flag(False, "Accepted and ignored (the ppdiffusers commands pass it): both entry points always "
+                                 "train.")
 
     def __post_init__(self):
         # Refused by value (from code and JSON too), before PaddleNLP normalises the values compared.
         given = {name for name, default in UNSUPPORTED_FLAGS.items() if getattr(self, name) != default}
-        refuse(self, given, tuple((names, lambda f: True, why) for names, why in INHERITED_REFUSALS.items()),
-               header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists",
-               otherwise="not honoured the same way by both entry points")
+        unnamed = tuple(sorted(given - {name for names in INHERITED_REFUSALS for name in names}))
+        rows = {**INHERITED_REFUSALS, unnamed: "not honoured the same way by both entry points"}
+        refuse(self, given, tuple((names, lambda f: True, why) for names, why in rows.items()),
+               header="refused PaddleNLP flag(s); both entry points honour only the PaddleNLP flags --help lists")
         self.logging_dir = os.path.join(self.output_dir, self.logging_dir or "logs")  # as in the ppdiffusers scripts
         try:
             device_name(self.device)  # from a JSON file or code, checked like the flag
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"--device: {error}") from None
-        if self.device.startswith("gpu:") and int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        if self.device.startswith("gpu:") and world_size() > 1:  # (the launcher's count: no process group yet)
             raise ValueError(f"--device {self.device} would put every process on that one GPU: under the launcher "
                              "use --device gpu (each process takes the GPU the launcher gave it, see --gpus).")
         if self.stall_timeout and self.stall_timeout > 0:
@@ -276,17 +278,13 @@ class VAETrainingArguments(TrainingArguments):
 
 ALL_ARGUMENT_CLASSES = (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
 
-# PaddleNLP TrainingArguments that both drivers honour with the same meaning (read by our shared code).
+# PaddleNLP TrainingArguments that both drivers honour with the same meaning (read by our shared code): these, and
+# each one VAETrainingArguments declares again with its own default and --help (--do_train: accepted and ignored).
 PADDLENLP_FLAGS = frozenset({
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "per_device_train_batch_size",
-    "per_device_eval_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate", "weight_decay",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
-    "num_cycles", "lr_end", "power", "logging_dir", "logging_steps", "report_to", "disable_tqdm", "save_steps",
-    "save_total_limit", "seed", "device", "dataloader_num_workers", "fp16", "bf16", "fp16_opt_level", "scale_loss",
-    "recompute", "eval_steps", "metric_for_best_model",
-})
-# Accepted and ignored (ppdiffusers' commands pass it) -> its --help text.
-IGNORED_FLAGS = {"do_train": "Accepted and ignored (the ppdiffusers commands pass it): both entry points always train."}
+    "per_device_train_batch_size", "gradient_accumulation_steps", "adam_epsilon", "warmup_steps", "warmup_ratio",
+    "num_cycles", "lr_end", "power", "disable_tqdm", "save_total_limit", "seed", "dataloader_num_workers", "fp16",
+    "bf16", "scale_loss",
+} | {f.name for f in dataclasses.fields(TrainingArguments) if f.name in VAETrainingArguments.__annotations__})
 # The refusals of PaddleNLP flags: flags -> why and what to do instead, checked by value in VAETrainingArguments
 # (refusals.refuse). Flags that both drivers do not honour, refused for any value but PaddleNLP's default (any other
 # inherited flag outside PADDLENLP_FLAGS is too: "not honoured the same way").
@@ -313,8 +311,7 @@ INHERITED_REFUSALS = {
 }
 # Every other PaddleNLP flag -> its default (parsed, hidden in --help, refused for any other value).
 UNSUPPORTED_FLAGS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                     for f in dataclasses.fields(TrainingArguments)
-                     if f.init and f.name not in PADDLENLP_FLAGS and f.name not in IGNORED_FLAGS}
+                     for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in PADDLENLP_FLAGS}
 # The ppdiffusers reference scripts' spellings -> our flag (README "Flags from the ppdiffusers scripts").
 ALIASES = {"per_device_train_batch_size": ("train_batch_size", "batch_size"), "max_steps": ("max_train_steps",),
            "weight_decay": ("adam_weight_decay",), "lr_scheduler_type": ("lr_scheduler",),

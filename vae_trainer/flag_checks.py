@@ -1,13 +1,12 @@
 """What the parse-time refusals read (`flag_values`: every flag, and the facts several rows need, such as the VAE's
-family from its config file), and the checks of sizes against that config (`check_sizes`, the tiling and batch
-checks). The rows themselves live beside what they guard (refusals.py). Importing this module stays free of Paddle
-(evaluation.py and scripts/eval_vae.py share the tiling checks).
+family from its config file), and the checks of sizes against that config (`check_sizes`, the tiling checks). The
+rows themselves live beside what they guard (refusals.py). Importing this module stays free of Paddle (evaluation.py
+and scripts/eval_vae.py share the tiling checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -20,7 +19,7 @@ DEFAULT_TILE_SIZE = 512  # --eval_tile_size's default: the SD VAE's sample_size
 def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
     """(path, contents) of the config of the VAE the flags build: --vae_config_file, else the pretrained folder's or
     the --init_from_ckpt checkpoint's; (path or None, None) when there is none to read (a single file)."""
-    from .checkpoint import checkpoint_vae_config
+    from .checkpoint import checkpoint_vae_config, read_json
 
     path, derived = model_args.vae_config_file, derived_student_config(model_args)
     if derived:
@@ -31,8 +30,7 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
         path = checkpoint_vae_config(model_args.init_from_ckpt)
     if path is None or not os.path.isfile(path):
         return path, None
-    with open(path) as handle:
-        return path, {key: value for key, value in json.load(handle).items() if value is not None}
+    return path, {key: value for key, value in read_json(path).items() if value is not None}
 
 
 def derived_student_config(model_args) -> Optional[Dict[str, Any]]:
@@ -51,31 +49,24 @@ def check_sizes(f: SimpleNamespace) -> None:
     checked once built)."""
     from .models.families import check_reconstruction_shape
 
-    path, config = f.config_path, f.config
-    check_tiling_flags(f, f, config, path if config is not None else "no config file")
-    if config is None:
+    check_tiling_flags(f, f, f.config, f.config_path)  # (which names the path only with a config)
+    if f.config is None:
         return
     resolution, factor = f.resolution, f.geometry.factor
-    check_reconstruction_shape(config, f.input_size, resolution, path)
+    check_reconstruction_shape(f.config, f.input_size, resolution, f.config_path)
     if f.aspect_ratio_buckets and f.geometry.output_size:
-        raise ValueError(f"--aspect_ratio_buckets: this VAE ({path}) decodes square images only; drop it")
+        raise ValueError(f"--aspect_ratio_buckets: this VAE ({f.config_path}) decodes square images only; drop it")
     bad = _misfit_bucket(resolution, factor) if f.aspect_ratio_buckets else None
     if bad:
         fits = next(size for size in range(resolution + BUCKET_MULTIPLE, 64 * resolution, BUCKET_MULTIPLE)
                     if size % factor == 0 and not _misfit_bucket(size, factor))
         raise ValueError(f"--aspect_ratio_buckets at --resolution {resolution} makes buckets such as "
                          f"{bad[0]}x{bad[1]}, whose sides are not multiples of the VAE's downsampling factor {factor} "
-                         f"({path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
+                         f"({f.config_path}): use e.g. --resolution {fits}, or drop --aspect_ratio_buckets.")
 
 
 def _misfit_bucket(resolution: int, factor: int) -> Optional[Tuple[int, int]]:
     return next((shape for shape in bucket_shapes(resolution) if shape[0] % factor or shape[1] % factor), None)
-
-
-def check_eval_batch_size(given: Optional[int], flag: str = "--per_device_eval_batch_size") -> None:
-    """An evaluation batch the user gave (`flag`: --per_device_eval_batch_size, the scripts' --batch_size)."""
-    if given is not None and given < 1:
-        raise ValueError(f"{flag} must be >= 1, got {given}")
 
 
 def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_size: Optional[Sequence[int]] = None,
@@ -113,11 +104,11 @@ def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]
 def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     """Every flag of the argument dataclasses as an attribute, plus the facts the rows read from several flags
     (raises on a bad --scaling_factor): the VAE's config (`config`, `config_path`: `vae_config`) and `family`, its
-    config's, else AutoencoderKL's (a single file)."""
+    config's, else the KL family's (a single file)."""
     from .models.families import family_for_config
     from .models.families.kl import KL
     from .models.families.tiny import TINY as STUDENT
-    from .models.latent_scale import reinitialises_encoder, scaling_factor_mode
+    from .models.latent_scale import scaling_factor_mode
     from .models.lpips import DEFAULT_LPIPS_WEIGHTS
 
     f = SimpleNamespace(**{field.name: getattr(a, field.name) for a in arguments for field in dataclasses.fields(a)})
@@ -128,14 +119,12 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))
-    path, config = vae_config(f)
-    f.config_path, f.config = path, config
-    f.family = KL if config is None else family_for_config(config, path)
-    f.geometry = f.family.geometry(config or {})
+    f.config_path, f.config = vae_config(f)
+    f.family = KL if f.config is None else family_for_config(f.config, f.config_path)
+    f.geometry = f.family.geometry(f.config or {})
     f.deterministic, f.frozen_latent = f.geometry.deterministic, not f.geometry.encoder_trains
     f.video = f.geometry.frames  # a video VAE's temporal factor, 0 for an image VAE
-    f.reinitialises_encoder = reinitialises_encoder(f.ignore_keys, f.family)
-    f.family_known = config is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
+    f.family_known = f.config is not None or os.path.isfile(f.pretrained_model_name_or_path or "")
     f.single_frames = f.num_frames == 1 or f.video_image_ratio == 1
     f.distils, f.student = bool(f.teacher_model_name_or_path), f.family is STUDENT
     return f

@@ -3,7 +3,7 @@ in argument_parser.py): `refuse` checks the rows for the flags a user gave, and 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Set, Tuple
 
 # (flags, when they are refused given the other flags, why and what to do instead: a text, or made of the flags).
 Rows = Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...]
@@ -27,9 +27,8 @@ def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "", otherwise: Optional[str] = None) -> None:
-    """Raise one ValueError naming each flag in `given` that one of `rows` refuses with the values of `flags`;
-    `otherwise`: the reason for a given flag no row names."""
+def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "") -> None:
+    """Raise one ValueError naming each flag in `given` that one of `rows` refuses with the values of `flags`."""
     family, frames, lines = getattr(flags, "family", None), getattr(flags, "video", 0) or 4, []
     for names, when, why in rows:
         for name in names:
@@ -41,8 +40,5 @@ def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "", otherwise:
                 reason = reason.replace(FRAMES, str(frames))
                 reason = reason.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
                 lines.append(f"--{name} {_shown(getattr(flags, name))}: {reason}")
-    if otherwise:
-        named = {name for names, _, _ in rows for name in names}
-        lines += [f"--{name} {_shown(getattr(flags, name))}: {otherwise}" for name in sorted(given - named)]
     if lines:
         raise ValueError("\n  ".join([header + ":"] + lines if header else lines))

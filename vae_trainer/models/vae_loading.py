@@ -47,7 +47,7 @@ COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffuser
 REFUSALS = (
     (("ignore_keys",), lambda f: f.ignore_keys and not f.loads_weights,
      "it names weights not to load: add --pretrained_model_name_or_path or --init_from_ckpt, or drop it"),
-    (("ignore_keys",), lambda f: f.ignore_keys and f.frozen_latent and f.reinitialises_encoder,
+    (("ignore_keys",), lambda f: f.frozen_latent and latent_scale.reinitialises_encoder(f.ignore_keys, f.family),
      f"{FROZEN_LATENT}: re-initialised, it would stay random; leave the encoder's weights out of it"),
     (("rae_encoder_path",), lambda f: f.rae_encoder_path and (f.loads_weights or not f.vae_config_file),
      "it is the encoder of an RAE decoder trained from scratch (--vae_config_file): a VAE folder or a "
