@@ -1,5 +1,6 @@
 """PyTorch weight files read without torch (`read_state_dict`): a torch.save pickle unpickles tensors, dicts and plain
-values only (no code runs); a .safetensors file is read by safetensors' Paddle loader, bfloat16 included. ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
+values only (no code runs); a .safetensors file is read by safetensors' Paddle loader, bfloat16 included.
+ppdiffusers' torch-free `torch_load` raises on `np.cfloat` under numpy 2.
 """
 
 from __future__ import annotations
