@@ -95,14 +95,20 @@ class PatchDiscriminator(nn.Layer):
         """Patch logits [B, 1, h, w] of images [B, C, H, W] (with `condition_channels`: and of their latents). The 3-D
         form's: [B, 1, T, h, w] of clips [B, C, T, H, W]; images [B, C, H, W] are one-frame clips (their condition
         [B, c, h, w], a clip's [B, c, t, h, w])."""
+        x = self._conditioned(x, condition)
+        return self.main(x.unsqueeze(2) if self.takes_clips and x.ndim == 4 else x)
+
+    def _conditioned(self, x: paddle.Tensor, condition: paddle.Tensor | None) -> paddle.Tensor:
+        """`x` with `condition` (latents) nearest-upsampled to its size appended as channels."""
         if (condition is None) != (self.condition_channels == 0):
             raise ValueError(f"this discriminator takes {self.condition_channels} condition channels, given "
                              f"{'none' if condition is None else condition.shape[1]}")
-        if condition is not None:  # the latents nearest-upsampled to the images' size, appended as channels
-            upsampled = F.interpolate(condition.astype(x.dtype), size=x.shape[2:], mode="nearest",
-                                      data_format="NCDHW" if x.ndim == 5 else "NCHW")
-            x = paddle.concat([x, upsampled], axis=1)
-        return self.main(x.unsqueeze(2) if self.takes_clips and x.ndim == 4 else x)
+        if condition is None:
+            return x
+        layout = "NCDHW" if x.ndim == 5 else "NCHW"
+        upsampled = nn.functional.interpolate(condition.astype(x.dtype), size=x.shape[2:], mode="nearest",
+                                              data_format=layout)
+        return paddle.concat([x, upsampled], axis=1)
 
 
 class PatchDiscriminator3D(PatchDiscriminator):
