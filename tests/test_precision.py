@@ -175,7 +175,7 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     import vae_trainer.precision as precision
     from vae_trainer.arguments import LossArguments, ModelArguments
     from vae_trainer.build import build_networks, build_optimization
-    from vae_trainer.objectives.gan import update_lecam_ema
+    from vae_trainer.objectives.gan import lecam
 
     monkeypatch.setattr(precision, "on_gpu", lambda: True)
     monkeypatch.setattr(paddle.amp, "decorate", lambda models, level, dtype, excluded_layers=None, **_:
@@ -192,7 +192,7 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     assert model.logvar.item() == np.float32(0.1)
     assert any(p is model.logvar for p in run.vae_optimizer._parameter_list)  # still trained, in float32
     model.lecam_ema.set_value(paddle.ones([2], "float32"))
-    update_lecam_ema(model.lecam_ema, paddle.full([4], 1.05, "float16"), paddle.full([4], 1.05, "float16"), 0.99)
+    lecam(model.lecam_ema, paddle.full([4], 1.05, "float16"), paddle.full([4], 1.05, "float16"), 0.99)
     assert model.lecam_ema.dtype == paddle.float32
     np.testing.assert_allclose(model.lecam_ema.numpy(), [1.0005, 1.0005], rtol=0, atol=2e-6)
 

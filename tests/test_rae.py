@@ -459,7 +459,7 @@ def test_the_dino_discriminators_heads_equal_numpy(sources):
 
 
 def test_diff_augment_translates_then_colours_each_image_as_stylegan_t(sources):
-    from vae_trainer.models.dino_discriminator import diff_augment
+    from vae_trainer.models.discriminator import diff_augment
 
     images = np.random.default_rng(3).uniform(-1, 1, (2, 3, 16, 16)).astype(np.float32)
     draws = np.array([[0.0, 0.999], [0.5, 0.2], [0.1, 0.9], [0.3, 0.8], [0.0, 0.7]], np.float32)
@@ -481,9 +481,7 @@ def test_diff_augment_translates_then_colours_each_image_as_stylegan_t(sources):
 
 
 def test_the_discriminator_quantises_and_iterates_only_on_its_own_step(sources):
-    from vae_trainer.models.discriminator import build_discriminator
-
-    from vae_trainer.models.dino_discriminator import diff_augment, quantized
+    from vae_trainer.models.discriminator import build_discriminator, diff_augment, quantized
 
     disc = build_discriminator("dino", weights_path=sources["vit"])
     disc.train()

@@ -11,7 +11,7 @@ from conftest import read_scalars, run_in_process
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments
-from vae_trainer.objectives.gan import discriminator_objective, generator_loss, lecam_regularization
+from vae_trainer.objectives.gan import discriminator_objective, generator_loss, lecam
 from vae_trainer.objectives.reconstruction import latent_penalty, lowpass_mask, normalize_gradient, pixel_term
 from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
@@ -204,7 +204,7 @@ def test_generator_losses():
 def test_lecam_regularization_and_its_ema():
     real, fake = paddle.to_tensor([[2.0], [0.0]]), paddle.to_tensor([[-1.0], [1.0]])
     # relu(real - ema_fake)^2 with ema_fake 0.5: (1.5^2, 0); relu(ema_real - fake)^2 with ema_real 0.5: (1.5^2, 0)
-    reg = lecam_regularization(real, fake, paddle.to_tensor(0.5), paddle.to_tensor(0.5))
+    reg = lecam(paddle.to_tensor([0.5, 0.5]), real, fake, 0.99)
     assert reg.item() == pytest.approx(2.25 / 2 + 2.25 / 2)
 
     paddle.seed(0)
@@ -216,7 +216,7 @@ def test_lecam_regularization_and_its_ema():
     with_lecam, logs = discriminator_objective(model.discriminator, x, recon, "hinge", lecam_weight=0.1,
                                                lecam_ema=model.lecam_ema, lecam_decay=0.9)
     d_real, d_fake = model.discriminator(x), model.discriminator(recon)
-    expected = lecam_regularization(d_real, d_fake, paddle.to_tensor(0.5), paddle.to_tensor(-0.5))
+    expected = lecam(paddle.to_tensor([0.5, -0.5]), d_real, d_fake, 0.9)
     assert with_lecam.item() == pytest.approx(plain.item() + 0.1 * expected.item(), rel=1e-5)
     want_ema = 0.9 * np.array([0.5, -0.5]) + 0.1 * np.array([d_real.mean().item(), d_fake.mean().item()])
     np.testing.assert_allclose(model.lecam_ema.numpy(), want_ema, rtol=1e-5)

@@ -59,22 +59,20 @@ class CKAAccumulator:
     only the sums of X, Y, X^T X, Y^T Y and Y^T X are kept (float64 on the host)."""
 
     def __init__(self) -> None:
-        self.count, self.sums = 0, None
+        self.sums, self.widths = 0.0, (0, 0)  # [token count, sum X, sum Y, X^T X, Y^T Y, Y^T X] as one vector
 
     def add(self, latent_tokens: Tensor, feature_tokens: Tensor) -> None:
         x = latent_tokens.reshape([-1, latent_tokens.shape[-1]]).astype("float64").numpy()
         y = feature_tokens.reshape([-1, feature_tokens.shape[-1]]).astype("float64").numpy()
-        parts = [x.sum(0), y.sum(0), x.T @ x, y.T @ y, y.T @ x]
-        self.sums = parts if self.sums is None else [a + b for a, b in zip(self.sums, parts)]
-        self.count += x.shape[0]
+        parts = [[x.shape[0]], x.sum(0), y.sum(0), x.T @ x, y.T @ y, y.T @ x]
+        self.sums, self.widths = self.sums + np.concatenate([np.ravel(p) for p in parts]), (x.shape[1], y.shape[1])
 
     def result(self) -> float:
         """The CKA over every rank's tokens (a collective: every rank calls it, with or without tokens)."""
-        flat = all_reduce_sum(np.concatenate([[self.count]] + [part.ravel() for part in self.sums]))
-        ends = np.cumsum([part.size for part in self.sums])[:-1]
-        sx, sy, xx, yy, yx = (part.reshape(like.shape) for part, like in zip(np.split(flat[1:], ends), self.sums))
-        count = flat[0]
-        xx, yy, yx = xx - np.outer(sx, sx) / count, yy - np.outer(sy, sy) / count, yx - np.outer(sy, sx) / count
+        (cx, cy), flat = self.widths, all_reduce_sum(self.sums)
+        count, sx, sy, xx, yy, yx = np.split(flat, np.cumsum([1, cx, cy, cx * cx, cy * cy]))
+        xx, yy = xx.reshape(cx, cx) - np.outer(sx, sx) / count, yy.reshape(cy, cy) - np.outer(sy, sy) / count
+        yx = yx.reshape(cy, cx) - np.outer(sy, sx) / count
         return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))
 
 

@@ -98,19 +98,17 @@ def discriminator_loss(logits_real: Tensor, logits_fake: Tensor, kind: str = "hi
     return 0.5 * (F.softplus(-logits_real).mean() + F.softplus(logits_fake).mean())
 
 
-def lecam_regularization(logits_real: Tensor, logits_fake: Tensor, ema_real: Tensor, ema_fake: Tensor) -> Tensor:
-    """LeCAM (Tseng et al. 2021): mean(relu(D(x) - ema_fake)^2) + mean(relu(ema_real - D(x_hat))^2)."""
-    return (F.relu(logits_real.astype("float32") - ema_fake).square().mean()
-            + F.relu(ema_real - logits_fake.astype("float32")).square().mean())
-
-
-def update_lecam_ema(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> None:
-    """[ema_real, ema_fake] <- decay * ema + (1 - decay) * batch means over ranks (one small all-reduce), in
-    float32 even under O2."""
+def lecam(ema: Tensor, logits_real: Tensor, logits_fake: Tensor, decay: float) -> Tensor:
+    """LeCAM (Tseng et al. 2021) against `ema` = [ema D(x), ema D(x_hat)] as it stands: mean(relu(D(x) - ema_fake)^2)
+    + mean(relu(ema_real - D(x_hat))^2); then ema <- decay * ema + (1 - decay) * batch means over ranks (one small
+    all-reduce), in float32 even under O2."""
+    real, fake = logits_real.astype("float32"), logits_fake.astype("float32")
+    ema_real, ema_fake = ema.detach().clone()  # the in-place update below must not reach this loss
+    term = F.relu(real - ema_fake).square().mean() + F.relu(ema_real - fake).square().mean()
     with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
-        means = paddle.stack([logits_real.astype("float32").mean(), logits_fake.astype("float32").mean()])
-        means = sum_over_ranks(means) / world_size()
+        means = sum_over_ranks(paddle.stack([real.mean(), fake.mean()])) / world_size()
         ema.set_value((decay * ema.astype("float32") + (1.0 - decay) * means).astype(ema.dtype))
+    return term
 
 
 def adaptive_weight(nll_grad: Tensor, gan_grad: Tensor, max_weight: float = ADAPTIVE_WEIGHT_MAX,
@@ -165,7 +163,7 @@ def weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss
     with the adaptive weight's overflow flag); `nll_grad`: nll's scaled gradient at the reconstruction."""
     gan = generator_term(x, x_hat, discriminator, loss_args)
     gan_grad = paddle.grad(gan * grad_scale, x_hat)[0]  # frees the discriminator's graph
-    d_weight, overflow = paddle.full([], gan_weight, "float32"), None
+    d_weight, overflow = paddle.full([], gan_weight, "float32"), {}
     if loss_args.adaptive_disc_weight:
         # The epsilon carries grad_scale as both gradients do, which leaves the ratio unchanged.
         bound = loss_args.adaptive_disc_weight_max  # in our units (losses are means); default LDM's bound in them,
@@ -173,15 +171,13 @@ def weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss
         weight = adaptive_weight(last_layer_gradient(recon, nll_grad, last_layer, latent),
                                  last_layer_gradient(recon, gan_grad, last_layer, latent),
                                  eps=ADAPTIVE_WEIGHT_EPS * grad_scale, max_weight=bound)
-        overflow = ~paddle.isfinite(weight)
-        d_weight = paddle.where(overflow, paddle.zeros_like(weight), weight) * gan_weight
-    weighted_grad = gan_grad.astype("float32") * d_weight
-    logs = {"loss/generator": gan, "gan/adaptive_weight": d_weight}
-    if overflow is not None:
         # An overflow skips this micro-batch's GAN term, its maybe non-finite gradient included; the step counts it.
-        weighted_grad = paddle.where(overflow, paddle.zeros_like(weighted_grad), weighted_grad)
-        logs["gan/adaptive_weight_overflow"] = overflow.astype("float32")
-    return (d_weight * gan).detach(), weighted_grad, logs
+        skip = ~paddle.isfinite(weight)
+        d_weight = paddle.where(skip, paddle.zeros_like(weight), weight) * gan_weight
+        gan_grad = paddle.where(skip, paddle.zeros_like(gan_grad), gan_grad)
+        overflow = {"gan/adaptive_weight_overflow": skip.astype("float32")}
+    logs = {"loss/generator": gan, "gan/adaptive_weight": d_weight, **overflow}
+    return (d_weight * gan).detach(), gan_grad.astype("float32") * d_weight, logs
 
 
 def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,
@@ -197,11 +193,8 @@ def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Te
     logs = {"gan/logits_real": logits_real.astype("float32").mean(),
             "gan/logits_fake": logits_fake.astype("float32").mean()}
     if lecam_weight > 0:
-        previous = lecam_ema.detach().clone()  # the in-place EMA update below must not reach this loss
-        lecam = lecam_regularization(logits_real, logits_fake, previous[0], previous[1])
-        update_lecam_ema(lecam_ema, logits_real, logits_fake, lecam_decay)
-        loss = loss + lecam_weight * lecam
-        logs["gan/lecam"] = lecam
+        logs["gan/lecam"] = lecam(lecam_ema, logits_real, logits_fake, lecam_decay)
+        loss = loss + lecam_weight * logs["gan/lecam"]
     logs["loss/discriminator"] = loss
     return loss, {k: v.detach() for k, v in logs.items()}
 
