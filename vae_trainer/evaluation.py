@@ -447,16 +447,15 @@ class TrainingEvaluator:
                                 grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,
                                 tiling=self.tiling, vf_model=self.vf_model, teacher=self.teacher)
 
-    def evaluated_at(self, step: int, ema=None) -> bool:
-        """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
-        return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
-                and self.latent_stats_data == (self.data_args.eval_file_list, self.data_args.eval_num_images, None))
-
-    def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:
-        """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
-        if self.evaluated_at(step, ema):
-            return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
+    def latent_stats(self, vae, ema, step: int, measure: bool = True) -> tuple[EvalResult | None, str | None]:
+        """Latent statistics of the weights of `step` (the EMA's if given) and their source: that step's evaluation if
+        it measured these weights on the export's images, else a new pass (`measure`), else (None, None)."""
         path, num_images, seed = self.latent_stats_data
+        if (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
+                and (path, num_images, seed) == (self.data_args.eval_file_list, self.data_args.eval_num_images, None)):
+            return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
+        if not measure:
+            return None, None
         return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size, num_images,
                                   self.input_size, self.posterior_std, self.tiling, seed, **self.clip_frames)
 
