@@ -38,7 +38,7 @@ from vae_trainer.data.dataset import build_eval_dataloader  # noqa: E402
 from vae_trainer.distributed import init_distributed, rank, run_and_exit, world_size  # noqa: E402
 from vae_trainer.evaluation import (EvalResult, eval_batch_size, evaluate_vae,  # noqa: E402
                                     protocol_of, result_record)
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tiling_flags  # noqa: E402
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tiling_flags  # noqa: E402
 from vae_trainer.refusals import refuse  # noqa: E402
 from vae_trainer.objectives.clips import CLIPS_NO_INPUT_SIZE, CLIPS_NO_RFID  # noqa: E402
 from vae_trainer.models.dinov2 import INPUT_CONVENTIONS, load_dinov2  # noqa: E402
@@ -109,7 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise ValueError("--teacher: a student decodes its teacher's latents of whole images: drop --num_frames, "
                              "--input_size and --sample_posterior")
         check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
-        args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
+        check_eval_batch_size(args.batch_size, "--batch_size")
+        args.batch_size = eval_batch_size(args.resolution, args.batch_size)  # as recorded
     except ValueError as error:
         parser.error(str(error))
     return args

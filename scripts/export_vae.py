@@ -42,8 +42,9 @@ import paddle  # noqa: E402
 
 from vae_trainer import checkpoint as ckpt  # noqa: E402
 from vae_trainer.ema import EMA_NAME, load_ema  # noqa: E402
-from vae_trainer.evaluation import eval_batch_size, measure_latents_of  # noqa: E402
+from vae_trainer.evaluation import measure_latents_of  # noqa: E402
 from vae_trainer.final_save import export_vae_folder  # noqa: E402
+from vae_trainer.flag_checks import check_eval_batch_size  # noqa: E402
 from vae_trainer.models.latent_scale import EXPORT_ORIGIN_KEY, decide, mode_of_checkpoint  # noqa: E402
 from vae_trainer.models.vae_loading import load_vae_weights, vae_from_config_file  # noqa: E402
 from vae_trainer.models.families import family_of  # noqa: E402
@@ -88,7 +89,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"{_EMA_VALUES}, got {after_ema[0]!r}" if after_ema
                      else f"unrecognized arguments: {' '.join(extras)}")
     try:
-        eval_batch_size(1, args.batch_size, flag="--batch_size")  # refuses a batch < 1 before anything is loaded
+        check_eval_batch_size(args.batch_size, "--batch_size")  # refuses a batch < 1 before anything is loaded
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -154,8 +155,7 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
                          "--scaling_factor keep or a number")
     if num_images < 1:
         raise ValueError(f"--num_images must be at least 1, got {num_images}")
-    batch_size = eval_batch_size(resolution, args.batch_size)  # fits wherever the run's images fit
-    return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
+    return measure_latents_of(vae, ema, data, resolution, args.batch_size, num_images,  # None: the default batch
                               export_config.get("input_size"), export_config.get("posterior_std", 0.0),
                               sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"),
                               **export_config.get("latent_stats_frames", {}))  # a clip run's: its clips (--data too)

@@ -23,6 +23,7 @@ import vae_trainer.evaluation as evaluation
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.evaluation import (EvalProtocol, TrainingEvaluator, eval_batch_size, evaluate_vae,
                                     measure_latents, measure_latents_of)
+from vae_trainer.flag_checks import check_eval_batch_size
 from vae_trainer.models.families.kl import KL
 
 paddle.set_device("cpu")
@@ -67,10 +68,10 @@ def test_the_evaluation_batch_follows_the_training_batch_or_the_resolution_unles
     # What README.md, evaluation.py and the scripts' --batch_size help state: 8 up to 256 px, 4 up to 362 px,
     # 2 from 419 to 512 px, 1 above 512 px.
     assert [eval_batch_size(size) for size in (257, 362, 363, 418, 419, 513, 600)] == [7, 4, 3, 3, 2, 1, 1]
-    with pytest.raises(ValueError, match="--per_device_eval_batch_size must be >= 1"):
-        eval_batch_size(256, given=0)
+    with pytest.raises(ValueError, match="--per_device_eval_batch_size must be >= 1"):  # when parsed
+        check_eval_batch_size(0)
     with pytest.raises(ValueError, match="--batch_size must be >= 1"):  # the scripts' flag, named as such
-        eval_batch_size(256, given=0, flag="--batch_size")
+        check_eval_batch_size(0, "--batch_size")
 
 
 def test_an_evaluation_batch_below_1_is_refused_when_parsing(tmp_path, capsys):

@@ -24,7 +24,7 @@ from vae_trainer.data.sharding import RecordSample
 from vae_trainer.distributed import all_ranks_agree, rank, world_size
 from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
-from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_eval_batch_size, check_tile_size
+from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tile_size
 from vae_trainer.metrics import (ALPHA_MSE_FLOOR, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
                                  FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames,
                                  frechet_distance, psnr, ssim, to_unit_range)
@@ -88,11 +88,10 @@ REFUSALS = (
 )
 
 
-def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None,
-                    flag: str = "--per_device_eval_batch_size") -> int:
-    """The per-device evaluation batch: `given` (`flag`), else the training batch, else 8 images' pixels at 256 px."""
+def eval_batch_size(resolution: int, given: int | None = None, train_batch_size: int | None = None) -> int:
+    """The per-device evaluation batch: `given` (checked when parsed: flag_checks.check_eval_batch_size), else the
+    training batch, else 8 images' pixels at 256 px."""
     if given is not None:
-        check_eval_batch_size(given, flag)
         return int(given)
     if train_batch_size is not None:
         return int(train_batch_size)
