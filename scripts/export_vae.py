@@ -154,8 +154,7 @@ def measured_stats(vae, ema, args: argparse.Namespace, export_config: dict):
                          "--scaling_factor keep or a number")
     if num_images < 1:
         raise ValueError(f"--num_images must be at least 1, got {num_images}")
-    batch_size = eval_batch_size(resolution, args.batch_size)  # fits wherever the run's images fit
-    return measure_latents_of(vae, ema, data, resolution, batch_size, num_images,
+    return measure_latents_of(vae, ema, data, resolution, args.batch_size, num_images,  # None: the default batch
                               export_config.get("input_size"), export_config.get("posterior_std", 0.0),
                               sample_seed=None if args.data else export_config.get("latent_stats_sample_seed"),
                               **export_config.get("latent_stats_frames", {}))  # a clip run's: its clips (--data too)

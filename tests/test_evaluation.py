@@ -19,6 +19,7 @@ from ppdiffusers import AutoencoderKL
 from skimage import data as skimage_data
 from skimage.transform import resize
 
+from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.evaluation import EvalProtocol, evaluate_vae, make_grid
 from vae_trainer.objectives.equivariance import DIAGNOSTICS
 from vae_trainer.metrics import frechet_distance, psnr, ssim, to_unit_range
@@ -121,12 +122,14 @@ def test_reported_psnr_and_ssim_are_scikit_images_on_unit_range_images():
     assert result.metrics["psnr"] == pytest.approx(peak_signal_noise_ratio(image, brighter, data_range=1.0), abs=1e-3)
 
 
-def test_num_images_limits_the_count(vae, images):
-    _, recons = _direct_reconstruction(vae, images[:4])
-    result = evaluate_vae(vae, [images[:3], images[3:]], num_images=4)
+def test_num_images_limits_the_count(vae, held_out_32):
+    """The loader caps the images (--eval_num_images, eval_vae.py's --num_images); the pass takes what it gives."""
+    everything = paddle.concat([b["pixel_values"] for b in build_eval_dataloader(held_out_32, SIZE, 3, 0, 1, None)])
+    _, recons = _direct_reconstruction(vae, everything[:4])
+    result = evaluate_vae(vae, build_eval_dataloader(held_out_32, SIZE, 3, 0, 1, 4))
     assert result.num_images == 4
     assert result.metrics["psnr"] == pytest.approx(
-        psnr(to_unit_range(images[:4]), to_unit_range(recons)).numpy().mean(), rel=1e-5)
+        psnr(to_unit_range(everything[:4]), to_unit_range(recons)).numpy().mean(), rel=1e-5)
 
 
 def test_the_encoder_only_pass_encodes_under_half_precision_autocast_as_evaluation_does(vae, images, monkeypatch):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -224,27 +223,22 @@ class _Pass:
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
         self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
 
-    def run(self, batches: Iterable[Any], num_images: int | None, tiling: int | None, reconstruct: bool) -> _Pass:
-        """`reconstruct` (else `encode`) each batch (tensors or dicts holding "pixel_values"), at most `num_images`
-        images, in eval mode without gradients. A rank that fails or gets no image raises on every rank, naming it."""
+    def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> _Pass:
+        """`reconstruct` (else `encode`) each batch (tensors or dicts holding "pixel_values"; as many images as the
+        loader gives), in eval mode without gradients. A rank that fails or gets no image raises on every rank, naming
+        it."""
         add, what = (self.reconstruct, "evaluating") if reconstruct else (self.encode, "measuring latent statistics")
         if tiling is not None:  # tiles the tiled passes would get wrong are refused
             check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
         was_training = self.vae.training
         self.vae.eval()
-        remaining = sys.maxsize if num_images is None else num_images
         try:
             tiles = self.family.tiled(self.vae, tiling) if tiling is not None else nullcontext()
             with all_ranks_agree(what), paddle.no_grad(), tiles:
                 try:
                     for batch in batches:
-                        if remaining <= 0:
-                            break
-                        pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
-                        pixels = pixels[:remaining].astype("float32")
-                        remaining -= pixels.shape[0]
-                        add(pixels)
+                        add((batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32"))
                         watchdog.beat(f"a batch ({what})")
                 finally:  # a failing rank still joins the loader's gather (data.dataset.build_eval_dataloader)
                     getattr(batches, "close", lambda: None)()
@@ -345,26 +339,22 @@ class _Pass:
 
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
-                 inception: paddle.nn.Layer | None = None, num_images: int | None = None,
-                 sample_posterior: bool = False, seed: int = 0, grid_images: int = 8,
-                 input_size: list[int] | None = None, posterior_std: float = 0.0, tiling: int | None = None,
-                 vf_model: paddle.nn.Layer | None = None, teacher=None) -> EvalResult:
-    """Reconstruct the images of `batches` (at most `num_images` on this rank) and measure them as `EvalProtocol`
-    states. `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator); a
-    `teacher` (models/teacher.py): the student `vae` decodes the teacher's latents, measured against both."""
-    for metric_network in (lpips, inception):
-        if metric_network is not None:
-            metric_network.eval()  # fixed feature networks: never batch statistics
+                 inception: paddle.nn.Layer | None = None, sample_posterior: bool = False, seed: int = 0,
+                 grid_images: int = 8, input_size: list[int] | None = None, posterior_std: float = 0.0,
+                 tiling: int | None = None, vf_model: paddle.nn.Layer | None = None, teacher=None) -> EvalResult:
+    """Reconstruct the images of `batches` (this rank's) and measure them as `EvalProtocol` states.
+    `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator); a
+    `teacher` (models/teacher.py): the student `vae` decodes the teacher's latents, measured against both. `lpips`
+    and `inception` as their loaders give them: frozen, no batch statistics (models/lpips.freeze, load_fid_inception)."""
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
     evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
-    return evaluation.run(batches, num_images, tiling, reconstruct=True).result()
+    return evaluation.run(batches, tiling, reconstruct=True).result()
 
 
-def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], num_images: int | None = None,
-                    input_size: list[int] | None = None, posterior_std: float = 0.0,
-                    tiling: int | None = None) -> EvalResult:
+def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], input_size: list[int] | None = None,
+                    posterior_std: float = 0.0, tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
-    return _Pass(vae, input_size, posterior_std).run(batches, num_images, tiling, reconstruct=False).latent_stats()
+    return _Pass(vae, input_size, posterior_std).run(batches, tiling, reconstruct=False).latent_stats()
 
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
@@ -376,7 +366,7 @@ def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, ba
     loader = build_eval_dataloader(data, resolution, eval_batch_size(resolution, batch_size), rank(), world_size(),
                                    num_images, sample, channels=image_channels(vae), **frames)
     with ema_weights(ema, vae):
-        stats = measure_latents(vae, loader, num_images, input_size, posterior_std, tiling)
+        stats = measure_latents(vae, loader, input_size, posterior_std, tiling)
     images = (f"a random sample (seed {sample_seed}) of {stats.num_images} of the {sample.total} images" if sample
               else f"{stats.num_images} images")
     return stats, f"an encoder-only pass over {images} of {data}{tiles_note(tiling, resolution)}"
@@ -456,16 +446,15 @@ class TrainingEvaluator:
                                 grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,
                                 tiling=self.tiling, vf_model=self.vf_model, teacher=self.teacher)
 
-    def evaluated_at(self, step: int, ema=None) -> bool:
-        """Did an evaluation at `step` measure these weights (the EMA's if given) on the export's images?"""
-        return (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
-                and self.latent_stats_data == (self.data_args.eval_file_list, self.data_args.eval_num_images, None))
-
-    def latent_stats(self, vae, ema, step: int) -> tuple[EvalResult, str]:
-        """Latent statistics of the weights of `step` and their source: that step's evaluation, else a new pass."""
-        if self.evaluated_at(step, ema):
-            return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
+    def latent_stats(self, vae, ema, step: int, measure: bool = True) -> tuple[EvalResult | None, str | None]:
+        """Latent statistics of the weights of `step` (the EMA's if given) and their source: that step's evaluation if
+        it measured these weights on the export's images, else a new pass (`measure`), else (None, None)."""
         path, num_images, seed = self.latent_stats_data
+        if (self.last is not None and self.last[0] == step and self.last[2] == (ema is not None)
+                and (path, num_images, seed) == (self.data_args.eval_file_list, self.data_args.eval_num_images, None)):
+            return self.last[1], f"the evaluation at step {step}{tiles_note(self.tiling, self.data_args.resolution)}"
+        if not measure:
+            return None, None
         return measure_latents_of(vae, ema, path, self.data_args.resolution, self.batch_size, num_images,
                                   self.input_size, self.posterior_std, self.tiling, seed, **self.clip_frames)
 

@@ -214,9 +214,7 @@ def latent_scales_at_export(mode: Mode, vae: Layer, ema, evaluator, step: int,
     """{"vae": `decide`'s pair} for the exported weights (the EMA's if any), and "vae_raw" with an EMA. Statistics
     come from the last evaluation of the same weights, else, for "measure", an encoder-only pass: call on every rank."""
     how = "scripts/eval_vae.py --vae on this folder measures its statistics"
-    stats = source = None
-    if mode == "measure" or evaluator.evaluated_at(step, ema):
-        stats, source = evaluator.latent_stats(vae, ema, step)
+    stats, source = evaluator.latent_stats(vae, ema, step, measure=mode == "measure")
     weights = "the EMA weights (--use_ema)" if ema is not None else "the trained weights"
     scales = {"vae": decide(mode, vae, stats, source, weights,
                             f"no evaluation of these weights ran at the last step (step {step}); {how}")}
@@ -224,10 +222,8 @@ def latent_scales_at_export(mode: Mode, vae: Layer, ema, evaluator, step: int,
         return scales
     if encoder_frozen:  # the raw encoder is the EMA's, bit for bit: the same statistics
         source = source and f"{source}, with the EMA weights, whose encoder is the raw one (--freeze_encoder)"
-    elif mode == "measure" or evaluator.evaluated_at(step, None):
-        stats, source = evaluator.latent_stats(vae, None, step)
     else:
-        stats = source = None
+        stats, source = evaluator.latent_stats(vae, None, step, measure=mode == "measure")
     scales["vae_raw"] = decide(mode, vae, stats, source, "the raw weights (vae/ holds the EMA weights)",
                                "evaluations measure the EMA weights (vae/), and a factor that is not measured needs no "
                                f"pass over the raw ones; {how}")
