@@ -129,15 +129,19 @@ class VAEWithDiscriminator(paddle.nn.Layer):
                                  "cannot keep apart (it casts layers): make --trainable_modules take whole layers")
         return out
 
+    def encode(self, x: paddle.Tensor):
+        """The posterior of `x` (resized to `input_size` if set); no graph when frozen."""
+        with paddle.no_grad() if self.encoder_frozen else contextlib.nullcontext():
+            return self.family.encode(self.vae, encoder_input(x, self.input_size))
+
     def forward(self, x: paddle.Tensor, sample_posterior: bool = True,
                 latent_transform: Optional[Callable[[paddle.Tensor], paddle.Tensor]] = None,
                 return_latent: bool = False, decoded: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, ...]:
         """Reconstruction, posterior mean and log-variance (None: a deterministic latent; with `posterior_std` > 0:
         z = mean + std * noise and the constant log(std^2)), and with `return_latent` z itself. `latent_transform`
         (EQ-VAE) changes z before decoding, not the posterior or the z returned; `decoded` (a teacher's latent, in
-        distillation) is decoded in place of z. The encoder sees `x` resized to `input_size` if set."""
-        with paddle.no_grad() if self.encoder_frozen else contextlib.nullcontext():  # no graph when frozen
-            posterior = self.family.encode(self.vae, encoder_input(x, self.input_size))
+        distillation) is decoded in place of z."""
+        posterior = self.encode(x)
         if self.posterior_std > 0:
             mean, logvar = posterior.mean, paddle.full_like(posterior.mean, 2.0 * math.log(self.posterior_std))
             z = mean + self.posterior_std * paddle.randn(mean.shape, mean.dtype) if sample_posterior else mean
