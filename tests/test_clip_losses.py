@@ -16,6 +16,7 @@ from test_wan_clips import build
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
+from vae_trainer.build import train_networks
 from vae_trainer.objectives.gan import discriminator_objective, generator_loss
 from vae_trainer.objectives import frames, vae_objective
 from vae_trainer.objectives.reconstruction import kl_loss
@@ -25,7 +26,6 @@ from vae_trainer.models.discriminator import build_discriminator, init_discrimin
 from vae_trainer.models.recompute import enable_recompute
 from vae_trainer.models.lpips import LPIPS
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.optim import build_optimizer
 from vae_trainer.step import TrainStep, logged_images
 
 paddle.set_device("cpu")
@@ -228,15 +228,13 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     loss_args = LossArguments(perceptual_weight=0.1, lpips_num_frames=2, temporal_loss_weight=0.5, disc_start=0,
                               disc_weight_warmup_steps=0)
     args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3)
-    vae_opt, vae_sched = build_optimizer(args, model)
-    disc_opt, disc_sched = build_optimizer(args, model, 0)
     lpips_inputs = []
 
     def lpips(a, b):  # a stand-in for LPIPS that records what it was given
         lpips_inputs.append(a.shape)
         return (a - b).abs().mean(axis=[1, 2, 3])
 
-    step = TrainStep(model, lpips, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, seed=5)
+    step = TrainStep(model, lpips, loss_args, train_networks(model, loss_args, args), seed=5)
     held_out = clips([100, 101])
     encoder = {k: p.numpy().copy() for k, p in vae.named_parameters() if p.stop_gradient}
     assert encoder and all(k.startswith(("encoder.", "quant_conv.")) for k in encoder)

@@ -35,7 +35,7 @@ def test_freeze_encoder_keeps_the_latent_space_bit_identical_while_the_decoder_t
     model, run = networks.model, build_optimization(networks, LossArguments(perceptual_weight=0.0, disc_start=0),
                                              make_args(tmp_path, learning_rate=1e-3))
     frozen = {id(p) for p in encoder_parameters(model.vae)}
-    optimized = {id(p) for p in run.vae_optimizer._parameter_list}
+    optimized = {id(p) for p in run.networks[0].optimizer._parameter_list}
     assert frozen and not frozen & optimized  # out of the optimizer ...
     assert {id(p) for p in model.vae.decoder.parameters()} <= optimized  # ... the decoder is in it
     probe = images(3, seed=9)

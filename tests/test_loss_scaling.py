@@ -9,7 +9,7 @@ from conftest import enabled_scaler, pretend_fp16_autocast
 from paddle.amp.auto_cast import amp_global_state
 from test_step import full_step, images, make_model, make_step, poison_gradient, unchanged, weights
 
-from vae_trainer.precision import LossScaler, Precision
+from vae_trainer.precision import LossScaler
 from vae_trainer.step import NonFiniteError
 
 
@@ -56,9 +56,8 @@ def test_unscale_then_our_update_applies_true_gradients_once(fp16_state):
 
 
 def fp16_step(model, tmp_path, vae_scale=8.0, disc_scale=8.0, min_loss_scale=2.0, **kw):
-    precision = Precision(vae_scaler=enabled_scaler(vae_scale, min_loss_scale),
-                          disc_scaler=enabled_scaler(disc_scale, min_loss_scale))
-    return make_step(model, tmp_path, precision=precision, **kw)
+    scalers = (enabled_scaler(vae_scale, min_loss_scale), enabled_scaler(disc_scale, min_loss_scale))
+    return make_step(model, tmp_path, scalers=scalers, **kw)
 
 
 def test_vae_overflows_are_counted_skipped_alone_and_stop_the_run(tmp_path, fp16_state):
@@ -77,7 +76,7 @@ def test_vae_overflows_are_counted_skipped_alone_and_stop_the_run(tmp_path, fp16
     assert report["train/overflow_steps"] == 2 and report["train/loss_scale"] == 2.0
     with pytest.raises(NonFiniteError, match="3 consecutive optimizer steps had fp16 gradient overflow in the vae"):
         full_step(step, images(seed=2), global_step=2)
-    assert step.precision.vae_scaler.scale_value == 2.0  # the floor
+    assert step.networks[0].scaler.scale_value == 2.0  # the floor
     assert unchanged(model.vae, vae_before)
 
 
@@ -108,8 +107,8 @@ def test_scaler_without_autocast_stays_disabled_on_cpu(tmp_path):
     """On CPU the real LossScaler disables itself: fp16 flags then train in float32 with a scale of 1."""
     scaler = LossScaler(init_loss_scaling=1024.0)
     assert not scaler.is_enable() and scaler.scale_value == 1.0
-    precision = Precision(dtype="float16", vae_scaler=scaler, disc_scaler=LossScaler(1024.0))
-    assert not precision.scales_losses and precision.disc_scaler.scale_value == 1.0
+    step = make_step(make_model(), tmp_path, scalers=(scaler, LossScaler(1024.0)))
+    assert not step.scales_losses and step.networks[1].scaler.scale_value == 1.0
 
 
 def _steps(step, model, first, last, overflow_at, nan_at):

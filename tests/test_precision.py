@@ -8,24 +8,42 @@ import paddle
 import pytest
 from conftest import DRIVERS, EVAL_FLAGS, read_scalars, run_entry_point, tiny_args
 
-from vae_trainer.arguments import VAETrainingArguments
+from test_step import make_model
+
+from vae_trainer.arguments import LossArguments, VAETrainingArguments
+from vae_trainer.build import stateful, train_networks
 from vae_trainer.precision import setup_precision
+from vae_trainer.step import TrainStep
 
 
 def args(tmp_path, **kw):
     return VAETrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to=[], **kw)
 
 
+def step_of(tmp_path, precision, **flags):
+    """A TrainStep of a micro VAE with its networks built from `flags` (their loss scalers), in `precision`."""
+    model = make_model()
+    return TrainStep(model, None, LossArguments(), train_networks(model, LossArguments(), args(tmp_path, **flags)),
+                     precision=precision)
+
+
+def scaler_files(step):
+    return {name: entry for name, entry in stateful(step).items() if "scaler" in name}
+
+
 def test_fp16_gets_one_scaler_per_network_and_bf16_none(tmp_path, caplog):
     model = paddle.nn.Linear(2, 2)
     with caplog.at_level(logging.WARNING, logger="vae_trainer"):
         fp16 = setup_precision(args(tmp_path, fp16=True), model)
-    assert fp16.dtype == "float16" and fp16.vae_scaler is not None and fp16.disc_scaler is not None
-    assert fp16.vae_scaler is not fp16.disc_scaler
-    assert set(fp16.stateful()) == {"vae_scaler.pdparams", "disc_scaler.pdparams"}
+    fp16_step = step_of(tmp_path, fp16, fp16=True)
+    vae_scaler, disc_scaler = (network.scaler for network in fp16_step.networks)
+    assert fp16.dtype == "float16" and vae_scaler is not None and disc_scaler is not None
+    assert vae_scaler is not disc_scaler
+    assert set(scaler_files(fp16_step)) == {"vae_scaler.pdparams", "disc_scaler.pdparams"}
     assert "no autocast" in caplog.text  # the CPU warning
     bf16 = setup_precision(args(tmp_path, bf16=True), model)
-    assert bf16.dtype == "bfloat16" and not bf16.scales_losses and bf16.stateful() == {}
+    bf16_step = step_of(tmp_path, bf16, bf16=True)
+    assert bf16.dtype == "bfloat16" and not bf16_step.scales_losses and scaler_files(bf16_step) == {}
     assert setup_precision(args(tmp_path), model).dtype is None
     # O2 is not applied on CPU (no half-precision conv kernels): the weights stay float32.
     setup_precision(args(tmp_path, fp16=True, fp16_opt_level="O2"), model)
@@ -190,7 +208,7 @@ def test_o2_keeps_the_log_variance_and_the_lecam_ema_float32(tmp_path, monkeypat
     state = model.state_dict()
     assert state["logvar"].dtype == paddle.float32 and state["lecam_ema"].dtype == paddle.float32  # ... not here
     assert model.logvar.item() == np.float32(0.1)
-    assert any(p is model.logvar for p in run.vae_optimizer._parameter_list)  # still trained, in float32
+    assert any(p is model.logvar for p in run.networks[0].optimizer._parameter_list)  # still trained, in float32
     model.lecam_ema.set_value(paddle.ones([2], "float32"))
     lecam(model.lecam_ema, paddle.full([4], 1.05, "float16"), paddle.full([4], 1.05, "float16"), 0.99)
     assert model.lecam_ema.dtype == paddle.float32

@@ -9,14 +9,13 @@ import paddle
 import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
+from vae_trainer.build import train_networks
 from vae_trainer.objectives.gan import discriminator_objective, gan_weight
 from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.discriminator import build_discriminator
 from vae_trainer.models.families import family_of
 from vae_trainer.models.vae_loading import build_vae
-from vae_trainer.optim import build_optimizer
-from vae_trainer.precision import Precision
 from vae_trainer.step import NonFiniteError, NonFiniteGuard, TrainStep, logged_images
 
 paddle.set_device("cpu")
@@ -34,15 +33,15 @@ def make_args(tmp_path, **kw):
     return VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], **kw)
 
 
-def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e-4, precision=None, max_overflow=25,
+def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e-4, scalers=(), max_overflow=25,
               **loss_kw):
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
     args = make_args(tmp_path, learning_rate=learning_rate)
-    vae_opt, vae_sched = build_optimizer(args, model)
-    disc_opt, disc_sched = build_optimizer(args, model, loss_args.disc_start)
-    return TrainStep(model, None, loss_args, vae_opt, vae_sched, disc_opt, disc_sched, accumulation,
-                     precision or Precision(), max_grad_norm=args.max_grad_norm,
+    networks = train_networks(model, loss_args, args)
+    for network, scaler in zip(networks, scalers):  # the VAE's and the discriminator's, if given
+        network.scaler = scaler
+    return TrainStep(model, None, loss_args, networks, accumulation, max_grad_norm=args.max_grad_norm,
                      guard=NonFiniteGuard(max_nonfinite, max_overflow))
 
 
@@ -125,10 +124,10 @@ def test_gan_is_off_before_disc_start(tmp_path):
     report = step.optimizer_step(global_step=4)[0]
     step.schedule(4)
     assert unchanged(model.discriminator, before) and "train/disc_grad_norm" not in report
-    assert step.disc_scheduler.last_epoch == 0  # its schedule starts at disc_start
+    assert step.networks[1].scheduler.last_epoch == 0  # its schedule starts at disc_start
     logs = full_step(step, images(), global_step=5)
     assert "loss/generator" in logs
-    assert not unchanged(model.discriminator, before) and step.disc_scheduler.last_epoch == 1
+    assert not unchanged(model.discriminator, before) and step.networks[1].scheduler.last_epoch == 1
 
 
 def test_the_gan_weight_ramps_in_linearly_from_disc_start(tmp_path):
@@ -175,13 +174,13 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
                            if id(p) in grads))
     assert norm == pytest.approx(expected, rel=1e-4) and norm > 1e-3
     assert not unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)
-    assert step.vae_scheduler.last_epoch == 0 and step.disc_scheduler.last_epoch == 0
+    assert step.networks[0].scheduler.last_epoch == 0 and step.networks[1].scheduler.last_epoch == 0
     step.schedule(0)
-    assert step.vae_scheduler.last_epoch == 1 and step.disc_scheduler.last_epoch == 1
+    assert step.networks[0].scheduler.last_epoch == 1 and step.networks[1].scheduler.last_epoch == 1
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())
     # Adam's first step moves each weight by about lr whatever the gradient's scale; the clipped gradient
     # is what the optimizer holds as its first moment: (1 - beta1) * g * max_norm / norm.
-    moment = step.vae_optimizer._accumulators["moment1"]
+    moment = step.networks[0].optimizer._accumulators["moment1"]
     weight = model.vae.decoder.conv_out.weight
     np.testing.assert_allclose(moment[weight.name].numpy(), (1 - 0.5) * grads[id(weight)] * 1e-3 / norm,
                                rtol=1e-4, atol=1e-12)
@@ -244,12 +243,12 @@ def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_pa
     assert report["train/skipped_steps"] == 1 and unchanged(model, before)
     assert all(p.grad is None or not p.grad.numpy().any() for p in model.parameters())  # nothing carried over
     step.schedule(0)
-    assert step.vae_scheduler.last_epoch == 1  # the schedule follows the step counter, skipped or not
+    assert step.networks[0].scheduler.last_epoch == 1  # the schedule follows the step counter, skipped or not
     with pytest.raises(NonFiniteError, match="2 consecutive"):
         full_step(step, images(), global_step=1)
     assert unchanged(model, before)
     hook.remove()  # and start again, as after a resume: fresh gradients and counters
-    step.vae_optimizer.clear_grad(), step.disc_optimizer.clear_grad()
+    step.networks[0].optimizer.clear_grad(), step.networks[1].optimizer.clear_grad()
     step.guard.consecutive_nonfinite = 0
     full_step(step, images(), global_step=2)
     assert not unchanged(model.vae, vae_before) and not unchanged(model.discriminator, disc_before)

@@ -17,7 +17,6 @@ from conftest import enabled_scaler, pretend_fp16_autocast
 from test_step import full_step, images, make_model, make_step, poison_gradient, unchanged, weights
 
 from vae_trainer.distributed import parameter_fingerprint
-from vae_trainer.precision import Precision
 from vae_trainer.step import NonFiniteError
 
 
@@ -36,8 +35,7 @@ def inf_gradient_on_rank_1(out_dir: str, rank: int) -> dict:
 def nan_loss_on_rank_1_under_fp16(out_dir: str, rank: int) -> dict:
     pretend_fp16_autocast()
     model = make_model()
-    precision = Precision(vae_scaler=enabled_scaler(8.0), disc_scaler=enabled_scaler(8.0))
-    step = make_step(model, out_dir, precision=precision, max_nonfinite=1)
+    step = make_step(model, out_dir, scalers=(enabled_scaler(8.0), enabled_scaler(8.0)), max_nonfinite=1)
     batch = images(seed=rank)
     if rank == 1:
         batch[0, 0, 0, 0] = float("nan")

@@ -4,10 +4,11 @@ discriminator -> container -> LPIPS, then `seed_training` right before the first
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -31,9 +32,9 @@ from .models.families import check_reconstruction_shape, image_channels
 from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_optimizer
-from .precision import setup_precision, uses_master_weights
+from .precision import loss_scaler, setup_precision, uses_master_weights
 from .objectives.gan import FakeReplay, disc_update_start
-from .step import NonFiniteGuard, TrainStep
+from .step import Network, NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
 VIDEO_ENCODER_TRAINED = "%s: its encoder is being trained on %s. Its latents encode video too (an image " \
@@ -123,10 +124,23 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
 
 def stateful(step: TrainStep) -> Dict[str, Any]:
     """Checkpoint files -> objects with a state dict (besides the model weights and rank state)."""
+    files: Dict[str, Any] = {}
+    for net in step.networks:
+        files.update({f"{net.prefix}optimizer.pdopt": net.optimizer, f"{net.prefix}scheduler.pdparams": net.scheduler})
+    if step.precision.dtype == "float16" or step.scales_losses:  # an fp16 run's scalers, even on CPU (disabled)
+        files.update({f"{net.prefix or 'vae_'}scaler.pdparams": net.scaler for net in step.networks})
     ema = {EMA_NAME: step.ema} if step.ema is not None else {}
-    return {"optimizer.pdopt": step.vae_optimizer, "scheduler.pdparams": step.vae_scheduler,
-            "disc_optimizer.pdopt": step.disc_optimizer, "disc_scheduler.pdparams": step.disc_scheduler,
-            **step.precision.stateful(), "nonfinite_guard.pdparams": step.guard, **ema}
+    return {**files, "nonfinite_guard.pdparams": step.guard, **ema}
+
+
+def train_networks(model: VAEWithDiscriminator, loss_args, args) -> Tuple[Network, Network]:
+    """The VAE's and the discriminator's records, built once: parameters, optimizer and schedule (the discriminator's
+    over the steps from its start), fp16 loss scaler, first step (the discriminator's: never with --disc_weight 0)."""
+    start = disc_update_start(loss_args)
+    return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), loss_scaler(args)),
+            Network("discriminator", "disc_", list(model.discriminator.parameters()),
+                    *build_optimizer(args, model, start), loss_scaler(args),
+                    start if loss_args.disc_weight > 0 else math.inf))
 
 
 def build_optimization(networks: Networks, loss_args, training_args, clips: bool = False) -> TrainStep:
@@ -136,13 +150,12 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
-    vae_optimizer, vae_scheduler = build_optimizer(training_args, model)
-    disc_optimizer, disc_scheduler = build_optimizer(training_args, model, disc_update_start(loss_args))
+    trained = train_networks(model, loss_args, training_args)
     guard = NonFiniteGuard(training_args.max_consecutive_nonfinite_steps, training_args.max_consecutive_overflow_steps)
     replay = FakeReplay(loss_args.disc_replay_size, training_args.seed + rank()) if loss_args.disc_replay_size else None
     if rank() == 0:
         warn_if_short(training_args.output_dir, model, ema, training_args.save_total_limit)
-    return TrainStep(model, networks.lpips, loss_args, vae_optimizer, vae_scheduler, disc_optimizer, disc_scheduler,
+    return TrainStep(model, networks.lpips, loss_args, trained,
                      accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
                      max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
                      vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips,

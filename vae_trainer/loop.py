@@ -137,7 +137,7 @@ class Run:
 
     def export(self, step: int) -> Dict[str, str]:
         """The final VAE and discriminator (float32 master weights under O2); returns their paths and the logs'."""
-        restore_float32(self.networks.model, [self.step.vae_optimizer, self.step.disc_optimizer])
+        restore_float32(self.networks.model, [net.optimizer for net in self.step.networks])
         watchdog.start(self.args.stall_timeout, rank(), "exporting")
         try:
             vae_dir, disc_dir = save_final_models(self.args.output_dir, self.networks, self.step.ema, self.evaluator,

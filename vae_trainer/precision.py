@@ -3,7 +3,7 @@
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 import paddle
@@ -57,28 +57,15 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
-    """The run's autocast (dtype None: float32) and the fp16 loss scalers of both networks (disabled without --fp16)."""
+    """The run's autocast (dtype None: float32); each network's fp16 loss scaler is its own (`loss_scaler`)."""
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
-    vae_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
-    disc_scaler: LossScaler = field(default_factory=lambda: LossScaler(enable=False))
-
-    @property
-    def scales_losses(self) -> bool:
-        """fp16 with loss scaling: non-finite gradients with finite losses are overflows, not errors."""
-        return self.vae_scaler.is_enable()
 
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()
         return paddle.amp.auto_cast(enable=True, dtype=self.dtype, level=self.level)
-
-    def stateful(self) -> dict:
-        """Checkpoint entries for the loss scalers (an fp16 run's, even on CPU where they are disabled)."""
-        if self.dtype != "float16" and not self.scales_losses:
-            return {}
-        return {"vae_scaler.pdparams": self.vae_scaler, "disc_scaler.pdparams": self.disc_scaler}
 
 
 def on_gpu() -> bool:
@@ -106,8 +93,12 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
             if layer is model or not layer.parameters(include_sublayers=False):
                 layer._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
-    scalers = [LossScaler(args.scale_loss, args.min_loss_scale) for _ in range(2)] if args.fp16 else []
-    return Precision(dtype, args.fp16_opt_level, *scalers)
+    return Precision(dtype, args.fp16_opt_level)
+
+
+def loss_scaler(args) -> LossScaler:
+    """One network's fp16 loss scaler (--scale_loss, --min_loss_scale); disabled without --fp16."""
+    return LossScaler(args.scale_loss, args.min_loss_scale) if args.fp16 else LossScaler(enable=False)
 
 
 def uses_master_weights(args) -> bool:

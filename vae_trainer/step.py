@@ -21,11 +21,11 @@ from .objectives import vae_objective
 from .objectives.alignment import to_token_grid
 from .objectives.clips import lpips_subset
 from .objectives.equivariance import draw, parse_transforms
-from .objectives.gan import disc_trains, discriminator_objective, gan_weight
+from .objectives.gan import discriminator_objective, gan_weight
 from .objectives.reconstruction import over_grey
 from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
-from .precision import Precision, half_precision_autocast
+from .precision import LossScaler, Precision, half_precision_autocast
 from .preemption import stop_signal
 
 logger = logging.getLogger("vae_trainer")
@@ -104,14 +104,24 @@ class MicroBatch:
 
 
 @dataclass
+class Network:
+    """One network the step trains, and what trains it (built once: build.train_networks)."""
+
+    name: str  # the guard's and its messages': "vae" | "discriminator"
+    prefix: str  # of its log keys and checkpoint files: "" | "disc_" (its loss scaler's file: "vae_" | "disc_")
+    parameters: List[paddle.Tensor]
+    optimizer: Any
+    scheduler: Any
+    scaler: LossScaler  # fp16's (disabled without --fp16)
+    start: float = 0  # the first (0-based) optimizer step it trains at; math.inf: never (--disc_weight 0)
+
+
+@dataclass
 class TrainStep:
     model: VAEWithDiscriminator
     lpips: Optional[paddle.nn.Layer]
     loss_args: Any
-    vae_optimizer: Any
-    vae_scheduler: Any
-    disc_optimizer: Any
-    disc_scheduler: Any
+    networks: Tuple[Network, Network]  # the VAE's, the discriminator's
     accumulation_steps: int = 1
     precision: Precision = field(default_factory=Precision)
     ema: Any = None
@@ -131,7 +141,7 @@ class TrainStep:
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
         the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
-        model, args = self.model, self.loss_args
+        model, args, (vae, disc) = self.model, self.loss_args, self.networks
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms, model.family.geometry(model.vae.config).min_latent_side)
         model.train()
@@ -154,19 +164,19 @@ class TrainStep:
                 target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
                 gan_weight=gan_weight(args, global_step), vf=vf,
-                grad_scale=self.precision.vae_scaler.scale_value / self.accumulation_steps,
+                grad_scale=vae.scaler.scale_value / self.accumulation_steps,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
                 lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
                 latent=z if clean.ndim == 5 else None, latent_target=taught)
         # backward: one pass. The heads' gradient at the reconstruction was taken once, on a leaf copy (so the
         # adaptive GAN weight costs one small conv's backward, not a second pass through LPIPS and the discriminator:
         # benchmarks/training_step.py --heads); it enters here beside the direct terms' (the KL, the latent ones).
-        vae_loss.backward(recon, lambda loss: self.precision.vae_scaler.scale(loss / self.accumulation_steps))
+        vae_loss.backward(recon, lambda loss: vae.scaler.scale(loss / self.accumulation_steps))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
             self._window_gan_overflows.append(logs["gan/adaptive_weight_overflow"])
-        if disc_trains(args, global_step):
+        if global_step >= disc.start:
             fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
             with self.precision.autocast():                                               # discriminator: loss
                 d_loss, d_logs = discriminator_objective(
@@ -174,7 +184,7 @@ class TrainStep:
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
                     fake_discriminator=None if taught is None else functools.partial(model.discriminator,
                                                                                      condition=condition))
-            self.precision.disc_scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
+            disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         return MicroBatch(logs, target, recon.detach(), clean)
@@ -186,20 +196,14 @@ class TrainStep:
         ranks and the EMA stepped. The learning rates move on in `schedule`. Returns the numbers to log (learning
         rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
         was signalled to (preemption.py), agreed by every rank."""
-        precision = self.precision
-        trained = {"vae": (self.model.vae_parameters(), self.vae_optimizer, precision.vae_scaler)}
-        if disc_trains(self.loss_args, global_step):
-            trained["discriminator"] = (list(self.model.discriminator.parameters()), self.disc_optimizer,
-                                        precision.disc_scaler)
-        sync_gradients([p for params, _, _ in trained.values() for p in params], fill_missing=self.clips)  # all-reduce
-        for _, optimizer, scaler in trained.values():
-            scaler.unscale_(optimizer)                                                    # unscale
-        norms = {name: grad_norm(params) for name, (params, _, _) in trained.items()}
-        scalars: Dict[str, object] = {"train/learning_rate": self.vae_optimizer.get_lr(),  # before they move on
-                                      "train/disc_learning_rate": self.disc_optimizer.get_lr(),
-                                      "train/grad_norm": norms["vae"]}
-        if "discriminator" in norms:
-            scalars["train/disc_grad_norm"] = norms["discriminator"]
+        trained = [net for net in self.networks if global_step >= net.start]
+        sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.clips)  # all-reduce
+        for net in trained:
+            net.scaler.unscale_(net.optimizer)                                            # unscale
+        norms = {net.name: grad_norm(net.parameters) for net in trained}
+        scalars: Dict[str, object] = {f"train/{net.prefix}learning_rate": net.optimizer.get_lr()  # before they move on
+                                      for net in self.networks}
+        scalars.update({f"train/{net.prefix}grad_norm": norms[net.name] for net in trained})
         # finite check: THE host sync of an optimizer step, one read of a few numbers summed over ranks (losses finite
         # on every rank, VAE / discriminator gradients finite, GAN terms skipped for overflow, some rank signalled to
         # stop), and the guard's decision {network: take its step?} (which raises when a run is broken).
@@ -208,39 +212,43 @@ class TrainStep:
         gan_overflows = paddle.stack(self._window_gan_overflows + [zero]).sum()
         self._window_losses, self._window_gan_overflows = [], []
         nonfinite = [(~paddle.isfinite(value)).any().astype("float32")
-                     for value in (losses, norms["vae"], norms.get("discriminator", zero))]
+                     for value in [losses] + [norms.get(net.name, zero) for net in self.networks]]
         signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
         bad = paddle.stack(nonfinite + [gan_overflows, signal])
-        bad_losses, bad_vae, bad_disc, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
-        scales = {"vae": precision.vae_scaler.scale_value, "discriminator": precision.disc_scaler.scale_value}
-        take = self.guard.decide(global_step + 1, bad_losses == 0, {"vae": not bad_vae, "discriminator": not bad_disc},
-                                 int(overflows), precision.scales_losses, scales)
-        for name, (params, optimizer, scaler) in trained.items():
-            if take[name]:
-                clip_grads(params, norms[name], self.max_grad_norm)                       # clip
-                optimizer.step()                                                          # step
-            scaler.update_after(not take[name])                                           # loss scale
+        bad_losses, *bad_grads, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
+        take = self.guard.decide(global_step + 1, bad_losses == 0,
+                                 {net.name: not bad for net, bad in zip(self.networks, bad_grads)}, int(overflows),
+                                 self.scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
+        for net in trained:
+            if take[net.name]:
+                clip_grads(net.parameters, norms[net.name], self.max_grad_norm)          # clip
+                net.optimizer.step()                                                      # step
+            net.scaler.update_after(not take[net.name])                                   # loss scale
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
         # as its weights (335 MB for SD), and between steps nothing needs them.
-        self.vae_optimizer.clear_grad(set_to_zero=False)
-        self.disc_optimizer.clear_grad(set_to_zero=False)
+        for net in self.networks:
+            net.optimizer.clear_grad(set_to_zero=False)
         average_over_ranks(self._norm_statistics)                                         # BatchNorm statistics
         if self.ema is not None:                                                          # EMA
             self.ema.step(self.model.vae.parameters())
         guard = self.guard
-        scalars.update({"train/skipped_steps": guard.skipped_steps, "train/overflow_steps": guard.overflow_steps["vae"],
-                        "train/disc_overflow_steps": guard.overflow_steps["discriminator"],
+        overflow_steps = {f"train/{net.prefix}overflow_steps": guard.overflow_steps[net.name] for net in self.networks}
+        scalars.update({"train/skipped_steps": guard.skipped_steps, **overflow_steps,
                         "train/skipped_gan_terms": guard.skipped_gan_terms})
-        if precision.scales_losses:
-            scalars.update({"train/loss_scale": precision.vae_scaler.scale_value,
-                            "train/disc_loss_scale": precision.disc_scaler.scale_value})
+        if self.scales_losses:
+            scalars.update({f"train/{net.prefix}loss_scale": net.scaler.scale_value for net in self.networks})
         return scalars, signalled > 0
+
+    @property
+    def scales_losses(self) -> bool:
+        """fp16 with loss scaling: non-finite gradients with finite losses are overflows, not errors."""
+        return self.networks[0].scaler.is_enable()
 
     def schedule(self, global_step: int) -> None:
         """After `optimizer_step` of `global_step`: the learning rate of each network that trained moves on."""
-        self.vae_scheduler.step()
-        if disc_trains(self.loss_args, global_step):
-            self.disc_scheduler.step()
+        for net in self.networks:
+            if global_step >= net.start:
+                net.scheduler.step()
 
 
 def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:

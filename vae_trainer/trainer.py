@@ -29,7 +29,7 @@ class VAETrainer(Trainer, TrainerCallback):
         # `step` moves both networks' learning rates on.
         step = run.step
         optimizer = SimpleNamespace(step=self._update, clear_grad=lambda set_to_zero=True: None,
-                                    get_lr=step.vae_optimizer.get_lr)
+                                    get_lr=step.networks[0].optimizer.get_lr)
         schedule = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
         super().__init__(model=run.networks.model, args=args, optimizers=(optimizer, schedule))
         self.run, self.micro_steps = run, 0

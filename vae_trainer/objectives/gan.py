@@ -70,11 +70,6 @@ def gan_weight(loss_args, global_step: int) -> float:
     return args.disc_weight * min(1.0, (global_step - args.disc_start + 1) / max(args.disc_weight_warmup_steps, 1))
 
 
-def disc_trains(loss_args, global_step: int) -> bool:
-    """Does the discriminator train at `global_step`?"""
-    return loss_args.disc_weight > 0 and global_step >= disc_update_start(loss_args)
-
-
 def disc_update_start(loss_args) -> int:
     """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters) or --disc_start."""
     start = loss_args.disc_update_start
