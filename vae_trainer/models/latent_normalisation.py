@@ -46,7 +46,8 @@ class Normalisation:
         return {}
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
-        """The export's updates (config entries, or weights by state-dict name) from measured statistics."""
+        """The export's updates (config entries, and weights by state-dict name, which the export writes in place of
+        the network's own) from measured statistics."""
         updates = {"scaling_factor": stats.scaling_factor}
         if vae.config.get("shift_factor") is not None:
             updates["shift_factor"] = stats.shift_factor
@@ -81,10 +82,6 @@ class Normalisation:
             mean = np.full(channels, config.get("shift_factor") or 0.0)
             std = np.full(channels, 1 / config.scaling_factor)
         return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """Weights the export writes in place of the network's own (by state-dict name)."""
-        return {}
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None
@@ -200,9 +197,11 @@ class PerPosition(PerChannel):
         shape = [int(vae.config["encoder_hidden_size"]), grid, grid]  # (C, h, w) of the tokens: the latent's shape
         mean = np.asarray(stats.view_mean, np.float64).reshape(shape)
         variance = np.asarray(stats.view_var, np.float64).reshape(shape)
-        # float32 values in the config, so that config.json and the weights hold the same numbers
-        return {"latents_mean": mean.astype(np.float32).tolist(),
-                "latents_std": np.sqrt(variance + self.eps).astype(np.float32).tolist()}
+        # float32 values in the config, so that config.json and the weights hold the same numbers; also as the
+        # buffers diffusers' constructor makes of them (the other buffers go out as loaded: a folder's encoder_mean /
+        # encoder_std, which its config need not state)
+        mean, std = mean.astype(np.float32), np.sqrt(variance + self.eps).astype(np.float32)
+        return {"latents_mean": mean.tolist(), "latents_std": std.tolist(), "_latents_mean": mean, "_latents_std": std}
 
     def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
         config = {**vae.config, **updates}
@@ -224,11 +223,6 @@ class PerPosition(PerChannel):
                          "and position, times scaling_factor), and its decoder returns one fixed size from patch-14 "
                          "tokens: no tiny autoencoder (a power-of-two factor, output size set by the latent) can "
                          "stand in")
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """Measured statistics also as the buffers diffusers' constructor makes of them; the other buffers go out as
-        loaded (a folder's encoder_mean / encoder_std, which its config need not state)."""
-        return {f"_{key}": np.asarray(updates[key], np.float32) for key in self.keys[1:] if key in updates}
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         class_name = type(vae).__name__
@@ -327,10 +321,6 @@ class HeldInWeights(Normalisation):
             spread = spread / vae.config.scaling_factor
         return (np.asarray(held[self.mean_name], np.float32).reshape(shape),
                 spread.astype(np.float32).reshape(shape))
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        written = {*self.buffers.values(), self.counter}
-        return {key: value for key, value in updates.items() if key in written}
 
     def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
         held, (mean_listed, var_listed) = self.held_values(vae), self.listed(result)
