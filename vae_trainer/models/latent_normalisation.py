@@ -53,13 +53,10 @@ class Normalisation:
             updates["shift_factor"] = stats.shift_factor
         return updates
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
-        """The exported normalisation, as latent_stats.json states it."""
-        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        """`record` in the export's log line."""
-        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
+        """The exported normalisation, as latent_stats.json states it and as the export's log line does."""
+        record = {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
+        return record, f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         """What latent_stats.json says was measured, beyond where and how many."""
@@ -148,12 +145,10 @@ class PerChannel(Normalisation):
             raise ValueError("measuring latents_mean / latents_std needs the posterior modes' statistics")
         return {"latents_mean": list(stats.view_mean), "latents_std": [float(np.sqrt(v)) for v in stats.view_var]}
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         values = {key: list(updates.get(key, vae.config[key])) for key in self.keys}
-        return {"class": type(vae).__name__, "latent_normalisation": {**values, "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        return f"latents_mean / latents_std of {len(record['latent_normalisation']['latents_mean'])} channels"
+        return ({"class": type(vae).__name__, "latent_normalisation": {**values, "normalisation": self.formula}},
+                f"latents_mean / latents_std of {len(values['latents_mean'])} channels")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": "per channel of the posterior mode, population mean and std over all images and "
@@ -203,17 +198,13 @@ class PerPosition(PerChannel):
         mean, std = mean.astype(np.float32), np.sqrt(variance + self.eps).astype(np.float32)
         return {"latents_mean": mean.tolist(), "latents_std": std.tolist(), "_latents_mean": mean, "_latents_std": std}
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         config = {**vae.config, **updates}
-        stated = config.get("latents_mean") is not None
-        return {"scaling_factor": config.get("scaling_factor"), "latent_normalisation": {
-            "latents_mean / latents_std": f"in config.json, shape {list(np.shape(config['latents_mean']))}"
-                                          if stated else "unset: encode normalises nothing but the scaling_factor",
-            "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        return (f"scaling_factor {record['scaling_factor']}, latents_mean / latents_std "
-                f"{record['latent_normalisation']['latents_mean / latents_std']}")
+        stated = ("unset: encode normalises nothing but the scaling_factor" if config.get("latents_mean") is None
+                  else f"in config.json, shape {list(np.shape(config['latents_mean']))}")
+        return ({"scaling_factor": config.get("scaling_factor"), "latent_normalisation": {
+            "latents_mean / latents_std": stated, "normalisation": self.formula}},
+            f"scaling_factor {config.get('scaling_factor')}, latents_mean / latents_std {stated}")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": self.statistic, **moments(stats)}
@@ -295,15 +286,13 @@ class HeldInWeights(Normalisation):
             updates[self.counter] = np.asarray([stats.num_images], np.int64)
         return updates
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         config = {key: vae.config[key] for key in (self.eps_key, *self.keys) if key}
-        return {"class": type(vae).__name__, "latent_normalisation": {
-            **self.held_values(vae, updates), **config, "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        normalisation = record["latent_normalisation"]
-        eps = f", eps {normalisation[self.eps_key]}" if self.eps_key else ""
-        return (f"latent normalisation ({self.held} of {len(normalisation[self.mean_name])} "
+        held = self.held_values(vae, updates)
+        eps = f", eps {config[self.eps_key]}" if self.eps_key else ""
+        return ({"class": type(vae).__name__,
+                 "latent_normalisation": {**held, **config, "normalisation": self.formula}},
+                f"latent normalisation ({self.held} of {len(held[self.mean_name])} "
                 f"{'patchified ' if self.patch_key else ''}channels{eps})")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
