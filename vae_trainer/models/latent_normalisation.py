@@ -245,12 +245,12 @@ class HeldInWeights(Normalisation):
     name = "latent normalisation"
     numbers = False  # its statistics are measured or kept, never given
 
-    def __init__(self, held: str, buffers: Mapping[str, str], formula: str, variance: bool = False,
-                 eps_key: str = "", patch_key: str = "", counter: str = "", label: str = "",
-                 keys: Tuple[str, ...] = ()):
+    def __init__(self, held: str, buffers: Mapping[str, str], formula: str, eps_key: str = "", patch_key: str = "",
+                 counter: str = "", label: str = "", keys: Tuple[str, ...] = ()):
         self.held, self.formula, self.label = held, formula, label  # held: what the weights hold, for messages
         self.buffers = dict(buffers)  # {mean's name, spread's name: state-dict name}, as latent_stats.json names them
-        self.variance, self.eps_key, self.patch_key, self.counter = variance, eps_key, patch_key, counter
+        # eps_key: the spread is a variance, applied as sqrt(var + the config's eps) (a BatchNorm's), else a std
+        self.eps_key, self.patch_key, self.counter = eps_key, patch_key, counter
         self.keys = keys  # config keys kept beside them (LTX-2's scaling_factor, applied after)
         self.mean_name, self.spread_name = list(self.buffers)
         where = ("per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order)" if patch_key
@@ -279,7 +279,7 @@ class HeldInWeights(Normalisation):
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
             raise ValueError(f"measuring {type(vae).__name__}'s latent normalisation needs its modes' statistics")
-        spread = stats.view_var if self.variance else np.sqrt(stats.view_var)
+        spread = stats.view_var if self.eps_key else np.sqrt(stats.view_var)
         mean_key, spread_key = self.buffers.values()
         updates = {mean_key: np.asarray(stats.view_mean, np.float32), spread_key: np.asarray(spread, np.float32)}
         if self.counter:  # PyTorch's counter (no pipeline reads it): the images measured
@@ -304,7 +304,7 @@ class HeldInWeights(Normalisation):
         patch, held = vae.config[self.patch_key] if self.patch_key else (1, 1), self.held_values(vae)
         shape = [len(held[self.mean_name]) // (patch[0] * patch[1]), *patch]
         spread = np.asarray(held[self.spread_name], np.float32)
-        if self.variance:
+        if self.eps_key:
             spread = np.sqrt(spread + vae.config[self.eps_key])
         elif "scaling_factor" in self.keys:
             spread = spread / vae.config.scaling_factor
@@ -322,8 +322,7 @@ class HeldInWeights(Normalisation):
 FLUX2_BN = HeldInWeights(
     "bn statistics", {"running_mean": "bn._mean", "running_var": "bn._variance"},  # PyTorch's names: Paddle's
     "(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior mode, patchify 2x2 "
-    "(Flux2Pipeline)", variance=True, eps_key="batch_norm_eps", patch_key="patch_size",
-    counter="bn.num_batches_tracked", label="bn ")
+    "(Flux2Pipeline)", eps_key="batch_norm_eps", patch_key="patch_size", counter="bn.num_batches_tracked", label="bn ")
 LTX2_BUFFERS = HeldInWeights(
     "latents_mean / latents_std buffers", {"latents_mean": "latents_mean", "latents_std": "latents_std"},
     "(z - latents_mean) * scaling_factor / latents_std per channel, z the posterior mode (the LTX-2 pipelines)",
