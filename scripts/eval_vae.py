@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
         print(f"protocol:\n{protocol.text()}\n\n{table}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation.held:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one
-            summary["latent_normalisation"] = normalisation.record(vae, {})["latent_normalisation"]
+            summary["latent_normalisation"] = normalisation.record(vae, {})[0]["latent_normalisation"]
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
             json.dump(summary, f, indent=2)

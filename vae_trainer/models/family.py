@@ -65,13 +65,17 @@ class Deterministic:
 class Family:
     """An autoencoder class as the trainer sees it."""
 
-    class_name: ClassVar[str]  # the `_class_name` of its config.json (diffusers' class)
-    network: ClassVar[type]  # the Paddle class
+    network: ClassVar[type]  # the Paddle class, named as diffusers' class
     normalisation: ClassVar[Normalisation]  # its latent normalisation (latent_normalisation.py)
     # The state-dict prefixes of what defines the latent: --freeze_encoder freezes these layers, --ignore_keys of any
     # re-initialises the latent space (FLUX.2's bn statistics are among them).
     encoder_prefixes: ClassVar[Tuple[str, ...]] = ("encoder.",)
     tiling: ClassVar[str] = ""  # how --eval_tiled tiles, for the protocol ("": it cannot)
+
+    @property
+    def class_name(self) -> str:
+        """The `_class_name` of its config.json: its class's name, which is diffusers' too."""
+        return self.network.__name__
 
     def owns(self, config: Mapping[str, Any]) -> bool:
         """Is a config without `_class_name` this family's (by its keys)?"""

@@ -46,19 +46,17 @@ class Normalisation:
         return {}
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
-        """The export's updates (config entries, or weights by state-dict name) from measured statistics."""
+        """The export's updates (config entries, and weights by state-dict name, which the export writes in place of
+        the network's own) from measured statistics."""
         updates = {"scaling_factor": stats.scaling_factor}
         if vae.config.get("shift_factor") is not None:
             updates["shift_factor"] = stats.shift_factor
         return updates
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
-        """The exported normalisation, as latent_stats.json states it."""
-        return {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        """`record` in the export's log line."""
-        return f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
+        """The exported normalisation, as latent_stats.json states it and as the export's log line does."""
+        record = {key: updates.get(key, vae.config.get(key)) for key in ("scaling_factor", "shift_factor")}
+        return record, f"scaling_factor {record['scaling_factor']}, shift_factor {record['shift_factor']}"
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         """What latent_stats.json says was measured, beyond where and how many."""
@@ -81,10 +79,6 @@ class Normalisation:
             mean = np.full(channels, config.get("shift_factor") or 0.0)
             std = np.full(channels, 1 / config.scaling_factor)
         return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """Weights the export writes in place of the network's own (by state-dict name)."""
-        return {}
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None
@@ -151,12 +145,10 @@ class PerChannel(Normalisation):
             raise ValueError("measuring latents_mean / latents_std needs the posterior modes' statistics")
         return {"latents_mean": list(stats.view_mean), "latents_std": [float(np.sqrt(v)) for v in stats.view_var]}
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         values = {key: list(updates.get(key, vae.config[key])) for key in self.keys}
-        return {"class": type(vae).__name__, "latent_normalisation": {**values, "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        return f"latents_mean / latents_std of {len(record['latent_normalisation']['latents_mean'])} channels"
+        return ({"class": type(vae).__name__, "latent_normalisation": {**values, "normalisation": self.formula}},
+                f"latents_mean / latents_std of {len(values['latents_mean'])} channels")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": "per channel of the posterior mode, population mean and std over all images and "
@@ -200,21 +192,19 @@ class PerPosition(PerChannel):
         shape = [int(vae.config["encoder_hidden_size"]), grid, grid]  # (C, h, w) of the tokens: the latent's shape
         mean = np.asarray(stats.view_mean, np.float64).reshape(shape)
         variance = np.asarray(stats.view_var, np.float64).reshape(shape)
-        # float32 values in the config, so that config.json and the weights hold the same numbers
-        return {"latents_mean": mean.astype(np.float32).tolist(),
-                "latents_std": np.sqrt(variance + self.eps).astype(np.float32).tolist()}
+        # float32 values in the config, so that config.json and the weights hold the same numbers; also as the
+        # buffers diffusers' constructor makes of them (the other buffers go out as loaded: a folder's encoder_mean /
+        # encoder_std, which its config need not state)
+        mean, std = mean.astype(np.float32), np.sqrt(variance + self.eps).astype(np.float32)
+        return {"latents_mean": mean.tolist(), "latents_std": std.tolist(), "_latents_mean": mean, "_latents_std": std}
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         config = {**vae.config, **updates}
-        stated = config.get("latents_mean") is not None
-        return {"scaling_factor": config.get("scaling_factor"), "latent_normalisation": {
-            "latents_mean / latents_std": f"in config.json, shape {list(np.shape(config['latents_mean']))}"
-                                          if stated else "unset: encode normalises nothing but the scaling_factor",
-            "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        return (f"scaling_factor {record['scaling_factor']}, latents_mean / latents_std "
-                f"{record['latent_normalisation']['latents_mean / latents_std']}")
+        stated = ("unset: encode normalises nothing but the scaling_factor" if config.get("latents_mean") is None
+                  else f"in config.json, shape {list(np.shape(config['latents_mean']))}")
+        return ({"scaling_factor": config.get("scaling_factor"), "latent_normalisation": {
+            "latents_mean / latents_std": stated, "normalisation": self.formula}},
+            f"scaling_factor {config.get('scaling_factor')}, latents_mean / latents_std {stated}")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
         return {"statistic": self.statistic, **moments(stats)}
@@ -224,11 +214,6 @@ class PerPosition(PerChannel):
                          "and position, times scaling_factor), and its decoder returns one fixed size from patch-14 "
                          "tokens: no tiny autoencoder (a power-of-two factor, output size set by the latent) can "
                          "stand in")
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        """Measured statistics also as the buffers diffusers' constructor makes of them; the other buffers go out as
-        loaded (a folder's encoder_mean / encoder_std, which its config need not state)."""
-        return {f"_{key}": np.asarray(updates[key], np.float32) for key in self.keys[1:] if key in updates}
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         class_name = type(vae).__name__
@@ -260,12 +245,12 @@ class HeldInWeights(Normalisation):
     name = "latent normalisation"
     numbers = False  # its statistics are measured or kept, never given
 
-    def __init__(self, held: str, buffers: Mapping[str, str], formula: str, variance: bool = False,
-                 eps_key: str = "", patch_key: str = "", counter: str = "", label: str = "",
-                 keys: Tuple[str, ...] = ()):
+    def __init__(self, held: str, buffers: Mapping[str, str], formula: str, eps_key: str = "", patch_key: str = "",
+                 counter: str = "", label: str = "", keys: Tuple[str, ...] = ()):
         self.held, self.formula, self.label = held, formula, label  # held: what the weights hold, for messages
         self.buffers = dict(buffers)  # {mean's name, spread's name: state-dict name}, as latent_stats.json names them
-        self.variance, self.eps_key, self.patch_key, self.counter = variance, eps_key, patch_key, counter
+        # eps_key: the spread is a variance, applied as sqrt(var + the config's eps) (a BatchNorm's), else a std
+        self.eps_key, self.patch_key, self.counter = eps_key, patch_key, counter
         self.keys = keys  # config keys kept beside them (LTX-2's scaling_factor, applied after)
         self.mean_name, self.spread_name = list(self.buffers)
         where = ("per patchified channel (2x2 patches of the posterior mode, Flux2Pipeline's order)" if patch_key
@@ -294,22 +279,20 @@ class HeldInWeights(Normalisation):
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
             raise ValueError(f"measuring {type(vae).__name__}'s latent normalisation needs its modes' statistics")
-        spread = stats.view_var if self.variance else np.sqrt(stats.view_var)
+        spread = stats.view_var if self.eps_key else np.sqrt(stats.view_var)
         mean_key, spread_key = self.buffers.values()
         updates = {mean_key: np.asarray(stats.view_mean, np.float32), spread_key: np.asarray(spread, np.float32)}
         if self.counter:  # PyTorch's counter (no pipeline reads it): the images measured
             updates[self.counter] = np.asarray([stats.num_images], np.int64)
         return updates
 
-    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, Any]:
+    def record(self, vae: Layer, updates: Mapping[str, Any]) -> Tuple[Dict[str, Any], str]:
         config = {key: vae.config[key] for key in (self.eps_key, *self.keys) if key}
-        return {"class": type(vae).__name__, "latent_normalisation": {
-            **self.held_values(vae, updates), **config, "normalisation": self.formula}}
-
-    def text(self, record: Mapping[str, Any]) -> str:
-        normalisation = record["latent_normalisation"]
-        eps = f", eps {normalisation[self.eps_key]}" if self.eps_key else ""
-        return (f"latent normalisation ({self.held} of {len(normalisation[self.mean_name])} "
+        held = self.held_values(vae, updates)
+        eps = f", eps {config[self.eps_key]}" if self.eps_key else ""
+        return ({"class": type(vae).__name__,
+                 "latent_normalisation": {**held, **config, "normalisation": self.formula}},
+                f"latent normalisation ({self.held} of {len(held[self.mean_name])} "
                 f"{'patchified ' if self.patch_key else ''}channels{eps})")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
@@ -321,16 +304,12 @@ class HeldInWeights(Normalisation):
         patch, held = vae.config[self.patch_key] if self.patch_key else (1, 1), self.held_values(vae)
         shape = [len(held[self.mean_name]) // (patch[0] * patch[1]), *patch]
         spread = np.asarray(held[self.spread_name], np.float32)
-        if self.variance:
+        if self.eps_key:
             spread = np.sqrt(spread + vae.config[self.eps_key])
         elif "scaling_factor" in self.keys:
             spread = spread / vae.config.scaling_factor
         return (np.asarray(held[self.mean_name], np.float32).reshape(shape),
                 spread.astype(np.float32).reshape(shape))
-
-    def weights(self, vae: Layer, updates: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-        written = {*self.buffers.values(), self.counter}
-        return {key: value for key, value in updates.items() if key in written}
 
     def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
         held, (mean_listed, var_listed) = self.held_values(vae), self.listed(result)
@@ -343,8 +322,7 @@ class HeldInWeights(Normalisation):
 FLUX2_BN = HeldInWeights(
     "bn statistics", {"running_mean": "bn._mean", "running_var": "bn._variance"},  # PyTorch's names: Paddle's
     "(patchify(z) - running_mean) / sqrt(running_var + batch_norm_eps), z the posterior mode, patchify 2x2 "
-    "(Flux2Pipeline)", variance=True, eps_key="batch_norm_eps", patch_key="patch_size",
-    counter="bn.num_batches_tracked", label="bn ")
+    "(Flux2Pipeline)", eps_key="batch_norm_eps", patch_key="patch_size", counter="bn.num_batches_tracked", label="bn ")
 LTX2_BUFFERS = HeldInWeights(
     "latents_mean / latents_std buffers", {"latents_mean": "latents_mean", "latents_std": "latents_std"},
     "(z - latents_mean) * scaling_factor / latents_std per channel, z the posterior mode (the LTX-2 pipelines)",

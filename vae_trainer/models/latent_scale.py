@@ -191,7 +191,7 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
         raise ValueError(f"--scaling_factor {mode}: {family.class_name} has no scaling_factor (use keep or measure)")
     else:
         updates, source = {"scaling_factor": float(mode)}, "given by --scaling_factor"
-    scale = normalisation.record(vae, updates)
+    scale, text = normalisation.record(vae, updates)
     record: Dict[str, Any] = {**scale, "latents_mean": None, "latents_std": None, "source": source, "weights": weights,
                               "measured": None}
     if stats is None:
@@ -205,7 +205,7 @@ def decide(mode: Mode, vae: Layer, stats=None, measured_on: Optional[str] = None
                         "%.5g, shift_factor %.5g", stats.num_images, measured_on,
                         [round(v, 4) for v in stats.latent_mean], [round(v, 4) for v in stats.latent_std],
                         stats.scaling_factor, stats.shift_factor)
-    logger.info("exported %s (%s)", normalisation.text(scale), f"{source}; {weights}" if weights else source)
+    logger.info("exported %s (%s)", text, f"{source}; {weights}" if weights else source)
     return updates, record
 
 

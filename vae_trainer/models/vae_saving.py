@@ -26,8 +26,8 @@ def save_vae(vae: paddle.nn.Layer, out_dir: str, posterior_std: float = 0.0, **u
     family = family_of(vae)
     vae.register_to_config(**{k: v for k, v in updates.items() if k in family.normalisation.keys or k in vae.config})
     problem = family.diffusers_problem(vae)
-    values = {**family.posterior_std_values(vae, posterior_std), **family.normalisation.weights(vae, updates)}
     state = vae.state_dict()
+    values = {**family.posterior_std_values(vae, posterior_std), **{k: v for k, v in updates.items() if k in state}}
     # While saving (`save_pretrained` writes `vae.state_dict()`), the state dict holds the weights the export writes in
     # place of its own (the family's), of another shape too (RAE's unset latent statistics, shape (1,), measured per
     # channel and position); its own weights are left as they are.

@@ -49,16 +49,10 @@ def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config"
 
 
 def encoder_parameters(vae: Layer) -> List[Tensor]:
-    """The weights that define the latent: those of the layers at the family's `encoder_prefixes` (those the network
-    has: FLUX.1's has no quant_conv)."""
-    params = []
-    for prefix in family_of(vae).encoder_prefixes:
-        layer = vae
-        for name in prefix.rstrip(".").split("."):
-            layer = getattr(layer, name, None)
-        if isinstance(layer, Layer):
-            params += layer.parameters()
-    return params
+    """The weights that define the latent: those at the family's `encoder_prefixes`, prefix by prefix (those the
+    network has: FLUX.1's has no quant_conv)."""
+    named = list(vae.named_parameters())
+    return [p for prefix in family_of(vae).encoder_prefixes for name, p in named if name.startswith(prefix)]
 
 
 def image_channels(vae: Layer) -> int:

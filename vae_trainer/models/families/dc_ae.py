@@ -27,7 +27,6 @@ SHORTCUTS = {"encoder": "encoder_out_shortcut", "decoder": "decoder_in_shortcut"
 
 
 class DCFamily(Family):
-    class_name = "AutoencoderDC"
     network = AutoencoderDC
     normalisation = Scale()
     tiling = diffusers_tiling("AutoencoderDC")

@@ -18,7 +18,6 @@ FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_m
 
 
 class Flux2Family(KLFamily):
-    class_name = CLASS_NAME
     network = AutoencoderKLFlux2
     encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
     normalisation = FLUX2_BN

@@ -18,7 +18,6 @@ from .wan import CausalVideoFamily
 
 
 class HunyuanVideo15Family(CausalVideoFamily):
-    class_name = "AutoencoderKLHunyuanVideo15"
     network = AutoencoderKLHunyuanVideo15
     encoder_prefixes = ("encoder.",)
     normalisation = Scale()

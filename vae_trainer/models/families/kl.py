@@ -19,7 +19,6 @@ from ..rgba import ImageConvs
 
 
 class KLFamily(Family):
-    class_name = "AutoencoderKL"
     network = AutoencoderKL
     encoder_prefixes = ("encoder.", "quant_conv.")
     normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))

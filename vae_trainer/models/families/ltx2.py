@@ -28,7 +28,6 @@ UNHONOURED = {"timestep_conditioning": "its decoder then needs a timestep per sa
 
 
 class LTX2Family(CausalVideoFamily):
-    class_name = "AutoencoderKLLTX2Video"
     network = AutoencoderKLLTX2Video
     encoder_prefixes = ("encoder.", "latents_mean", "latents_std")  # the buffers define the latent's normalisation
     normalisation = LTX2_BUFFERS

@@ -14,7 +14,6 @@ from .wan import WanFamily
 
 
 class QwenImage21Family(WanFamily):
-    class_name = "AutoencoderKLQwenImage21"
     network = AutoencoderKLQwenImage21
     frames = 0  # images only: its encoder has no temporal layers
     tiling = diffusers_tiling("AutoencoderKLQwenImage21")

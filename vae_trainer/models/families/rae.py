@@ -22,7 +22,6 @@ STAT_EPS = PerPosition.eps  # stat.pt holds variances; diffusers' conversion sto
 
 
 class RAEFamily(Family):
-    class_name = "AutoencoderRAE"
     network = AutoencoderRAE
     normalisation = PerPosition()
     def owns(self, config: Mapping[str, Any]) -> bool:

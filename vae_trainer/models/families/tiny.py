@@ -32,7 +32,6 @@ RETIRED_KEYS = ("block_out_channels", *NEWER_KEYS)  # read, not built
 
 
 class TinyFamily(Family):
-    class_name = CLASS_NAME
     network = AutoencoderTiny
     normalisation = Fixed()
     def owns(self, config: Mapping[str, Any]) -> bool:

@@ -103,7 +103,6 @@ class CausalVideoFamily(Family):
 
 
 class WanFamily(CausalVideoFamily):
-    class_name = "AutoencoderKLWan"
     network = AutoencoderKLWan
     patch_key = "patch_size"
     retired_keys = ("clip_output",)  # Wan2.2-TI2V-5B's vae/ has it (diffusers 0.35); 0.42 always clamps the decode
@@ -114,7 +113,6 @@ class WanFamily(CausalVideoFamily):
 
 
 class QwenImageFamily(CausalVideoFamily):
-    class_name = "AutoencoderKLQwenImage"
     network = AutoencoderKLQwenImage
     tiling = diffusers_tiling("AutoencoderKLQwenImage")
     image_channel_keys = ("input_channels",)  # in and out
