@@ -345,7 +345,8 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
     """Reconstruct the images of `batches` (this rank's) and measure them as `EvalProtocol` states.
     `sample_posterior` decodes a sample (noise seeded by `seed` + rank, not the global generator); a
     `teacher` (models/teacher.py): the student `vae` decodes the teacher's latents, measured against both. `lpips`
-    and `inception` as their loaders give them: frozen, no batch statistics (models/lpips.freeze, load_fid_inception)."""
+    and `inception` as their loaders give them: frozen, no batch statistics (models/lpips.freeze,
+    load_fid_inception)."""
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
     evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
     return evaluation.run(batches, tiling, reconstruct=True).result()
