@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.teacher and (args.num_frames > 1 or args.input_size or args.sample_posterior):
             raise ValueError("--teacher: a student decodes its teacher's latents of whole images: drop --num_frames, "
                              "--input_size and --sample_posterior")
-        check_tiling_flags(args, args, None, "the VAE's config")  # the VAE's factor: once it is loaded
+        check_tiling_flags(args, None, "the VAE's config")  # the VAE's factor: once it is loaded
         args.batch_size = eval_batch_size(args.resolution, args.batch_size, flag="--batch_size")  # as recorded
     except ValueError as error:
         parser.error(str(error))
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> EvalResult:
     with start_up():  # a VAE or images that cannot be read, sizes it cannot take: one `error: ...` line
         vae = load_vae(args)
         check_reconstruction_shape(vae.config, args.input_size, args.resolution)
-        check_tiling_flags(args, args, vae.config, "the VAE's config")
+        check_tiling_flags(args, vae.config, "the VAE's config")
         family, geometry = family_of(vae), family_of(vae).geometry(vae.config)
         check_clip_flags(args, family, geometry)
         if args.sample_posterior and geometry.deterministic:

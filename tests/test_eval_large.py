@@ -95,7 +95,7 @@ def test_the_parse_time_checks_do_not_import_the_evaluation_module():
 
     code = ("import sys; from types import SimpleNamespace as N; from vae_trainer import flag_checks as f; "
             "assert 'paddle' not in sys.modules, 'paddle imported'; "
-            "f.check_tiling_flags(N(input_size=None), N(eval_tiled=True, eval_tile_size=64), "
+            "f.check_tiling_flags(N(input_size=None, eval_tiled=True, eval_tile_size=64), "
             "{'down_block_types': ['D'] * 4}, 'x'); "
             "assert 'vae_trainer.evaluation' not in sys.modules, 'imported'")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -67,18 +67,18 @@ REFUSALS = (
     (("eval_file_list",), lambda f: f.eval_file_list and not f.eval_steps,
      "it is never evaluated without --eval_steps: add --eval_steps N (every N steps and at the end; --eval_steps "
      "equal to --max_steps evaluates once, at the end)"),
-    (("metric_for_best_model",), lambda f: f.metric and not f.evaluates,
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model and not f.evaluates,
      "it needs evaluations: add --eval_file_list and --eval_steps"),
-    (("metric_for_best_model",), lambda f: f.metric == "rfid" and not f.inception_weights,
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model == "rfid" and not f.inception_weights,
      "rFID is measured only with --inception_weights: add them"),
-    (("metric_for_best_model",), lambda f: f.metric == "lpips" and f.lpips_missing,
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model == "lpips" and f.lpips_missing,
      "LPIPS needs its weights (--lpips_weights; default weights/lpips_vgg16.pdparams, from make setup): give them"),
-    (("metric_for_best_model",), lambda f: f.metric == "vf_alignment_cka" and not f.vf_model_path,
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model == "vf_alignment_cka" and not f.vf_model_path,
      "the alignment is measured only with --vf_model_path: add it"),
-    (("metric_for_best_model",), lambda f: f.metric == "alpha_psnr" and f.geometry.channels != 4
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model == "alpha_psnr" and f.geometry.channels != 4
      and not f.expand_to_rgba,
      "alpha_psnr is measured for VAEs of RGBA images (4 channels), and this one takes RGB: pick another metric"),
-    (("metric_for_best_model",), lambda f: f.metric == "flicker" and f.num_frames == 1,
+    (("metric_for_best_model",), lambda f: f.metric_for_best_model == "flicker" and f.num_frames == 1,
      "flicker is measured on clips: add --num_frames N (> 1), or pick another metric"),
     (("inception_weights",), lambda f: not f.evaluates, "rFID is measured in evaluations: add --eval_file_list and "
      "--eval_steps, or drop it (scripts/eval_vae.py --inception_weights measures a saved VAE)"),

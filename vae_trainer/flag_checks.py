@@ -49,7 +49,7 @@ def check_sizes(f: SimpleNamespace) -> None:
     checked once built)."""
     from .models.families import check_reconstruction_shape
 
-    check_tiling_flags(f, f, f.config, f.config_path)  # (which names the path only with a config)
+    check_tiling_flags(f, f.config, f.config_path)  # (which names the path only with a config)
     if f.config is None:
         return
     resolution, factor = f.resolution, f.geometry.factor
@@ -90,15 +90,15 @@ def check_tile_size(tile_size: int, config: Optional[Mapping[str, Any]], input_s
                          f"stitch the tiles back to the image's size: use e.g. --eval_tile_size {fits}")
 
 
-def check_tiling_flags(model_args, data_args, config: Optional[Mapping[str, Any]], where: str) -> None:
+def check_tiling_flags(args, config: Optional[Mapping[str, Any]], where: str) -> None:
     """--eval_tile_size needs --eval_tiled and is >= 1; `check_tile_size` (`config`: the VAE's, None if unknown)."""
-    eval_tiled, tile_size = data_args.eval_tiled, data_args.eval_tile_size
+    eval_tiled, tile_size = args.eval_tiled, args.eval_tile_size
     if tile_size is not None and not eval_tiled:
         raise ValueError("--eval_tile_size does nothing without --eval_tiled: add --eval_tiled, or drop it")
     if tile_size is not None and tile_size < 1:
         raise ValueError(f"--eval_tile_size must be >= 1, got {tile_size}")
     if eval_tiled:
-        check_tile_size(tile_size or DEFAULT_TILE_SIZE, config, model_args.input_size, where)
+        check_tile_size(tile_size or DEFAULT_TILE_SIZE, config, args.input_size, where)
 
 
 def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
@@ -115,7 +115,6 @@ def flag_values(arguments: Sequence[Any]) -> SimpleNamespace:
     f.measures_scale = scaling_factor_mode(f) == "measure"
     f.evaluates = bool(f.eval_file_list) and bool(f.eval_steps)  # as evaluation.TrainingEvaluator.enabled
     f.loads_weights = bool(f.pretrained_model_name_or_path or f.init_from_ckpt)
-    f.metric = (f.metric_for_best_model or "").replace("eval_", "")
     f.lpips_missing = not os.path.isfile(f.lpips_weights or DEFAULT_LPIPS_WEIGHTS)
     f.scheduler = getattr(f.lr_scheduler_type, "value", f.lr_scheduler_type)  # PaddleNLP makes it a SchedulerType
     f.visualdl = bool({"visualdl", "all"} & set(f.report_to or []))

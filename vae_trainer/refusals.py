@@ -9,7 +9,6 @@ from typing import Any, Callable, Dict, Set, Tuple
 Rows = Tuple[Tuple[Tuple[str, ...], Callable[[Any], bool], str], ...]
 SINGLE_FRAMES = "it applies to clips, and every sample is one frame (--num_frames 1, or --video_image_ratio 1): "
 FAMILY = "{family}"  # in a refusal's reason: the class of the VAE the flags give (its family's), named by `refuse`
-FRAMES, FRAME_COUNTS = "{frames}", "{frame_counts}"  # and its temporal factor k, the first clip lengths 1 + k n
 FROZEN_LATENT = f"the latent is {FAMILY}'s frozen representation encoder's tokens (DINOv2's), which no flag trains"
 
 # A flag given its value that does nothing is never refused as idle: ppdiffusers' commands pass e.g.
@@ -29,7 +28,7 @@ def _shown(value: Any) -> str:
 
 def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "") -> None:
     """Raise one ValueError naming each flag in `given` that one of `rows` refuses with the values of `flags`."""
-    family, frames, lines = getattr(flags, "family", None), getattr(flags, "video", 0) or 4, []
+    family, lines = getattr(flags, "family", None), []
     for names, when, why in rows:
         for name in names:
             if name not in given or (name in INERT_VALUES and getattr(flags, name) == INERT_VALUES[name]):
@@ -37,8 +36,6 @@ def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "") -> None:
             if when(flags):
                 reason = why(flags) if callable(why) else why  # a reason the flags' facts word (a family's own)
                 reason = reason.replace(FAMILY, family.class_name if family else "this autoencoder")
-                reason = reason.replace(FRAMES, str(frames))
-                reason = reason.replace(FRAME_COUNTS, ", ".join(str(1 + frames * n) for n in range(1, 5)))
                 lines.append(f"--{name} {_shown(getattr(flags, name))}: {reason}")
     if lines:
         raise ValueError("\n  ".join([header + ":"] + lines if header else lines))

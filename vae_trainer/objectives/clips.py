@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 import paddle
 
-from ..refusals import FAMILY, FRAME_COUNTS, FRAMES, SINGLE_FRAMES
+from ..refusals import FAMILY, SINGLE_FRAMES
 
 Tensor = paddle.Tensor
 GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
@@ -33,8 +33,8 @@ REFUSALS = (
     (("num_frames",), lambda f: f.num_frames > 1 and not f.video and f.family_known,
      f"{FAMILY} encodes images, not clips (a video VAE does: docs/fine-tuning.md, \"Fine-tuning on clips\"); drop it"),
     (("num_frames",), lambda f: f.num_frames > 1 and f.video and (f.num_frames - 1) % f.video,
-     f"{FAMILY}'s causal layout codes the first frame alone, then groups of {FRAMES}: it takes 1 + {FRAMES}k frames "
-     f"({FRAME_COUNTS})"),
+     lambda f: f"{FAMILY}'s causal layout codes the first frame alone, then groups of {f.video}: it takes 1 + "
+               f"{f.video}k frames ({', '.join(str(1 + f.video * n) for n in range(1, 5))})"),
     (("frame_stride", "temporal_loss_weight", "lpips_num_frames"),
      lambda f: f.single_frames and (f.frame_stride != 1 or f.temporal_loss_weight or f.lpips_num_frames),
      SINGLE_FRAMES + "drop it, or train on clips"),
