@@ -16,7 +16,9 @@ import paddle
 import pytest
 from conftest import DRIVERS, REPO, run_entry_point, run_in_process, tiny_args
 
-from vae_trainer.preemption import PREEMPTED_EXIT_CODE
+from vae_trainer.preemption import PREEMPTED_EXIT_CODE, SIGNALS
+
+HANDLERS = {signum: signal.getsignal(signum) for signum in SIGNALS}  # before any `preemption.install` here
 
 # No LPIPS in these runs (--perceptual_weight 0): its VGG16 is most of a tiny step's time on CPU, and it holds no
 # state a stop or a resume could lose (the exact resume of runs with it is test_train_e2e's, test_alignment's).
@@ -90,9 +92,8 @@ def uninstall() -> None:
     """Restore the handlers `preemption.install` replaced and forget the stop request."""
     from vae_trainer import preemption
 
-    for signum, handler in preemption._previous.items():
+    for signum, handler in HANDLERS.items():
         signal.signal(signum, handler)
-    preemption._previous.clear()
     preemption._received = None
 
 

@@ -4,14 +4,13 @@ a signal only notes a stop request; after the step (`loop.Run.after_step`) the d
 import logging
 import signal
 import threading
-from typing import Dict, Optional
+from typing import Optional
 
 logger = logging.getLogger("vae_trainer")
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "try again later" (resume with --resume_from_checkpoint latest)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _received: Optional[str] = None  # the first stop signal since `install`
-_previous: Dict[int, object] = {}  # the handlers `install` replaced
 
 
 class Preempted(Exception):
@@ -34,7 +33,7 @@ def install(single_process: bool) -> None:
 
     if threading.current_thread() is threading.main_thread():
         for signum in SIGNALS:
-            _previous[signum] = signal.signal(signum, handle)
+            signal.signal(signum, handle)
 
 
 def stop_signal() -> Optional[str]:

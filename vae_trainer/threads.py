@@ -1,6 +1,7 @@
 """CPU threads: the entry points set `OMP_NUM_THREADS` before Paddle's import (which sets 1) unless the user did
 (docs/launching.md, "CPU threads"). Imports Paddle only once the variable is set, without Paddle's warning about it."""
 
+import contextlib
 import json
 import math
 import os
@@ -124,8 +125,5 @@ class _WithoutThreadWarning:
 def import_paddle_quietly() -> None:
     """Import Paddle without PADDLE_THREAD_WARNING. (A stream made during the import, a logging handler's, keeps
     the filter, which passes every other line on.)"""
-    real, sys.stderr = sys.stderr, _WithoutThreadWarning(sys.stderr)
-    try:
+    with contextlib.redirect_stderr(_WithoutThreadWarning(sys.stderr)):
         import paddle  # noqa: F401
-    finally:
-        sys.stderr = real
