@@ -36,10 +36,9 @@ Tensor = paddle.Tensor
 class VAELoss:
     """One micro-batch's VAE objective: `direct`'s backward plus `recon_grad` at the reconstruction."""
 
-    value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (+ w * vf), detached
     direct: Tensor  # the terms differentiated as they stand: those not through a head
     recon_grad: Tensor  # grad_scale * the heads' gradient at the reconstruction, float32
-    logs: Dict[str, Tensor]  # detached parts, for logging
+    logs: Dict[str, Tensor]  # detached: "loss/total" (nll + kl_weight * kl + latent penalty + d * gan + w * vf), parts
 
     def backward(self, recon: Tensor, scale: Callable[[Tensor], Tensor] = lambda loss: loss) -> None:
         """`scale(direct)`'s backward and `recon_grad` entering at `recon`, in one pass; `scale` must multiply by
@@ -123,4 +122,4 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
             direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
             logs.update(vf_logs)
     logs["loss/total"] = loss
-    return VAELoss(loss.detach(), direct, recon_grad, {k: v.detach() for k, v in logs.items()})
+    return VAELoss(direct, recon_grad, {k: v.detach() for k, v in logs.items()})
