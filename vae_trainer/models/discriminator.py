@@ -152,19 +152,17 @@ def diff_augment(images: paddle.Tensor, draws: Optional[paddle.Tensor] = None) -
 
 
 def _translate(x: paddle.Tensor, draw_h: paddle.Tensor, draw_w: paddle.Tensor) -> paddle.Tensor:
-    """x shifted by integer offsets in [-round(side / 8), round(side / 8)], per image, zeros shifted in."""
-    b, c, h, w = x.shape
-    padded = F.pad(x, [1, 1, 1, 1])  # the zeros read beyond the image
-    rows = _shifted_indices(h, draw_h)  # [B, H] rows of `padded`
-    cols = _shifted_indices(w, draw_w)
-    x = paddle.take_along_axis(padded, rows.reshape([b, 1, h, 1]).expand([b, c, h, w + 2]), axis=2)
-    return paddle.take_along_axis(x, cols.reshape([b, 1, 1, w]).expand([b, c, h, w]), axis=3)
-
-
-def _shifted_indices(side: int, draw: paddle.Tensor) -> paddle.Tensor:
-    delta = round(side * TRANSLATION)
-    shift = paddle.floor(draw * (2 * delta + 1)).astype("int64") - delta  # [B]
-    return paddle.clip(paddle.arange(side, dtype="int64").unsqueeze(0) + shift.unsqueeze(1) + 1, 0, side + 1)
+    """x shifted by integer offsets in [-round(side / 8), round(side / 8)], per image, zeros shifted in: the rows,
+    then the columns, each read from the zero-padded image at its indices."""
+    x = F.pad(x, [1, 1, 1, 1])  # the zeros read beyond the image
+    for axis, draw in ((2, draw_h), (3, draw_w)):
+        side = x.shape[axis] - 2
+        delta = round(side * TRANSLATION)
+        shift = paddle.floor(draw * (2 * delta + 1)).astype("int64") - delta  # [B]
+        index = paddle.clip(paddle.arange(side, dtype="int64").unsqueeze(0) + shift.unsqueeze(1) + 1, 0, side + 1)
+        index = index.reshape([x.shape[0]] + [side if d == axis else 1 for d in (1, 2, 3)])  # [B, side] on `axis`
+        x = paddle.take_along_axis(x, index.expand([side if d == axis else n for d, n in enumerate(x.shape)]), axis)
+    return x
 
 
 def quantized(images: paddle.Tensor) -> paddle.Tensor:
