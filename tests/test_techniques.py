@@ -75,7 +75,7 @@ def test_each_gradnorm_branch_sends_its_configured_norm_into_the_reconstruction(
                                   lpips=lpips, discriminator=disc, last_layer=None,
                                   gan_weight=weight if branch == "disc_weight" else 0, grad_scale=grad_scale)
         objective.backward(recon)
-        loss, logs = objective.value, objective.logs
+        loss, logs = objective.logs["loss/total"], objective.logs
         assert np.linalg.norm(recon.grad.numpy()) == pytest.approx(weight * grad_scale, rel=1e-4)
     # The branches' weights act only in the backward: the loss is their unweighted sum.
     parts = logs["loss/pixel"] + logs["loss/perceptual"] + logs.get("loss/generator", paddle.zeros([]))
@@ -125,7 +125,7 @@ def test_latent_penalty_replaces_kl_with_its_own_weight():
     args = LossArguments(perceptual_weight=0.0, kl_weight=0.0, latent_penalty_weight=0.01)
     objective = vae_objective(x, x, mean, paddle.full_like(mean, math.log(0.01)), paddle.zeros([]), loss_args=args,
                               lpips=None, discriminator=None, last_layer=None, gan_weight=0)
-    loss, logs = objective.value, objective.logs
+    loss, logs = objective.logs["loss/total"], objective.logs
     assert loss.item() == pytest.approx(0.01 * logs["loss/latent_penalty"].item(), rel=1e-6)
 
 

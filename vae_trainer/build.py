@@ -33,7 +33,7 @@ from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_optimizer
 from .precision import loss_scaler, setup_precision, uses_master_weights
-from .objectives.gan import FakeReplay, disc_update_start
+from .objectives.gan import FakeReplay
 from .step import Network, NonFiniteGuard, TrainStep
 
 logger = logging.getLogger("vae_trainer")
@@ -136,7 +136,8 @@ def stateful(step: TrainStep) -> Dict[str, Any]:
 def train_networks(model: VAEWithDiscriminator, loss_args, args) -> Tuple[Network, Network]:
     """The VAE's and the discriminator's records, built once: parameters, optimizer and schedule (the discriminator's
     over the steps from its start), fp16 loss scaler, first step (the discriminator's: never with --disc_weight 0)."""
-    start = disc_update_start(loss_args)
+    # The discriminator trains from --disc_update_start (RAE's: before its term enters) or from --disc_start.
+    start = loss_args.disc_start if loss_args.disc_update_start is None else loss_args.disc_update_start
     return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), loss_scaler(args)),
             Network("discriminator", "disc_", list(model.discriminator.parameters()),
                     *build_optimizer(args, model, start), loss_scaler(args),

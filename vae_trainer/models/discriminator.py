@@ -141,30 +141,21 @@ class VGGFeatureDiscriminator(nn.Layer):
 def diff_augment(images: paddle.Tensor, draws: Optional[paddle.Tensor] = None) -> paddle.Tensor:
     """DiffAugment's translation then colour (brightness, saturation, contrast), each image its own draw; `draws`:
     [5, B] uniforms on [0, 1) (default: Paddle's global generator). Differentiable in `images`."""
-    b, _, h, w = images.shape
+    b = images.shape[0]
     draws = paddle.rand([5, b]) if draws is None else draws
-    x = _translate(images.astype("float32"), draws[0], draws[1])
+    x = F.pad(images.astype("float32"), [1, 1, 1, 1])  # the zeros a translation shifts in, read beyond the image
+    for axis, draw in ((2, draws[0]), (3, draws[1])):  # rows, then columns: shifted by integers in +-round(side / 8)
+        side = x.shape[axis] - 2
+        delta = round(side * TRANSLATION)
+        shift = paddle.floor(draw * (2 * delta + 1)).astype("int64") - delta  # [B]
+        index = paddle.clip(paddle.arange(side, dtype="int64").unsqueeze(0) + shift.unsqueeze(1) + 1, 0, side + 1)
+        index = index.reshape([b] + [side if d == axis else 1 for d in (1, 2, 3)])  # [B, side] on `axis`
+        x = paddle.take_along_axis(x, index.expand([side if d == axis else n for d, n in enumerate(x.shape)]), axis)
     x = x + (draws[2] - 0.5).reshape([b, 1, 1, 1])  # brightness
     mean = x.mean(axis=1, keepdim=True)
     x = (x - mean) * (2.0 * draws[3]).reshape([b, 1, 1, 1]) + mean  # saturation
     mean = x.mean(axis=[1, 2, 3], keepdim=True)
     return (x - mean) * (draws[4] + 0.5).reshape([b, 1, 1, 1]) + mean  # contrast
-
-
-def _translate(x: paddle.Tensor, draw_h: paddle.Tensor, draw_w: paddle.Tensor) -> paddle.Tensor:
-    """x shifted by integer offsets in [-round(side / 8), round(side / 8)], per image, zeros shifted in."""
-    b, c, h, w = x.shape
-    padded = F.pad(x, [1, 1, 1, 1])  # the zeros read beyond the image
-    rows = _shifted_indices(h, draw_h)  # [B, H] rows of `padded`
-    cols = _shifted_indices(w, draw_w)
-    x = paddle.take_along_axis(padded, rows.reshape([b, 1, h, 1]).expand([b, c, h, w + 2]), axis=2)
-    return paddle.take_along_axis(x, cols.reshape([b, 1, 1, w]).expand([b, c, h, w]), axis=3)
-
-
-def _shifted_indices(side: int, draw: paddle.Tensor) -> paddle.Tensor:
-    delta = round(side * TRANSLATION)
-    shift = paddle.floor(draw * (2 * delta + 1)).astype("int64") - delta  # [B]
-    return paddle.clip(paddle.arange(side, dtype="int64").unsqueeze(0) + shift.unsqueeze(1) + 1, 0, side + 1)
 
 
 def quantized(images: paddle.Tensor) -> paddle.Tensor:

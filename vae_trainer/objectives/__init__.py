@@ -36,10 +36,9 @@ Tensor = paddle.Tensor
 class VAELoss:
     """One micro-batch's VAE objective: `direct`'s backward plus `recon_grad` at the reconstruction."""
 
-    value: Tensor  # the objective: nll + kl_weight * kl + latent penalty + d * gan (+ w * vf), detached
     direct: Tensor  # the terms differentiated as they stand: those not through a head
     recon_grad: Tensor  # grad_scale * the heads' gradient at the reconstruction, float32
-    logs: Dict[str, Tensor]  # detached parts, for logging
+    logs: Dict[str, Tensor]  # detached: "loss/total" (nll + kl_weight * kl + latent penalty + d * gan + w * vf), parts
 
     def backward(self, recon: Tensor, scale: Callable[[Tensor], Tensor] = lambda loss: loss) -> None:
         """`scale(direct)`'s backward and `recon_grad` entering at `recon`, in one pass; `scale` must multiply by
@@ -66,17 +65,17 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     x_hat = recon.detach()  # the heads' leaf: their gradients there are taken once, below
     x_hat.stop_gradient = False
     frame_x, frame_hat = frames(x), frames(x_hat)
-    rec = pixel_term(frame_x, frame_hat, loss_args)
+    heads = {"loss/pixel": (pixel_term(frame_x, frame_hat, loss_args), loss_args.pixel_weight)}  # {log: (term, weight)}
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     if use_lpips and lpips_rows is not None:
         rows = paddle.to_tensor(lpips_rows)
         frame_x, frame_hat = paddle.gather(frame_x, rows), paddle.gather(frame_hat, rows)
     perceptual = (lpips(over_grey(frame_x), over_grey(frame_hat)).astype("float32").mean() if use_lpips
                   else paddle.zeros([], "float32"))
-    temporal_weight = loss_args.temporal_loss_weight if x.ndim == 5 else 0.0  # none between an image's frames
-    temporal = flicker(x, x_hat).mean() if temporal_weight > 0 else paddle.zeros([], "float32")
-    head_logs = {"loss/pixel": rec, "loss/perceptual": perceptual}
-    head_logs.update({"loss/temporal": temporal} if temporal_weight > 0 else {})
+    heads["loss/perceptual"] = (perceptual, loss_args.perceptual_weight if use_lpips else 0.0)
+    if x.ndim == 5 and loss_args.temporal_loss_weight > 0:  # (none between an image's frames)
+        heads["loss/temporal"] = (flicker(x, x_hat).mean(), loss_args.temporal_loss_weight)
+    head_logs = {name: term for name, (term, _) in heads.items()}
     latent_terms = {}  # {log name: (term, weight)}, the terms on the latent
     if posterior_logvar is not None:  # (a deterministic latent: no posterior, no KL term)
         kl = kl_loss(posterior_mean, posterior_logvar).mean() / encoded_pixels  # per pixel value of the image
@@ -90,23 +89,22 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     latent_logs = {name: term for name, (term, _) in latent_terms.items()}
     if loss_args.loss_balancing == "gradnorm":
         # Each head's scaled gradient at x_hat rescaled to norm weight * grad_scale: the weights act in the
-        # backward only, so the value is the heads' unweighted sum (+ the latent terms).
-        heads = [(rec, loss_args.pixel_weight), (perceptual, loss_args.perceptual_weight if use_lpips else 0.0),
-                 (temporal, temporal_weight)]  # a head of weight 0 is left out
-        loss, logs = rec + perceptual + temporal + latent_loss, {**head_logs, **latent_logs}
+        # backward only, so the value is the heads' unweighted sum (+ the latent terms). A head of weight 0 is left out.
+        loss = sum((term for term, _ in heads.values()), paddle.zeros([], "float32")) + latent_loss
+        logs = {**head_logs, **latent_logs}
         if gan_weight > 0:
             gan = generator_term(x, x_hat, discriminator, loss_args)
-            heads.append((gan, gan_weight))
+            heads["loss/generator"] = (gan, gan_weight)
             loss = loss + gan
             logs.update({"loss/generator": gan, "gan/adaptive_weight": paddle.full([], gan_weight)})
         recon_grad = paddle.zeros(x_hat.shape, "float32")
-        for head, weight in heads:
+        for head, weight in heads.values():
             if weight > 0:
                 head_grad = paddle.grad(head * grad_scale, x_hat)[0]
                 recon_grad = recon_grad + normalize_gradient(head_grad, weight * grad_scale, loss_args.gradnorm_scope)
         direct = latent_loss
     else:
-        weighted = loss_args.pixel_weight * rec + loss_args.perceptual_weight * perceptual + temporal_weight * temporal
+        weighted = sum((weight * term for term, weight in heads.values()), paddle.zeros([], "float32"))
         nll = weighted / logvar.detach().exp() + logvar.detach()
         direct = weighted.detach() / logvar.exp() + logvar + latent_loss  # nll's path to a learnable logvar only
         loss = direct.detach()
@@ -123,4 +121,4 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
             direct, loss = direct + weighted_vf, loss + weighted_vf.detach()
             logs.update(vf_logs)
     logs["loss/total"] = loss
-    return VAELoss(loss.detach(), direct, recon_grad, {k: v.detach() for k, v in logs.items()})
+    return VAELoss(direct, recon_grad, {k: v.detach() for k, v in logs.items()})

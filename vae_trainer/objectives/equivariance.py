@@ -87,7 +87,6 @@ class Transform:
 
 def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
     """round(scale * size) within [minimum, size - 1]; a size that cannot shrink and stay >= minimum is kept."""
-    minimum = max(1, minimum)
     return size if size - 1 < minimum else max(minimum, min(size - 1, int(round(scale * size))))
 
 

@@ -70,12 +70,6 @@ def gan_weight(loss_args, global_step: int) -> float:
     return args.disc_weight * min(1.0, (global_step - args.disc_start + 1) / max(args.disc_weight_warmup_steps, 1))
 
 
-def disc_update_start(loss_args) -> int:
-    """The step the discriminator trains from: --disc_update_start (RAE's: before its term enters) or --disc_start."""
-    start = loss_args.disc_update_start
-    return loss_args.disc_start if start is None else min(start, loss_args.disc_start)
-
-
 def generator_loss(logits_fake: Tensor, kind: str = "hinge", logits_real: Optional[Tensor] = None,
                    margin: float = 0.0) -> Tensor:
     """Adversarial loss of the VAE (hinge, vanilla, relative_hinge: needs `logits_real`, constant for the VAE)."""
