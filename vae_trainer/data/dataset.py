@@ -5,7 +5,6 @@ import itertools
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -22,20 +21,6 @@ from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, as
 logger = logging.getLogger("vae_trainer.data")
 
 LOGGED_PER_FILE = 3
-
-
-@dataclass
-class _Sample:
-    pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, C]
-    bucket: tuple[int, int]  # (frames, shape index)
-    epoch: int
-    index: int  # record index in the shard epoch (a replayed one: decoded again to refill a bucket on resume)
-
-
-@dataclass
-class _EpochEnd:
-    epoch: int
-    records: int
 
 
 class ImageStream(RaisesInMainThread):
@@ -97,33 +82,18 @@ class ImageStream(RaisesInMainThread):
                            "summary), not logged", record.part.path)
 
     def _items(self) -> Iterator[dict]:
-        # The calling worker's shard; resumed, worker w plays role (w + batches) % workers.
+        """The calling worker's shard's batches from its start on; skips go to the start's counts."""
+        # Resumed, worker w plays role (w + batches) % workers.
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
         self.resume.check_workers(num_workers)
         shard = self.rank * num_workers + (worker_id + self.resume.batches_consumed) % num_workers
         num_shards, start = self.world_size * num_workers, self.resume.start_of(shard)
-        waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
-        for item in self.samples(shard, num_shards, start):
-            if isinstance(item, _EpochEnd):
-                ready, consumed = sorted(waiting) if self.flush_each_epoch else [], item.records
-            else:
-                waiting[item.bucket].append(item)
-                ready, consumed = [item.bucket] if len(waiting[item.bucket]) == self.batch_size else [], item.index + 1
-            for bucket in ready:
-                if waiting[bucket]:
-                    batch, waiting[bucket] = waiting[bucket], []
-                    pending = sorted(sample.index for samples in waiting.values() for sample in samples)
-                    pixels = np.stack([sample.pixels for sample in batch])
-                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
-                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
-
-    def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
-        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         self.counts, self.bad_records = start.counts, start.bad
         skip = min(restore, default=resume_at)
+        waiting: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = defaultdict(list)  # per bucket: (index, crop)
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
             records = interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size,
@@ -132,16 +102,29 @@ class ImageStream(RaisesInMainThread):
                 end, replaying = index + 1, index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
-                decoded = self._decode(record, (shard, epoch, index), not replaying)
+                decoded = self._decode(record, (shard, epoch, index), not replaying)  # replayed: refills a bucket
                 if decoded is not None:
                     usable += 1
-                    yield _Sample(decoded[1], decoded[0], epoch, index)
+                    waiting[decoded[0]].append((index, decoded[1]))
+                    if len(waiting[decoded[0]]) == self.batch_size:
+                        yield self._batch(waiting, decoded[0], (shard, epoch, index + 1), start)
             if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
-            yield _EpochEnd(epoch, end)
+            for bucket in sorted(waiting) if self.flush_each_epoch else []:
+                if waiting[bucket]:
+                    yield self._batch(waiting, bucket, (shard, epoch, end), start)
             if not self.infinite:
                 return
             epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
+
+    @staticmethod
+    def _batch(waiting: dict, bucket: tuple[int, int], where: tuple[int, int, int], start: ShardStart) -> dict:
+        """The batch of `bucket`'s waiting crops, at `where` (shard, epoch, records consumed); the rest pending."""
+        batch, waiting[bucket] = waiting[bucket], []
+        pending = sorted(index for samples in waiting.values() for index, _ in samples)
+        pixels = np.stack([crop for _, crop in batch])
+        return {"pixel_values": to_float(pixels, pixels.ndim == 5),
+                "position": encode_position(*where, start.counts, pending, start.bad)}
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
