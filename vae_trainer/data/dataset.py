@@ -36,7 +36,7 @@ class ImageStream(RaisesInMainThread):
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
                  draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
                  video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3,
-                 batch_size: int = 1) -> None:
+                 batch_size: int = 1, num_workers: int | None = None) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -45,7 +45,7 @@ class ImageStream(RaisesInMainThread):
         # Every part file once, in list order: positions count skips per file by index into this list.
         self.part_paths = list(dict.fromkeys(part.path for source in self.sources for part in source.parts))
         self._part_index = {path: index for index, path in enumerate(self.part_paths)}
-        self.resolution, self.image_column, self.draft_decode, self.seed = resolution, image_column, draft_decode, seed
+        self.image_column, self.draft_decode, self.seed = image_column, draft_decode, seed
         self.rank, self.world_size, self.infinite, self.shuffle = rank, world_size, infinite, shuffle
         self.shuffle_buffer_size, self.random_crop, self.random_flip = shuffle_buffer_size, random_crop, random_flip
         self.min_image_size, self.max_image_pixels, self.first_windows = min_image_size, max_image_pixels, first_windows
@@ -54,9 +54,12 @@ class ImageStream(RaisesInMainThread):
         self.alpha, self.opaque_logged = channels == 4, False  # keep alpha (a 4-channel VAE's RGBA images)
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
-        self.resume = StreamPosition.from_state(resume_state) if resume_state else StreamPosition()  # (empty: start)
-        self.resume.check_resume(world_size, seed, shuffle_buffer_size)
-        self.resume.files = self.part_paths
+        # Where the shards start, and the rank's position the main process updates with each batch taken: the shards
+        # read their starts once, before the first batch (a worker from its fork's copy, 0 workers: the reader thread).
+        self.position = (StreamPosition.from_state(resume_state) if resume_state
+                         else StreamPosition(num_workers, world_size, seed, shuffle_buffer_size))
+        self.position.check_resume(world_size, seed, shuffle_buffer_size)
+        self.position.files = self.part_paths
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
@@ -86,9 +89,9 @@ class ImageStream(RaisesInMainThread):
         # Resumed, worker w plays role (w + batches) % workers.
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
-        self.resume.check_workers(num_workers)
-        shard = self.rank * num_workers + (worker_id + self.resume.batches_consumed) % num_workers
-        num_shards, start = self.world_size * num_workers, self.resume.start_of(shard)
+        self.position.check_workers(num_workers)
+        shard = self.rank * num_workers + (worker_id + self.position.batches_consumed) % num_workers
+        num_shards, start = self.world_size * num_workers, self.position.start_of(shard)
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         self.counts, self.bad_records = start.counts, start.bad
@@ -187,9 +190,10 @@ class ImageStream(RaisesInMainThread):
 
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
                            world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
-    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position")."""
+    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position"); its dataset's
+    `position` is the rank's resume state, to update with each batch taken."""
     stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
-                         batch_size=batch_size, **stream_kwargs)
+                         batch_size=batch_size, num_workers=num_workers, **stream_kwargs)
     return NoHangLoader(stream, batch_size=None, num_workers=num_workers)
 
 
