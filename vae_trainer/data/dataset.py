@@ -131,7 +131,7 @@ class ImageStream(RaisesInMainThread):
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
-        payload, draws, video, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), None, False
+        payload, draws, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), False
         try:
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
@@ -144,16 +144,16 @@ class ImageStream(RaisesInMainThread):
                                      self.video_image_ratio, self.min_image_size, self.max_image_pixels)
                 if self.alpha:  # video carries no alpha: a 4-channel VAE's clips are opaque, counted as images are
                     frames, opaque = [frame.convert("RGBA") for frame in frames], True
-                image = frames[0]
             elif self.first_windows and self.num_frames > 1:
                 raise BadImage("not_video", "an image (clips are evaluated on videos only)")
             else:
-                image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
-            bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
+                encoded = image_bytes(payload, self.image_column)
+                frames = [open_image(encoded, self.max_image_pixels, self.min_image_size)]
+            bucket = nearest_bucket(*upright_size(frames[0]), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
             if video is None:
-                opaque = self.alpha and not has_alpha(image)
-                image = load_rgb(image, cover=size if self.draft_decode else None, alpha=self.alpha)
+                opaque = self.alpha and not has_alpha(frames[0])
+                frames = [load_rgb(frames[0], cover=size if self.draft_decode else None, alpha=self.alpha)]
         except BadImage as bad:
             if count:
                 self._log_skip(record, bad)
@@ -169,9 +169,8 @@ class ImageStream(RaisesInMainThread):
                 logger.info("%s: no alpha channel, read as opaque (alpha 1); further ones are counted (in training: "
                             "data/opaque_images, the end-of-run summary), not logged",
                             describe(record.part, record.number, record.payload))
-        clip = frames if video is not None and len(frames) > 1 else image  # a clip's frames cropped alike
-        frame_count = len(clip) if isinstance(clip, list) else 1
-        return (frame_count, bucket), crop(clip, size, draws, self.random_flip, self.random_crop)
+        clip = frames if len(frames) > 1 else frames[0]  # a clip's frames cropped alike; one frame: an image
+        return (len(frames), bucket), crop(clip, size, draws, self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
