@@ -14,7 +14,7 @@ from .clips import read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
 from .images import BadImage, crop, has_alpha, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
-from .position import NOTES, OPAQUE, ShardStart, StreamPosition, encode_position, note_bad
+from .position import NOTES, OPAQUE, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
 from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, assign, interleave, rng
 
@@ -110,24 +110,23 @@ class ImageStream(RaisesInMainThread):
                     usable += 1
                     waiting[decoded[0]].append((index, decoded[1]))
                     if len(waiting[decoded[0]]) == self.batch_size:
-                        yield self._batch(waiting, decoded[0], (shard, epoch, index + 1), start)
+                        yield self._batch(waiting, decoded[0], (shard, epoch, index + 1))
             if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
             for bucket in sorted(waiting) if self.flush_each_epoch else []:
                 if waiting[bucket]:
-                    yield self._batch(waiting, bucket, (shard, epoch, end), start)
+                    yield self._batch(waiting, bucket, (shard, epoch, end))
             if not self.infinite:
                 return
             epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
 
-    @staticmethod
-    def _batch(waiting: dict, bucket: tuple[int, int], where: tuple[int, int, int], start: ShardStart) -> dict:
+    def _batch(self, waiting: dict, bucket: tuple[int, int], where: tuple[int, int, int]) -> dict:
         """The batch of `bucket`'s waiting crops, at `where` (shard, epoch, records consumed); the rest pending."""
         batch, waiting[bucket] = waiting[bucket], []
         pending = sorted(index for samples in waiting.values() for index, _ in samples)
-        pixels = np.stack([crop for _, crop in batch])
+        pixels = np.stack([sample for _, sample in batch])
         return {"pixel_values": to_float(pixels, pixels.ndim == 5),
-                "position": encode_position(*where, start.counts, pending, start.bad)}
+                "position": encode_position(*where, self.counts, pending, self.bad_records)}
 
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
