@@ -405,16 +405,14 @@ def test_weighted_interleaving_follows_weights(tmp_path):
     assert set(ids) == set(range(20)) | set(range(100, 107))
 
 
-def _frequencies(stream, num_shards, samples_per_shard):
-    """Ids seen when `num_shards` shards of `stream` are consumed at the same rate (as the DataLoader does)."""
-    shards = [stream.samples(shard, num_shards, ShardStart()) for shard in range(num_shards)]
+def _frequencies(file_list, seed, num_shards, samples_per_shard):
+    """Ids seen when `num_shards` shards of the stream are consumed at the same rate (as the DataLoader does)."""
+    shards = [iter(ImageStream(file_list, RES, seed=seed, rank=shard, world_size=num_shards))
+              for shard in range(num_shards)]
     seen = Counter()
     for _ in range(samples_per_shard):
-        for samples in shards:
-            item = next(samples)
-            while not hasattr(item, "pixels"):  # epoch ends
-                item = next(samples)
-            seen[int(item.pixels[0, 0, 0]) + 256 * int(item.pixels[0, 0, 1])] += 1
+        for batches in shards:
+            seen.update(ids_of(next(batches)["pixel_values"]))
     return seen
 
 
@@ -423,12 +421,11 @@ def test_every_image_is_shown_equally_often(tmp_path):
     pass of one record; whole parts per shard would show one shard's images at half the rate."""
     parts = id_parts(tmp_path, 9, 8)
     file_list = write_filelist(tmp_path / "x.filelist", parts, counts=[8] * 9)
-    stream = ImageStream(file_list, RES, seed=2)
-    seen = _frequencies(stream, num_shards=8, samples_per_shard=9 * 5)  # 9 records per shard, 5 epochs
+    seen = _frequencies(file_list, 2, num_shards=8, samples_per_shard=9 * 5)  # 9 records per shard, 5 epochs
     assert set(seen) == set(range(72))
     assert set(seen.values()) == {5}
     # Not a multiple of the shares: still within one of each other.
-    seen = _frequencies(ImageStream(file_list, RES, seed=2), num_shards=8, samples_per_shard=9 * 5 + 4)
+    seen = _frequencies(file_list, 2, num_shards=8, samples_per_shard=9 * 5 + 4)
     assert max(seen.values()) - min(seen.values()) <= 1
 
 

@@ -15,7 +15,6 @@ import paddle
 from paddlenlp.trainer.trainer_utils import set_seed
 
 from .data.dataset import build_train_dataloader
-from .data.position import StreamPosition
 from .disk import warn_if_short
 from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
 from .ema import EMA_NAME, build_ema
@@ -185,11 +184,7 @@ def build_train_data(data_args, training_args, data_state: Optional[dict] = None
         data_args.file_list, data_args.resolution, training_args.per_device_train_batch_size,
         training_args.dataloader_num_workers, training_args.seed, rank(), world_size(), resume_state=data_state,
         channels=channels, **{name: getattr(data_args, name) for name in stream_flags})
-    position = (StreamPosition.from_state(data_state) if data_state
-                else StreamPosition(training_args.dataloader_num_workers, world_size(), training_args.seed,
-                                    data_args.shuffle_buffer_size))
-    position.files = loader.dataset.part_paths  # names the files in the skip summary
-    return loader, position
+    return loader, loader.dataset.position  # (its part paths name the files in the skip summary)
 
 
 def seed_training(seed: int) -> None:

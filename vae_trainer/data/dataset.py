@@ -5,7 +5,6 @@ import itertools
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -15,27 +14,13 @@ from .clips import read_window
 from .filelists import IMAGE, VIDEO_SUFFIXES, read_sources
 from .images import BadImage, crop, has_alpha, load_rgb, open_image, to_float, upright_size
 from .loader import NoHangLoader, RaisesInMainThread
-from .position import NOTES, OPAQUE, ShardStart, StreamPosition, encode_position, note_bad
+from .position import NOTES, OPAQUE, StreamPosition, encode_position, note_bad
 from .records import MISSING, MISSING_FILE, Damaged, TarSample, describe, image_bytes
 from .sharding import PER_SAMPLE, SKIPPED, Record, RecordSample, ShardSource, assign, interleave, rng
 
 logger = logging.getLogger("vae_trainer.data")
 
 LOGGED_PER_FILE = 3
-
-
-@dataclass
-class _Sample:
-    pixels: np.ndarray  # uint8 [H, W, C], a clip [T, H, W, C]
-    bucket: tuple[int, int]  # (frames, shape index)
-    epoch: int
-    index: int  # record index in the shard epoch (a replayed one: decoded again to refill a bucket on resume)
-
-
-@dataclass
-class _EpochEnd:
-    epoch: int
-    records: int
 
 
 class ImageStream(RaisesInMainThread):
@@ -51,7 +36,7 @@ class ImageStream(RaisesInMainThread):
                  aspect_ratio_buckets: bool = False, shuffle_buffer_size: int = 1000, resume_state: dict | None = None,
                  draft_decode: bool = True, record_counts: bool = True, num_frames: int = 1, frame_stride: int = 1,
                  video_image_ratio: float = 0.0, first_windows: bool = False, channels: int = 3,
-                 batch_size: int = 1) -> None:
+                 batch_size: int = 1, num_workers: int | None = None) -> None:
         super().__init__()
         self.file_list = file_list
         self.sources = read_sources(file_list, counts=record_counts, videos=num_frames > 1)
@@ -60,7 +45,7 @@ class ImageStream(RaisesInMainThread):
         # Every part file once, in list order: positions count skips per file by index into this list.
         self.part_paths = list(dict.fromkeys(part.path for source in self.sources for part in source.parts))
         self._part_index = {path: index for index, path in enumerate(self.part_paths)}
-        self.resolution, self.image_column, self.draft_decode, self.seed = resolution, image_column, draft_decode, seed
+        self.image_column, self.draft_decode, self.seed = image_column, draft_decode, seed
         self.rank, self.world_size, self.infinite, self.shuffle = rank, world_size, infinite, shuffle
         self.shuffle_buffer_size, self.random_crop, self.random_flip = shuffle_buffer_size, random_crop, random_flip
         self.min_image_size, self.max_image_pixels, self.first_windows = min_image_size, max_image_pixels, first_windows
@@ -69,9 +54,12 @@ class ImageStream(RaisesInMainThread):
         self.alpha, self.opaque_logged = channels == 4, False  # keep alpha (a 4-channel VAE's RGBA images)
         # (Batches of several shapes or frame counts: one waiting at an epoch's end would resume in the wrong epoch.)
         self.flush_each_epoch = aspect_ratio_buckets or num_frames > 1
-        self.resume = StreamPosition.from_state(resume_state) if resume_state else StreamPosition()  # (empty: start)
-        self.resume.check_resume(world_size, seed, shuffle_buffer_size)
-        self.resume.files = self.part_paths
+        # Where the shards start, and the rank's position the main process updates with each batch taken: the shards
+        # read their starts once, before the first batch (a worker from its fork's copy, 0 workers: the reader thread).
+        self.position = (StreamPosition.from_state(resume_state) if resume_state
+                         else StreamPosition(num_workers, world_size, seed, shuffle_buffer_size))
+        self.position.check_resume(world_size, seed, shuffle_buffer_size)
+        self.position.files = self.part_paths
         self.counts: Counter = Counter()  # the skips of the shard being read: per reason and per part index
         self.bad_records: dict[int, list[int]] = {}  # and its distinct bad records per part index (note_bad)
         self._logged: dict[str, set[int]] = {}  # file -> problems shown (record numbers; -1: the whole part)
@@ -97,33 +85,18 @@ class ImageStream(RaisesInMainThread):
                            "summary), not logged", record.part.path)
 
     def _items(self) -> Iterator[dict]:
-        # The calling worker's shard; resumed, worker w plays role (w + batches) % workers.
+        """The calling worker's shard's batches from its start on; skips go to the start's counts."""
+        # Resumed, worker w plays role (w + batches) % workers.
         worker = paddle.io.get_worker_info()
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
-        self.resume.check_workers(num_workers)
-        shard = self.rank * num_workers + (worker_id + self.resume.batches_consumed) % num_workers
-        num_shards, start = self.world_size * num_workers, self.resume.start_of(shard)
-        waiting: dict[tuple[int, int], list[_Sample]] = defaultdict(list)  # per bucket
-        for item in self.samples(shard, num_shards, start):
-            if isinstance(item, _EpochEnd):
-                ready, consumed = sorted(waiting) if self.flush_each_epoch else [], item.records
-            else:
-                waiting[item.bucket].append(item)
-                ready, consumed = [item.bucket] if len(waiting[item.bucket]) == self.batch_size else [], item.index + 1
-            for bucket in ready:
-                if waiting[bucket]:
-                    batch, waiting[bucket] = waiting[bucket], []
-                    pending = sorted(sample.index for samples in waiting.values() for sample in samples)
-                    pixels = np.stack([sample.pixels for sample in batch])
-                    yield {"pixel_values": to_float(pixels, pixels.ndim == 5),
-                           "position": encode_position(shard, item.epoch, consumed, start.counts, pending, start.bad)}
-
-    def samples(self, shard: int, num_shards: int, start: ShardStart) -> Iterator[_Sample | _EpochEnd]:
-        """This shard's samples from `start` on, an :class:`_EpochEnd` after each epoch; skips go to `start.counts`."""
+        self.position.check_workers(num_workers)
+        shard = self.rank * num_workers + (worker_id + self.position.batches_consumed) % num_workers
+        num_shards, start = self.world_size * num_workers, self.position.start_of(shard)
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
         epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
         self.counts, self.bad_records = start.counts, start.bad
         skip = min(restore, default=resume_at)
+        waiting: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = defaultdict(list)  # per bucket: (index, crop)
         while True:
             usable, fresh, end = 0, resume_at == 0, skip
             records = interleave(sources, self.seed, shard, epoch, skip, self.shuffle, self.shuffle_buffer_size,
@@ -132,20 +105,32 @@ class ImageStream(RaisesInMainThread):
                 end, replaying = index + 1, index < resume_at
                 if record is SKIPPED or (replaying and index not in restore):
                     continue
-                decoded = self._decode(record, (shard, epoch, index), not replaying)
+                decoded = self._decode(record, (shard, epoch, index), not replaying)  # replayed: refills a bucket
                 if decoded is not None:
                     usable += 1
-                    yield _Sample(decoded[1], decoded[0], epoch, index)
+                    waiting[decoded[0]].append((index, decoded[1]))
+                    if len(waiting[decoded[0]]) == self.batch_size:
+                        yield self._batch(waiting, decoded[0], (shard, epoch, index + 1))
             if usable == 0 and fresh:
                 raise RuntimeError(self._no_samples_message(shard, num_shards, sources, records=end))
-            yield _EpochEnd(epoch, end)
+            for bucket in sorted(waiting) if self.flush_each_epoch else []:
+                if waiting[bucket]:
+                    yield self._batch(waiting, bucket, (shard, epoch, end))
             if not self.infinite:
                 return
             epoch, skip, resume_at, restore = epoch + 1, 0, 0, set()
 
+    def _batch(self, waiting: dict, bucket: tuple[int, int], where: tuple[int, int, int]) -> dict:
+        """The batch of `bucket`'s waiting crops, at `where` (shard, epoch, records consumed); the rest pending."""
+        batch, waiting[bucket] = waiting[bucket], []
+        pending = sorted(index for samples in waiting.values() for index, _ in samples)
+        pixels = np.stack([sample for _, sample in batch])
+        return {"pixel_values": to_float(pixels, pixels.ndim == 5),
+                "position": encode_position(*where, self.counts, pending, self.bad_records)}
+
     def _decode(self, record: Record, keys: tuple[int, int, int], count: bool = True):
         """(bucket, uint8 crop [H, W, C] or clip [T, H, W, C]) of a record; None if unusable (counted if `count`)."""
-        payload, draws, video, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), None, False
+        payload, draws, opaque = record.payload, rng(self.seed, PER_SAMPLE, *keys), False
         try:
             if isinstance(payload, Damaged):
                 corrupt = payload.reason not in (MISSING.reason, MISSING_FILE)
@@ -158,16 +143,16 @@ class ImageStream(RaisesInMainThread):
                                      self.video_image_ratio, self.min_image_size, self.max_image_pixels)
                 if self.alpha:  # video carries no alpha: a 4-channel VAE's clips are opaque, counted as images are
                     frames, opaque = [frame.convert("RGBA") for frame in frames], True
-                image = frames[0]
             elif self.first_windows and self.num_frames > 1:
                 raise BadImage("not_video", "an image (clips are evaluated on videos only)")
             else:
-                image = open_image(image_bytes(payload, self.image_column), self.max_image_pixels, self.min_image_size)
-            bucket = nearest_bucket(*upright_size(image), self.buckets) if len(self.buckets) > 1 else 0
+                encoded = image_bytes(payload, self.image_column)
+                frames = [open_image(encoded, self.max_image_pixels, self.min_image_size)]
+            bucket = nearest_bucket(*upright_size(frames[0]), self.buckets) if len(self.buckets) > 1 else 0
             size = self.buckets[bucket]
             if video is None:
-                opaque = self.alpha and not has_alpha(image)
-                image = load_rgb(image, cover=size if self.draft_decode else None, alpha=self.alpha)
+                opaque = self.alpha and not has_alpha(frames[0])
+                frames = [load_rgb(frames[0], cover=size if self.draft_decode else None, alpha=self.alpha)]
         except BadImage as bad:
             if count:
                 self._log_skip(record, bad)
@@ -183,9 +168,8 @@ class ImageStream(RaisesInMainThread):
                 logger.info("%s: no alpha channel, read as opaque (alpha 1); further ones are counted (in training: "
                             "data/opaque_images, the end-of-run summary), not logged",
                             describe(record.part, record.number, record.payload))
-        clip = frames if video is not None and len(frames) > 1 else image  # a clip's frames cropped alike
-        frame_count = len(clip) if isinstance(clip, list) else 1
-        return (frame_count, bucket), crop(clip, size, draws, self.random_flip, self.random_crop)
+        clip = frames if len(frames) > 1 else frames[0]  # a clip's frames cropped alike; one frame: an image
+        return (len(frames), bucket), crop(clip, size, draws, self.random_flip, self.random_crop)
 
     def _no_samples_message(self, shard: int, num_shards: int, sources: list[ShardSource], records: int) -> str:
         files = sorted({segment.part.path for source in sources for segment in source.segments})
@@ -204,9 +188,10 @@ class ImageStream(RaisesInMainThread):
 
 def build_train_dataloader(file_list: str, resolution: int, batch_size: int, num_workers: int, seed: int, rank: int,
                            world_size: int, resume_state: dict | None = None, **stream_kwargs) -> paddle.io.DataLoader:
-    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position")."""
+    """The infinite training DataLoader of one rank (batches of "pixel_values" and "position"); its dataset's
+    `position` is the rank's resume state, to update with each batch taken."""
     stream = ImageStream(file_list, resolution, seed=seed, rank=rank, world_size=world_size, resume_state=resume_state,
-                         batch_size=batch_size, **stream_kwargs)
+                         batch_size=batch_size, num_workers=num_workers, **stream_kwargs)
     return NoHangLoader(stream, batch_size=None, num_workers=num_workers)
 
 
