@@ -18,7 +18,7 @@ from .data.dataset import build_train_dataloader
 from .data.position import StreamPosition
 from .disk import warn_if_short
 from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
-from .ema import EMA_NAME, build_ema
+from .ema import EMA_NAME, TrainableEMA
 from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
 from .models.latent_scale import mode_for
@@ -147,7 +147,7 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
     copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
-    ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
+    ema = TrainableEMA(model.vae, decay=training_args.ema_decay) if training_args.use_ema else None
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
     trained = train_networks(model, loss_args, training_args)
