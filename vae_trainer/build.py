@@ -32,7 +32,7 @@ from .models.families import check_reconstruction_shape, image_channels
 from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_optimizer
-from .precision import loss_scaler, setup_precision, uses_master_weights
+from .precision import LossScaler, setup_precision, uses_master_weights
 from .objectives.gan import FakeReplay, disc_update_start
 from .step import Network, NonFiniteGuard, TrainStep
 
@@ -136,10 +136,10 @@ def stateful(step: TrainStep) -> Dict[str, Any]:
 def train_networks(model: VAEWithDiscriminator, loss_args, args) -> Tuple[Network, Network]:
     """The VAE's and the discriminator's records, built once: parameters, optimizer and schedule (the discriminator's
     over the steps from its start), fp16 loss scaler, first step (the discriminator's: never with --disc_weight 0)."""
-    start = disc_update_start(loss_args)
-    return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), loss_scaler(args)),
+    start, scaling = disc_update_start(loss_args), (args.scale_loss, args.min_loss_scale, args.fp16)  # fp16 only
+    return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), LossScaler(*scaling)),
             Network("discriminator", "disc_", list(model.discriminator.parameters()),
-                    *build_optimizer(args, model, start), loss_scaler(args),
+                    *build_optimizer(args, model, start), LossScaler(*scaling),
                     start if loss_args.disc_weight > 0 else math.inf))
 
 
