@@ -15,7 +15,7 @@ from ppdiffusers.training_utils import EMAModel
 from safetensors.numpy import load_file
 
 from vae_trainer.checkpoint import write_manifest
-from vae_trainer.ema import EMA_NAME, NAMES_KEY, build_ema, load_ema
+from vae_trainer.ema import EMA_NAME, NAMES_KEY, TrainableEMA, load_ema
 from vae_trainer.final_save import export_vae_folder
 from vae_trainer.models.trainable import VAEWithDiscriminator
 from vae_trainer.models.vae_loading import build_vae
@@ -41,7 +41,7 @@ def assert_same_files(a: str, b: str) -> None:
 
 def test_only_trained_weights_have_averages_and_the_export_is_that_of_an_ema_of_every_weight(tmp_path):
     vae = decoder_only_vae()
-    ema, every = build_ema(vae, decay=0.5), EMAModel(vae.parameters(), decay=0.5)  # `every`: the EMA before
+    ema, every = TrainableEMA(vae, decay=0.5), EMAModel(vae.parameters(), decay=0.5)  # `every`: the EMA before
     trained = [name for name, param in vae.named_parameters() if not param.stop_gradient]
     assert ema.names == trained and not any(name.startswith(FROZEN) for name in trained)
     assert len(ema.shadow_params) == len(trained) < len(every.shadow_params)
@@ -69,7 +69,7 @@ def test_a_checkpoint_ema_of_every_weight_or_of_another_vae(tmp_path):
         vae.decoder.conv_out.weight.set_value(vae.decoder.conv_out.weight * 2)
     every.step(vae.parameters())
     paddle.save(every.state_dict(), str(tmp_path / EMA_NAME))
-    resumed = build_ema(vae, decay=0.9)
+    resumed = TrainableEMA(vae, decay=0.9)
     resumed.load_state_dict(paddle.load(str(tmp_path / EMA_NAME)))
     exported = load_ema(vae, str(tmp_path / EMA_NAME))
     assert resumed.decay == 0.5 and len(exported.shadow_params) == len(every.shadow_params)

@@ -252,13 +252,13 @@ def test_with_posterior_std_the_written_factor_is_that_of_the_reloaded_export(
 def test_vae_raw_gets_the_factor_of_its_own_latent_space(tmp_path, photo_filelist, held_out_folder, monkeypatch,
                                                          freeze_encoder):
     import vae_trainer.evaluation as evaluation
-    from vae_trainer.ema import build_ema
+    from vae_trainer.ema import TrainableEMA
     from vae_trainer.final_save import save_final_models
     from vae_trainer.models.families import encoder_parameters
 
     networks, evaluator = _run_networks(tmp_path, photo_filelist, held_out_folder, {"freeze_encoder": freeze_encoder})
     vae = networks.model.vae
-    ema = build_ema(vae, decay=0.5)
+    ema = TrainableEMA(vae, decay=0.5)
     frozen = {id(p) for p in encoder_parameters(vae)} if freeze_encoder else set()
     with paddle.no_grad():  # "training": the raw weights move away from their average (not the frozen ones)
         for param in vae.parameters():

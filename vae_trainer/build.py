@@ -17,7 +17,7 @@ from paddlenlp.trainer.trainer_utils import set_seed
 from .data.dataset import build_train_dataloader
 from .disk import warn_if_short
 from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, init_distributed, rank, world_size
-from .ema import EMA_NAME, build_ema
+from .ema import EMA_NAME, TrainableEMA
 from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
 from .models.latent_scale import mode_for
@@ -31,7 +31,7 @@ from .models.families import check_reconstruction_shape, image_channels
 from .models.recompute import enable_recompute
 from .models.vae_loading import build_vae
 from .optim import build_optimizer
-from .precision import loss_scaler, setup_precision, uses_master_weights
+from .precision import LossScaler, setup_precision, uses_master_weights
 from .objectives.gan import FakeReplay
 from .step import Network, NonFiniteGuard, TrainStep
 
@@ -137,9 +137,10 @@ def train_networks(model: VAEWithDiscriminator, loss_args, args) -> Tuple[Networ
     over the steps from its start), fp16 loss scaler, first step (the discriminator's: never with --disc_weight 0)."""
     # The discriminator trains from --disc_update_start (RAE's: before its term enters) or from --disc_start.
     start = loss_args.disc_start if loss_args.disc_update_start is None else loss_args.disc_update_start
-    return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), loss_scaler(args)),
+    scaling = (args.scale_loss, args.min_loss_scale, args.fp16)  # Paddle's scaler: enabled by --fp16 only
+    return (Network("vae", "", model.vae_parameters(), *build_optimizer(args, model), LossScaler(*scaling)),
             Network("discriminator", "disc_", list(model.discriminator.parameters()),
-                    *build_optimizer(args, model, start), loss_scaler(args),
+                    *build_optimizer(args, model, start), LossScaler(*scaling),
                     start if loss_args.disc_weight > 0 else math.inf))
 
 
@@ -147,7 +148,7 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
     copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
-    ema = build_ema(model.vae, training_args.ema_decay) if training_args.use_ema else None
+    ema = TrainableEMA(model.vae, decay=training_args.ema_decay) if training_args.use_ema else None
     frozen = model.frozen_layers() if uses_master_weights(training_args) else []  # O2 casts all the others
     precision = setup_precision(training_args, model, keep_float32=frozen)
     trained = train_networks(model, loss_args, training_args)

@@ -22,13 +22,15 @@ def _on_own(method):
 
 class TrainableEMA(EMAModel):
     """An EMAModel of the VAE weights named `names` (default: those that train; a frozen one is its own average: no
-    shadow for RAE's 86M DINOv2-B). Its methods take all of `vae.parameters()`, as EMAModel's callers pass them."""
+    shadow for RAE's 86M DINOv2-B), its averages float32: built before O2 casts the weights, they are exact. Its
+    methods take all of `vae.parameters()`, as EMAModel's callers pass them."""
 
     def __init__(self, vae: paddle.nn.Layer, names: Optional[Sequence[str]] = None, decay: float = 0.9999):
         self.every = [name for name, _ in vae.named_parameters()]
         self.names = list(names or [name for name, p in vae.named_parameters() if not p.stop_gradient])
         self.positions = [self.every.index(name) for name in self.names]
         super().__init__(self.own(vae.parameters()), decay=decay)
+        self.to(dtype=paddle.float32)
 
     def own(self, parameters) -> List[paddle.Tensor]:
         parameters = list(parameters)
@@ -47,13 +49,6 @@ class TrainableEMA(EMAModel):
                              f"{len(state['shadow_params'])} averages): a checkpoint of another run?")
         shadows = dict(zip(names, state["shadow_params"]))
         super().load_state_dict({**state, "shadow_params": [shadows[name] for name in self.names]})
-
-
-def build_ema(vae: paddle.nn.Layer, decay: float) -> TrainableEMA:
-    """An EMA of `vae`'s trained weights (frozen ones set), built before O2 casts them: exact averages, in float32."""
-    ema = TrainableEMA(vae, decay=decay)
-    ema.to(dtype=paddle.float32)
-    return ema
 
 
 def load_ema(vae: paddle.nn.Layer, file: str) -> TrainableEMA:

@@ -57,7 +57,7 @@ class LossScaler(paddle.amp.GradScaler):
 
 @dataclass
 class Precision:
-    """The run's autocast (dtype None: float32); each network's fp16 loss scaler is its own (`loss_scaler`)."""
+    """The run's autocast (dtype None: float32); each network's fp16 loss scaler is its own (`LossScaler`)."""
 
     dtype: Optional[str] = None  # "float16" | "bfloat16" | None (float32)
     level: str = "O1"
@@ -94,11 +94,6 @@ def setup_precision(args, model: paddle.nn.Layer, keep_float32: Sequence[paddle.
                 layer._cast_to_low_precision = False
         paddle.amp.decorate(models=model, level="O2", dtype=dtype, excluded_layers=list(keep_float32) or None)
     return Precision(dtype, args.fp16_opt_level)
-
-
-def loss_scaler(args) -> LossScaler:
-    """One network's fp16 loss scaler (--scale_loss, --min_loss_scale); disabled without --fp16."""
-    return LossScaler(args.scale_loss, args.min_loss_scale) if args.fp16 else LossScaler(enable=False)
 
 
 def uses_master_weights(args) -> bool:

@@ -6,7 +6,7 @@ calls its `optimizer.step()`, the update of both networks (`TrainStep.optimizer_
 
 import copy
 from types import SimpleNamespace
-from typing import Dict, Optional
+from typing import Dict
 
 import paddle
 from paddlenlp.trainer import Trainer, TrainerCallback
@@ -38,12 +38,6 @@ class VAETrainer(Trainer, TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.run.after_step(state, self.report, self.micro)
-
-    def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs) -> None:
-        """`Run.begin`, then the Trainer's training (none from a checkpoint at --max_steps: it would train one more)."""
-        self.state = self.run.begin(resume_from_checkpoint)
-        if self.state.global_step < self.args.max_steps:
-            super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _update(self) -> None:
         self.report = self.run.step.optimizer_step(self.state.global_step)
@@ -77,5 +71,7 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
     with start_up():
         trainer = VAETrainer(run)  # seeds everything with --seed, as the Trainer does (Run.begin seeds training)
     with run.training(lambda: trainer.state):
-        trainer.train(resume_from_checkpoint=resume)
+        trainer.state = run.begin(resume)  # then the Trainer's (none at --max_steps already: it would train one more)
+        if trainer.state.global_step < args.max_steps:
+            trainer.train(resume_from_checkpoint=resume)
     return run.export(trainer.state.global_step)
