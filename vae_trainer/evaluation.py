@@ -317,13 +317,13 @@ class _Pass:
 
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
-        mean, std = self.samples.compute()
+        mean, std, *factors = self.samples.compute()
         view_mean = view_var = None
         if self.view is not None:
-            view_mean, view_std = self.view.compute()
+            view_mean, view_std, *_ = self.view.compute()
             view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        result = EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, view_mean, view_var)
+        result = EvalResult(mean.tolist(), std.tolist(), *factors, count, view_mean, view_var)
         result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
         return result
 
