@@ -20,6 +20,7 @@ from vae_trainer.models.lpips import (
     LPIPS_SHIFT,
     VGG16_TAP_INDICES,
     _unit_normalize,
+    load_vgg16_features,
 )
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,7 +247,7 @@ def test_features_are_the_five_vgg_taps(lpips, lpips_weights):
     taps = lpips.vgg(x)
     assert [list(t.shape) for t in taps] == [[1, c, SIZE >> i, SIZE >> i] for i, c in enumerate(LPIPS_CHANNELS)]
     assert all(t.min().item() >= 0 for t in taps)  # they are ReLU outputs
-    backbone = LPIPS(lpips_weights).vgg  # the VGG discriminator's backbone: the same features
+    backbone = load_vgg16_features(lpips_weights)  # the VGG discriminator's backbone: the same features
     np.testing.assert_allclose(backbone(x)[4].numpy(), taps[4].numpy(), rtol=1e-5, atol=1e-6)
     assert all(p.stop_gradient for p in backbone.parameters())
     assert len(backbone.features) == VGG16_TAP_INDICES[-1] + 1

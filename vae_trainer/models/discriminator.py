@@ -33,7 +33,7 @@ from paddle import nn
 
 from ..checkpoint import DISCRIMINATOR_CONFIG_NAME, MODEL_NAME, read_json
 from .dinov2 import IMAGENET_MEAN, IMAGENET_STD, Dinov2, read_dinov2
-from .lpips import LPIPS, LPIPS_CHANNELS, freeze
+from .lpips import LPIPS_CHANNELS, freeze, load_vgg16_features
 
 NORM_TYPES = ("batch", "group", "spectral_group", "none")
 PATCH_TYPES = ("patch", "patchgan3d")  # the PatchGANs: --disc_norm, --disc_num_layers apply
@@ -126,7 +126,7 @@ class VGGFeatureDiscriminator(nn.Layer):
 
     def __init__(self, head_channels: int = 64, weights_path: str | None = None) -> None:
         super().__init__()
-        self.backbone = LPIPS(weights_path).vgg  # the file's VGG16, frozen
+        self.backbone = load_vgg16_features(weights_path)
         self.heads = nn.LayerList([
             nn.Sequential(_init_weights(nn.Conv2D(channels, head_channels, 3, padding=1)), nn.LeakyReLU(_LEAKY_SLOPE),
                           nn.Conv2D(head_channels, 1, 1, weight_attr=nn.initializer.Constant(0.0),

