@@ -96,7 +96,7 @@ def test_latent_statistics_with_variances_equal_numpy():
     statistics = LatentStatistics()
     statistics.update(means[:2], variances[:2])
     statistics.update(means[2:], variances[2:])
-    mean, std = statistics.compute()
+    mean, std, _, _ = statistics.compute()
     np.testing.assert_allclose(mean, means.mean(axis=(0, 2, 3)), rtol=1e-12)
     np.testing.assert_allclose(std, np.sqrt(means.var(axis=(0, 2, 3)) + variances.mean(axis=(0, 2, 3))), rtol=1e-12)
 

@@ -207,8 +207,8 @@ def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.nda
 
 
 class _Pass:
-    """One pass of `vae` over images and its sums: latent statistics (`encode`), and the metrics and the grid
-    when reconstructing (`reconstruct`). `rng` draws posterior samples to decode (None: the mode)."""
+    """One pass of `vae` over images and its sums (`add`): latent statistics, and the metrics and the grid when
+    reconstructing. `rng` draws posterior samples to decode (None: the mode)."""
 
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None, teacher=None) -> None:
@@ -224,10 +224,9 @@ class _Pass:
         self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
 
     def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> _Pass:
-        """`reconstruct` (else `encode`) each batch (tensors or dicts holding "pixel_values"; as many images as the
-        loader gives), in eval mode without gradients. A rank that fails or gets no image raises on every rank, naming
-        it."""
-        add, what = (self.reconstruct, "evaluating") if reconstruct else (self.encode, "measuring latent statistics")
+        """`add` each batch (tensors or dicts holding "pixel_values"; as many images as the loader gives), in eval mode
+        without gradients, decoded if asked. A rank that fails or gets no image raises on every rank, naming it."""
+        what = "evaluating" if reconstruct else "measuring latent statistics"
         if tiling is not None:  # tiles the tiled passes would get wrong are refused
             check_tile_size(tiling, self.vae.config, self.input_size, "the VAE's config")
         watchdog.doing(what)
@@ -238,7 +237,8 @@ class _Pass:
             with all_ranks_agree(what), paddle.no_grad(), tiles:
                 try:
                     for batch in batches:
-                        add((batch["pixel_values"] if isinstance(batch, dict) else batch).astype("float32"))
+                        pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
+                        self.add(pixels.astype("float32"), reconstruct)
                         watchdog.beat(f"a batch ({what})")
                 finally:  # a failing rank still joins the loader's gather (data.dataset.build_eval_dataloader)
                     getattr(batches, "close", lambda: None)()
@@ -248,9 +248,11 @@ class _Pass:
             self.vae.train(was_training)
         return self
 
-    def encode(self, pixels: paddle.Tensor):
-        """The posterior of `pixels` (resized to --input_size; with --posterior_std its std is that constant), its
-        latents added to the statistics."""
+    def add(self, pixels: paddle.Tensor, reconstruct: bool) -> None:
+        """The posterior of `pixels` (resized to --input_size; with --posterior_std its std is that constant) into the
+        latent statistics; `reconstruct`: also decode, and add every metric of the reconstructions, clamped to [-1, 1]
+        (clips: also flicker)."""
+        clips = pixels.ndim == 5
         with half_precision_autocast(self.vae):  # O2: float32 images into half-precision weights
             posterior = self.family.encode(self.vae, encoder_input(pixels, self.input_size))
             if self.posterior_std > 0:
@@ -262,13 +264,9 @@ class _Pass:
         if view is not None:
             self.view = self.view or LatentStatistics()
             self.view.update(view)
-        return posterior
-
-    def reconstruct(self, pixels: paddle.Tensor) -> None:
-        """Encode, decode and add every metric of the reconstructions, clamped to [-1, 1] (clips: also flicker)."""
-        clips = pixels.ndim == 5
-        posterior = self.encode(pixels)
-        with half_precision_autocast(self.vae):  # as `encode`
+        if not reconstruct:
+            return
+        with half_precision_autocast(self.vae):  # as the encoder's
             latent = mode = posterior.mode()
             if self.rng is not None and posterior.std is not None:
                 noise = paddle.to_tensor(self.rng.standard_normal(posterior.mean.shape).astype(np.float32))
@@ -295,8 +293,7 @@ class _Pass:
         frame_psnr = psnr(unit_pixels, unit_recons)
         self.metrics.update("psnr", frame_psnr)
         if clips:  # grouped by the frames one latent frame codes after the first
-            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0],
-                                          self.geometry.frames or clips_part.GROUP_FRAMES)
+            clips_part.add_position_psnrs(self.metrics, frame_psnr, posterior.mean.shape[0], self.geometry.frames)
         self.metrics.update("ssim", ssim(unit_pixels, unit_recons))
         if unit_pixels.shape[1] == 4:
             self.metrics.update("alpha_psnr", psnr(unit_pixels[:, 3:], unit_recons[:, 3:], ALPHA_MSE_FLOOR))
@@ -317,13 +314,13 @@ class _Pass:
 
     def latent_stats(self) -> EvalResult:
         """Reduced over ranks (a collective)."""
-        mean, std = self.samples.compute()
+        mean, std, *factors = self.samples.compute()
         view_mean = view_var = None
         if self.view is not None:
-            view_mean, view_std = self.view.compute()
+            view_mean, view_std, *_ = self.view.compute()
             view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
         count = int(all_reduce_sum(np.array([self.count]))[0])
-        result = EvalResult(mean.tolist(), std.tolist(), *self.samples.suggested_factors(), count, view_mean, view_var)
+        result = EvalResult(mean.tolist(), std.tolist(), *factors, count, view_mean, view_var)
         result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
         return result
 

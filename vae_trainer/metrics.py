@@ -155,16 +155,12 @@ class LatentStatistics(_Moments):
         if variances is not None:
             self._second_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
 
-    def compute(self) -> tuple[np.ndarray, np.ndarray]:
-        """(per-channel mean, per-channel population std) over all ranks."""
+    def compute(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """(per-channel mean, per-channel population std) over all ranks, and the suggested (scaling_factor,
+        shift_factor) = (1 / std, mean) over all channels together, for z_model = (z - shift_factor) * scaling_factor
+        (FLUX-style; SD uses the scale alone)."""
         (count,), total, squared_total = self._summed_over_ranks()
-        mean = total / count
-        return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0))
-
-    def suggested_factors(self) -> tuple[float, float]:
-        """(scaling_factor, shift_factor) = (1 / std, mean) over all channels together, for
-        z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale alone)."""
-        (count,), total, squared_total = self._summed_over_ranks()
-        elements = count * total.shape[0]
-        mean = total.sum() / elements
-        return float(1.0 / np.sqrt(max(squared_total.sum() / elements - mean**2, 0.0))), float(mean)  # 1 / std
+        mean, elements = total / count, count * total.shape[0]
+        overall = total.sum() / elements
+        scaling_factor = float(1.0 / np.sqrt(max(squared_total.sum() / elements - overall**2, 0.0)))  # 1 / std
+        return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0)), scaling_factor, float(overall)

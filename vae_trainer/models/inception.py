@@ -11,16 +11,11 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 
-class BasicConv2d(nn.Layer):
-    """Conv (no bias) -> BatchNorm -> ReLU, torchvision's Inception unit."""
-
-    def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
-        super().__init__()
-        self.conv = nn.Conv2D(in_channels, out_channels, bias_attr=False, **conv_kwargs)
-        self.bn = nn.BatchNorm2D(out_channels, epsilon=0.001)  # torchvision's / TensorFlow's, not Paddle's 1e-5
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return F.relu(self.bn(self.conv(x)))
+def basic_conv2d(in_channels: int, out_channels: int, **conv_kwargs) -> nn.Sequential:
+    """Conv (no bias) -> BatchNorm -> ReLU, torchvision's Inception unit (its BasicConv2d's `conv` and `bn`)."""
+    conv = nn.Conv2D(in_channels, out_channels, bias_attr=False, **conv_kwargs)
+    bn = nn.BatchNorm2D(out_channels, epsilon=0.001)  # torchvision's / TensorFlow's, not Paddle's 1e-5
+    return nn.Sequential(("conv", conv), ("bn", bn), ("relu", nn.ReLU()))
 
 
 def _avg_pool_without_padding(x: paddle.Tensor) -> paddle.Tensor:
@@ -30,13 +25,13 @@ def _avg_pool_without_padding(x: paddle.Tensor) -> paddle.Tensor:
 class FIDInceptionA(nn.Layer):
     def __init__(self, in_channels: int, pool_features: int) -> None:
         super().__init__()
-        self.branch1x1 = BasicConv2d(in_channels, 64, kernel_size=1)
-        self.branch5x5_1 = BasicConv2d(in_channels, 48, kernel_size=1)
-        self.branch5x5_2 = BasicConv2d(48, 64, kernel_size=5, padding=2)
-        self.branch3x3dbl_1 = BasicConv2d(in_channels, 64, kernel_size=1)
-        self.branch3x3dbl_2 = BasicConv2d(64, 96, kernel_size=3, padding=1)
-        self.branch3x3dbl_3 = BasicConv2d(96, 96, kernel_size=3, padding=1)
-        self.branch_pool = BasicConv2d(in_channels, pool_features, kernel_size=1)
+        self.branch1x1 = basic_conv2d(in_channels, 64, kernel_size=1)
+        self.branch5x5_1 = basic_conv2d(in_channels, 48, kernel_size=1)
+        self.branch5x5_2 = basic_conv2d(48, 64, kernel_size=5, padding=2)
+        self.branch3x3dbl_1 = basic_conv2d(in_channels, 64, kernel_size=1)
+        self.branch3x3dbl_2 = basic_conv2d(64, 96, kernel_size=3, padding=1)
+        self.branch3x3dbl_3 = basic_conv2d(96, 96, kernel_size=3, padding=1)
+        self.branch_pool = basic_conv2d(in_channels, pool_features, kernel_size=1)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch5x5 = self.branch5x5_2(self.branch5x5_1(x))
@@ -48,10 +43,10 @@ class FIDInceptionA(nn.Layer):
 class InceptionB(nn.Layer):  # grid reduction 35 -> 17
     def __init__(self, in_channels: int) -> None:
         super().__init__()
-        self.branch3x3 = BasicConv2d(in_channels, 384, kernel_size=3, stride=2)
-        self.branch3x3dbl_1 = BasicConv2d(in_channels, 64, kernel_size=1)
-        self.branch3x3dbl_2 = BasicConv2d(64, 96, kernel_size=3, padding=1)
-        self.branch3x3dbl_3 = BasicConv2d(96, 96, kernel_size=3, stride=2)
+        self.branch3x3 = basic_conv2d(in_channels, 384, kernel_size=3, stride=2)
+        self.branch3x3dbl_1 = basic_conv2d(in_channels, 64, kernel_size=1)
+        self.branch3x3dbl_2 = basic_conv2d(64, 96, kernel_size=3, padding=1)
+        self.branch3x3dbl_3 = basic_conv2d(96, 96, kernel_size=3, stride=2)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch3x3dbl = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
@@ -63,16 +58,16 @@ class FIDInceptionC(nn.Layer):
     def __init__(self, in_channels: int, channels_7x7: int) -> None:
         super().__init__()
         c7 = channels_7x7
-        self.branch1x1 = BasicConv2d(in_channels, 192, kernel_size=1)
-        self.branch7x7_1 = BasicConv2d(in_channels, c7, kernel_size=1)
-        self.branch7x7_2 = BasicConv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
-        self.branch7x7_3 = BasicConv2d(c7, 192, kernel_size=(7, 1), padding=(3, 0))
-        self.branch7x7dbl_1 = BasicConv2d(in_channels, c7, kernel_size=1)
-        self.branch7x7dbl_2 = BasicConv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
-        self.branch7x7dbl_3 = BasicConv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
-        self.branch7x7dbl_4 = BasicConv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
-        self.branch7x7dbl_5 = BasicConv2d(c7, 192, kernel_size=(1, 7), padding=(0, 3))
-        self.branch_pool = BasicConv2d(in_channels, 192, kernel_size=1)
+        self.branch1x1 = basic_conv2d(in_channels, 192, kernel_size=1)
+        self.branch7x7_1 = basic_conv2d(in_channels, c7, kernel_size=1)
+        self.branch7x7_2 = basic_conv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7_3 = basic_conv2d(c7, 192, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_1 = basic_conv2d(in_channels, c7, kernel_size=1)
+        self.branch7x7dbl_2 = basic_conv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_3 = basic_conv2d(c7, c7, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7dbl_4 = basic_conv2d(c7, c7, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7dbl_5 = basic_conv2d(c7, 192, kernel_size=(1, 7), padding=(0, 3))
+        self.branch_pool = basic_conv2d(in_channels, 192, kernel_size=1)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch7x7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
@@ -85,12 +80,12 @@ class FIDInceptionC(nn.Layer):
 class InceptionD(nn.Layer):  # grid reduction 17 -> 8
     def __init__(self, in_channels: int) -> None:
         super().__init__()
-        self.branch3x3_1 = BasicConv2d(in_channels, 192, kernel_size=1)
-        self.branch3x3_2 = BasicConv2d(192, 320, kernel_size=3, stride=2)
-        self.branch7x7x3_1 = BasicConv2d(in_channels, 192, kernel_size=1)
-        self.branch7x7x3_2 = BasicConv2d(192, 192, kernel_size=(1, 7), padding=(0, 3))
-        self.branch7x7x3_3 = BasicConv2d(192, 192, kernel_size=(7, 1), padding=(3, 0))
-        self.branch7x7x3_4 = BasicConv2d(192, 192, kernel_size=3, stride=2)
+        self.branch3x3_1 = basic_conv2d(in_channels, 192, kernel_size=1)
+        self.branch3x3_2 = basic_conv2d(192, 320, kernel_size=3, stride=2)
+        self.branch7x7x3_1 = basic_conv2d(in_channels, 192, kernel_size=1)
+        self.branch7x7x3_2 = basic_conv2d(192, 192, kernel_size=(1, 7), padding=(0, 3))
+        self.branch7x7x3_3 = basic_conv2d(192, 192, kernel_size=(7, 1), padding=(3, 0))
+        self.branch7x7x3_4 = basic_conv2d(192, 192, kernel_size=3, stride=2)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch3x3 = self.branch3x3_2(self.branch3x3_1(x))
@@ -103,15 +98,15 @@ class FIDInceptionE(nn.Layer):  # max_pool: the FID graph's last block (Mixed_7c
     def __init__(self, in_channels: int, max_pool: bool) -> None:
         super().__init__()
         self.max_pool = max_pool
-        self.branch1x1 = BasicConv2d(in_channels, 320, kernel_size=1)
-        self.branch3x3_1 = BasicConv2d(in_channels, 384, kernel_size=1)
-        self.branch3x3_2a = BasicConv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
-        self.branch3x3_2b = BasicConv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
-        self.branch3x3dbl_1 = BasicConv2d(in_channels, 448, kernel_size=1)
-        self.branch3x3dbl_2 = BasicConv2d(448, 384, kernel_size=3, padding=1)
-        self.branch3x3dbl_3a = BasicConv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
-        self.branch3x3dbl_3b = BasicConv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
-        self.branch_pool = BasicConv2d(in_channels, 192, kernel_size=1)
+        self.branch1x1 = basic_conv2d(in_channels, 320, kernel_size=1)
+        self.branch3x3_1 = basic_conv2d(in_channels, 384, kernel_size=1)
+        self.branch3x3_2a = basic_conv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
+        self.branch3x3_2b = basic_conv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
+        self.branch3x3dbl_1 = basic_conv2d(in_channels, 448, kernel_size=1)
+        self.branch3x3dbl_2 = basic_conv2d(448, 384, kernel_size=3, padding=1)
+        self.branch3x3dbl_3a = basic_conv2d(384, 384, kernel_size=(1, 3), padding=(0, 1))
+        self.branch3x3dbl_3b = basic_conv2d(384, 384, kernel_size=(3, 1), padding=(1, 0))
+        self.branch_pool = basic_conv2d(in_channels, 192, kernel_size=1)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         branch3x3 = self.branch3x3_1(x)
@@ -125,11 +120,11 @@ class FIDInceptionE(nn.Layer):  # max_pool: the FID graph's last block (Mixed_7c
 class FIDInceptionV3(nn.Layer):
     def __init__(self) -> None:
         super().__init__()
-        self.Conv2d_1a_3x3 = BasicConv2d(3, 32, kernel_size=3, stride=2)
-        self.Conv2d_2a_3x3 = BasicConv2d(32, 32, kernel_size=3)
-        self.Conv2d_2b_3x3 = BasicConv2d(32, 64, kernel_size=3, padding=1)
-        self.Conv2d_3b_1x1 = BasicConv2d(64, 80, kernel_size=1)
-        self.Conv2d_4a_3x3 = BasicConv2d(80, 192, kernel_size=3)
+        self.Conv2d_1a_3x3 = basic_conv2d(3, 32, kernel_size=3, stride=2)
+        self.Conv2d_2a_3x3 = basic_conv2d(32, 32, kernel_size=3)
+        self.Conv2d_2b_3x3 = basic_conv2d(32, 64, kernel_size=3, padding=1)
+        self.Conv2d_3b_1x1 = basic_conv2d(64, 80, kernel_size=1)
+        self.Conv2d_4a_3x3 = basic_conv2d(80, 192, kernel_size=3)
         self.Mixed_5b = FIDInceptionA(192, pool_features=32)
         self.Mixed_5c = FIDInceptionA(256, pool_features=64)
         self.Mixed_5d = FIDInceptionA(288, pool_features=64)
