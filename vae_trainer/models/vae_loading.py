@@ -40,7 +40,6 @@ TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENS
 WEIGHT_VARIANTS = ("fp16", "fp32")
 TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}  # a checkpoint-N's, not a VAE folder's
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
-CONFIG_NAME = AutoencoderKL.config_name  # config.json
 SD_NORM_GROUPS = 32  # a single file's GroupNorm groups: not in its tensors
 COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
 
@@ -135,15 +134,15 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Op
             "--resume_from_checkpoint), or fine-tune the VAE that run exported, OUTPUT_DIR/vae.")
     found = [name for name in with_variants(PADDLE_WEIGHT_FILES) + with_variants(TORCH_WEIGHT_FILES)
              if name in present]  # our export holds both: Paddle's is read
-    if found and CONFIG_NAME not in present:
-        raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
+    if found and names.CONFIG_NAME not in present:
+        raise FileNotFoundError(f"{location} holds {found[0]} but no {names.CONFIG_NAME}")
     if found:
         return location, found[0]
     hint = ""
     if not subfolder and os.path.isdir(os.path.join(location, "vae")):
         hint = " It has a 'vae' folder: add --subfolder vae."
     raise FileNotFoundError(
-        f"No loadable VAE in {location}: looked for {CONFIG_NAME} with one of "
+        f"No loadable VAE in {location}: looked for {names.CONFIG_NAME} with one of "
         f"{', '.join(PADDLE_WEIGHT_FILES + TORCH_WEIGHT_FILES)} (or their {'/'.join(WEIGHT_VARIANTS)} variants, "
         f"e.g. {with_variants(TORCH_WEIGHT_FILES[:1])[1]}). A single-file checkpoint "
         f"({'/'.join(SINGLE_FILE_SUFFIXES)}) is given as the path of the file itself.{hint}")
@@ -177,7 +176,7 @@ def vae_from_config_file(config_file: str, fresh: bool = False, encoder_path: Op
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
     config = {**AutoencoderKL.load_config(config_file), **(overrides or {})}
-    where = os.path.join(config_file, CONFIG_NAME) if os.path.isdir(config_file) else config_file
+    where = os.path.join(config_file, names.CONFIG_NAME) if os.path.isdir(config_file) else config_file
     family = family_for_config(config, where)
     if "noise_tau" in (overrides or {}) and "noise_tau" not in constructor_defaults(family):
         raise ValueError(f"--noise_tau {overrides['noise_tau']}: {family.class_name} adds no noise to its latents in "
