@@ -18,8 +18,6 @@ import paddle
 from .families import family_for_config, family_of, image_channels
 from .families.tiny import TINY, student_config
 
-Tensor = paddle.Tensor
-
 
 def _tiled(pattern: np.ndarray, latents: paddle.Tensor) -> paddle.Tensor:
     """[1, C, H, W]: the [C, p, p] pattern repeated over the H x W latent positions."""
@@ -81,7 +79,7 @@ class Teacher:
             self.cache = os.path.join(cache_folder, digest.hexdigest()[:16])
             os.makedirs(self.cache, exist_ok=True)
 
-    def latents(self, images: Tensor) -> Tensor:
+    def latents(self, images: paddle.Tensor) -> paddle.Tensor:
         paths = []
         if self.cache is not None:
             paths = [os.path.join(self.cache, hashlib.sha256(str(image.shape).encode() + image.tobytes()).hexdigest()
@@ -98,7 +96,7 @@ class Teacher:
             os.replace(partial, path)
         return latents
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: paddle.Tensor) -> paddle.Tensor:
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
             return self.family.decode(self.vae, from_pipeline(latents, self.mean, self.std))
 
@@ -119,11 +117,8 @@ def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -
 
 def check_student(student: paddle.nn.Layer, teacher: Teacher) -> None:
     """Refuse, before training, a student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt)
-    that cannot live in `teacher`'s pipeline latents: another class, latent channels or factor, or a scale other
-    than 1 (a pipeline would divide its latents by it)."""
-    family = family_of(student)
-    if family is not TINY:  # the family of a distilled student
-        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {TINY.class_name}")
+    that cannot live in `teacher`'s pipeline latents: other latent channels or factor, or a scale other than 1 (a
+    pipeline would divide its latents by it). Another class is refused with the flags (objectives/distillation.py)."""
     mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
     if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
         raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its "

@@ -1,6 +1,6 @@
 """`build_vae`, the VAE constructor of both drivers and the scripts: fresh from a config JSON (its family's class:
-families/), or a LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single file), then
---init_from_ckpt's weights. Nothing is downloaded; PyTorch files are read without torch (torch_files.py).
+families/), or a LOCAL pretrained one (ppdiffusers or PyTorch diffusers folder, original LDM / SD / SDXL / FLUX single
+file), then --init_from_ckpt's weights. Nothing is downloaded; PyTorch files are read without torch (torch_files.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
+from ppdiffusers.models.modeling_utils import faster_set_state_dict
 from ppdiffusers.models.modeling_pytorch_paddle_utils import convert_pytorch_state_dict_to_paddle
 from ppdiffusers.pipelines.stable_diffusion.convert_from_ckpt import convert_ldm_vae_checkpoint
 from ppdiffusers.utils import _add_variant
@@ -24,7 +25,7 @@ from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAM
                           list_checkpoints, read_model_state)
 from .families import family_for_config, family_of
 from .family import constructor_defaults
-from .families.flux2 import CLASS_NAME as FLUX2_CLASS_NAME
+from .families.flux2 import FLUX2
 from .families.kl import KL
 from .torch_files import read_state_dict
 from ..refusals import FROZEN_LATENT
@@ -39,7 +40,6 @@ TORCH_WEIGHT_FILES = (names.TORCH_SAFETENSORS_WEIGHTS_NAME, names.TORCH_SAFETENS
 WEIGHT_VARIANTS = ("fp16", "fp32")
 TRAINING_RUN_FILES = {TRAINER_STATE_NAME, VAE_CONFIG_NAME, EXPORT_CONFIG_NAME}  # a checkpoint-N's, not a VAE folder's
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
-CONFIG_NAME = AutoencoderKL.config_name  # config.json
 SD_NORM_GROUPS = 32  # a single file's GroupNorm groups: not in its tensors
 COUNTER_SUFFIX = ".num_batches_tracked"  # BatchNorm's counter, which ppdiffusers' PyTorch conversion drops
 
@@ -115,7 +115,7 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
 
 
 def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Optional[str]]:
-    """(the VAE's folder or single file, the folder's weight file), or one clear error when nothing loadable is there."""
+    """(the VAE's folder or single file, the folder's weight file), or one clear error if nothing loadable is there."""
     location = os.path.join(path, subfolder) if subfolder else path
     if os.path.isfile(location):
         if location.endswith(SINGLE_FILE_SUFFIXES):
@@ -134,15 +134,15 @@ def find_pretrained(path: str, subfolder: Optional[str] = None) -> Tuple[str, Op
             "--resume_from_checkpoint), or fine-tune the VAE that run exported, OUTPUT_DIR/vae.")
     found = [name for name in with_variants(PADDLE_WEIGHT_FILES) + with_variants(TORCH_WEIGHT_FILES)
              if name in present]  # our export holds both: Paddle's is read
-    if found and CONFIG_NAME not in present:
-        raise FileNotFoundError(f"{location} holds {found[0]} but no {CONFIG_NAME}")
+    if found and names.CONFIG_NAME not in present:
+        raise FileNotFoundError(f"{location} holds {found[0]} but no {names.CONFIG_NAME}")
     if found:
         return location, found[0]
     hint = ""
     if not subfolder and os.path.isdir(os.path.join(location, "vae")):
         hint = " It has a 'vae' folder: add --subfolder vae."
     raise FileNotFoundError(
-        f"No loadable VAE in {location}: looked for {CONFIG_NAME} with one of "
+        f"No loadable VAE in {location}: looked for {names.CONFIG_NAME} with one of "
         f"{', '.join(PADDLE_WEIGHT_FILES + TORCH_WEIGHT_FILES)} (or their {'/'.join(WEIGHT_VARIANTS)} variants, "
         f"e.g. {with_variants(TORCH_WEIGHT_FILES[:1])[1]}). A single-file checkpoint "
         f"({'/'.join(SINGLE_FILE_SUFFIXES)}) is given as the path of the file itself.{hint}")
@@ -176,7 +176,7 @@ def vae_from_config_file(config_file: str, fresh: bool = False, encoder_path: Op
     if not os.path.exists(config_file):
         raise FileNotFoundError(f"VAE config file {config_file} does not exist")
     config = {**AutoencoderKL.load_config(config_file), **(overrides or {})}
-    where = os.path.join(config_file, CONFIG_NAME) if os.path.isdir(config_file) else config_file
+    where = os.path.join(config_file, names.CONFIG_NAME) if os.path.isdir(config_file) else config_file
     family = family_for_config(config, where)
     if "noise_tau" in (overrides or {}) and "noise_tau" not in constructor_defaults(family):
         raise ValueError(f"--noise_tau {overrides['noise_tau']}: {family.class_name} adds no noise to its latents in "
@@ -205,19 +205,14 @@ def assign_weights(vae: paddle.nn.Layer, state: Dict[str, object], ignore_keys: 
     if any(key.startswith("bn.") for key in unexpected):
         raise ValueError(
             f"{source} holds {', '.join(k for k in unexpected if k.startswith('bn.'))}: the latent normalisation "
-            f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2_CLASS_NAME}), which this VAE ({type(vae).__name__}) has no place "
-            f"for. Give a config of class {FLUX2_CLASS_NAME} (\"_class_name\": \"{FLUX2_CLASS_NAME}\", e.g. "
+            f"(BatchNorm statistics) of a FLUX.2 VAE ({FLUX2.class_name}), which this VAE ({type(vae).__name__}) has "
+            f"no place for. Give a config of class {FLUX2.class_name} (\"_class_name\": \"{FLUX2.class_name}\", e.g. "
             "configs/flux2_vae.json), or none: the source's own config is used.")
     if unexpected:
         raise ValueError(f"{source} holds {len(unexpected)} weights this VAE has no place for, e.g. {unexpected[:5]}: "
                          "a different architecture? Give the matching --vae_config_file.")
-    # Ignored weights get their own fresh values: a partial dict would make Paddle warn once per weight.
-    vae.set_state_dict({k: _as_dtype(state[k], expected[k].dtype) if k in state else expected[k] for k in expected})
-
-
-def _as_dtype(value, dtype):
-    tensor = value if isinstance(value, paddle.Tensor) else paddle.to_tensor(np.asarray(value))
-    return tensor.astype(dtype) if tensor.dtype != dtype else tensor
+    # ppdiffusers' own loader: each weight cast to the VAE's dtype and copied in; ignored ones keep their fresh values.
+    faster_set_state_dict(vae, state)
 
 
 def _read_single_file(path: str) -> Dict[str, np.ndarray]:

@@ -12,7 +12,6 @@ from ..family import Layer, constructor_defaults
 from ..latent_normalisation import FLUX2_BN
 from .kl import KLFamily, widths
 
-CLASS_NAME = "AutoencoderKLFlux2"
 # Config keys only this class has (diffusers' AutoencoderKL also has mid_block_add_attention).
 FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
 
@@ -40,7 +39,7 @@ class Flux2Family(KLFamily):
         encoder, decoder = widths(vae)
         if len(config.down_block_types) == len(encoder) and len(config.up_block_types) == len(decoder):
             return None
-        return (f"PyTorch diffusers' {CLASS_NAME} builds one block per width, and this VAE has {len(encoder)} "
+        return (f"PyTorch diffusers' {self.class_name} builds one block per width, and this VAE has {len(encoder)} "
                 f"encoder / {len(decoder)} decoder widths for {len(config.down_block_types)} / "
                 f"{len(config.up_block_types)} blocks")
 
