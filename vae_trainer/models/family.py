@@ -77,10 +77,6 @@ class Family:
         """The `_class_name` of its config.json: its class's name, which is diffusers' too."""
         return self.network.__name__
 
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        """Is a config without `_class_name` this family's (by its keys)?"""
-        return False
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         raise NotImplementedError
 

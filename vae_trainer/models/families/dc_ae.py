@@ -30,9 +30,6 @@ class DCFamily(Family):
     network = AutoencoderDC
     normalisation = Scale()
     tiling = diffusers_tiling("AutoencoderDC")
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),

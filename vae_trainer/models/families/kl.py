@@ -24,9 +24,6 @@ class KLFamily(Family):
     normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
               "tiled_decode)")
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return True  # the fallback: a config of no other family's keys (families.py asks it last)
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
