@@ -64,10 +64,6 @@ class DCFamily(Family):
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latent)
 
-    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        conv_out = vae.decoder.conv_out
-        return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight  # a DCUpBlock2d holds its conv
-
     def image_convs(self, vae: Layer) -> ImageConvs:
         """conv_in and conv_out, or the convs of the shortcut-free DCDownBlock2d / DCUpBlock2d standing for them when
         layers_per_block[0] == 0; a pixel-shuffled one writes factor ** 2 channels per image channel."""
