@@ -5,7 +5,7 @@ exported (config entries and weights), described (latent_stats.json, the evaluat
 pipeline does (`pipeline`: mean and std, for a distilled student's latent space).
 
     Scale          (z - shift_factor) * scaling_factor, or SDXL's rule with latents_mean / latents_std  (KL, DC-AE)
-    Fixed          a Scale never measured nor changed: a distilled student lives in its teacher's space   (tiny)
+                   or one of a fixed origin, never measured nor changed: a student's, in its teacher's space (tiny)
     PerChannel     (z - latents_mean) / latents_std per channel, the lists in the config, z the mode     (Wan, Qwen)
     PerPosition    that per channel and position, applied inside encode, times scaling_factor            (RAE)
     HeldInWeights  statistics held in buffers of the weights                                    (FLUX.2's bn)
@@ -33,6 +33,7 @@ class Normalisation:
     held = ""  # what the weights hold of it ("bn statistics"), else ""
     on_training_data = False  # measured on --file_list (RAE's stat.pt), not on held-out images
     numbers = True  # a number (--scaling_factor N) can set it
+    origin = ""  # where it comes from whatever its sources state (a student's: fixed), else from them (settle)
     # (name, text) its evaluation protocols state, and what they add where the statistics of `view` were measured
     stated: Items = ()
     view_item: Optional[Tuple[str, str]] = None
@@ -111,17 +112,12 @@ def moments(stats) -> Dict[str, Any]:
 class Scale(Normalisation):
     """(z - shift_factor) * scaling_factor (the SD, FLUX.1 and SANA pipelines), or with latents_mean / latents_std in
     the config (z - latents_mean) * scaling_factor / latents_std (StableDiffusionXLPipeline's rule). Measured: the
-    scaling factor over all channels, and the shift where the config has one."""
+    scaling factor over all channels, and the shift where the config has one. With an `origin`, a scale never
+    measured nor changed at export: a distilled student's latents are its teacher's pipeline latents (scaling_factor
+    1), whatever its sources state."""
 
-    def __init__(self, keys: Tuple[str, ...] = ("scaling_factor",)):
-        self.keys = keys
-
-
-class Fixed(Scale):
-    """A scale never measured nor changed at export: a distilled student's latents are its teacher's pipeline
-    latents (scaling_factor 1), whatever its sources state."""
-
-    origin = "fixed: a student lives in its teacher's normalised latent space"
+    def __init__(self, keys: Tuple[str, ...] = ("scaling_factor",), origin: str = ""):
+        self.keys, self.origin = keys, origin
 
 
 class PerChannel(Normalisation):

@@ -13,7 +13,6 @@ from paddle.nn import Layer
 from ..checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
 from .families import family_of
 from .family import constructor_defaults
-from .latent_normalisation import Fixed
 
 logger = logging.getLogger("vae_trainer")
 
@@ -35,7 +34,7 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
     """Give `vae` the latent scale of its sources, its encoder weights' first, and where it came from (`origin_of`)."""
     family = family_of(vae)
     normalisation = family.normalisation
-    if isinstance(normalisation, Fixed):  # a distilled student: the teacher's normalised latents, whatever its sources
+    if normalisation.origin:  # a distilled student's: the teacher's normalised latents, whatever its sources
         setattr(vae, EXPORT_ORIGIN_KEY, normalisation.origin)
         return
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
