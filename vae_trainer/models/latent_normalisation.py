@@ -99,10 +99,6 @@ class Normalisation:
                     "the encoder: give --scaling_factor keep, or train the encoder).")
         return None
 
-    def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
-        """(label, values) of what the weights hold beside what was measured, for scripts/eval_vae.py's table."""
-        return []
-
 
 def moments(stats) -> Dict[str, Any]:
     """The per-channel statistics of posterior samples that every record lists."""
@@ -308,6 +304,7 @@ class HeldInWeights(Normalisation):
                 spread.astype(np.float32).reshape(shape))
 
     def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
+        """(label, values) of what the weights hold beside what was measured, for scripts/eval_vae.py's table."""
         held, (mean_listed, var_listed) = self.held_values(vae), self.listed(result)
         return [(f"{self.label}{self.mean_name} (the VAE's)", held[self.mean_name]),
                 (f"{mean_listed.replace('_', ' ')} (measured)", result.view_mean),
