@@ -72,14 +72,15 @@ class Normalisation:
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode,
-        the pattern tiled over latent positions with period p (teacher.to_pipeline)."""
-        config, channels = vae.config, vae.config.latent_channels
+        the pattern tiled over latent positions with period p (teacher.to_pipeline); here p = 1 (NCHW image latents: a
+        clip's NCTHW ones need a frame axis, [:, None]), from the config's lists, or its scaling factor and shift."""
+        config, factor = vae.config, vae.config.get("scaling_factor", 1)  # a PerChannel's config has none: 1
         if config.get("latents_mean") is not None and config.get("latents_std") is not None:
-            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
+            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / factor
         else:
-            mean = np.full(channels, config.get("shift_factor") or 0.0)
-            std = np.full(channels, 1 / config.scaling_factor)
-        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
+            mean = np.full(config.latent_channels, config.get("shift_factor") or 0.0)
+            std = np.full(config.latent_channels, 1 / factor)
+        return tuple(np.asarray(values, np.float32).reshape(len(values), 1, 1) for values in (mean, std))
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None
@@ -147,11 +148,6 @@ class PerChannel(Normalisation):
                              "positions (what latents_mean / latents_std hold)",
                 "mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []],
                 **moments(stats)}
-
-    def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """For NCHW image latents (a clip's NCTHW latents need a frame axis: [:, None])."""
-        shape = [len(vae.config[self.keys[0]]), 1, 1]
-        return tuple(np.asarray(vae.config[key], np.float32).reshape(shape) for key in self.keys)
 
 
 class PerPosition(PerChannel):
