@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
+from .autoencoder_kl_ltx2 import space_time_to_channels
+
 Layer, Tensor = paddle.nn.Layer, paddle.Tensor
 Items = Tuple[Tuple[str, str], ...]
 
@@ -129,9 +131,15 @@ class PerChannel(Normalisation):
                  "positions")
     formula = ("(z - latents_mean) / latents_std per channel, z the posterior mode (diffusers' Wan / Qwen-Image "
                "pipelines)")
+    patch_key = ""  # the config key of the patches the pipelines make of the mode first (FLUX.2's), else ""
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        return posterior.mode().astype("float32")  # what the pipelines normalise (sample_mode="argmax")
+        """The mode, what the pipelines normalise (sample_mode="argmax"); patchified as Flux2Pipeline._patchify_latents
+        does (LTX-2's space-to-channels, no time stride) where they patchify it."""
+        mode = posterior.mode().astype("float32")
+        if self.patch_key:
+            return space_time_to_channels(mode.unsqueeze(2), (1, *vae.config[self.patch_key])).squeeze(2)
+        return mode
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
@@ -215,23 +223,14 @@ class PerPosition(PerChannel):
         return None
 
 
-def patchify(latents: Tensor, patch_size: Sequence[int] = (2, 2)) -> Tensor:
-    """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw) in the channel order of diffusers' Flux2Pipeline._patchify_latents."""
-    ph, pw = patch_size
-    batch, channels, height, width = latents.shape
-    patches = latents.reshape([batch, channels, height // ph, ph, width // pw, pw]).transpose([0, 1, 3, 5, 2, 4])
-    return patches.reshape([batch, channels * ph * pw, height // ph, width // pw])
-
-
-class HeldInWeights(Normalisation):
+class HeldInWeights(PerChannel):
     """Per-channel statistics of the posterior modes, held in buffers of the weights that the forward never applies:
     (z' - mean) / spread, z' the mode (patchified first where the pipeline patchifies it), kept from the source or
     measured at export. FLUX.2's `bn` (`FLUX2_BN`) holds the 2x2-patchified modes' mean and variance (the spread
     sqrt(var + batch_norm_eps); its counter: the images measured); LTX-2's `latents_mean` / `latents_std` buffers
     (`LTX2_BUFFERS`) a mean and std, the pipelines' spread std / scaling_factor."""
 
-    name = "latent normalisation"
-    numbers = False  # its statistics are measured or kept, never given
+    name = "latent normalisation"  # numbers False, as a PerChannel's: its statistics are measured or kept, never given
 
     def __init__(self, held: str, buffers: Mapping[str, str], formula: str, eps_key: str = "", patch_key: str = "",
                  counter: str = "", label: str = "", keys: Tuple[str, ...] = ()):
@@ -246,10 +245,6 @@ class HeldInWeights(Normalisation):
         self.statistic = f"{where}: population mean and variance over all images and positions"
         self.view_item = ("patchified latent statistics" if patch_key else "latent normalisation statistics",
                           f"{self.statistic}, what its {held} hold")
-
-    def view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        mode = posterior.mode().astype("float32")
-        return patchify(mode, vae.config[self.patch_key]) if self.patch_key else mode
 
     def listed(self, result) -> Dict[str, Any]:
         patched = "patchified_" if self.patch_key else ""
