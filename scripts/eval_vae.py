@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> EvalResult:
                                seed=args.seed, input_size=args.input_size, tiling=tiling, teacher=args.teacher or "",
                                **frames)
         normalisation = family.normalisation
-        table = format_table(result, normalisation.held_rows(vae, result), normalisation.keys)
+        table = format_table(result, normalisation.held_rows(vae, result) if normalisation.held else (),
+                             normalisation.keys)
         print(f"protocol:\n{protocol.text()}\n\n{table}")
         summary = {**result_record(result, protocol), "settings": vars(args)}
         if normalisation.held:  # FLUX.2's VAE: the latent normalisation it holds, beside the measured one

@@ -78,7 +78,7 @@ def in_ours(vae, images: np.ndarray) -> dict:
     import paddle
 
     from vae_trainer.models.families.flux2 import FLUX2
-    from vae_trainer.models.latent_normalisation import patchify
+    from vae_trainer.models.autoencoder_kl_ltx2 import space_time_to_channels
 
     vae.eval()
     with paddle.no_grad():
@@ -87,7 +87,8 @@ def in_ours(vae, images: np.ndarray) -> dict:
     stats = FLUX2.normalisation.held_values(vae)
     mean = np.asarray(stats["running_mean"], np.float32).reshape(1, -1, 1, 1)
     var = np.asarray(stats["running_var"], np.float32).reshape(1, -1, 1, 1)
-    normalised = (patchify(mode).numpy() - mean) / np.sqrt(var + vae.config.batch_norm_eps)
+    patches = space_time_to_channels(mode.unsqueeze(2), (1, 2, 2)).squeeze(2)  # Flux2Pipeline's 2x2 patchify
+    normalised = (patches.numpy() - mean) / np.sqrt(var + vae.config.batch_norm_eps)
     return {"mode": mode.numpy(), "decoded": decoded.numpy(), "normalised": normalised,
             "running_mean": np.asarray(stats["running_mean"], np.float32),
             "running_var": np.asarray(stats["running_var"], np.float32),

@@ -308,14 +308,14 @@ def test_a_number_for_scaling_factor_is_refused_where_the_weights_hold_the_stati
     kept beside them, and the refusal says so (not "has no scaling_factor", FLUX.2's)."""
     from types import SimpleNamespace
 
-    from vae_trainer.models.latent_scale import mode_for
+    from vae_trainer.models.latent_scale import scaling_factor_mode
 
     vae = build_vae(pretrained_model_name_or_path=sources["ltx2"], subfolder="vae")
     flags = SimpleNamespace(scaling_factor="0.5", ignore_keys=None, init_from_ckpt=None,
                             pretrained_model_name_or_path="x")
     with pytest.raises(ValueError, match=r"--scaling_factor 0\.5: AutoencoderKLLTX2Video its scaling_factor is its "
                                          r"config's, kept; .* latents_mean / latents_std buffers"):
-        mode_for(vae, flags)
+        scaling_factor_mode(flags, vae)
 
 
 # ---- --trainable_modules

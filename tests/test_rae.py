@@ -569,11 +569,11 @@ def test_a_config_contradicting_the_dinov2_names_the_key(sources, tmp_path):
 
 
 def test_a_number_as_scaling_factor_needs_statistics_first(sources, rae_config, photos, tmp_path):
-    from vae_trainer.models.latent_scale import mode_for
+    from vae_trainer.models.latent_scale import scaling_factor_mode
 
     vae = build_vae(rae_config, encoder_path=sources["dinov2"])
     model_args = parse_arguments(["--file_list", photos, "--vae_config_file", rae_config, "--rae_encoder_path",
                                   sources["dinov2"], "--max_steps", "1", "--output_dir", str(tmp_path),
                                   "--resolution", "32", "--scaling_factor", "0.5"])[0]
     with pytest.raises(ValueError, match="--scaling_factor 0.5: this AutoencoderRAE has no latents_mean"):
-        mode_for(vae, model_args)
+        scaling_factor_mode(model_args, vae)

@@ -400,14 +400,14 @@ def test_from_scratch_weight_decay_is_taken(tmp_path):
 def test_a_number_for_scaling_factor_is_refused(pipelines):
     from types import SimpleNamespace
 
-    from vae_trainer.models.latent_scale import mode_for
+    from vae_trainer.models.latent_scale import scaling_factor_mode
 
     vae = build_vae(pretrained_model_name_or_path=pipelines["qwen"], subfolder="vae")
     flags = dict(scaling_factor="0.5", ignore_keys=None, init_from_ckpt=None, pretrained_model_name_or_path="x")
     with pytest.raises(ValueError, match=r"--scaling_factor 0\.5: AutoencoderKLQwenImage has no scaling_factor"):
-        mode_for(vae, SimpleNamespace(**flags))
+        scaling_factor_mode(SimpleNamespace(**flags), vae)
     with pytest.raises(ValueError, match="--scaling_factor measure with a frozen encoder"):
-        mode_for(vae, SimpleNamespace(**{**flags, "scaling_factor": "measure"}), encoder_frozen=True)
+        scaling_factor_mode(SimpleNamespace(**{**flags, "scaling_factor": "measure"}), vae, encoder_frozen=True)
 
 
 def test_configs_and_weights_that_do_not_fit_are_one_error_each(pipelines, tmp_path):

@@ -20,7 +20,7 @@ from .distributed import all_ranks_agree, broadcast_parameters, from_rank_0, ini
 from .ema import EMA_NAME, TrainableEMA
 from .evaluation import TrainingEvaluator
 from .flag_checks import derived_student_config
-from .models.latent_scale import mode_for
+from .models import latent_scale
 from .models.trainable import VAEWithDiscriminator
 from .models.discriminator import PATCH_TYPES, build_discriminator, convert_batchnorm_to_sync, init_discriminator_from
 from .models.dinov2 import load_dinov2
@@ -114,7 +114,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         if video_encoder_trains and rank() == 0 and (loaded or not clips):  # once per job: loaded latents, or images
             logger.warning(VIDEO_ENCODER_TRAINED + (LOADED_LATENTS_CHANGE if loaded else FRESH_VIDEO_UNTRAINED),
                            model.family.class_name, "clips" if clips else "still images")
-        scaling_factor_mode = mode_for(vae, model_args, model.encoder_frozen)  # checked: the family, a frozen encoder
+        scaling_factor_mode = latent_scale.scaling_factor_mode(model_args, vae, model.encoder_frozen)  # checked
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model,

@@ -77,10 +77,6 @@ class Family:
         """The `_class_name` of its config.json: its class's name, which is diffusers' too."""
         return self.network.__name__
 
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        """Is a config without `_class_name` this family's (by its keys)?"""
-        return False
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         raise NotImplementedError
 
@@ -91,8 +87,9 @@ class Family:
         raise NotImplementedError
 
     def encode(self, vae: Layer, images: Tensor):
-        """The posterior of [-1, 1] images (`Deterministic` for a deterministic encoder), latents NCHW (clips NCTHW)."""
-        raise NotImplementedError
+        """The posterior of [-1, 1] images (`Deterministic` for a deterministic encoder), latents NCHW (clips NCTHW); by
+        default the class's own encode's `latent_dist`."""
+        return vae.encode(images).latent_dist
 
     def decode(self, vae: Layer, latents: Tensor) -> Tensor:
         """Images on [-1, 1] in intent, not clamped (a clamp would stop the loss's gradients); by default the
@@ -101,8 +98,10 @@ class Family:
 
     def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
         """(the decoder's last weight, where the adaptive GAN weight compares gradients; the encoder's, where the
-        adaptive VF weight does, None if the encoder never trains)."""
-        raise NotImplementedError
+        adaptive VF weight does, None if the encoder never trains); by default those of the decoder's and the
+        encoder's `conv_out` (of the conv a block in its place holds: DC-AE's DCUpBlock2d)."""
+        conv_out = vae.decoder.conv_out
+        return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """(name, layer) recomputed under --recompute, never the decoder's last layer nor a layer holding a

@@ -5,7 +5,7 @@ exported (config entries and weights), described (latent_stats.json, the evaluat
 pipeline does (`pipeline`: mean and std, for a distilled student's latent space).
 
     Scale          (z - shift_factor) * scaling_factor, or SDXL's rule with latents_mean / latents_std  (KL, DC-AE)
-    Fixed          a Scale never measured nor changed: a distilled student lives in its teacher's space   (tiny)
+                   or one of a fixed origin, never measured nor changed: a student's, in its teacher's space (tiny)
     PerChannel     (z - latents_mean) / latents_std per channel, the lists in the config, z the mode     (Wan, Qwen)
     PerPosition    that per channel and position, applied inside encode, times scaling_factor            (RAE)
     HeldInWeights  statistics held in buffers of the weights                                    (FLUX.2's bn)
@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
+from .autoencoder_kl_ltx2 import space_time_to_channels
+
 Layer, Tensor = paddle.nn.Layer, paddle.Tensor
 Items = Tuple[Tuple[str, str], ...]
 
@@ -33,6 +35,7 @@ class Normalisation:
     held = ""  # what the weights hold of it ("bn statistics"), else ""
     on_training_data = False  # measured on --file_list (RAE's stat.pt), not on held-out images
     numbers = True  # a number (--scaling_factor N) can set it
+    origin = ""  # where it comes from whatever its sources state (a student's: fixed), else from them (settle)
     # (name, text) its evaluation protocols state, and what they add where the statistics of `view` were measured
     stated: Items = ()
     view_item: Optional[Tuple[str, str]] = None
@@ -71,14 +74,15 @@ class Normalisation:
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """(mean, std), float32 [C, p, p]: a diffusion pipeline's latents are (z - mean) / std, z the posterior mode,
-        the pattern tiled over latent positions with period p (teacher.to_pipeline)."""
-        config, channels = vae.config, vae.config.latent_channels
+        the pattern tiled over latent positions with period p (teacher.to_pipeline); here p = 1 (NCHW image latents: a
+        clip's NCTHW ones need a frame axis, [:, None]), from the config's lists, or its scaling factor and shift."""
+        config, factor = vae.config, vae.config.get("scaling_factor", 1)  # a PerChannel's config has none: 1
         if config.get("latents_mean") is not None and config.get("latents_std") is not None:
-            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / config.scaling_factor
+            mean, std = np.asarray(config.latents_mean), np.asarray(config.latents_std) / factor
         else:
-            mean = np.full(channels, config.get("shift_factor") or 0.0)
-            std = np.full(channels, 1 / config.scaling_factor)
-        return mean.astype(np.float32).reshape(channels, 1, 1), std.astype(np.float32).reshape(channels, 1, 1)
+            mean = np.full(config.latent_channels, config.get("shift_factor") or 0.0)
+            std = np.full(config.latent_channels, 1 / factor)
+        return tuple(np.asarray(values, np.float32).reshape(len(values), 1, 1) for values in (mean, std))
 
     def refusal(self, vae: Layer, mode, encoder_frozen: bool) -> Optional[str]:
         """Why --scaling_factor `mode` ("keep", "measure" or a number) cannot export this network, or None
@@ -98,10 +102,6 @@ class Normalisation:
                     "the encoder: give --scaling_factor keep, or train the encoder).")
         return None
 
-    def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
-        """(label, values) of what the weights hold beside what was measured, for scripts/eval_vae.py's table."""
-        return []
-
 
 def moments(stats) -> Dict[str, Any]:
     """The per-channel statistics of posterior samples that every record lists."""
@@ -111,17 +111,12 @@ def moments(stats) -> Dict[str, Any]:
 class Scale(Normalisation):
     """(z - shift_factor) * scaling_factor (the SD, FLUX.1 and SANA pipelines), or with latents_mean / latents_std in
     the config (z - latents_mean) * scaling_factor / latents_std (StableDiffusionXLPipeline's rule). Measured: the
-    scaling factor over all channels, and the shift where the config has one."""
+    scaling factor over all channels, and the shift where the config has one. With an `origin`, a scale never
+    measured nor changed at export: a distilled student's latents are its teacher's pipeline latents (scaling_factor
+    1), whatever its sources state."""
 
-    def __init__(self, keys: Tuple[str, ...] = ("scaling_factor",)):
-        self.keys = keys
-
-
-class Fixed(Scale):
-    """A scale never measured nor changed at export: a distilled student's latents are its teacher's pipeline
-    latents (scaling_factor 1), whatever its sources state."""
-
-    origin = "fixed: a student lives in its teacher's normalised latent space"
+    def __init__(self, keys: Tuple[str, ...] = ("scaling_factor",), origin: str = ""):
+        self.keys, self.origin = keys, origin
 
 
 class PerChannel(Normalisation):
@@ -136,9 +131,15 @@ class PerChannel(Normalisation):
                  "positions")
     formula = ("(z - latents_mean) / latents_std per channel, z the posterior mode (diffusers' Wan / Qwen-Image "
                "pipelines)")
+    patch_key = ""  # the config key of the patches the pipelines make of the mode first (FLUX.2's), else ""
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        return posterior.mode().astype("float32")  # what the pipelines normalise (sample_mode="argmax")
+        """The mode, what the pipelines normalise (sample_mode="argmax"); patchified as Flux2Pipeline._patchify_latents
+        does (LTX-2's space-to-channels, no time stride) where they patchify it."""
+        mode = posterior.mode().astype("float32")
+        if self.patch_key:
+            return space_time_to_channels(mode.unsqueeze(2), (1, *vae.config[self.patch_key])).squeeze(2)
+        return mode
 
     def measured(self, vae: Layer, stats) -> Dict[str, Any]:
         if stats.view_mean is None:
@@ -155,11 +156,6 @@ class PerChannel(Normalisation):
                              "positions (what latents_mean / latents_std hold)",
                 "mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []],
                 **moments(stats)}
-
-    def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
-        """For NCHW image latents (a clip's NCTHW latents need a frame axis: [:, None])."""
-        shape = [len(vae.config[self.keys[0]]), 1, 1]
-        return tuple(np.asarray(vae.config[key], np.float32).reshape(shape) for key in self.keys)
 
 
 class PerPosition(PerChannel):
@@ -227,23 +223,14 @@ class PerPosition(PerChannel):
         return None
 
 
-def patchify(latents: Tensor, patch_size: Sequence[int] = (2, 2)) -> Tensor:
-    """(B, C, H, W) -> (B, C*ph*pw, H/ph, W/pw) in the channel order of diffusers' Flux2Pipeline._patchify_latents."""
-    ph, pw = patch_size
-    batch, channels, height, width = latents.shape
-    patches = latents.reshape([batch, channels, height // ph, ph, width // pw, pw]).transpose([0, 1, 3, 5, 2, 4])
-    return patches.reshape([batch, channels * ph * pw, height // ph, width // pw])
-
-
-class HeldInWeights(Normalisation):
+class HeldInWeights(PerChannel):
     """Per-channel statistics of the posterior modes, held in buffers of the weights that the forward never applies:
     (z' - mean) / spread, z' the mode (patchified first where the pipeline patchifies it), kept from the source or
     measured at export. FLUX.2's `bn` (`FLUX2_BN`) holds the 2x2-patchified modes' mean and variance (the spread
     sqrt(var + batch_norm_eps); its counter: the images measured); LTX-2's `latents_mean` / `latents_std` buffers
     (`LTX2_BUFFERS`) a mean and std, the pipelines' spread std / scaling_factor."""
 
-    name = "latent normalisation"
-    numbers = False  # its statistics are measured or kept, never given
+    name = "latent normalisation"  # numbers False, as a PerChannel's: its statistics are measured or kept, never given
 
     def __init__(self, held: str, buffers: Mapping[str, str], formula: str, eps_key: str = "", patch_key: str = "",
                  counter: str = "", label: str = "", keys: Tuple[str, ...] = ()):
@@ -258,10 +245,6 @@ class HeldInWeights(Normalisation):
         self.statistic = f"{where}: population mean and variance over all images and positions"
         self.view_item = ("patchified latent statistics" if patch_key else "latent normalisation statistics",
                           f"{self.statistic}, what its {held} hold")
-
-    def view(self, vae: Layer, posterior) -> Optional[Tensor]:
-        mode = posterior.mode().astype("float32")
-        return patchify(mode, vae.config[self.patch_key]) if self.patch_key else mode
 
     def listed(self, result) -> Dict[str, Any]:
         patched = "patchified_" if self.patch_key else ""
@@ -312,6 +295,7 @@ class HeldInWeights(Normalisation):
                 spread.astype(np.float32).reshape(shape))
 
     def held_rows(self, vae: Layer, result) -> List[Tuple[str, Sequence[float]]]:
+        """(label, values) of what the weights hold beside what was measured, for scripts/eval_vae.py's table."""
         held, (mean_listed, var_listed) = self.held_values(vae), self.listed(result)
         return [(f"{self.label}{self.mean_name} (the VAE's)", held[self.mean_name]),
                 (f"{mean_listed.replace('_', ' ')} (measured)", result.view_mean),

@@ -13,7 +13,6 @@ from paddle.nn import Layer
 from ..checkpoint import checkpoint_export_config, checkpoint_vae_config, read_json
 from .families import family_of
 from .family import constructor_defaults
-from .latent_normalisation import Fixed
 
 logger = logging.getLogger("vae_trainer")
 
@@ -35,7 +34,7 @@ def settle(vae: Layer, config_file: Optional[str] = None, pretrained: Optional[s
     """Give `vae` the latent scale of its sources, its encoder weights' first, and where it came from (`origin_of`)."""
     family = family_of(vae)
     normalisation = family.normalisation
-    if isinstance(normalisation, Fixed):  # a distilled student: the teacher's normalised latents, whatever its sources
+    if normalisation.origin:  # a distilled student's: the teacher's normalised latents, whatever its sources
         setattr(vae, EXPORT_ORIGIN_KEY, normalisation.origin)
         return
     sources = _sources(config_file, pretrained, single_file, init_from_ckpt)
@@ -146,25 +145,22 @@ def parse_scaling_factor(value: Optional[str]) -> Optional[Mode]:
     return number
 
 
-def scaling_factor_mode(model_args) -> Mode:
+def scaling_factor_mode(model_args, vae: Optional[Layer] = None, encoder_frozen: bool = False) -> Mode:
     """--scaling_factor; not given: keep when the encoder's weights are loaded and not re-initialised, else measure
-    (also for an --init_from_ckpt checkpoint whose run measured its factor: the checkpoint does not hold it)."""
+    (also for an --init_from_ckpt checkpoint whose run measured its factor: the checkpoint does not hold it). With the
+    VAE built, checked against it (FLUX.2's has no scaling factor) and whether its encoder trains (`encoder_frozen`:
+    --freeze_encoder, or --trainable_modules that leave it out)."""
     mode = parse_scaling_factor(model_args.scaling_factor)
-    if mode is not None or getattr(model_args, "teacher_model_name_or_path", None):  # a student's scale is fixed: 1
-        return mode or "keep"
-    if reinitialises_encoder(model_args.ignore_keys):
-        return "measure"
-    if getattr(model_args, "init_from_ckpt", None):
+    if mode is None and getattr(model_args, "teacher_model_name_or_path", None):  # a student's scale is fixed: 1
+        mode = "keep"
+    elif mode is None and reinitialises_encoder(model_args.ignore_keys):
+        mode = "measure"
+    elif mode is None and getattr(model_args, "init_from_ckpt", None):
         exported = checkpoint_export_config(model_args.init_from_ckpt) or {}
-        return "measure" if exported.get("scaling_factor") == "measure" else "keep"
-    return "keep" if model_args.pretrained_model_name_or_path else "measure"
-
-
-def mode_for(vae: Layer, model_args, encoder_frozen: bool = False) -> Mode:
-    """`scaling_factor_mode`, checked against the VAE built (FLUX.2's has no scaling factor) and whether its encoder
-    trains (`encoder_frozen`: --freeze_encoder, or --trainable_modules that leave it out)."""
-    mode = scaling_factor_mode(model_args)
-    problem = family_of(vae).normalisation.refusal(vae, mode, encoder_frozen)
+        mode = "measure" if exported.get("scaling_factor") == "measure" else "keep"
+    elif mode is None:
+        mode = "keep" if model_args.pretrained_model_name_or_path else "measure"
+    problem = vae is not None and family_of(vae).normalisation.refusal(vae, mode, encoder_frozen)
     if problem:
         raise ValueError(problem)
     return mode

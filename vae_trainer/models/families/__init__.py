@@ -1,11 +1,11 @@
 """The autoencoder families the trainer trains, one adapter file each (models/family.py says what an adapter
-implements), listed by the `_class_name` their config.json persists: adding a family is its file and one entry in
-FAMILIES. Also what every caller asks of any network through its family: its encoder's weights, its image
-channels and its geometry's size check."""
+implements), listed by the `_class_name` their config.json persists and by the keys that make a config without one
+theirs: adding a family is its file and one entry in OWNERS. Also what every caller asks of any network through its
+family: its encoder's weights, its image channels and its geometry's size check."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ..family import Family, Layer, Tensor
 from .dc_ae import DC_AE
@@ -18,11 +18,28 @@ from .rae import RAE
 from .tiny import TINY
 from .wan import QWEN_IMAGE, WAN
 
-# A config without `_class_name` goes to the first family that owns its keys; KL owns any, so it comes last;
-# TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's;
-# LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2. A network's family is the first
-# whose class it is an instance of, so a class comes before the one it derives from (FLUX2 before KL).
-FAMILIES = (TINY, QWEN_IMAGE, QWEN_IMAGE21, WAN, DC_AE, LTX2, FLUX2, RAE, HUNYUAN_VIDEO15, KL)
+# A config without `_class_name` goes to the first family whose test its keys pass; KL's passes any, so it comes
+# last; TINY's keys include DC-AE's encoder_block_out_channels, so it comes before DC_AE; QWEN_IMAGE21's are WAN's
+# (with 4 image channels); LTX2's include FLUX2's patch_size and block_out_channels, so it comes before FLUX2. A
+# network's family is the first whose class it is an instance of, so a class comes before the one it derives from
+# (FLUX2 before KL).
+OWNERS: Tuple[Tuple[Family, Callable[[Mapping[str, Any]], bool]], ...] = (
+    (TINY, lambda c: any(key in c for key in ("num_encoder_blocks", "num_decoder_blocks", "latent_magnitude",
+                                               "upsampling_scaling_factor"))),  # keys only AutoencoderTiny has
+    (QWEN_IMAGE, lambda c: "z_dim" in c and "input_channels" in c),
+    (QWEN_IMAGE21, lambda c: "z_dim" in c and "input_channels" not in c and c.get("in_channels") == 4),
+    (WAN, lambda c: "z_dim" in c and "input_channels" not in c),
+    (DC_AE, lambda c: "encoder_block_out_channels" in c or "encoder_block_types" in c),  # only AutoencoderDC's
+    (LTX2, lambda c: "spatio_temporal_scaling" in c or "decoder_inject_noise" in c),
+    # AutoencoderKL-shaped (block_out_channels), with a key only AutoencoderKLFlux2 has (diffusers' AutoencoderKL
+    # also has mid_block_add_attention)
+    (FLUX2, lambda c: "block_out_channels" in c and any(
+        key in c for key in ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size"))),
+    (RAE, lambda c: "decoder_hidden_size" in c or "encoder_input_size" in c),
+    (HUNYUAN_VIDEO15, lambda c: "downsample_match_channel" in c or "upsample_match_channel" in c),
+    (KL, lambda c: True),  # the fallback: a config of no other family's keys
+)
+FAMILIES = tuple(family for family, _ in OWNERS)
 TRAINED_CLASSES = ", ".join(family.class_name for family in FAMILIES)
 
 
@@ -40,7 +57,7 @@ def family_for_config(config: Mapping[str, Any], where: str = "the VAE's config"
     """The family of a config: by its `_class_name`, else by its keys; an unknown class is one error naming it."""
     name = config.get("_class_name")
     if name is None:
-        return next(family for family in FAMILIES if family.owns(config))
+        return next(family for family, owns in OWNERS if owns(config))
     for family in FAMILIES:
         if family.class_name == name:
             return family

@@ -30,9 +30,6 @@ class DCFamily(Family):
     network = AutoencoderDC
     normalisation = Scale()
     tiling = diffusers_tiling("AutoencoderDC")
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "encoder_block_out_channels" in config or "encoder_block_types" in config  # only AutoencoderDC's
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **config}
         return Geometry(2 ** (len(config["encoder_block_out_channels"]) - 1),
@@ -66,10 +63,6 @@ class DCFamily(Family):
 
     def encode(self, vae: Layer, images: Tensor) -> Deterministic:
         return Deterministic(vae.encode(images).latent)
-
-    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        conv_out = vae.decoder.conv_out
-        return getattr(conv_out, "conv", conv_out).weight, vae.encoder.conv_out.weight  # a DCUpBlock2d holds its conv
 
     def image_convs(self, vae: Layer) -> ImageConvs:
         """conv_in and conv_out, or the convs of the shortcut-free DCDownBlock2d / DCUpBlock2d standing for them when

@@ -12,18 +12,11 @@ from ..family import Layer, constructor_defaults
 from ..latent_normalisation import FLUX2_BN
 from .kl import KLFamily, widths
 
-# Config keys only this class has (diffusers' AutoencoderKL also has mid_block_add_attention).
-FLUX2_ONLY_KEYS = ("decoder_block_out_channels", "batch_norm_eps", "batch_norm_momentum", "patch_size")
-
 
 class Flux2Family(KLFamily):
     network = AutoencoderKLFlux2
     encoder_prefixes = ("encoder.", "quant_conv.", "bn.")  # the bn statistics define the latent's normalisation
     normalisation = FLUX2_BN
-
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        """An AutoencoderKL-shaped config (block_out_channels) with a key of this class's."""
-        return "block_out_channels" in config and any(key in config for key in FLUX2_ONLY_KEYS)
 
     def build(self, config: Mapping[str, Any], where: str, fresh: bool = False,
               encoder_path: Optional[str] = None) -> Layer:

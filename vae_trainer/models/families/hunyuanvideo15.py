@@ -23,9 +23,6 @@ class HunyuanVideo15Family(CausalVideoFamily):
     normalisation = Scale()
     tiling = diffusers_tiling("AutoencoderKLHunyuanVideo15")
 
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "downsample_match_channel" in config or "upsample_match_channel" in config
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         factor = int(config["spatial_compression_ratio"])

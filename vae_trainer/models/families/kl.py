@@ -1,4 +1,4 @@
-"""ppdiffusers' AutoencoderKL (SD, SDXL, FLUX.1) as a family (family.py): its posterior, the layers training reads,
+"""ppdiffusers' AutoencoderKL (SD, SDXL, FLUX.1) as a family (family.py): the protocol's posterior and layers, and
 --recompute's segments, ppdiffusers' tiled passes, its config and what its export writes (--posterior_std); its
 latent normalisation is a scaling factor (and FLUX.1's shift, SDXL-style latents_mean / latents_std)."""
 
@@ -12,8 +12,7 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import (TILE_OVERLAP, Family, Geometry, Layer, Tensor, constant_logvar_values, constructor_defaults,
-                      tiling_enabled)
+from ..family import TILE_OVERLAP, Family, Geometry, Layer, constant_logvar_values, constructor_defaults, tiling_enabled
 from ..latent_normalisation import Scale
 from ..rgba import ImageConvs
 
@@ -24,9 +23,6 @@ class KLFamily(Family):
     normalisation = Scale(("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
     tiling = (f"overlapping by {TILE_OVERLAP:.0%}, overlaps blended linearly (ppdiffusers tiled_encode / "
               "tiled_decode)")
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return True  # the fallback: a config of no other family's keys (families.py asks it last)
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
         return Geometry(2 ** (len(config["down_block_types"]) - 1), 2 ** (len(config["up_block_types"]) - 1),
@@ -47,12 +43,6 @@ class KLFamily(Family):
             config["down_block_out_channels"] = list(config.get("block_out_channels",
                                                                 constructor_defaults(self)["block_out_channels"]))
         return self.network.from_config(config)
-
-    def encode(self, vae: Layer, images: Tensor):
-        return vae.encode(images).latent_dist
-
-    def last_layers(self, vae: Layer) -> Tuple[Tensor, Optional[Tensor]]:
-        return vae.decoder.conv_out.weight, vae.encoder.conv_out.weight
 
     def recompute_segments(self, vae: Layer) -> List[Tuple[str, Layer]]:
         """Every resnet, attention, down- and upsampler of the encoder's and decoder's blocks (not the convs in and

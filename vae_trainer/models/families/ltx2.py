@@ -34,9 +34,6 @@ class LTX2Family(CausalVideoFamily):
     moments_conv = "encoder.conv_out.conv."
     patch_key = "patch_size"  # 4x4, before the first conv (its config counts image channels, not patch channels)
 
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "spatio_temporal_scaling" in config or "decoder_inject_noise" in config
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         """The encoder's factors: the patch, then the stride of each down block that scales; the decoder's: the
         patch, then the stride of each up block that scales."""

@@ -24,9 +24,6 @@ STAT_EPS = PerPosition.eps  # stat.pt holds variances; diffusers' conversion sto
 class RAEFamily(Family):
     network = AutoencoderRAE
     normalisation = PerPosition()
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "decoder_hidden_size" in config or "encoder_input_size" in config
-
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         """The token grid is encoder_input_size / encoder_patch_size whatever the image (the encoder resizes it);
         the decoder returns patch_size x that grid."""

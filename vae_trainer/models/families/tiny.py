@@ -1,7 +1,7 @@
 """ppdiffusers' `AutoencoderTiny` (TAESD) as a family (family.py), the student of a distillation: a deterministic
 encoder (no posterior) whose latents live in its teacher's pipeline latent space (so its scale is fixed: scaling_factor
-1.0, never measured: latent_normalisation.Fixed), the layers training reads, and `student_config`, a TAESD-shaped
-config following a teacher's geometry, and a fresh decoder's mid-grey start.
+1.0, never measured: a latent_normalisation.Scale of a fixed `origin`), the layers training reads, and
+`student_config`, a TAESD-shaped config following a teacher's geometry, and a fresh decoder's mid-grey start.
 
 The classes map the ranges themselves: EncoderTiny takes [-1, 1] images to [0, 1] before its layers, DecoderTiny
 soft-clamps the latents (3 * tanh(z / 3)) and maps its [0, 1] output back to [-1, 1]. Their own gradient
@@ -18,13 +18,11 @@ from ppdiffusers import AutoencoderTiny
 
 from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_config_keys, constructor_defaults
 from ..initialisation import init_like_pytorch
-from ..latent_normalisation import Fixed
+from ..latent_normalisation import Scale
 
 CLASS_NAME = "AutoencoderTiny"
 A_STUDENT = ("it is a distillation student (docs/distillation.md), and it learns its teacher's RGB images and "
              "latents")
-# Keys only this class has (DC-AE's configs also have encoder_block_out_channels).
-TINY_ONLY_KEYS = ("num_encoder_blocks", "num_decoder_blocks", "latent_magnitude", "upsampling_scaling_factor")
 # diffusers 0.42.1's keys ppdiffusers 0.29 lacks, read at their only value it builds (the defaults); the saved config
 # always holds block_out_channels (both constructors register the decoder's widths under it).
 NEWER_KEYS = {"upsample_fn": "nearest", "shift_factor": 0.0}
@@ -33,9 +31,7 @@ RETIRED_KEYS = ("block_out_channels", *NEWER_KEYS)  # read, not built
 
 class TinyFamily(Family):
     network = AutoencoderTiny
-    normalisation = Fixed()
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return any(key in config for key in TINY_ONLY_KEYS)
+    normalisation = Scale(origin="fixed: a student lives in its teacher's normalised latent space")
 
     def geometry(self, config: Mapping[str, Any]) -> Geometry:
         """The encoder: a stride-2 conv at the start of every stage but the first; the decoder: an upsampling by

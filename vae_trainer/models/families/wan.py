@@ -108,17 +108,11 @@ class WanFamily(CausalVideoFamily):
     retired_keys = ("clip_output",)  # Wan2.2-TI2V-5B's vae/ has it (diffusers 0.35); 0.42 always clamps the decode
     tiling = diffusers_tiling("AutoencoderKLWan", "; Wan 2.2's encoder tiles count 2x2-patchified pixels")
 
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "z_dim" in config and "input_channels" not in config
-
 
 class QwenImageFamily(CausalVideoFamily):
     network = AutoencoderKLQwenImage
     tiling = diffusers_tiling("AutoencoderKLQwenImage")
     image_channel_keys = ("input_channels",)  # in and out
-
-    def owns(self, config: Mapping[str, Any]) -> bool:
-        return "z_dim" in config and "input_channels" in config
 
 
 WAN = WanFamily()
