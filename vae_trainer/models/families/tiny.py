@@ -20,7 +20,6 @@ from ..family import Deterministic, Family, Geometry, Layer, Tensor, check_confi
 from ..initialisation import init_like_pytorch
 from ..latent_normalisation import Scale
 
-CLASS_NAME = "AutoencoderTiny"
 A_STUDENT = ("it is a distillation student (docs/distillation.md), and it learns its teacher's RGB images and "
              "latents")
 # diffusers 0.42.1's keys ppdiffusers 0.29 lacks, read at their only value it builds (the defaults); the saved config
@@ -47,7 +46,8 @@ class TinyFamily(Family):
         check_config_keys(config, self, where, retired=RETIRED_KEYS)
         for key, value in NEWER_KEYS.items():
             if config.get(key, value) not in (value, None):
-                raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {CLASS_NAME} builds only {value!r}")
+                raise ValueError(f"{where}: {key} {config[key]!r}: ppdiffusers' {self.class_name} builds only "
+                                 f"{value!r}")
         vae = self.network.from_config({k: v for k, v in config.items() if k not in RETIRED_KEYS})
         if fresh:
             # PyTorch's spread, not Paddle's Kaiming-normal one: with that, a fresh encoder's output RMS is ~37 for
@@ -89,7 +89,7 @@ def student_config(teacher_geometry: Geometry, width: int = 64, depth: int = 3) 
         raise ValueError(f"the teacher's decoder upsamples by {teacher_geometry.decoder_factor}, its encoder "
                          f"downsamples by {factor}: a tiny autoencoder's encoder and decoder mirror each other")
     stages = int(math.log2(factor)) + 1
-    return {"_class_name": CLASS_NAME, "in_channels": 3, "out_channels": 3, "act_fn": "relu",
+    return {"_class_name": TINY.class_name, "in_channels": 3, "out_channels": 3, "act_fn": "relu",
             "latent_channels": teacher_geometry.latent_channels, "upsampling_scaling_factor": 2,
             "encoder_block_out_channels": [width] * stages, "decoder_block_out_channels": [width] * stages,
             "num_encoder_blocks": [1] + [depth] * (stages - 1), "num_decoder_blocks": [depth] * (stages - 1) + [1],
