@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from vae_trainer.models.autoencoder_rae import (authors_decoder_state, decoder_sizes_from_authors,  # noqa: E402
                                                 decoder_state_from_authors, encoder_state_from_dinov2)
-from vae_trainer.models.families.rae import RAE, STAT_EPS  # noqa: E402
+from vae_trainer.models.families.rae import RAE  # noqa: E402
 from vae_trainer.models.torch_files import read_state_dict  # noqa: E402
 from vae_trainer.models.vae_saving import save_vae  # noqa: E402
 from vae_trainer.user_errors import exit_on_user_error, start_up  # noqa: E402
@@ -76,7 +76,7 @@ def read_statistics(path: Optional[str], shape: List[int]) -> dict:
     if mean.shape != variance.shape or list(mean.shape) not in (shape, [shape[0], 1, 1]):
         raise ValueError(f"--stats {path}: mean {list(mean.shape)} and var {list(variance.shape)}, expected the "
                          f"latent's shape {shape} (per channel and position, as RAE's calculate_stat.py writes it)")
-    latents_std = np.sqrt(variance.astype(np.float64) + STAT_EPS).astype(np.float32)
+    latents_std = np.sqrt(variance.astype(np.float64) + RAE.normalisation.eps).astype(np.float32)
     return {"latents_mean": mean.tolist(), "latents_std": latents_std.tolist()}
 
 

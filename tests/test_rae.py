@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.models.families import family_of
-from vae_trainer.models.families.rae import RAE, STAT_EPS
+from vae_trainer.models.families.rae import RAE
 from vae_trainer.models.vae_loading import build_vae
 
 ENCODER = dict(encoder_hidden_size=64, encoder_patch_size=14, encoder_num_hidden_layers=2)
@@ -248,7 +248,8 @@ def test_from_scratch_the_statistics_are_the_tokens_per_channel_and_position(scr
     assert np.shape(config["latents_mean"]) == (64, 2, 2) and config["scaling_factor"] == 1.0
     np.testing.assert_allclose(config["latents_mean"], tokens.mean(axis=0), rtol=0, atol=2e-5)
     # (atol: ours and transformers' float32 tokens differ by ~1e-6, 2.3e-5 of the smallest std, 0.03, here)
-    np.testing.assert_allclose(config["latents_std"], np.sqrt(tokens.var(axis=0) + STAT_EPS), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(config["latents_std"], np.sqrt(tokens.var(axis=0) + RAE.normalisation.eps), rtol=2e-5,
+                               atol=2e-6)
     exported = weights(vae_dir)
     np.testing.assert_array_equal(exported["_latents_mean"], np.asarray(config["latents_mean"], np.float32))
     stats = json.load(open(os.path.join(vae_dir, "latent_stats.json")))
@@ -258,7 +259,7 @@ def test_from_scratch_the_statistics_are_the_tokens_per_channel_and_position(scr
     theirs = in_diffusers["scratch"]
     assert_loaded_exactly(theirs, "AutoencoderRAE")
     assert np.abs(theirs["latent"][chosen].mean(axis=0)).max() < 1e-4
-    unit = tokens.std(axis=0) / (np.sqrt(tokens.var(axis=0) + STAT_EPS) + 1e-5)  # 1 but for the eps
+    unit = tokens.std(axis=0) / (np.sqrt(tokens.var(axis=0) + RAE.normalisation.eps) + 1e-5)  # 1 but for the eps
     np.testing.assert_allclose(theirs["latent"][chosen].std(axis=0), unit, rtol=0, atol=1e-3)
 
 

@@ -168,7 +168,7 @@ class PerPosition(PerChannel):
     keys = ("scaling_factor", "latents_mean", "latents_std")
     on_training_data = True
     numbers = True
-    eps = 1e-5
+    eps = 1e-5  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
     formula = "(tokens - latents_mean) / (latents_std + 1e-5) * scaling_factor, inside encode (diffusers')"
     statistic = ("per channel and position of the encoder's tokens (eval mode: no noise) before the latent "
                  "normalisation, population mean and variance over all images, as RAE's stat.pt; latents_std = "

@@ -18,7 +18,6 @@ from ..latent_normalisation import PerPosition
 
 RGB_TOKENS = ("its latent is a frozen DINOv2's tokens of RGB (normalised by ImageNet's three means and stds): "
               "an alpha channel has no way into that representation")
-STAT_EPS = PerPosition.eps  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
 
 
 class RAEFamily(Family):
