@@ -41,7 +41,7 @@ class Geometry:
     deterministic: bool = False  # the encoder gives the latent itself: no posterior, so no KL term
     encoder_trains: bool = True  # False: a frozen representation encoder (RAE's DINOv2), whatever the flags
     channels: int = 3  # image channels in and out
-    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are, if it knows).
+    # Why --expand_to_rgba cannot grow its image channels ("": `Family.image_convs` says where they are).
     rgba_refusal: str = ""
     min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
 
@@ -140,9 +140,9 @@ class Family:
         return None
 
     def image_convs(self, vae: Layer) -> ImageConvs:
-        """Where the image's channels enter and leave `vae`, where its geometry's `rgba_refusal` is ""."""
-        refusal = self.geometry(vae.config).rgba_refusal or "where its image channels enter and leave is not known here"
-        raise ValueError(f"--expand_to_rgba: {self.class_name}: {refusal}")
+        """Where the image's channels enter and leave `vae`, where its geometry's `rgba_refusal` is "" (rgba.REFUSALS
+        refuse the others as the flags are parsed)."""
+        raise NotImplementedError
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:
