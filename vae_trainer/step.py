@@ -153,8 +153,9 @@ class TrainStep:
         with self.precision.autocast():
             recon, post_mean, post_logvar, z = model(                                     # forward
                 clean, sample_posterior=args.sample_posterior, return_latent=True, decoded=taught,
-                latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
-            target = transform.images(clean, post_mean.shape[2:]) if transform else clean
+                latent_transform=(lambda z: transform(z, z.shape[2:4], image_size)) if transform else None)
+            with paddle.amp.auto_cast(enable=False):  # tau(x) in float32 under any autocast, as the plain target
+                target = transform(clean, post_mean.shape[2:], image_size) if transform else clean
             vf = None  # the VF loss's inputs: the clean latent projected onto the clean images' token grid, ...
             if self.vf_model is not None:
                 with paddle.no_grad():
