@@ -181,8 +181,7 @@ class TrainStep:
             fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
             with self.precision.autocast():                                               # discriminator: loss
                 d_loss, d_logs = discriminator_objective(
-                    discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
-                    lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
+                    discriminator, target, fakes, args, lecam_ema=model.lecam_ema,
                     fake_discriminator=None if taught is None else functools.partial(model.discriminator,
                                                                                      condition=condition))
             disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
