@@ -18,7 +18,7 @@ from conftest import DRIVERS, REPO, run_entry_point, run_in_process, tiny_args
 
 from vae_trainer.distributed import PREEMPTED_EXIT_CODE, SIGNALS
 
-HANDLERS = {signum: signal.getsignal(signum) for signum in SIGNALS}  # before any `distributed.install_stop_handlers` here
+HANDLERS = {signum: signal.getsignal(signum) for signum in SIGNALS}  # before any `install_stop_handlers` here
 
 # No LPIPS in these runs (--perceptual_weight 0): its VGG16 is most of a tiny step's time on CPU, and it holds no
 # state a stop or a resume could lose (the exact resume of runs with it is test_train_e2e's, test_alignment's).
