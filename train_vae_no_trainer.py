@@ -26,5 +26,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    # A signal saves and stops (preemption.py); a multi-process run ends in a defined order (distributed.py).
+    # A signal saves and stops; a multi-process run ends in a defined order (both: distributed.py).
     run_and_exit(lambda: main(sys.argv[1:]), stop_signals=True)

@@ -136,7 +136,7 @@ def test_patchgan3d_scores_clips_and_one_frame_batches():
     # A 2-D discriminator scores a clip's frames as a batch of images.
     flat = build_discriminator("patch", "group", num_layers=2, base_channels=8)
     recon = rand(B, 3, T, SIZE, SIZE, seed=2)
-    _, logs = discriminator_objective(flat, clip, recon, "hinge")
+    _, logs = discriminator_objective(flat, clip, recon, LossArguments())
     assert logs["gan/logits_real"].item() == pytest.approx(flat(frames(clip)).mean().item(), rel=1e-6)
 
 

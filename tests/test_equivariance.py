@@ -33,8 +33,8 @@ def test_scale_keeps_both_sizes_exact_multiples_and_resamples_like_pil_bilinear(
     images = blocks(rng.standard_normal((2, 3, height, width)).astype("float32"), factor)
     for scale in SCALES:
         transform = Transform("scale", scale=scale)
-        z = transform.latent(paddle.to_tensor(latent), images.shape[2:])
-        x = transform.images(paddle.to_tensor(images), (height, width))
+        z = transform(paddle.to_tensor(latent), (height, width), images.shape[2:])
+        x = transform(paddle.to_tensor(images), (height, width), images.shape[2:])
         floor = -(-MIN_SCALED_SIDE // factor)  # the fewest latent samples of a scorable image
         expected = tuple(n if n - 1 < floor else max(floor, min(n - 1, round(scale * n))) for n in (height, width))
         assert tuple(z.shape) == (2, 4, *expected)
@@ -80,8 +80,8 @@ def test_a_scale_keeps_the_latent_sides_the_decoder_takes():
     min_side = family.geometry(config).min_latent_side
     assert min_side == 2
     latent = paddle.randn([1, config["latent_channels"], 4, 4])
-    assert Transform("scale", scale=0.25).latent(latent, (128, 128)).shape[2:] == [1, 1]  # without the bound
-    bounded = Transform("scale", scale=0.25, min_side=min_side).latent(latent, (128, 128))
+    assert Transform("scale", scale=0.25)(latent, (4, 4), (128, 128)).shape[2:] == [1, 1]  # without the bound
+    bounded = Transform("scale", scale=0.25, min_side=min_side)(latent, (4, 4), (128, 128))
     assert bounded.shape[2:] == [2, 2]
     vae = family.build({"_class_name": "AutoencoderKLLTX2Video", **config}, "test")
     vae.eval()
@@ -97,8 +97,8 @@ def test_rotation_turns_latent_and_image_together(turns):
     latent = rng.standard_normal((1, 4, 3, 5)).astype("float32")
     images = blocks(latent[:, :3], 8)
     transform = Transform("rotate", quarter_turns=turns)
-    z = transform.latent(paddle.to_tensor(latent), images.shape[2:])
-    x = transform.images(paddle.to_tensor(images), (3, 5))
+    z = transform(paddle.to_tensor(latent), (3, 5), images.shape[2:])
+    x = transform(paddle.to_tensor(images), (3, 5), images.shape[2:])
     np.testing.assert_array_equal(z.numpy(), np.rot90(latent, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), np.rot90(images, turns, axes=(2, 3)))
     np.testing.assert_array_equal(x.numpy(), blocks(z.numpy()[:, :3], 8))  # the pair still corresponds
@@ -146,8 +146,8 @@ def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed
     with paddle.no_grad():
         posterior = model.vae.encode(x).latent_dist
         z = posterior.mode()
-        recon = model.vae.decode(transform.latent(z, x.shape[2:])).sample
-        target = transform.images(x, z.shape[2:])
+        recon = model.vae.decode(transform(z, z.shape[2:], x.shape[2:])).sample
+        target = transform(x, z.shape[2:], x.shape[2:])
         plain_recon = model.vae.decode(z).sample
     assert tuple(recon.shape) == tuple(target.shape)
     assert float(logs["loss/pixel"]) == pytest.approx(float((recon - target).abs().mean()), rel=1e-5)

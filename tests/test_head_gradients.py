@@ -75,7 +75,7 @@ def reference_micro_step(model, x, lpips, loss_args):
     recon, post_mean, post_logvar = model(x)
     loss, d_weight = reference_vae_loss(x, recon, post_mean, post_logvar, model, lpips, loss_args, 1 / ACCUMULATION)
     (loss / ACCUMULATION).backward()
-    d_loss, _ = discriminator_objective(model.discriminator, x, recon, loss_args.disc_loss)
+    d_loss, _ = discriminator_objective(model.discriminator, x, recon, loss_args)
     (d_loss / ACCUMULATION).backward()
     return loss, d_weight
 

@@ -16,9 +16,9 @@ import paddle
 import pytest
 from conftest import DRIVERS, REPO, run_entry_point, run_in_process, tiny_args
 
-from vae_trainer.preemption import PREEMPTED_EXIT_CODE, SIGNALS
+from vae_trainer.distributed import PREEMPTED_EXIT_CODE, SIGNALS
 
-HANDLERS = {signum: signal.getsignal(signum) for signum in SIGNALS}  # before any `preemption.install` here
+HANDLERS = {signum: signal.getsignal(signum) for signum in SIGNALS}  # before any `install_stop_handlers` here
 
 # No LPIPS in these runs (--perceptual_weight 0): its VGG16 is most of a tiny step's time on CPU, and it holds no
 # state a stop or a resume could lose (the exact resume of runs with it is test_train_e2e's, test_alignment's).
@@ -89,34 +89,34 @@ def test_a_signal_saves_the_step_reached_and_resume_latest_ends_as_an_uninterrup
 
 
 def uninstall() -> None:
-    """Restore the handlers `preemption.install` replaced and forget the stop request."""
-    from vae_trainer import preemption
+    """Restore the handlers `distributed.install_stop_handlers` replaced and forget the stop request."""
+    from vae_trainer import distributed
 
     for signum, handler in HANDLERS.items():
         signal.signal(signum, handler)
-    preemption._received = None
+    distributed._received = None
 
 
 def test_a_stop_request_counts_once_and_a_second_ctrl_c_quits_a_single_process():
-    from vae_trainer import preemption
+    from vae_trainer import distributed
 
-    preemption.install(single_process=True)
+    distributed.install_stop_handlers(single_process=True)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher's repeats: nothing more
-        assert preemption.stop_signal() == "SIGTERM"
+        assert distributed.stop_signal() == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         uninstall()
-    preemption.install(single_process=False)
+    distributed.install_stop_handlers(single_process=False)
     try:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # under the launcher: the save is never cut short
-        assert preemption.stop_signal() == "SIGINT"
+        assert distributed.stop_signal() == "SIGINT"
     finally:
         uninstall()
-    assert preemption.stop_signal() is None
+    assert distributed.stop_signal() is None
 
 
 # ---- under the launcher, 2 ranks, 2 data workers each: signals as schedulers send them (issue 29.1)

@@ -103,7 +103,7 @@ def test_each_network_gets_exactly_its_own_loss_gradient(tmp_path, norm):
                              gan_weight=step.loss_args.disc_weight)
     vae_loss.backward(recon)
     assert all(p.grad is None for p in reference.discriminator.parameters() if not p.stop_gradient)
-    d_loss, _ = discriminator_objective(reference.discriminator, x, recon, "hinge")
+    d_loss, _ = discriminator_objective(reference.discriminator, x, recon, LossArguments())
     d_loss.backward()
     for network in ("vae", "discriminator"):
         ours, theirs = getattr(model, network).parameters(), getattr(reference, network).parameters()

@@ -179,7 +179,7 @@ def test_vgg_discriminator_starts_at_zero_trains_its_heads_only():
     assert len(trainable) == 5 * 4  # 5 heads x (conv weight, bias) x 2 convs
     optimizer = paddle.optimizer.Adam(1e-3, parameters=trainable)
     for _ in range(5):
-        loss, _ = discriminator_objective(disc, real, fake, "hinge")
+        loss, _ = discriminator_objective(disc, real, fake, LossArguments())
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -212,9 +212,9 @@ def test_lecam_regularization_and_its_ema():
     assert "lecam_ema" in model.state_dict()  # saved in model_state.pdparams with the weights
     model.lecam_ema.set_value(paddle.to_tensor([0.5, -0.5]))
     x, recon = random_images(seed=1), random_images(seed=2)
-    plain, _ = discriminator_objective(model.discriminator, x, recon, "hinge")
-    with_lecam, logs = discriminator_objective(model.discriminator, x, recon, "hinge", lecam_weight=0.1,
-                                               lecam_ema=model.lecam_ema, lecam_decay=0.9)
+    plain, _ = discriminator_objective(model.discriminator, x, recon, LossArguments())
+    with_lecam, logs = discriminator_objective(model.discriminator, x, recon, LossArguments(lecam_weight=0.1,
+                                               lecam_decay=0.9), lecam_ema=model.lecam_ema)
     d_real, d_fake = model.discriminator(x), model.discriminator(recon)
     expected = lecam(paddle.to_tensor([0.5, -0.5]), d_real, d_fake, 0.9)
     assert with_lecam.item() == pytest.approx(plain.item() + 0.1 * expected.item(), rel=1e-5)

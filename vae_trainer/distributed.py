@@ -1,11 +1,16 @@
 """Ranks: the process group, the gradient all-reduce (no `paddle.DataParallel`, docs/launching.md), how ranks
-agree (one rank's failure ends every rank with its reason), the weights' cross-rank check, `run_and_exit`."""
+agree (one rank's failure ends every rank with its reason), the weights' cross-rank check, `run_and_exit`.
+
+Also stopping on a scheduler's signal with a checkpoint of the step reached (docs/reliability.md, "Preemption"):
+a signal only notes a stop request; after the step (`loop.Run.after_step`) the driver saves and raises `Preempted`."""
 
 import atexit
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional
 
@@ -14,10 +19,12 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-from . import preemption
 from .user_errors import USER_ERROR_TYPES, UserError
 
 logger = logging.getLogger("vae_trainer")
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "try again later" (resume with --resume_from_checkpoint latest)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_received: Optional[str] = None  # the first stop signal since `install_stop_handlers`
 
 
 def world_size() -> int:
@@ -82,33 +89,61 @@ def from_rank_0(value: Any) -> Any:
     return shared[0]
 
 
+class Preempted(Exception):
+    """A driver stopped on a signal after saving a checkpoint (exit PREEMPTED_EXIT_CODE)."""
+
+
+def install_stop_handlers(single_process: bool) -> None:
+    """Handle SIGNALS from now on (main thread only, Python's rule; elsewhere nothing is installed)."""
+    global _received
+    _received = None
+
+    def handle(signum: int, frame) -> None:
+        global _received
+        if _received is None:
+            _received = signal.Signals(signum).name
+            logger.warning("%s received: finishing the step in flight, then saving a checkpoint and stopping "
+                           "(a second Ctrl-C in a single process quits at once)", _received)
+        elif signum == signal.SIGINT and single_process:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, handle)
+
+
+def stop_signal() -> Optional[str]:
+    """The name of the stop signal this process received, None if none (or no handlers are installed)."""
+    return _received
+
+
 def run_and_exit(main: Callable[[], None], stop_signals: bool = False) -> NoReturn:
     """Run an entry point's `main` and end the process in one order on every path (docs/reliability.md); with
     `stop_signals`, SIGTERM / SIGINT / SIGUSR1 are stop requests. Several processes end with `os._exit`."""
     status = 0
     if stop_signals:
-        preemption.install(single_process=world_size() == 1)
+        install_stop_handlers(single_process=world_size() == 1)
     try:
         main()
     except SystemExit as stop:  # the status Python would give it
         if stop.code is not None and not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)  # a message: printed, status 1
         status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    except preemption.Preempted as stopped:  # saved where it stopped: a message, not a traceback
+    except Preempted as stopped:  # saved where it stopped: a message, not a traceback
         print(f"stopped: {stopped}", file=sys.stderr)
-        status = preemption.PREEMPTED_EXIT_CODE
+        status = PREEMPTED_EXIT_CODE
     except BaseException as error:  # noqa: B902 (every exit path ends below)
         traceback.print_exc()
         status = 130 if isinstance(error, KeyboardInterrupt) else 1
-    several, signalled = dist.is_initialized(), preemption.stop_signal() is not None
+    several, signalled = dist.is_initialized(), stop_signal() is not None
     try:
         if several and status == 0:  # (the barrier)
             signalled = bool(sum_over_ranks(paddle.to_tensor([float(signalled)])).item())
         if status == 0 and signalled:
-            print(f"stopped: {preemption.stop_signal() or 'a signal to another rank'} arrived during the final save "
-                  f"or export, which finished; exit code {preemption.PREEMPTED_EXIT_CODE} (--resume_from_checkpoint "
+            print(f"stopped: {stop_signal() or 'a signal to another rank'} arrived during the final save "
+                  f"or export, which finished; exit code {PREEMPTED_EXIT_CODE} (--resume_from_checkpoint "
                   "latest finds nothing left to train)", file=sys.stderr)
-            status = preemption.PREEMPTED_EXIT_CODE
+            status = PREEMPTED_EXIT_CODE
         if several:
             dist.destroy_process_group()  # (Python's group registry; the C++ store lives until os._exit)
     except BaseException:  # noqa: B902 (a failed barrier must still end below, not in the exit handlers)

@@ -16,12 +16,12 @@ from . import watchdog
 from .argument_parser import parse_arguments
 from .build import (Networks, build_evaluator, build_networks, build_optimization, build_train_data, init_process,
                     seed_training, stateful)
-from .distributed import all_ranks_agree, assert_parameters_in_sync, rank, world_size
+from .distributed import (PREEMPTED_EXIT_CODE, Preempted, all_ranks_agree, assert_parameters_in_sync, rank, stop_signal,
+                          world_size)
 from .final_save import checkpoint_configs, save_final_models
 from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
-from .preemption import PREEMPTED_EXIT_CODE, Preempted, stop_signal
 from .step import MicroBatch, NonFiniteError, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
@@ -98,7 +98,7 @@ class Run:
     def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool],
                    micro: MicroBatch) -> Optional[Dict[str, float]]:
         """After optimizer step `state.global_step` (`report`: `TrainStep.optimizer_step`'s numbers and stop):
-        telemetry, evaluation (and the best checkpoint), the periodic save, and a stop on a signal (preemption.py).
+        telemetry, evaluation (and the best checkpoint), the periodic save, and a stop on a signal (distributed.py).
         Returns the logged numbers at logging steps."""
         step, (logged, stop) = state.global_step, report
         watchdog.beat(f"step {step}", step)

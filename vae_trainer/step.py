@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
-from .distributed import average_over_ranks, sum_over_ranks, sync_gradients, world_size
+from .distributed import average_over_ranks, stop_signal, sum_over_ranks, sync_gradients, world_size
 from .ema import ema_weights
 from .objectives import vae_objective
 from .objectives.alignment import to_token_grid
@@ -26,7 +26,6 @@ from .objectives.reconstruction import over_grey
 from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import LossScaler, Precision, half_precision_autocast
-from .preemption import stop_signal
 
 logger = logging.getLogger("vae_trainer")
 
@@ -153,8 +152,9 @@ class TrainStep:
         with self.precision.autocast():
             recon, post_mean, post_logvar, z = model(                                     # forward
                 clean, sample_posterior=args.sample_posterior, return_latent=True, decoded=taught,
-                latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
-            target = transform.images(clean, post_mean.shape[2:]) if transform else clean
+                latent_transform=(lambda z: transform(z, z.shape[2:4], image_size)) if transform else None)
+            with paddle.amp.auto_cast(enable=False):  # tau(x) in float32 under any autocast, as the plain target
+                target = transform(clean, post_mean.shape[2:], image_size) if transform else clean
             vf = None  # the VF loss's inputs: the clean latent projected onto the clean images' token grid, ...
             if self.vf_model is not None:
                 with paddle.no_grad():
@@ -180,8 +180,7 @@ class TrainStep:
             fakes, condition = self.replay.mix(recon, taught) if self.replay else (recon, taught)
             with self.precision.autocast():                                               # discriminator: loss
                 d_loss, d_logs = discriminator_objective(
-                    discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
-                    lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
+                    discriminator, target, fakes, args, lecam_ema=model.lecam_ema,
                     fake_discriminator=None if taught is None else functools.partial(model.discriminator,
                                                                                      condition=condition))
             disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
@@ -195,7 +194,7 @@ class TrainStep:
         both; for each, clip, step and its loss scale; the gradients freed, the BatchNorm statistics averaged over
         ranks and the EMA stepped. The learning rates move on in `schedule`. Returns the numbers to log (learning
         rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
-        was signalled to (preemption.py), agreed by every rank."""
+        was signalled to (distributed.py), agreed by every rank."""
         trained = [net for net in self.networks if global_step >= net.start]
         sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.clips)  # all-reduce
         for net in trained:
@@ -213,7 +212,7 @@ class TrainStep:
         self._window_losses, self._window_gan_overflows = [], []
         nonfinite = [(~paddle.isfinite(value)).any().astype("float32")
                      for value in [losses] + [norms.get(net.name, zero) for net in self.networks]]
-        signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (preemption.py)
+        signal = paddle.full([], 0.0 if stop_signal() is None else 1.0, "float32")  # agreed here (distributed.py)
         bad = paddle.stack(nonfinite + [gan_overflows, signal])
         bad_losses, *bad_grads, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         take = self.guard.decide(global_step + 1, bad_losses == 0,

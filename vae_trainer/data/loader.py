@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import paddle
 
-from ..preemption import SIGNALS
+from ..distributed import SIGNALS
 
 _FAILURE = "data_error"  # key of the item a failing worker sends instead of a batch
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -68,21 +68,14 @@ class Transform:
         return (scaled_size(height, self.scale, max(-(-MIN_SCALED_SIDE // factors[0]), self.min_side)),
                 scaled_size(width, self.scale, max(-(-MIN_SCALED_SIDE // factors[1]), self.min_side)))
 
-    def latent(self, latent: paddle.Tensor, image_size: Sequence[int]) -> paddle.Tensor:
-        """tau(z) of a [B, C, h, w] latent of images of `image_size` (H, W)."""
+    def __call__(self, tensor: paddle.Tensor, latent_size: Sequence[int], image_size: Sequence[int]) -> paddle.Tensor:
+        """tau of a [B, C, H, W] `tensor`, the latent or the images of a clean latent of `latent_size` (h, w) whose
+        images are `image_size` (H, W): a scale keeps the tensor's own multiple of the latent's sides."""
         if self.kind == "rotate":
-            return paddle.rot90(latent, k=self.quarter_turns, axes=[2, 3])
-        h, w = latent.shape[2], latent.shape[3]
-        return resize(latent, self.latent_size(h, w, (image_size[0] // h, image_size[1] // w)))
-
-    def images(self, images: paddle.Tensor, latent_size: Sequence[int]) -> paddle.Tensor:
-        """tau(x) of [B, C, H, W] images whose clean latent is `latent_size` (h, w), in float32 under any autocast."""
-        with paddle.amp.auto_cast(enable=False):
-            if self.kind == "rotate":
-                return paddle.rot90(images, k=self.quarter_turns, axes=[2, 3])
-            factors = (images.shape[2] // latent_size[0], images.shape[3] // latent_size[1])
-            new_h, new_w = self.latent_size(*latent_size, factors)
-            return resize(images, (new_h * factors[0], new_w * factors[1]))
+            return paddle.rot90(tensor, k=self.quarter_turns, axes=[2, 3])
+        (h, w), factors = latent_size, (image_size[0] // latent_size[0], image_size[1] // latent_size[1])
+        new_h, new_w = self.latent_size(h, w, factors)
+        return resize(tensor, (new_h * (tensor.shape[2] // h), new_w * (tensor.shape[3] // w)))
 
 
 def scaled_size(size: int, scale: float, minimum: int = 1) -> int:
@@ -132,16 +125,15 @@ def equivariance_pairs(decode: Callable[[paddle.Tensor], paddle.Tensor], images:
     """{diagnostic: (decode(tau(z)), tau(x))} for the two equivariance PSNRs, one decode each; the scale one only if
     `scale` (not for a decoder of one input grid and output size: RAE's). The scale one's tau halves the latent
     (sides >= 1) and the images alike (H / h per axis: the decoder's factor)."""
-    pairs = {}
+    pairs, rotation = {}, Transform("rotate", quarter_turns=1)
+    (h, w), (height, width) = latents.shape[2:], images.shape[2:]
+    half = max(1, h // 2), max(1, w // 2)
+    with paddle.amp.auto_cast(enable=False):  # the targets in float32, as the plain metrics' images
+        target = resize(images, (half[0] * (height // h), half[1] * (width // w))) if scale else None
+        rotated = rotation(images, (h, w), (height, width))
     if scale:
-        (h, w), (height, width) = latents.shape[2:], images.shape[2:]
-        half = max(1, h // 2), max(1, w // 2)
-        with paddle.amp.auto_cast(enable=False):  # the target in float32, as the plain metrics' images
-            target = resize(images, (half[0] * (height // h), half[1] * (width // w)))
         pairs["scale_equivariance_psnr"] = (decode(resize(latents, half)), target)
-    rotation = Transform("rotate", quarter_turns=1)
-    pairs["rotation_equivariance_psnr"] = (decode(rotation.latent(latents, images.shape[2:])),
-                                           rotation.images(images, latents.shape[2:]))
+    pairs["rotation_equivariance_psnr"] = (decode(rotation(latents, (h, w), (height, width))), rotated)
     return pairs
 
 

@@ -169,21 +169,21 @@ def weighted_gan_term(x, recon, x_hat, nll_grad, discriminator, last_layer, loss
     return (d_weight * gan).detach(), gan_grad.astype("float32") * d_weight, logs
 
 
-def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, kind: str, *,
-                            lecam_weight: float = 0.0, lecam_ema: Optional[Tensor] = None,
-                            lecam_decay: float = 0.99, fake_discriminator: Optional[Callable[[Tensor], Tensor]] = None
+def discriminator_objective(discriminator: paddle.nn.Layer, x: Tensor, recon: Tensor, loss_args, *,
+                            lecam_ema: Optional[Tensor] = None,
+                            fake_discriminator: Optional[Callable[[Tensor], Tensor]] = None
                             ) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """The discriminator's loss on real images and detached reconstructions, and its logs; with `lecam_weight`
-    > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then updates that EMA.
-    `fake_discriminator`: how the reconstructions are scored, if not as the images (conditioned on other latents)."""
+    """The discriminator's --disc_loss on real images and detached reconstructions, and its logs; with --lecam_weight
+    > 0, plus lecam_weight * LeCAM against `lecam_ema` = [ema D(x), ema D(x_hat)], then that EMA's --lecam_decay
+    update. `fake_discriminator`: how the reconstructions are scored, if not as the images (other latents')."""
     logits_real = discriminate(discriminator, x.detach())
     logits_fake = discriminate(fake_discriminator or discriminator, recon.detach())
-    loss = discriminator_loss(logits_real, logits_fake, kind)
+    loss = discriminator_loss(logits_real, logits_fake, loss_args.disc_loss)
     logs = {"gan/logits_real": logits_real.astype("float32").mean(),
             "gan/logits_fake": logits_fake.astype("float32").mean()}
-    if lecam_weight > 0:
-        logs["gan/lecam"] = lecam(lecam_ema, logits_real, logits_fake, lecam_decay)
-        loss = loss + lecam_weight * logs["gan/lecam"]
+    if loss_args.lecam_weight > 0:
+        logs["gan/lecam"] = lecam(lecam_ema, logits_real, logits_fake, loss_args.lecam_decay)
+        loss = loss + loss_args.lecam_weight * logs["gan/lecam"]
     logs["loss/discriminator"] = loss
     return loss, {k: v.detach() for k, v in logs.items()}
 
