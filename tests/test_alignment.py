@@ -14,7 +14,8 @@ import pytest
 from conftest import DRIVERS, EVAL_FLAGS, run_entry_point, run_in_process, tiny_args
 from safetensors.numpy import save_file
 
-from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid, vf_loss
+from vae_trainer.metrics import MetricAccumulator
+from vae_trainer.objectives.alignment import add_cka_tokens, linear_cka, to_token_grid, vf_loss
 from vae_trainer.argument_parser import parse_arguments
 
 
@@ -76,15 +77,15 @@ def test_linear_cka_is_the_formula_over_all_tokens_summed_in_batches():
         a, b = a - a.mean(0), b - b.mean(0)
         return np.sum((b.T @ a) ** 2) / (np.linalg.norm(a.T @ a) * np.linalg.norm(b.T @ b))
 
-    accumulator = CKAAccumulator()
+    accumulator = MetricAccumulator()
     for start in (0, 25):  # two batches of [B, N, C] tokens
         stop = 60 if start else 25
-        accumulator.add(paddle.to_tensor(x[start:stop][None]), paddle.to_tensor(y[start:stop][None]))
-    assert accumulator.result() == pytest.approx(cka(x, y), rel=1e-9)
+        add_cka_tokens(accumulator, paddle.to_tensor(x[start:stop][None]), paddle.to_tensor(y[start:stop][None]))
+    assert linear_cka(accumulator.reduce()) == pytest.approx(cka(x, y), rel=1e-9)
     rotation = np.linalg.qr(rng.standard_normal((4, 4)))[0]
-    same = CKAAccumulator()
-    same.add(paddle.to_tensor(x[None]), paddle.to_tensor(3 * x[None] @ rotation + 1))
-    assert same.result() == pytest.approx(1.0, rel=1e-9)  # invariant to rotation, scale and offset
+    same = MetricAccumulator()
+    add_cka_tokens(same, paddle.to_tensor(x[None]), paddle.to_tensor(3 * x[None] @ rotation + 1))
+    assert linear_cka(same.reduce()) == pytest.approx(1.0, rel=1e-9)  # invariant to rotation, scale and offset
     assert 0.2 < cka(x, y) < 0.99 and cka(x, noise) < 0.2
 
 

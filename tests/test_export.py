@@ -13,7 +13,7 @@ from torch_vae import MICRO, diffusers, make_torch_vae, paddle_reconstruct, phot
 
 from vae_trainer.evaluation import evaluate_vae, measure_latents
 from vae_trainer.models.latent_scale import decide, mode_of_checkpoint, scaling_factor_mode
-from vae_trainer.metrics import LatentStatistics
+from vae_trainer.metrics import MetricAccumulator, add_latents, latent_statistics
 from vae_trainer.models.vae_loading import build_vae
 from vae_trainer.models.vae_saving import save_vae
 
@@ -93,10 +93,10 @@ def test_latent_statistics_are_those_of_posterior_samples_exactly(trained_like):
 def test_latent_statistics_with_variances_equal_numpy():
     rng = np.random.default_rng(1)
     means, variances = rng.normal(size=(5, 3, 4, 4)), rng.uniform(0.1, 2, size=(5, 3, 4, 4))
-    statistics = LatentStatistics()
-    statistics.update(means[:2], variances[:2])
-    statistics.update(means[2:], variances[2:])
-    mean, std, _, _ = statistics.compute()
+    statistics = MetricAccumulator()
+    add_latents(statistics, "latents", means[:2], variances[:2])
+    add_latents(statistics, "latents", means[2:], variances[2:])
+    mean, std, _, _ = latent_statistics(statistics.reduce(), "latents")
     np.testing.assert_allclose(mean, means.mean(axis=(0, 2, 3)), rtol=1e-12)
     np.testing.assert_allclose(std, np.sqrt(means.var(axis=(0, 2, 3)) + variances.mean(axis=(0, 2, 3))), rtol=1e-12)
 

@@ -18,8 +18,8 @@ from skimage.filters import gaussian
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from skimage.transform import resize
 
-from vae_trainer.metrics import (FeatureStatistics, LatentStatistics, MetricAccumulator, frechet_distance, psnr, ssim,
-                                 to_unit_range)
+from vae_trainer.metrics import (MetricAccumulator, add_features, add_latents, feature_statistics, frechet_distance,
+                                 latent_statistics, psnr, ssim, to_unit_range)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 paddle.set_device("cpu")
@@ -166,7 +166,7 @@ def test_metric_accumulator_equals_the_mean_over_the_whole_set():
     for psnr_batch, ssim_batch in zip(_uneven_batches(psnr_values), _uneven_batches(ssim_values)):
         accumulator.update("psnr", paddle.to_tensor(psnr_batch.astype(np.float32)))
         accumulator.update("ssim", ssim_batch)
-    means = accumulator.compute()
+    means = accumulator.means(accumulator.reduce())
     assert means["psnr"] == pytest.approx(psnr_values.mean(), rel=1e-6)
     assert means["ssim"] == pytest.approx(ssim_values.mean(), rel=1e-12)
 
@@ -174,10 +174,10 @@ def test_metric_accumulator_equals_the_mean_over_the_whole_set():
 def test_feature_statistics_equal_numpy_mean_and_covariance():
     rng = np.random.default_rng(5)
     features = rng.normal(size=(11, 16)) @ rng.normal(size=(16, 16)) + 5.0
-    statistics = FeatureStatistics()  # the dimension comes from the first batch
+    statistics = MetricAccumulator()  # the dimension comes from the first batch
     for batch in _uneven_batches(features):
-        statistics.update(batch)
-    mu, sigma = statistics.compute()
+        add_features(statistics, "features", batch)
+    mu, sigma = feature_statistics(statistics.reduce(), "features")
     np.testing.assert_allclose(mu, features.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(sigma, np.cov(features, rowvar=False), rtol=1e-9, atol=1e-10)
 
@@ -187,10 +187,10 @@ def test_latent_statistics_equal_numpy_over_the_set():
     offsets = np.array([0.5, -1.0, 2.0, 0.0]).reshape(1, 4, 1, 1)
     scales = np.array([1.0, 3.0, 0.5, 2.0]).reshape(1, 4, 1, 1)
     latents = rng.normal(size=(11, 4, 3, 5)) * scales + offsets
-    statistics = LatentStatistics()
+    statistics = MetricAccumulator()
     for batch in _uneven_batches(latents):
-        statistics.update(paddle.to_tensor(batch.astype(np.float32)))
-    mean, std, scaling_factor, shift_factor = statistics.compute()
+        add_latents(statistics, "latents", paddle.to_tensor(batch.astype(np.float32)))
+    mean, std, scaling_factor, shift_factor = latent_statistics(statistics.reduce(), "latents")
     as_float32 = latents.astype(np.float32).astype(np.float64)
     np.testing.assert_allclose(mean, as_float32.mean(axis=(0, 2, 3)), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(std, as_float32.std(axis=(0, 2, 3)), rtol=1e-9)
@@ -203,19 +203,21 @@ WORKER = textwrap.dedent(
     import json, sys
     import numpy as np, paddle
     sys.path.insert(0, sys.argv[1])
-    from vae_trainer.metrics import FeatureStatistics, LatentStatistics, MetricAccumulator
+    from vae_trainer.metrics import (MetricAccumulator, add_features, add_latents, feature_statistics,
+                                     latent_statistics)
     paddle.set_device("cpu")
     paddle.distributed.init_parallel_env()
     rank = paddle.distributed.get_rank()
     data = np.load(sys.argv[2])
     shard = slice(0, 4) if rank == 0 else slice(4, None)  # uneven shards: 4 and 7 samples
-    metrics, features, latents = MetricAccumulator(), FeatureStatistics(), LatentStatistics()
+    metrics = MetricAccumulator()  # all three in one reduction
     metrics.update("psnr", data["values"][shard])
-    features.update(data["features"][shard])
-    latents.update(data["latents"][shard])
-    mu, sigma = features.compute()
-    mean, std, _, _ = latents.compute()
-    print("RESULT " + json.dumps({"psnr": metrics.compute()["psnr"], "mu": mu.tolist(),
+    add_features(metrics, "features", data["features"][shard])
+    add_latents(metrics, "latents", data["latents"][shard])
+    sums = metrics.reduce()
+    mu, sigma = feature_statistics(sums, "features")
+    mean, std, _, _ = latent_statistics(sums, "latents")
+    print("RESULT " + json.dumps({"psnr": metrics.means(sums)["psnr"], "mu": mu.tolist(),
           "sigma": sigma.tolist(), "mean": mean.tolist(), "std": std.tolist()}))
     from vae_trainer.distributed import run_and_exit
     run_and_exit(lambda: None)  # ends as the entry points do (no SIGABRT at exit)

@@ -26,14 +26,14 @@ from vae_trainer.disk import replace_file
 from vae_trainer.ema import ema_weights
 from vae_trainer.flag_checks import DEFAULT_TILE_SIZE, check_tile_size
 from vae_trainer.metrics import (ALPHA_MSE_FLOOR, HIGHER_IS_BETTER, SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW_SIZE,
-                                 FeatureStatistics, LatentStatistics, MetricAccumulator, all_reduce_sum, fold_frames,
-                                 frechet_distance, psnr, ssim, to_unit_range)
+                                 MetricAccumulator, add_features, add_latents, feature_statistics, fold_frames,
+                                 frechet_distance, latent_statistics, psnr, ssim, to_unit_range)
 from vae_trainer.models.families import family_of, image_channels
 from vae_trainer.models.families.kl import KL
 from vae_trainer.models.trainable import encoder_input
 from vae_trainer.objectives import alignment, distillation, equivariance
 from vae_trainer.objectives import clips as clips_part
-from vae_trainer.objectives.alignment import CKAAccumulator, to_token_grid
+from vae_trainer.objectives.alignment import add_cka_tokens, linear_cka, to_token_grid
 from vae_trainer.objectives.reconstruction import over_grey
 from vae_trainer.precision import half_precision_autocast
 
@@ -207,8 +207,8 @@ def make_grid(inputs: paddle.Tensor | np.ndarray, recons: paddle.Tensor | np.nda
 
 
 class _Pass:
-    """One pass of `vae` over images and its sums (`add`): latent statistics, and the metrics and the grid when
-    reconstructing. `rng` draws posterior samples to decode (None: the mode)."""
+    """One pass of `vae` over images and its sums (`add`; `run` reduces them over ranks, once): latent statistics,
+    and the metrics and the grid when reconstructing. `rng` draws posterior samples to decode (None: the mode)."""
 
     def __init__(self, vae, input_size=None, posterior_std: float = 0.0, lpips=None, inception=None,
                  grid_images: int = 0, vf_model=None, rng: np.random.Generator | None = None, teacher=None) -> None:
@@ -216,12 +216,10 @@ class _Pass:
         self.geometry = self.family.geometry(vae.config)
         self.posterior_std = 0.0 if self.geometry.deterministic else posterior_std  # training's noise, not exported
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
-        self.samples, self.metrics, self.count = LatentStatistics(), MetricAccumulator(), 0
-        self.view = None  # statistics of the normalisation's view (FLUX.2's patchified latents), if any
-        self.cka = CKAAccumulator() if vf_model is not None else None
-        self.features = (FeatureStatistics(), FeatureStatistics()) if inception is not None else None
+        self.metrics = MetricAccumulator()  # every sum: the metrics, "images", the latents' ("samples"; "view": the
+        # normalisation's view, FLUX.2's patchified latents, if any), "spectrum", the CKA's, the Inception features'
+        self.sums: dict[str, np.ndarray] = {}  # all of them summed over ranks, once the pass has run
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
-        self.spectrum = np.zeros(2, dtype=np.float64)  # latent energy above half Nyquist, all latent energy
 
     def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> _Pass:
         """`add` each batch (tensors or dicts holding "pixel_values"; as many images as the loader gives), in eval mode
@@ -242,10 +240,11 @@ class _Pass:
                         watchdog.beat(f"a batch ({what})")
                 finally:  # a failing rank still joins the loader's gather (data.dataset.build_eval_dataloader)
                     getattr(batches, "close", lambda: None)()
-                if self.count == 0:
+                if "images" not in self.metrics.totals:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:
             self.vae.train(was_training)
+        self.sums = self.metrics.reduce()  # the pass's one reduction over ranks
         return self
 
     def add(self, pixels: paddle.Tensor, reconstruct: bool) -> None:
@@ -258,12 +257,11 @@ class _Pass:
             if self.posterior_std > 0:
                 posterior.std = paddle.full_like(posterior.mean, self.posterior_std)
                 posterior.var = paddle.full_like(posterior.mean, self.posterior_std**2)
-        self.count += posterior.mean.shape[0]
-        self.samples.update(posterior.mean, posterior.var)  # (float64 sums, from half precision too)
+        self.metrics.add("images", posterior.mean.shape[0])
+        add_latents(self.metrics, "samples", posterior.mean, posterior.var)  # (float64 sums, from half precision too)
         view = self.family.normalisation.view(self.vae, posterior)
         if view is not None:
-            self.view = self.view or LatentStatistics()
-            self.view.update(view)
+            add_latents(self.metrics, "view", view)
         if not reconstruct:
             return
         with half_precision_autocast(self.vae):  # as the encoder's
@@ -299,38 +297,38 @@ class _Pass:
             self.metrics.update("alpha_psnr", psnr(unit_pixels[:, 3:], unit_recons[:, 3:], ALPHA_MSE_FLOOR))
         for name, (decoded, target) in pairs.items():  # {name: (decode(tau(z)), tau(x))}
             self.metrics.update(name, psnr(to_unit_range(target), to_unit_range(decoded.astype("float32").clip(-1, 1))))
-        self.spectrum += equivariance.spectrum_energies(mode)
-        if self.cka is not None:
+        self.metrics.add("spectrum", equivariance.spectrum_energies(mode))
+        if self.vf_model is not None:
             features, grid = self.vf_model.patch_tokens(over_grey(pixels))
-            self.cka.add(to_token_grid(mode, grid), features)
+            add_cka_tokens(self.metrics, to_token_grid(mode, grid), features)
         if self.lpips is not None:
             self.metrics.update("lpips", self.lpips(over_grey(pixels), over_grey(recons)).reshape([-1]))
-        if self.features is not None:
-            self.features[0].update(self.inception(over_grey(pixels)))
-            self.features[1].update(self.inception(over_grey(recons)))
+        if self.inception is not None:
+            add_features(self.metrics, "real", self.inception(over_grey(pixels)))
+            add_features(self.metrics, "reconstructed", self.inception(over_grey(recons)))
         if taught is not None:
             distillation.add_teacher_metrics(self.metrics, self.lpips, self.teacher, pixels, recons,
                                              mode.astype("float32"), taught)
 
     def latent_stats(self) -> EvalResult:
-        """Reduced over ranks (a collective)."""
-        mean, std, *factors = self.samples.compute()
+        """Of the sums reduced over ranks."""
+        mean, std, *factors = latent_statistics(self.sums, "samples")
         view_mean = view_var = None
-        if self.view is not None:
-            view_mean, view_std, *_ = self.view.compute()
+        if "view.count" in self.sums:
+            view_mean, view_std, *_ = latent_statistics(self.sums, "view")
             view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
-        count = int(all_reduce_sum(np.array([self.count]))[0])
-        result = EvalResult(mean.tolist(), std.tolist(), *factors, count, view_mean, view_var)
+        result = EvalResult(mean.tolist(), std.tolist(), *factors, int(self.sums["images"]), view_mean, view_var)
         result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
         return result
 
     def result(self) -> EvalResult:
-        metrics = self.metrics.compute()
-        metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(all_reduce_sum(self.spectrum))
-        if self.cka is not None:
-            metrics["vf_alignment_cka"] = self.cka.result()
-        if self.features is not None:
-            metrics["rfid"] = frechet_distance(*self.features[0].compute(), *self.features[1].compute())
+        metrics = self.metrics.means(self.sums)
+        metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(self.sums["spectrum"])
+        if self.vf_model is not None:
+            metrics["vf_alignment_cka"] = linear_cka(self.sums)
+        if self.inception is not None:
+            metrics["rfid"] = frechet_distance(*feature_statistics(self.sums, "real"),
+                                               *feature_statistics(self.sums, "reconstructed"))
         grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
         return replace(self.latent_stats(), metrics=metrics, grid=grid)
 

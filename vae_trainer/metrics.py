@@ -1,7 +1,8 @@
 """Metric math: PSNR (of the alpha channel too, its MSE floored) and SSIM (on [0, 1] images, data range 1; of RGBA
 images over all four channels), the Frechet distance and streaming accumulators (an objective's own metrics are its
 part's: flicker in objectives/clips.py, the latent diagnostics in objectives/equivariance.py). These keep sums, never
-means, and their `compute()` sums over ranks (a collective: every rank calls it, having fed the same metric names)."""
+means, all in one MetricAccumulator whose `reduce()` sums them over ranks (a collective: every rank calls it, having
+fed the same names)."""
 
 import logging
 
@@ -85,82 +86,80 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean))
 
 
-def all_reduce_sum(array: np.ndarray) -> np.ndarray:
-    """A float64 array summed over ranks (a collective); unchanged in a single process."""
-    return sum_over_ranks(paddle.to_tensor(np.asarray(array, dtype=np.float64))).numpy()
-
-
 def _to_numpy64(values: paddle.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(values.astype("float64").numpy() if isinstance(values, paddle.Tensor) else values, np.float64)
 
 
 class MetricAccumulator:
-    """Streaming means of per-sample metrics (sum and count per name)."""
+    """Float64 sums by name over a whole set (each a number or an array, its shape from the first batch): the sum and
+    count of each per-sample metric (`update`) and any other sum (`add`: the moments below, a CKA's, a pass's), all
+    summed over ranks in one collective (`reduce`)."""
 
     def __init__(self) -> None:
-        self._totals: dict[str, np.ndarray] = {}  # name: [sum, count]
+        self.totals: dict[str, np.ndarray] = {}  # name: its sum (a metric's: [sum, count])
+        self.metrics: set[str] = set()  # the names `update` fed, whose means `means` gives
+
+    def add(self, name: str, value: paddle.Tensor | np.ndarray | float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + _to_numpy64(value)
 
     def update(self, name: str, per_sample_values: paddle.Tensor | np.ndarray) -> None:
         """Add one batch of per-sample values (every element is one sample)."""
         values = _to_numpy64(per_sample_values).reshape(-1)
-        self._totals[name] = self._totals.get(name, 0.0) + np.array([values.sum(), values.size])
+        self.metrics.add(name)
+        self.add(name, np.array([values.sum(), values.size]))
 
-    def compute(self) -> dict[str, float]:
-        """Mean of each metric over everything seen, on all ranks together."""
-        names = sorted(self._totals)  # the same order on every rank, so one all-reduce lines up
-        packed = all_reduce_sum(np.array([self._totals[name] for name in names]).reshape(-1, 2))
-        return {name: float(total / count) for name, (total, count) in zip(names, packed)}
+    def reduce(self) -> dict[str, np.ndarray]:
+        """Every sum over all ranks, by name: a collective (every rank calls it, having added the same names)."""
+        names = sorted(self.totals)  # the same order on every rank, so one all-reduce lines up
+        flat = np.concatenate([np.ravel(self.totals[name]) for name in names])
+        flat = sum_over_ranks(paddle.to_tensor(flat)).numpy()
+        parts = np.split(flat, np.cumsum([np.size(self.totals[name]) for name in names])[:-1])
+        return {name: part.reshape(np.shape(self.totals[name])) for name, part in zip(names, parts)}
 
-
-class _Moments:
-    """Float64 sums of a whole set: a count, a sum and a sum of second moments (arrays from the first batch on)."""
-
-    def __init__(self) -> None:
-        self._count, self._sum, self._second_sum = 0, 0.0, 0.0
-
-    def _summed_over_ranks(self) -> tuple:
-        """(count, sum, second-moment sum) summed over ranks: the collectives every rank runs in this order."""
-        return tuple(all_reduce_sum(part) for part in (np.array([self._count]), self._sum, self._second_sum))
+    def means(self, sums: dict[str, np.ndarray]) -> dict[str, float]:
+        """Mean of each metric over everything seen, of `sums` (`reduce`'s: all ranks together)."""
+        return {name: float(sums[name][0] / sums[name][1]) for name in sorted(self.metrics)}
 
 
-class FeatureStatistics(_Moments):
-    """Running mean and covariance of feature vectors (e.g. 2048-d Inception pool features), from outer products."""
-
-    def update(self, features: paddle.Tensor | np.ndarray) -> None:
-        """Add a batch of features, shape [B, D]."""
-        batch = _to_numpy64(features).reshape(features.shape[0], -1)
-        self._count += batch.shape[0]
-        self._sum += batch.sum(axis=0)
-        self._second_sum += batch.T @ batch
-
-    def compute(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mu, sigma) over all ranks; sigma is the unbiased covariance, as `np.cov` gives."""
-        (count,), total, outer_total = self._summed_over_ranks()
-        if count < 2:
-            raise ValueError(f"need at least 2 feature vectors for a covariance, got {int(count)}")
-        mu = total / count
-        return mu, (outer_total - count * np.outer(mu, mu)) / (count - 1)
+def add_features(sums: MetricAccumulator, name: str, features: paddle.Tensor | np.ndarray) -> None:
+    """Add a batch of feature vectors [B, D] (e.g. 2048-d Inception pool features) to `name`'s count, sum and sum of
+    outer products, whose mean and covariance `feature_statistics` gives."""
+    batch = _to_numpy64(features).reshape(features.shape[0], -1)
+    sums.add(f"{name}.count", batch.shape[0])
+    sums.add(f"{name}.sum", batch.sum(axis=0))
+    sums.add(f"{name}.second", batch.T @ batch)
 
 
-class LatentStatistics(_Moments):
-    """Per-channel mean and std of latents [B, C, h, w] over a whole set (sums, counts per channel); given the
-    posterior variances with the means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + var)."""
+def feature_statistics(sums: dict[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) of `name`'s features in `sums` (reduced over ranks); sigma is the unbiased covariance, as `np.cov`
+    gives."""
+    count, total, outer_total = (sums[f"{name}.{part}"] for part in ("count", "sum", "second"))
+    if count < 2:
+        raise ValueError(f"need at least 2 feature vectors for a covariance, got {int(count)}")
+    mu = total / count
+    return mu, (outer_total - count * np.outer(mu, mu)) / (count - 1)
 
-    def update(self, latents: paddle.Tensor | np.ndarray, variances: paddle.Tensor | np.ndarray | None = None) -> None:
-        """Add a batch of latents [B, C, h, w] or [B, C, t, h, w] (posterior means when `variances` are given)."""
-        per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
-        self._count += per_channel.shape[1]
-        self._sum += per_channel.sum(axis=1)
-        self._second_sum += (per_channel**2).sum(axis=1)
-        if variances is not None:
-            self._second_sum += np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1)
 
-    def compute(self) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """(per-channel mean, per-channel population std) over all ranks, and the suggested (scaling_factor,
-        shift_factor) = (1 / std, mean) over all channels together, for z_model = (z - shift_factor) * scaling_factor
-        (FLUX-style; SD uses the scale alone)."""
-        (count,), total, squared_total = self._summed_over_ranks()
-        mean, elements = total / count, count * total.shape[0]
-        overall = total.sum() / elements
-        scaling_factor = float(1.0 / np.sqrt(max(squared_total.sum() / elements - overall**2, 0.0)))  # 1 / std
-        return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0)), scaling_factor, float(overall)
+def add_latents(sums: MetricAccumulator, name: str, latents: paddle.Tensor | np.ndarray,
+                variances: paddle.Tensor | np.ndarray | None = None) -> None:
+    """Add a batch of latents [B, C, h, w] or [B, C, t, h, w] (posterior means when `variances` are given) to
+    `name`'s per-channel count, sum and sum of second moments, whose statistics `latent_statistics` gives."""
+    per_channel = np.moveaxis(_to_numpy64(latents), 1, 0).reshape(latents.shape[1], -1)
+    sums.add(f"{name}.count", per_channel.shape[1])
+    sums.add(f"{name}.sum", per_channel.sum(axis=1))
+    sums.add(f"{name}.second", (per_channel**2).sum(axis=1))
+    if variances is not None:
+        sums.add(f"{name}.second", np.moveaxis(_to_numpy64(variances), 1, 0).reshape(latents.shape[1], -1).sum(axis=1))
+
+
+def latent_statistics(sums: dict[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Per-channel mean and std of `name`'s latents over a whole set, of `sums` (reduced over ranks); given the
+    posterior variances with the means, those of posterior samples, exactly in expectation (E[z^2] = mean^2 + var):
+    (per-channel mean, per-channel population std), and the suggested (scaling_factor, shift_factor) = (1 / std, mean)
+    over all channels together, for z_model = (z - shift_factor) * scaling_factor (FLUX-style; SD uses the scale
+    alone)."""
+    count, total, squared_total = (sums[f"{name}.{part}"] for part in ("count", "sum", "second"))
+    mean, elements = total / count, count * total.shape[0]
+    overall = total.sum() / elements
+    scaling_factor = float(1.0 / np.sqrt(max(squared_total.sum() / elements - overall**2, 0.0)))  # 1 / std
+    return mean, np.sqrt(np.maximum(squared_total / count - mean**2, 0.0)), scaling_factor, float(overall)

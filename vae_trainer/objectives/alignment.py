@@ -9,7 +9,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..refusals import FROZEN_LATENT
-from ..metrics import all_reduce_sum
+from ..metrics import MetricAccumulator
 from .gan import ADAPTIVE_WEIGHT_EPS, adaptive_weight, last_layer_gradient
 
 Tensor = paddle.Tensor
@@ -54,26 +54,23 @@ def vf_loss(projected: Tensor, features: Tensor, distmat_margin: float = 0.0,
     return F.relu(distances - distmat_margin).mean(), F.relu(1.0 - cos_margin - (p * f).sum(axis=-1)).mean()
 
 
-class CKAAccumulator:
-    """Linear CKA between latent tokens X and foundation-model tokens Y, summed over batches and ranks:
-    only the sums of X, Y, X^T X, Y^T Y and Y^T X are kept (float64 on the host)."""
+CKA_SUMS = ("count", "x", "y", "xx", "yy", "yx")  # the token count and the sums of X, Y, X^T X, Y^T Y and Y^T X
 
-    def __init__(self) -> None:
-        self.sums, self.widths = 0.0, (0, 0)  # [token count, sum X, sum Y, X^T X, Y^T Y, Y^T X] as one vector
 
-    def add(self, latent_tokens: Tensor, feature_tokens: Tensor) -> None:
-        x = latent_tokens.reshape([-1, latent_tokens.shape[-1]]).astype("float64").numpy()
-        y = feature_tokens.reshape([-1, feature_tokens.shape[-1]]).astype("float64").numpy()
-        parts = [[x.shape[0]], x.sum(0), y.sum(0), x.T @ x, y.T @ y, y.T @ x]
-        self.sums, self.widths = self.sums + np.concatenate([np.ravel(p) for p in parts]), (x.shape[1], y.shape[1])
+def add_cka_tokens(sums: MetricAccumulator, latent_tokens: Tensor, feature_tokens: Tensor) -> None:
+    """Add latent tokens X and foundation-model tokens Y to the sums (float64 on the host) their linear CKA needs."""
+    x = latent_tokens.reshape([-1, latent_tokens.shape[-1]]).astype("float64").numpy()
+    y = feature_tokens.reshape([-1, feature_tokens.shape[-1]]).astype("float64").numpy()
+    for name, value in zip(CKA_SUMS, ([x.shape[0]], x.sum(0), y.sum(0), x.T @ x, y.T @ y, y.T @ x)):
+        sums.add(f"cka.{name}", value)
 
-    def result(self) -> float:
-        """The CKA over every rank's tokens (a collective: every rank calls it, with or without tokens)."""
-        (cx, cy), flat = self.widths, all_reduce_sum(self.sums)
-        count, sx, sy, xx, yy, yx = np.split(flat, np.cumsum([1, cx, cy, cx * cx, cy * cy]))
-        xx, yy = xx.reshape(cx, cx) - np.outer(sx, sx) / count, yy.reshape(cy, cy) - np.outer(sy, sy) / count
-        yx = yx.reshape(cy, cx) - np.outer(sy, sx) / count
-        return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))
+
+def linear_cka(sums: dict[str, np.ndarray]) -> float:
+    """The CKA of every batch's and every rank's tokens, of `sums` (reduced over ranks)."""
+    count, sx, sy, xx, yy, yx = (sums[f"cka.{name}"] for name in CKA_SUMS)
+    xx, yy = xx - np.outer(sx, sx) / count, yy - np.outer(sy, sy) / count
+    yx = yx - np.outer(sy, sx) / count
+    return float(np.sum(yx**2) / (np.linalg.norm(xx) * np.linalg.norm(yy)))
 
 
 def weighted_vf_term(projected: Tensor, features: Tensor, encoder_last_layer: Tensor, recon: Tensor, nll_grad: Tensor,
