@@ -248,24 +248,24 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     before, latents = held_out_error()
     for global_step in range(6):
         batch = clips([global_step % 2])
-        micro = step.forward_backward(batch, global_step, 0)
-        assert {"loss/temporal", "loss/generator", "loss/discriminator"} <= set(micro.logs)
+        logs = step.forward_backward(batch, global_step, 0)
+        assert {"loss/temporal", "loss/generator", "loss/discriminator"} <= set(logs)
         assert lpips_inputs[-1] == [2, 3, SIZE, SIZE]  # --lpips_num_frames 2 of the clip's 5
         posterior = model.encode(batch)  # the frozen encoder's: the step's own
         expected = kl_loss(posterior.mean, posterior.logvar).mean().item() / (3 * T * SIZE * SIZE)
-        assert micro.logs["loss/kl"].item() == pytest.approx(expected, rel=1e-5)
+        assert logs["loss/kl"].item() == pytest.approx(expected, rel=1e-5)
         step.optimizer_step(global_step)
     after, latents_after = held_out_error()
     assert after < 0.9 * before, (before, after)
     assert np.array_equal(latents, latents_after)
     assert all(np.array_equal(p.numpy(), encoder[k]) for k, p in vae.named_parameters() if k in encoder)
-    inputs, recons = logged_images(step, micro)  # clips stay clips for the image logging
+    inputs, recons = logged_images(step)  # clips stay clips for the image logging
     assert inputs.shape == recons.shape == [1, 3, T, SIZE, SIZE]
     # An image batch (--video_image_ratio) in the same run: per-frame terms only, the 3-D D takes it as T = 1.
     images = clips([7])[:, :, 0]
-    micro = step.forward_backward(images, 6, 0)
-    assert "loss/temporal" not in micro.logs and micro.reconstructions.shape == [1, 3, SIZE, SIZE]
-    assert np.isfinite(micro.logs["loss/total"].item()) and "loss/discriminator" in micro.logs
+    logs = step.forward_backward(images, 6, 0)
+    assert "loss/temporal" not in logs and step.last_images[1].shape == [1, 3, SIZE, SIZE]
+    assert np.isfinite(logs["loss/total"].item()) and "loss/discriminator" in logs
     assert not step.optimizer_step(6)[1]
 
 

@@ -97,7 +97,7 @@ def test_gradients_and_adaptive_weight_equal_the_two_extra_backwards_computation
     batches = [images(n=2, seed=s) for s in range(ACCUMULATION)]
     for micro, x in enumerate(batches):
         paddle.seed(10 + micro)  # the same posterior samples in both
-        logs = step.forward_backward(x, 0, micro).logs
+        logs = step.forward_backward(x, 0, micro)
         paddle.seed(10 + micro)
         loss, d_weight = reference_micro_step(reference, x, lpips, step.loss_args)
         assert logs["gan/adaptive_weight"].item() == pytest.approx(d_weight.item(), rel=1e-5)

@@ -22,7 +22,7 @@ from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, stop_signal
-from .step import MicroBatch, NonFiniteError, TrainStep, logged_images
+from .step import NonFiniteError, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
 
@@ -70,12 +70,13 @@ class Run:
         watchdog.start(self.args.stall_timeout, rank())
         return state
 
-    def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> MicroBatch:
-        """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted."""
-        micro = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
+    def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> Dict[str, Any]:
+        """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted; its
+        logs."""
+        logs = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
         self.monitor.data_position.update(batch["position"])
-        self.monitor.micro_step_end(micro.logs)
-        return micro
+        self.monitor.micro_step_end(logs)
+        return logs
 
     def save(self, state: TrainerState) -> str:
         """checkpoint-N of `state.global_step` (kept as is if already written); returns its path."""
@@ -95,14 +96,13 @@ class Run:
         watchdog.beat(f"saving checkpoint-{step}", step)
         return path
 
-    def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool],
-                   micro: MicroBatch) -> Optional[Dict[str, float]]:
+    def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool]) -> Optional[Dict[str, float]]:
         """After optimizer step `state.global_step` (`report`: `TrainStep.optimizer_step`'s numbers and stop):
         telemetry, evaluation (and the best checkpoint), the periodic save, and a stop on a signal (preemption.py).
         Returns the logged numbers at logging steps."""
         step, (logged, stop) = state.global_step, report
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, logged, lambda: logged_images(self.step, micro))
+        scalars = self.monitor.optimizer_step_end(step, logged, lambda: logged_images(self.step))
         if scalars is not None:
             state.log_history.append({"step": step, **scalars})
         if self.evaluator.due(step) and self.evaluator.run(step, self.networks.model.vae, self.step.ema, self.monitor,
@@ -182,12 +182,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
-                micro = run.micro_step(next(run.batches), state.global_step, micro_batch)
+                run.micro_step(next(run.batches), state.global_step, micro_batch)
             report = run.step.optimizer_step(state.global_step)  # all-reduce, unscale, check, clip, steps, EMA
             run.step.schedule(state.global_step)  # the learning rates
             state.global_step += 1
             progress.update(1)
-            scalars = run.after_step(state, report, micro)
+            scalars = run.after_step(state, report)
             if scalars is not None:
                 progress.set_postfix_str(format_scalars(scalars))
     return run.export(state.global_step)

@@ -94,16 +94,6 @@ class NonFiniteGuard:
 
 
 @dataclass
-class MicroBatch:
-    """What `forward_backward` returns for one micro-batch."""
-
-    logs: Dict[str, paddle.Tensor]  # detached device scalars, averaged over the logging window
-    inputs: paddle.Tensor  # what the objective compared: x ([B, C, T, H, W] for clips), or tau(x) under EQ-VAE
-    reconstructions: paddle.Tensor  # decode(z) or decode(tau(z)), detached
-    clean_inputs: paddle.Tensor  # x itself (what the EMA's image logging reconstructs)
-
-
-@dataclass
 class Network:
     """One network the step trains, and what trains it (built once: build.train_networks)."""
 
@@ -138,9 +128,11 @@ class TrainStep:
         self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
         self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
 
-    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
-        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
-        the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
+    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int
+                         ) -> Dict[str, paddle.Tensor]:
+        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based): its logs, detached device scalars
+        (averaged over the logging window). With an EQ-VAE transform tau, the objectives compare decode(tau(z)) with
+        tau(x); the KL stays on the clean z."""
         model, args, (vae, disc) = self.model, self.loss_args, self.networks
         transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms, model.family.geometry(model.vae.config).min_latent_side)
@@ -187,7 +179,10 @@ class TrainStep:
             disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
-        return MicroBatch(logs, target, recon.detach(), clean)
+        # For `logged_images`: what the objective compared, x ([B, C, T, H, W] for clips) or tau(x) under EQ-VAE, and
+        # decode(z) or decode(tau(z)), detached; x itself (what the EMA's image logging reconstructs).
+        self.last_images = (target, recon.detach(), clean)
+        return logs
 
     def optimizer_step(self, global_step: int) -> Tuple[Dict[str, object], bool]:
         """The update after the last micro-batch of optimizer step `global_step` (0-based): the gradients all-reduced;
@@ -259,14 +254,15 @@ def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
             and any(not p.stop_gradient for p in layer.parameters()) for tensor in (layer._mean, layer._variance)]
 
 
-def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """(inputs, reconstructions) for the image grid: the pair micro-batch `micro`'s objective compared; with an
+def logged_images(step: TrainStep) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """(inputs, reconstructions) for the image grid: the pair the last micro-batch's objective compared; with an
     EMA, the clean images reconstructed by the EMA weights (a VAE forward: call it only on the rank that logs)."""
+    inputs, reconstructions, clean = step.last_images
     if step.ema is None:
-        return micro.inputs, micro.reconstructions
+        return inputs, reconstructions
     # The container, so that --input_size applies; O2: float32 images into half-precision weights. In eval mode: a
     # BatchNorm's statistics are used, not changed (the next step sets training mode again).
     step.model.eval()
     with ema_weights(step.ema, step.model.vae), paddle.no_grad(), half_precision_autocast(step.model.vae):
-        recon = step.model(micro.clean_inputs, sample_posterior=False)[0]
-    return micro.clean_inputs, recon.astype("float32")
+        recon = step.model(clean, sample_posterior=False)[0]
+    return clean, recon.astype("float32")
