@@ -16,7 +16,7 @@ from test_wan_clips import build
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.build import train_networks
+from vae_trainer.build import Networks, train_networks
 from vae_trainer.objectives.gan import discriminator_objective, generator_loss
 from vae_trainer.objectives import frames, vae_objective
 from vae_trainer.objectives.reconstruction import kl_loss
@@ -227,14 +227,14 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     model = VAEWithDiscriminator(vae, disc, freeze_encoder=True)
     loss_args = LossArguments(perceptual_weight=0.1, lpips_num_frames=2, temporal_loss_weight=0.5, disc_start=0,
                               disc_weight_warmup_steps=0)
-    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3)
+    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3, seed=5)
     lpips_inputs = []
 
     def lpips(a, b):  # a stand-in for LPIPS that records what it was given
         lpips_inputs.append(a.shape)
         return (a - b).abs().mean(axis=[1, 2, 3])
 
-    step = TrainStep(model, lpips, loss_args, train_networks(model, loss_args, args), seed=5)
+    step = TrainStep(Networks(model, lpips, {}), loss_args, args, train_networks(model, loss_args, args))
     held_out = clips([100, 101])
     encoder = {k: p.numpy().copy() for k, p in vae.named_parameters() if p.stop_gradient}
     assert encoder and all(k.startswith(("encoder.", "quant_conv.")) for k in encoder)

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.build import train_networks
+from vae_trainer.build import Networks, train_networks
 from vae_trainer.objectives.gan import discriminator_objective, gan_weight
 from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
@@ -37,11 +37,11 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
               **loss_kw):
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
-    args = make_args(tmp_path, learning_rate=learning_rate)
+    args = make_args(tmp_path, learning_rate=learning_rate, gradient_accumulation_steps=accumulation, seed=0)
     networks = train_networks(model, loss_args, args)
     for network, scaler in zip(networks, scalers):  # the VAE's and the discriminator's, if given
         network.scaler = scaler
-    return TrainStep(model, None, loss_args, networks, accumulation, max_grad_norm=args.max_grad_norm,
+    return TrainStep(Networks(model, None, {}), loss_args, args, networks,
                      guard=NonFiniteGuard(max_nonfinite, max_overflow))
 
 
@@ -164,7 +164,7 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
     both schedules (the optimizer step leaves them)."""
     model = make_model()
     step = make_step(model, tmp_path, learning_rate=1e-3)
-    step.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
+    step.args.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
     vae_before, disc_before = weights(model.vae), weights(model.discriminator)
     step.forward_backward(images(), 0, 0)
     grads = {id(p): p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
@@ -199,7 +199,7 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
         model = make_model()
         step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3,
                          perceptual_weight=1.0)
-        step.lpips = lpips
+        step.built.lpips = lpips
         for micro_batch, chunk in enumerate(paddle.split(x, accumulation)):
             step.forward_backward(chunk, 0, micro_batch)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])

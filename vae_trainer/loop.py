@@ -155,7 +155,7 @@ def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
         prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input
         clips = data_args.num_frames > 1 and data_args.video_image_ratio < 1  # (else: every sample one frame)
         networks = build_networks(model_args, loss_args, args, resolution=data_args.resolution, clips=clips)
-        step = build_optimization(networks, loss_args, args, clips=clips)
+        step = build_optimization(networks, loss_args, args)
         evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch

@@ -11,7 +11,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import paddle
 
@@ -23,7 +23,6 @@ from .objectives.clips import lpips_subset
 from .objectives.equivariance import draw, parse_transforms
 from .objectives.gan import discriminator_objective, gan_weight
 from .objectives.reconstruction import over_grey
-from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import LossScaler, Precision, half_precision_autocast
 from .preemption import stop_signal
@@ -108,37 +107,33 @@ class Network:
 
 @dataclass
 class TrainStep:
-    model: VAEWithDiscriminator
-    lpips: Optional[paddle.nn.Layer]
+    built: Any  # build.Networks: the container `model`, the frozen LPIPS, VF model (with model.vf_projection), teacher
     loss_args: Any
+    args: Any  # the training arguments: --gradient_accumulation_steps, --max_grad_norm, --seed (EQ-VAE's transforms
+    # are drawn from (seed, step, micro-batch): equivariance.draw)
     networks: Tuple[Network, Network]  # the VAE's, the discriminator's
-    accumulation_steps: int = 1
     precision: Precision = field(default_factory=Precision)
     ema: Any = None
-    max_grad_norm: float = 0.0
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
-    seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
-    vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
-    clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
-    teacher: Any = None  # distillation's frozen VAE (models/teacher.py), kept out of `model`
     replay: Any = None  # --disc_replay_size: past reconstructions shown to the discriminator (FakeReplay)
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
         self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
-        self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
+        self._norm_statistics = trained_norm_statistics(self.built.model.vae) if world_size() > 1 else []
 
     def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int
                          ) -> Dict[str, paddle.Tensor]:
         """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based): its logs, detached device scalars
         (averaged over the logging window). With an EQ-VAE transform tau, the objectives compare decode(tau(z)) with
         tau(x); the KL stays on the clean z."""
-        model, args, (vae, disc) = self.model, self.loss_args, self.networks
-        transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
+        model, args, (vae, disc) = self.built.model, self.loss_args, self.networks
+        accumulation, seed = self.args.gradient_accumulation_steps, self.args.seed
+        transform = draw(seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms, model.family.geometry(model.vae.config).min_latent_side)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
-        taught = self.teacher.latents(clean) if self.teacher is not None else None  # distillation's targets
+        taught = self.built.teacher.latents(clean) if self.built.teacher is not None else None  # distillation's targets
         # Distillation's discriminator sees the latent an image was decoded from (a conditioned PatchGAN).
         discriminator = model.discriminator if taught is None else functools.partial(model.discriminator,
                                                                                      condition=taught)
@@ -148,22 +143,23 @@ class TrainStep:
                 latent_transform=(lambda z: transform.latent(z, image_size)) if transform else None)
             target = transform.images(clean, post_mean.shape[2:]) if transform else clean
             vf = None  # the VF loss's inputs: the clean latent projected onto the clean images' token grid, ...
-            if self.vf_model is not None:
+            if model.vf_projection is not None:
                 with paddle.no_grad():
-                    features, grid = self.vf_model.patch_tokens(over_grey(clean))  # RGBA: what an RGB network sees
+                    # RGBA: what an RGB network sees
+                    features, grid = self.built.vf_model.patch_tokens(over_grey(clean))
                 vf = (to_token_grid(model.vf_projection(z), grid), features, model.family.last_layers(model.vae)[1])
             vae_loss = vae_objective(                                                     # losses
-                target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
+                target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.built.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
                 gan_weight=gan_weight(args, global_step), vf=vf,
-                grad_scale=vae.scaler.scale_value / self.accumulation_steps,
+                grad_scale=vae.scaler.scale_value / accumulation,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
-                lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
+                lpips_rows=lpips_subset(seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
                 latent=z if clean.ndim == 5 else None, latent_target=taught)
         # backward: one pass. The heads' gradient at the reconstruction was taken once, on a leaf copy (so the
         # adaptive GAN weight costs one small conv's backward, not a second pass through LPIPS and the discriminator:
         # benchmarks/training_step.py --heads); it enters here beside the direct terms' (the KL, the latent ones).
-        vae_loss.backward(recon, lambda loss: vae.scaler.scale(loss / self.accumulation_steps))
+        vae_loss.backward(recon, lambda loss: vae.scaler.scale(loss / accumulation))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
@@ -176,7 +172,7 @@ class TrainStep:
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
                     fake_discriminator=None if taught is None else functools.partial(model.discriminator,
                                                                                      condition=condition))
-            disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
+            disc.scaler.scale(d_loss / accumulation).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
         # For `logged_images`: what the objective compared, x ([B, C, T, H, W] for clips) or tau(x) under EQ-VAE, and
@@ -192,7 +188,7 @@ class TrainStep:
         rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
         was signalled to (preemption.py), agreed by every rank."""
         trained = [net for net in self.networks if global_step >= net.start]
-        sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.clips)  # all-reduce
+        sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.built.clips)  # all-reduce
         for net in trained:
             net.scaler.unscale_(net.optimizer)                                            # unscale
         norms = {net.name: grad_norm(net.parameters) for net in trained}
@@ -216,7 +212,7 @@ class TrainStep:
                                  self.scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
         for net in trained:
             if take[net.name]:
-                clip_grads(net.parameters, norms[net.name], self.max_grad_norm)          # clip
+                clip_grads(net.parameters, norms[net.name], self.args.max_grad_norm)          # clip
                 net.optimizer.step()                                                      # step
             net.scaler.update_after(not take[net.name])                                   # loss scale
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
@@ -225,7 +221,7 @@ class TrainStep:
             net.optimizer.clear_grad(set_to_zero=False)
         average_over_ranks(self._norm_statistics)                                         # BatchNorm statistics
         if self.ema is not None:                                                          # EMA
-            self.ema.step(self.model.vae.parameters())
+            self.ema.step(self.built.model.vae.parameters())
         guard = self.guard
         overflow_steps = {f"train/{net.prefix}overflow_steps": guard.overflow_steps[net.name] for net in self.networks}
         scalars.update({"train/skipped_steps": guard.skipped_steps, **overflow_steps,
@@ -262,7 +258,8 @@ def logged_images(step: TrainStep) -> Tuple[paddle.Tensor, paddle.Tensor]:
         return inputs, reconstructions
     # The container, so that --input_size applies; O2: float32 images into half-precision weights. In eval mode: a
     # BatchNorm's statistics are used, not changed (the next step sets training mode again).
-    step.model.eval()
-    with ema_weights(step.ema, step.model.vae), paddle.no_grad(), half_precision_autocast(step.model.vae):
-        recon = step.model(clean, sample_posterior=False)[0]
+    model = step.built.model
+    model.eval()
+    with ema_weights(step.ema, model.vae), paddle.no_grad(), half_precision_autocast(model.vae):
+        recon = model(clean, sample_posterior=False)[0]
     return clean, recon.astype("float32")
