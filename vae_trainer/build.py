@@ -168,10 +168,7 @@ def build_evaluator(data_args, training_args, networks: Networks):
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
         lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
-    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
-                             posterior_std=networks.model.posterior_std, vf_model=networks.vf_model,
-                             stats_on_training_data=networks.model.family.normalisation.on_training_data,
-                             teacher=networks.teacher)
+    return TrainingEvaluator(data_args, training_args, networks, lpips, inception)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None, channels: int = 3):
