@@ -170,8 +170,8 @@ class TrainStep:
                 d_loss, d_logs = discriminator_objective(
                     discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
-                    fake_discriminator=None if taught is None else functools.partial(model.discriminator,
-                                                                                     condition=condition))
+                    fake_discriminator=None if condition is taught else functools.partial(  # replayed latents
+                        model.discriminator, condition=condition))
             disc.scaler.scale(d_loss / accumulation).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
