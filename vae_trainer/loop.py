@@ -71,8 +71,7 @@ class Run:
         return state
 
     def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> Dict[str, Any]:
-        """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted; its
-        logs."""
+        """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted."""
         logs = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
         self.monitor.data_position.update(batch["position"])
         self.monitor.micro_step_end(logs)
