@@ -170,7 +170,7 @@ class TrainStep:
                 d_loss, d_logs = discriminator_objective(
                     discriminator, target, fakes, args.disc_loss, lecam_ema=model.lecam_ema,
                     lecam_weight=args.lecam_weight, lecam_decay=args.lecam_decay,
-                    fake_discriminator=None if condition is taught else functools.partial(  # replayed latents
+                    fake_discriminator=None if condition is taught else functools.partial(  # a replay's latents
                         model.discriminator, condition=condition))
             disc.scaler.scale(d_loss / accumulation).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
@@ -212,7 +212,7 @@ class TrainStep:
                                  self.scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
         for net in trained:
             if take[net.name]:
-                clip_grads(net.parameters, norms[net.name], self.args.max_grad_norm)          # clip
+                clip_grads(net.parameters, norms[net.name], self.args.max_grad_norm)      # clip
                 net.optimizer.step()                                                      # step
             net.scaler.update_after(not take[net.name])                                   # loss scale
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
