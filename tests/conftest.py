@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -224,6 +225,13 @@ def assert_same_tensor(a, b, name: str) -> None:
     """Same shape and values (np.testing compares 0-d arrays wrongly once ppdiffusers has set np.bool = bool)."""
     assert np.shape(a) == np.shape(b), (name, np.shape(a), np.shape(b))
     np.testing.assert_array_equal(np.atleast_1d(a), np.atleast_1d(b), err_msg=name)
+
+
+# For a TrainingEvaluator without build_networks: build.Networks' fields it reads, those of a plain VAE's run (no
+# --input_size, no --posterior_std, a family whose latent statistics are of the evaluation images, no VF model, no
+# teacher).
+PLAIN_NETWORKS = SimpleNamespace(vf_model=None, teacher=None, model=SimpleNamespace(
+    input_size=None, posterior_std=0.0, family=SimpleNamespace(normalisation=SimpleNamespace(on_training_data=False))))
 
 
 def vae_weights(output_dir, folder="vae"):

@@ -316,7 +316,7 @@ def test_the_sampled_flags_that_act_through_the_weights_reach_the_optimizers_and
     paddle.set_device("cpu")
     model_args, _, loss_args, args = parse_arguments([str(a) for a in reference_style_args(photo_filelist, tmp_path)])
     optimization = build_optimization(build_networks(model_args, loss_args, args), loss_args, args)
-    assert (optimization.max_grad_norm, optimization.accumulation_steps) == (0.05, 2)
+    assert (optimization.args.max_grad_norm, optimization.args.gradient_accumulation_steps) == (0.05, 2)
     for optimizer in (optimization.networks[0].optimizer, optimization.networks[1].optimizer):
         assert (optimizer._epsilon, optimizer._weight_decay) == (1e-6, 0.1)
     defaults = VAETrainingArguments(output_dir=str(tmp_path), max_steps=1)  # so the flags, not these, were read

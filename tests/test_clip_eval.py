@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO, load_script
+from conftest import PLAIN_NETWORKS, REPO, load_script
 from PIL import Image
 
 from vae_trainer import evaluation
@@ -136,9 +136,10 @@ def test_the_training_evaluator_measures_clips_into_eval_metrics_and_visualdl(wa
                                 num_logged_images=2, report_to=["visualdl"])
     monitor = TrainMonitor(args, global_batch_size=2, is_main_process=True)
     with pytest.raises(ValueError, match="held_out names no video file, and --num_frames 5 reads clips"):
-        TrainingEvaluator(data_args, args, lpips=FrameMeanError())  # a start-up error, not one at the first evaluation
+        # a start-up error, not one at the first evaluation
+        TrainingEvaluator(data_args, args, PLAIN_NETWORKS, lpips=FrameMeanError())
     (held_out / "clip.mp4").write_bytes(b"")
-    evaluator = TrainingEvaluator(data_args, args, lpips=FrameMeanError())
+    evaluator = TrainingEvaluator(data_args, args, PLAIN_NETWORKS, lpips=FrameMeanError())
     evaluator.run(2, wan[0], None, monitor, SimpleNamespace(log_history=[], best_metric=None))
     monitor.close()
     assert asked == {"num_frames": 5, "frame_stride": 2, "channels": 3}  # Wan: RGB

@@ -16,7 +16,7 @@ from test_wan_clips import build
 
 from vae_trainer.argument_parser import parse_arguments
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.build import train_networks
+from vae_trainer.build import Networks, train_networks
 from vae_trainer.objectives.gan import discriminator_objective, generator_loss
 from vae_trainer.objectives import frames, vae_objective
 from vae_trainer.objectives.reconstruction import kl_loss
@@ -227,14 +227,14 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     model = VAEWithDiscriminator(vae, disc, freeze_encoder=True)
     loss_args = LossArguments(perceptual_weight=0.1, lpips_num_frames=2, temporal_loss_weight=0.5, disc_start=0,
                               disc_weight_warmup_steps=0)
-    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3)
+    args = VAETrainingArguments(output_dir=str(tmp_path), max_steps=10, report_to=[], learning_rate=3e-3, seed=5)
     lpips_inputs = []
 
     def lpips(a, b):  # a stand-in for LPIPS that records what it was given
         lpips_inputs.append(a.shape)
         return (a - b).abs().mean(axis=[1, 2, 3])
 
-    step = TrainStep(model, lpips, loss_args, train_networks(model, loss_args, args), seed=5)
+    step = TrainStep(Networks(model, lpips, {}), loss_args, args, train_networks(model, loss_args, args))
     held_out = clips([100, 101])
     encoder = {k: p.numpy().copy() for k, p in vae.named_parameters() if p.stop_gradient}
     assert encoder and all(k.startswith(("encoder.", "quant_conv.")) for k in encoder)
@@ -248,24 +248,24 @@ def test_decoder_only_steps_on_clips_improve_held_out_clips_and_keep_the_latents
     before, latents = held_out_error()
     for global_step in range(6):
         batch = clips([global_step % 2])
-        micro = step.forward_backward(batch, global_step, 0)
-        assert {"loss/temporal", "loss/generator", "loss/discriminator"} <= set(micro.logs)
+        logs = step.forward_backward(batch, global_step, 0)
+        assert {"loss/temporal", "loss/generator", "loss/discriminator"} <= set(logs)
         assert lpips_inputs[-1] == [2, 3, SIZE, SIZE]  # --lpips_num_frames 2 of the clip's 5
         posterior = model.encode(batch)  # the frozen encoder's: the step's own
         expected = kl_loss(posterior.mean, posterior.logvar).mean().item() / (3 * T * SIZE * SIZE)
-        assert micro.logs["loss/kl"].item() == pytest.approx(expected, rel=1e-5)
+        assert logs["loss/kl"].item() == pytest.approx(expected, rel=1e-5)
         step.optimizer_step(global_step)
     after, latents_after = held_out_error()
     assert after < 0.9 * before, (before, after)
     assert np.array_equal(latents, latents_after)
     assert all(np.array_equal(p.numpy(), encoder[k]) for k, p in vae.named_parameters() if k in encoder)
-    inputs, recons = logged_images(step, micro)  # clips stay clips for the image logging
+    inputs, recons = logged_images(step)  # clips stay clips for the image logging
     assert inputs.shape == recons.shape == [1, 3, T, SIZE, SIZE]
     # An image batch (--video_image_ratio) in the same run: per-frame terms only, the 3-D D takes it as T = 1.
     images = clips([7])[:, :, 0]
-    micro = step.forward_backward(images, 6, 0)
-    assert "loss/temporal" not in micro.logs and micro.reconstructions.shape == [1, 3, SIZE, SIZE]
-    assert np.isfinite(micro.logs["loss/total"].item()) and "loss/discriminator" in micro.logs
+    logs = step.forward_backward(images, 6, 0)
+    assert "loss/temporal" not in logs and step.last_images[1].shape == [1, 3, SIZE, SIZE]
+    assert np.isfinite(logs["loss/total"].item()) and "loss/discriminator" in logs
     assert not step.optimizer_step(6)[1]
 
 

@@ -351,7 +351,7 @@ def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs
     from vae_trainer.models.families import family_for_config
     from vae_trainer.models.teacher import Teacher
     from vae_trainer.models.families.tiny import TINY, student_config
-    from vae_trainer.build import train_networks
+    from vae_trainer.build import Networks, train_networks
     from vae_trainer.step import TrainStep
 
     paddle.seed(0)
@@ -365,9 +365,9 @@ def test_the_step_scores_reals_with_their_latents_and_replayed_fakes_with_theirs
     model = VAEWithDiscriminator(student, disc)
     loss_args = LossArguments(perceptual_weight=0.0, disc_start=0, disc_weight_warmup_steps=0,
                               adaptive_disc_weight=False)
-    args = make_args(tmp_path)
-    step = TrainStep(model, None, loss_args, train_networks(model, loss_args, args), teacher=teacher,
-                     replay=FakeReplay(2, seed=0))
+    args = make_args(tmp_path, seed=0)
+    step = TrainStep(Networks(model, None, {}, teacher=teacher), loss_args, args,
+                     train_networks(model, loss_args, args), replay=FakeReplay(2, seed=0))
     x = [paddle.to_tensor(np.random.default_rng(s).uniform(-1, 1, (2, 3, 32, 32)).astype("float32"))
          for s in range(4)]
     replayed = 0

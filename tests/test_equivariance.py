@@ -139,8 +139,7 @@ def _micro_step(tmp_path, prob, use_ema="false"):
 
 
 def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed_image(tmp_path):
-    step, model, x, micro = _micro_step(tmp_path, prob=1.0)
-    logs = micro.logs
+    step, model, x, logs = _micro_step(tmp_path, prob=1.0)
     transform = draw(5, 6, 0, 1.0, 0.25, parse_transforms("scale,rotate"))
     model.eval()  # (the micro VAE has no dropout or batch statistics: the same numbers)
     with paddle.no_grad():
@@ -153,7 +152,7 @@ def test_the_step_compares_decode_of_the_transformed_latent_with_the_transformed
     assert float(logs["loss/pixel"]) == pytest.approx(float((recon - target).abs().mean()), rel=1e-5)
     assert abs(float(logs["loss/pixel"]) - float((plain_recon - x).abs().mean())) > 1e-4  # not the plain term
     # The KL is the clean posterior's, normalised by the clean image's pixels (as without the transform).
-    plain_logs = _micro_step(tmp_path / "plain", prob=0.0)[3].logs
+    plain_logs = _micro_step(tmp_path / "plain", prob=0.0)[3]
     assert float(logs["loss/kl"]) == pytest.approx(float(plain_logs["loss/kl"]), rel=1e-6)
 
 
@@ -161,8 +160,8 @@ def test_logged_images_pair_up_after_a_transformed_micro_batch(tmp_path):
     """Without EMA the grid shows the compared pair (tau(x), decode(tau(z))); with EMA the EMA weights'
     reconstruction of the clean images, never of tau(x) (which --input_size would resize)."""
     for use_ema in ("false", "true"):
-        step, _, x, micro = _micro_step(tmp_path / use_ema, prob=1.0, use_ema=use_ema)
-        inputs, recons = logged_images(step, micro)
+        step, _, x, _ = _micro_step(tmp_path / use_ema, prob=1.0, use_ema=use_ema)
+        inputs, recons = logged_images(step)
         assert tuple(inputs.shape) == tuple(recons.shape)
         if use_ema == "true":
             assert np.array_equal(inputs.numpy(), x.numpy())

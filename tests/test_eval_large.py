@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
-from conftest import load_script, read_scalars, run_entry_point, tiny_args
+from conftest import PLAIN_NETWORKS, load_script, read_scalars, run_entry_point, tiny_args
 from PIL import Image
 from ppdiffusers import AutoencoderKL
 from skimage import data as skimage_data
@@ -108,9 +108,9 @@ def test_per_device_eval_batch_size_defaults_to_the_training_batch():
             "--output_dir", "/tmp/vae_trainer_args", "--resolution", "1024", "--per_device_train_batch_size", "1"]
     _, data_args, _, training_args = parse_arguments(base)
     assert training_args.per_device_eval_batch_size is None  # PaddleNLP's default was a fixed 8
-    assert TrainingEvaluator(data_args, training_args).batch_size == 1
+    assert TrainingEvaluator(data_args, training_args, PLAIN_NETWORKS).batch_size == 1
     _, data_args, _, training_args = parse_arguments(base + ["--per_device_eval_batch_size", "3"])
-    assert TrainingEvaluator(data_args, training_args).batch_size == 3
+    assert TrainingEvaluator(data_args, training_args, PLAIN_NETWORKS).batch_size == 3
 
 
 def _evaluator(folder, train_batch, eval_batch=None, num_images=5) -> TrainingEvaluator:
@@ -119,7 +119,7 @@ def _evaluator(folder, train_batch, eval_batch=None, num_images=5) -> TrainingEv
     args = SimpleNamespace(output_dir="unused", metric_for_best_model=None, eval_steps=1, max_steps=1,
                            per_device_train_batch_size=train_batch, per_device_eval_batch_size=eval_batch,
                            num_logged_images=2)
-    return TrainingEvaluator(data_args, args, lpips=_lpips(), inception=_features())
+    return TrainingEvaluator(data_args, args, PLAIN_NETWORKS, lpips=_lpips(), inception=_features())
 
 
 def _lpips():

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 from ppdiffusers import AutoencoderKL
 from skimage import data as skimage_data
+from conftest import PLAIN_NETWORKS
 
 from vae_trainer.data.dataset import build_eval_dataloader
 from vae_trainer.data.images import RESAMPLING, crop, load_rgb, open_image, to_float
@@ -82,7 +83,7 @@ def evaluator(output_dir, metric=None) -> TrainingEvaluator:
                                 latent_stats_num_images=None, file_list="train", eval_tiled=False, eval_tile_size=None)
     args = SimpleNamespace(output_dir=str(output_dir), metric_for_best_model=metric, eval_steps=2, max_steps=8,
                            per_device_eval_batch_size=2, num_logged_images=2)
-    return TrainingEvaluator(data_args, args)
+    return TrainingEvaluator(data_args, args, PLAIN_NETWORKS)
 
 
 def fake_result(psnr: float):

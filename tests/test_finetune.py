@@ -67,10 +67,9 @@ def test_input_size_trains_a_super_resolving_decoder_through_lpips_and_the_discr
     seen = []
     networks.model.vae.encoder.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape)))
     batch = images(2)
-    micro = run.forward_backward(batch, 0, 0)
-    logs = micro.logs
+    logs = run.forward_backward(batch, 0, 0)
     assert seen == [[2, 3, 16, 16]]  # the encoder saw the bilinearly downsized image ...
-    assert micro.reconstructions.shape == [2, 3, 32, 32]  # ... the loss the full-resolution target
+    assert run.last_images[1].shape == [2, 3, 32, 32]  # ... the loss the full-resolution target
     assert all(np.isfinite(logs[k].item()) for k in ("loss/total", "loss/perceptual", "loss/discriminator"))
     expected = paddle.nn.functional.interpolate(batch, size=[16, 16], mode="bilinear", align_corners=False)
     np.testing.assert_array_equal(networks.model.encode(batch).mean.numpy(),

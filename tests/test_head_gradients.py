@@ -93,11 +93,11 @@ def test_gradients_and_adaptive_weight_equal_the_two_extra_backwards_computation
     reference = copy.deepcopy(model)
     reference.train()
     step = make_step(model, tmp_path, accumulation=ACCUMULATION, perceptual_weight=1.0, kl_weight=1e-3)
-    step.lpips = lpips
+    step.built.lpips = lpips
     batches = [images(n=2, seed=s) for s in range(ACCUMULATION)]
     for micro, x in enumerate(batches):
         paddle.seed(10 + micro)  # the same posterior samples in both
-        logs = step.forward_backward(x, 0, micro).logs
+        logs = step.forward_backward(x, 0, micro)
         paddle.seed(10 + micro)
         loss, d_weight = reference_micro_step(reference, x, lpips, step.loss_args)
         assert logs["gan/adaptive_weight"].item() == pytest.approx(d_weight.item(), rel=1e-5)
@@ -166,7 +166,7 @@ def test_vgg16_and_discriminator_are_backpropagated_once_per_forward(tmp_path, l
     model = make_model(learn_logvar=True)
     reference = copy.deepcopy(model)
     step = make_step(model, tmp_path, accumulation=ACCUMULATION, perceptual_weight=1.0)
-    step.lpips = lpips
+    step.built.lpips = lpips
     # The first conv of each network: its output's gradient is needed by every backward through it.
     with BackwardCounter(lpips.vgg.features[0]) as vgg, BackwardCounter(model.discriminator.main[0]) as disc:
         for micro in range(ACCUMULATION):

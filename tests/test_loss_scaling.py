@@ -96,7 +96,7 @@ def test_an_overflowing_adaptive_weight_skips_the_gan_term_and_is_counted(tmp_pa
     the GAN term of the micro-batch is skipped (the loss stays finite), and the step counts it."""
     model = make_model()
     step = fp16_step(model, tmp_path, vae_scale=3e38)
-    logs = step.forward_backward(images(), 0, 0).logs
+    logs = step.forward_backward(images(), 0, 0)
     assert logs["gan/adaptive_weight_overflow"].item() == 1.0 and logs["gan/adaptive_weight"].item() == 0.0
     assert np.isfinite(logs["loss/total"].item())
     report = step.optimizer_step(global_step=0)[0]

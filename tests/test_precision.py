@@ -11,7 +11,7 @@ from conftest import DRIVERS, EVAL_FLAGS, read_scalars, run_entry_point, tiny_ar
 from test_step import make_model
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.build import stateful, train_networks
+from vae_trainer.build import Networks, stateful, train_networks
 from vae_trainer.precision import setup_precision
 from vae_trainer.step import TrainStep
 
@@ -22,9 +22,9 @@ def args(tmp_path, **kw):
 
 def step_of(tmp_path, precision, **flags):
     """A TrainStep of a micro VAE with its networks built from `flags` (their loss scalers), in `precision`."""
-    model = make_model()
-    return TrainStep(model, None, LossArguments(), train_networks(model, LossArguments(), args(tmp_path, **flags)),
-                     precision=precision)
+    model, training_args = make_model(), args(tmp_path, seed=0, **flags)
+    return TrainStep(Networks(model, None, {}), LossArguments(), training_args,
+                     train_networks(model, LossArguments(), training_args), precision=precision)
 
 
 def scaler_files(step):

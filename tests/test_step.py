@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from vae_trainer.arguments import LossArguments, VAETrainingArguments
-from vae_trainer.build import train_networks
+from vae_trainer.build import Networks, train_networks
 from vae_trainer.objectives.gan import discriminator_objective, gan_weight
 from vae_trainer.objectives import vae_objective
 from vae_trainer.models.trainable import VAEWithDiscriminator
@@ -37,17 +37,17 @@ def make_step(model, tmp_path, accumulation=1, max_nonfinite=5, learning_rate=1e
               **loss_kw):
     loss_kw = {"perceptual_weight": 0.0, "disc_start": 0, "disc_weight_warmup_steps": 0, **loss_kw}  # LDM's start
     loss_args = LossArguments(**loss_kw)
-    args = make_args(tmp_path, learning_rate=learning_rate)
+    args = make_args(tmp_path, learning_rate=learning_rate, gradient_accumulation_steps=accumulation, seed=0)
     networks = train_networks(model, loss_args, args)
     for network, scaler in zip(networks, scalers):  # the VAE's and the discriminator's, if given
         network.scaler = scaler
-    return TrainStep(model, None, loss_args, networks, accumulation, max_grad_norm=args.max_grad_norm,
+    return TrainStep(Networks(model, None, {}), loss_args, args, networks,
                      guard=NonFiniteGuard(max_nonfinite, max_overflow))
 
 
 def full_step(step, x, global_step):
     """One micro-batch and its optimizer step, as the drivers run them (accumulation 1)."""
-    logs = step.forward_backward(x, global_step, 0).logs
+    logs = step.forward_backward(x, global_step, 0)
     scalars = step.optimizer_step(global_step)[0]
     step.schedule(global_step)
     return {**logs, **scalars}
@@ -118,7 +118,7 @@ def test_gan_is_off_before_disc_start(tmp_path):
     model = make_model()
     step = make_step(model, tmp_path, disc_start=5)
     before = weights(model.discriminator)
-    logs = step.forward_backward(images(), 4, 0).logs
+    logs = step.forward_backward(images(), 4, 0)
     assert "loss/generator" not in logs and "gan/adaptive_weight" not in logs
     assert all(p.grad is None for p in model.discriminator.parameters())
     report = step.optimizer_step(global_step=4)[0]
@@ -141,7 +141,7 @@ def test_the_gan_weight_ramps_in_linearly_from_disc_start(tmp_path):
     logs = {}
     for name, step in (("ramped", ramped), ("ldm", ldm)):
         paddle.seed(5)  # the same posterior sample
-        logs[name] = step.forward_backward(images(), 4, 0).logs  # step 4: 2/4 of the way
+        logs[name] = step.forward_backward(images(), 4, 0)  # step 4: 2/4 of the way
     ramped_weight, ldm_weight = logs["ramped"]["gan/adaptive_weight"].item(), logs["ldm"]["gan/adaptive_weight"].item()
     assert ldm_weight > 0 and ramped_weight == pytest.approx(0.5 * ldm_weight, rel=1e-6)
     gan_part = {name: (log["loss/total"] - log["loss/nll"] - 1e-6 * log["loss/kl"]).item()
@@ -164,7 +164,7 @@ def test_optimizer_step_clips_steps_schedules_and_clears_both_networks(tmp_path)
     both schedules (the optimizer step leaves them)."""
     model = make_model()
     step = make_step(model, tmp_path, learning_rate=1e-3)
-    step.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
+    step.args.max_grad_norm = 1e-3  # far below the gradient norms: clipping binds
     vae_before, disc_before = weights(model.vae), weights(model.discriminator)
     step.forward_backward(images(), 0, 0)
     grads = {id(p): p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
@@ -199,7 +199,7 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tmp_path):
         model = make_model()
         step = make_step(model, tmp_path, accumulation, disc_weight=0.0, sample_posterior=False, kl_weight=1e-3,
                          perceptual_weight=1.0)
-        step.lpips = lpips
+        step.built.lpips = lpips
         for micro_batch, chunk in enumerate(paddle.split(x, accumulation)):
             step.forward_backward(chunk, 0, micro_batch)
         grads.append([p.grad.numpy() for p in model.vae.parameters()])
@@ -237,7 +237,7 @@ def test_inf_gradient_with_a_finite_loss_skips_the_step_for_both_networks(tmp_pa
     first_layer = model.vae.encoder.conv_in if network == "vae" else model.discriminator.sublayers()[1]
     hook = poison_gradient(first_layer.weight)
     before, vae_before, disc_before = weights(model), weights(model.vae), weights(model.discriminator)
-    logs = step.forward_backward(images(), 0, 0).logs
+    logs = step.forward_backward(images(), 0, 0)
     assert np.isfinite(logs["loss/total"].item()) and np.isfinite(logs["loss/discriminator"].item())
     report = step.optimizer_step(global_step=0)[0]
     assert report["train/skipped_steps"] == 1 and unchanged(model, before)
@@ -263,7 +263,7 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
     step.ema = EMAModel(model.vae.parameters(), decay=0.5)
     expected = [p.numpy().astype("float64") for p in model.vae.parameters()]
     for t in range(1, 4):
-        micro = step.forward_backward(images(seed=t), t - 1, 0)
+        step.forward_backward(images(seed=t), t - 1, 0)
         step.optimizer_step(t - 1)
         decay = min(0.5, (1 + t) / (10 + t))
         expected = [decay * e + (1 - decay) * p.numpy() for e, p in zip(expected, model.vae.parameters())]
@@ -271,8 +271,8 @@ def test_ema_follows_the_warmed_up_decay(tmp_path):
         np.testing.assert_allclose(shadow.numpy(), e, rtol=1e-5, atol=1e-7)
     # Logged reconstructions use the EMA weights, and the raw weights come back afterwards.
     raw = model.vae.decoder.conv_out.weight.numpy().copy()
-    inputs, recon = logged_images(step, micro)
-    assert not np.allclose(recon.numpy(), micro.reconstructions.numpy())
+    inputs, recon = logged_images(step)
+    assert not np.allclose(recon.numpy(), step.last_images[1].numpy())
     assert np.array_equal(model.vae.decoder.conv_out.weight.numpy(), raw)
 
 
@@ -290,7 +290,7 @@ def test_recompute_gives_the_same_losses_and_gradients(tmp_path):
         segments = enable_recompute(model.vae) if recompute else []
         step = make_step(model, tmp_path)  # disc_start 0: GAN, adaptive weight and discriminator update on
         paddle.seed(11)
-        logs = step.forward_backward(x, 0, 0).logs
+        logs = step.forward_backward(x, 0, 0)
         calls = sum(getattr(layer.forward, "calls", 0) for _, layer in family_of(model.vae).recompute_segments(model.vae))
         assert calls == len(segments)  # each segment's forward ran once, under recompute
         results.append(({k: v.numpy() for k, v in logs.items()},

@@ -26,7 +26,7 @@ def inf_gradient_on_rank_1(out_dir: str, rank: int) -> dict:
     if rank == 1:
         poison_gradient(model.vae.encoder.conv_in.weight)
     before = weights(model)
-    logs = step.forward_backward(images(seed=rank), 0, 0).logs
+    logs = step.forward_backward(images(seed=rank), 0, 0)
     report = step.optimizer_step(global_step=0)[0]
     return {"loss": logs["loss/total"].item(), "skipped_steps": report["train/skipped_steps"],
             "unchanged": unchanged(model, before), "fingerprint": parameter_fingerprint(model).tolist()}

@@ -57,6 +57,7 @@ class Networks:
     resolution: Optional[int] = None
     vf_model: Any = None  # the frozen foundation model of --vf_model_path (models/dinov2.py), outside `model`
     teacher: Any = None  # distillation's frozen VAE (models/teacher.py), outside `model`
+    clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
 
 
 def init_process(training_args) -> None:
@@ -118,7 +119,7 @@ def build_networks(model_args, loss_args, training_args, resolution: Optional[in
         lpips = LPIPS(model_args.lpips_weights) if loss_args.perceptual_weight > 0 else None
     broadcast_parameters(model)
     return Networks(model, lpips, disc_config, model_args.lpips_weights, scaling_factor_mode, resolution, vf_model,
-                    teacher)
+                    teacher, clips)
 
 
 def stateful(step: TrainStep) -> Dict[str, Any]:
@@ -144,7 +145,7 @@ def train_networks(model: VAEWithDiscriminator, loss_args, args) -> Tuple[Networ
                     start if loss_args.disc_weight > 0 else math.inf))
 
 
-def build_optimization(networks: Networks, loss_args, training_args, clips: bool = False) -> TrainStep:
+def build_optimization(networks: Networks, loss_args, training_args) -> TrainStep:
     """The training step, built in this order: the EMA (of the exact float32 weights, not O2's half-precision
     copies), precision (O2 casts the weights, frozen layers excepted), the optimizers over the cast weights."""
     model = networks.model
@@ -156,11 +157,8 @@ def build_optimization(networks: Networks, loss_args, training_args, clips: bool
     replay = FakeReplay(loss_args.disc_replay_size, training_args.seed + rank()) if loss_args.disc_replay_size else None
     if rank() == 0:
         warn_if_short(training_args.output_dir, model, ema, training_args.save_total_limit)
-    return TrainStep(model, networks.lpips, loss_args, trained,
-                     accumulation_steps=training_args.gradient_accumulation_steps, precision=precision, ema=ema,
-                     max_grad_norm=training_args.max_grad_norm, guard=guard, seed=training_args.seed,
-                     vf_model=networks.vf_model if model.vf_projection is not None else None, clips=clips,
-                     teacher=networks.teacher, replay=replay)
+    return TrainStep(networks, loss_args, training_args, trained, precision=precision, ema=ema, guard=guard,
+                     replay=replay)
 
 
 def build_evaluator(data_args, training_args, networks: Networks):
@@ -170,10 +168,7 @@ def build_evaluator(data_args, training_args, networks: Networks):
     with all_ranks_agree("loading the evaluation's networks"):  # rank 0 decided: a rank that cannot follow says so
         lpips = LPIPS(networks.lpips_weights) if load_lpips else networks.lpips
         inception = load_fid_inception(data_args.inception_weights) if data_args.inception_weights else None
-    return TrainingEvaluator(data_args, training_args, lpips, inception, input_size=networks.model.input_size,
-                             posterior_std=networks.model.posterior_std, vf_model=networks.vf_model,
-                             stats_on_training_data=networks.model.family.normalisation.on_training_data,
-                             teacher=networks.teacher)
+    return TrainingEvaluator(data_args, training_args, networks, lpips, inception)
 
 
 def build_train_data(data_args, training_args, data_state: Optional[dict] = None, channels: int = 3):

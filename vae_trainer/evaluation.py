@@ -388,11 +388,11 @@ class TrainingEvaluator:
     """Evaluation during training, the same in both drivers: logs, appends to eval_metrics.jsonl, tracks
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
-    def __init__(self, data_args, args, lpips=None, inception=None, input_size=None, posterior_std: float = 0.0,
-                 vf_model=None, stats_on_training_data: bool = False, teacher=None):
-        self.data_args, self.args, self.input_size, self.posterior_std = data_args, args, input_size, posterior_std
-        self.stats_on_training_data = stats_on_training_data  # the family's (RAE's stat.pt: of the training data)
-        self.lpips, self.inception, self.vf_model, self.teacher = lpips, inception, vf_model, teacher
+    def __init__(self, data_args, args, networks, lpips=None, inception=None):
+        self.data_args, self.args, model = data_args, args, networks.model  # build.Networks: evaluated as trained
+        self.input_size, self.posterior_std = model.input_size, model.posterior_std
+        self.stats_on_training_data = model.family.normalisation.on_training_data  # RAE's stat.pt: of the training data
+        self.lpips, self.inception, self.vf_model, self.teacher = lpips, inception, networks.vf_model, networks.teacher
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))

@@ -22,7 +22,7 @@ from .final_save import checkpoint_configs, save_final_models
 from .models.families import image_channels
 from .output_dir import prepare_output_dir, run_inputs
 from .precision import restore_float32
-from .step import MicroBatch, NonFiniteError, TrainStep, logged_images
+from .step import NonFiniteError, TrainStep, logged_images
 from .train_logging import TrainMonitor, format_scalars
 from .user_errors import exit_on_user_error, start_up
 
@@ -70,12 +70,12 @@ class Run:
         watchdog.start(self.args.stall_timeout, rank())
         return state
 
-    def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> MicroBatch:
+    def micro_step(self, batch: Dict[str, Any], global_step: int, micro_batch: int) -> Dict[str, Any]:
         """Forward and backward of one micro-batch (gradients accumulate); its data position and telemetry noted."""
-        micro = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
+        logs = self.step.forward_backward(batch["pixel_values"], global_step, micro_batch)
         self.monitor.data_position.update(batch["position"])
-        self.monitor.micro_step_end(micro.logs)
-        return micro
+        self.monitor.micro_step_end(logs)
+        return logs
 
     def save(self, state: TrainerState) -> str:
         """checkpoint-N of `state.global_step` (kept as is if already written); returns its path."""
@@ -95,14 +95,13 @@ class Run:
         watchdog.beat(f"saving checkpoint-{step}", step)
         return path
 
-    def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool],
-                   micro: MicroBatch) -> Optional[Dict[str, float]]:
+    def after_step(self, state: TrainerState, report: Tuple[Dict[str, object], bool]) -> Optional[Dict[str, float]]:
         """After optimizer step `state.global_step` (`report`: `TrainStep.optimizer_step`'s numbers and stop):
         telemetry, evaluation (and the best checkpoint), the periodic save, and a stop on a signal (distributed.py).
         Returns the logged numbers at logging steps."""
         step, (logged, stop) = state.global_step, report
         watchdog.beat(f"step {step}", step)
-        scalars = self.monitor.optimizer_step_end(step, logged, lambda: logged_images(self.step, micro))
+        scalars = self.monitor.optimizer_step_end(step, logged, lambda: logged_images(self.step))
         if scalars is not None:
             state.log_history.append({"step": step, **scalars})
         if self.evaluator.due(step) and self.evaluator.run(step, self.networks.model.vae, self.step.ema, self.monitor,
@@ -155,7 +154,7 @@ def start(model_args, data_args, loss_args, args) -> Tuple[Run, Optional[str]]:
         prepare_output_dir(args, run_inputs(model_args, data_args))  # never eats an earlier run or an input
         clips = data_args.num_frames > 1 and data_args.video_image_ratio < 1  # (else: every sample one frame)
         networks = build_networks(model_args, loss_args, args, resolution=data_args.resolution, clips=clips)
-        step = build_optimization(networks, loss_args, args, clips=clips)
+        step = build_optimization(networks, loss_args, args)
         evaluator = build_evaluator(data_args, args, networks)
         resume = ckpt.resolve_resume(args.output_dir, args.resume_from_checkpoint)
         ckpt.set_aside_later(args.output_dir, resume)  # rolling back is a branch
@@ -182,12 +181,12 @@ def train(model_args, data_args, loss_args, args) -> Dict[str, str]:
                                             disable=rank() != 0 or args.disable_tqdm, dynamic_ncols=True) as progress:
         while state.global_step < args.max_steps:
             for micro_batch in range(args.gradient_accumulation_steps):
-                micro = run.micro_step(next(run.batches), state.global_step, micro_batch)
+                run.micro_step(next(run.batches), state.global_step, micro_batch)
             report = run.step.optimizer_step(state.global_step)  # all-reduce, unscale, check, clip, steps, EMA
             run.step.schedule(state.global_step)  # the learning rates
             state.global_step += 1
             progress.update(1)
-            scalars = run.after_step(state, report, micro)
+            scalars = run.after_step(state, report)
             if scalars is not None:
                 progress.set_postfix_str(format_scalars(scalars))
     return run.export(state.global_step)

@@ -11,7 +11,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import paddle
 
@@ -23,7 +23,6 @@ from .objectives.clips import lpips_subset
 from .objectives.equivariance import draw, parse_transforms
 from .objectives.gan import discriminator_objective, gan_weight
 from .objectives.reconstruction import over_grey
-from .models.trainable import VAEWithDiscriminator
 from .optim import clip_grads, grad_norm
 from .precision import LossScaler, Precision, half_precision_autocast
 
@@ -93,16 +92,6 @@ class NonFiniteGuard:
 
 
 @dataclass
-class MicroBatch:
-    """What `forward_backward` returns for one micro-batch."""
-
-    logs: Dict[str, paddle.Tensor]  # detached device scalars, averaged over the logging window
-    inputs: paddle.Tensor  # what the objective compared: x ([B, C, T, H, W] for clips), or tau(x) under EQ-VAE
-    reconstructions: paddle.Tensor  # decode(z) or decode(tau(z)), detached
-    clean_inputs: paddle.Tensor  # x itself (what the EMA's image logging reconstructs)
-
-
-@dataclass
 class Network:
     """One network the step trains, and what trains it (built once: build.train_networks)."""
 
@@ -117,35 +106,33 @@ class Network:
 
 @dataclass
 class TrainStep:
-    model: VAEWithDiscriminator
-    lpips: Optional[paddle.nn.Layer]
+    built: Any  # build.Networks: the container `model`, the frozen LPIPS, VF model (with model.vf_projection), teacher
     loss_args: Any
+    args: Any  # the training arguments: --gradient_accumulation_steps, --max_grad_norm, --seed (EQ-VAE's transforms
+    # are drawn from (seed, step, micro-batch): equivariance.draw)
     networks: Tuple[Network, Network]  # the VAE's, the discriminator's
-    accumulation_steps: int = 1
     precision: Precision = field(default_factory=Precision)
     ema: Any = None
-    max_grad_norm: float = 0.0
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
-    seed: int = 0  # EQ-VAE's transforms are drawn from (seed, step, micro-batch): equivariance.draw
-    vf_model: Any = None  # the frozen foundation model of the VF loss (models/dinov2.py), kept out of `model`
-    clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
-    teacher: Any = None  # distillation's frozen VAE (models/teacher.py), kept out of `model`
     replay: Any = None  # --disc_replay_size: past reconstructions shown to the discriminator (FakeReplay)
 
     def __post_init__(self) -> None:
         self.transforms = parse_transforms(self.loss_args.equivariance_transforms)
         self._window_losses, self._window_gan_overflows = [], []  # this optimizer step's, checked in one read
-        self._norm_statistics = trained_norm_statistics(self.model.vae) if world_size() > 1 else []
+        self._norm_statistics = trained_norm_statistics(self.built.model.vae) if world_size() > 1 else []
 
-    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int) -> MicroBatch:
-        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based). With an EQ-VAE transform tau,
-        the objectives compare decode(tau(z)) with tau(x); the KL stays on the clean z."""
-        model, args, (vae, disc) = self.model, self.loss_args, self.networks
-        transform = draw(self.seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
+    def forward_backward(self, pixel_values: paddle.Tensor, global_step: int, micro_batch: int
+                         ) -> Dict[str, paddle.Tensor]:
+        """Micro-batch `micro_batch` of optimizer step `global_step` (both 0-based): its logs, detached device scalars
+        (averaged over the logging window). With an EQ-VAE transform tau, the objectives compare decode(tau(z)) with
+        tau(x); the KL stays on the clean z."""
+        model, args, (vae, disc) = self.built.model, self.loss_args, self.networks
+        accumulation, seed = self.args.gradient_accumulation_steps, self.args.seed
+        transform = draw(seed, global_step, micro_batch, args.equivariance_prob, args.equivariance_min_scale,
                          self.transforms, model.family.geometry(model.vae.config).min_latent_side)
         model.train()
         clean, image_size = pixel_values, pixel_values.shape[2:]
-        taught = self.teacher.latents(clean) if self.teacher is not None else None  # distillation's targets
+        taught = self.built.teacher.latents(clean) if self.built.teacher is not None else None  # distillation's targets
         # Distillation's discriminator sees the latent an image was decoded from (a conditioned PatchGAN).
         discriminator = model.discriminator if taught is None else functools.partial(model.discriminator,
                                                                                      condition=taught)
@@ -156,22 +143,23 @@ class TrainStep:
             with paddle.amp.auto_cast(enable=False):  # tau(x) in float32 under any autocast, as the plain target
                 target = transform(clean, post_mean.shape[2:], image_size) if transform else clean
             vf = None  # the VF loss's inputs: the clean latent projected onto the clean images' token grid, ...
-            if self.vf_model is not None:
+            if model.vf_projection is not None:
                 with paddle.no_grad():
-                    features, grid = self.vf_model.patch_tokens(over_grey(clean))  # RGBA: what an RGB network sees
+                    # RGBA: what an RGB network sees
+                    features, grid = self.built.vf_model.patch_tokens(over_grey(clean))
                 vf = (to_token_grid(model.vf_projection(z), grid), features, model.family.last_layers(model.vae)[1])
             vae_loss = vae_objective(                                                     # losses
-                target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.lpips,
+                target, recon, post_mean, post_logvar, model.logvar, loss_args=args, lpips=self.built.lpips,
                 discriminator=discriminator, last_layer=model.family.last_layers(model.vae)[0],
                 gan_weight=gan_weight(args, global_step), vf=vf,
-                grad_scale=vae.scaler.scale_value / self.accumulation_steps,
+                grad_scale=vae.scaler.scale_value / accumulation,
                 encoded_pixels=float(math.prod(clean.shape[1:])),  # C*H*W, clips C*T*H*W: a KL per pixel value
-                lpips_rows=lpips_subset(self.seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
+                lpips_rows=lpips_subset(seed, global_step, micro_batch, clean.shape, args.lpips_num_frames),
                 latent=z if clean.ndim == 5 else None, latent_target=taught)
         # backward: one pass. The heads' gradient at the reconstruction was taken once, on a leaf copy (so the
         # adaptive GAN weight costs one small conv's backward, not a second pass through LPIPS and the discriminator:
         # benchmarks/training_step.py --heads); it enters here beside the direct terms' (the KL, the latent ones).
-        vae_loss.backward(recon, lambda loss: vae.scaler.scale(loss / self.accumulation_steps))
+        vae_loss.backward(recon, lambda loss: vae.scaler.scale(loss / accumulation))
         logs = vae_loss.logs
         self._window_losses.append(logs["loss/total"])
         if "gan/adaptive_weight_overflow" in logs:
@@ -181,12 +169,15 @@ class TrainStep:
             with self.precision.autocast():                                               # discriminator: loss
                 d_loss, d_logs = discriminator_objective(
                     discriminator, target, fakes, args, lecam_ema=model.lecam_ema,
-                    fake_discriminator=None if taught is None else functools.partial(model.discriminator,
-                                                                                     condition=condition))
-            disc.scaler.scale(d_loss / self.accumulation_steps).backward()  # and backward
+                    fake_discriminator=None if condition is taught else functools.partial(  # a replay's latents
+                        model.discriminator, condition=condition))
+            disc.scaler.scale(d_loss / accumulation).backward()  # and backward
             self._window_losses.append(d_logs["loss/discriminator"])
             logs.update(d_logs)
-        return MicroBatch(logs, target, recon.detach(), clean)
+        # For `logged_images`: what the objective compared, x ([B, C, T, H, W] for clips) or tau(x) under EQ-VAE, and
+        # decode(z) or decode(tau(z)), detached; x itself (what the EMA's image logging reconstructs).
+        self.last_images = (target, recon.detach(), clean)
+        return logs
 
     def optimizer_step(self, global_step: int) -> Tuple[Dict[str, object], bool]:
         """The update after the last micro-batch of optimizer step `global_step` (0-based): the gradients all-reduced;
@@ -196,7 +187,7 @@ class TrainStep:
         rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
         was signalled to (distributed.py), agreed by every rank."""
         trained = [net for net in self.networks if global_step >= net.start]
-        sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.clips)  # all-reduce
+        sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.built.clips)  # all-reduce
         for net in trained:
             net.scaler.unscale_(net.optimizer)                                            # unscale
         norms = {net.name: grad_norm(net.parameters) for net in trained}
@@ -220,7 +211,7 @@ class TrainStep:
                                  self.scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
         for net in trained:
             if take[net.name]:
-                clip_grads(net.parameters, norms[net.name], self.max_grad_norm)          # clip
+                clip_grads(net.parameters, norms[net.name], self.args.max_grad_norm)      # clip
                 net.optimizer.step()                                                      # step
             net.scaler.update_after(not take[net.name])                                   # loss scale
         # Freed, not zeroed (Paddle's default keeps a zero tensor per parameter): the VAE's gradients are as big
@@ -229,7 +220,7 @@ class TrainStep:
             net.optimizer.clear_grad(set_to_zero=False)
         average_over_ranks(self._norm_statistics)                                         # BatchNorm statistics
         if self.ema is not None:                                                          # EMA
-            self.ema.step(self.model.vae.parameters())
+            self.ema.step(self.built.model.vae.parameters())
         guard = self.guard
         overflow_steps = {f"train/{net.prefix}overflow_steps": guard.overflow_steps[net.name] for net in self.networks}
         scalars.update({"train/skipped_steps": guard.skipped_steps, **overflow_steps,
@@ -258,14 +249,16 @@ def trained_norm_statistics(vae: paddle.nn.Layer) -> List[paddle.Tensor]:
             and any(not p.stop_gradient for p in layer.parameters()) for tensor in (layer._mean, layer._variance)]
 
 
-def logged_images(step: TrainStep, micro: MicroBatch) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """(inputs, reconstructions) for the image grid: the pair micro-batch `micro`'s objective compared; with an
+def logged_images(step: TrainStep) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """(inputs, reconstructions) for the image grid: the pair the last micro-batch's objective compared; with an
     EMA, the clean images reconstructed by the EMA weights (a VAE forward: call it only on the rank that logs)."""
+    inputs, reconstructions, clean = step.last_images
     if step.ema is None:
-        return micro.inputs, micro.reconstructions
+        return inputs, reconstructions
     # The container, so that --input_size applies; O2: float32 images into half-precision weights. In eval mode: a
     # BatchNorm's statistics are used, not changed (the next step sets training mode again).
-    step.model.eval()
-    with ema_weights(step.ema, step.model.vae), paddle.no_grad(), half_precision_autocast(step.model.vae):
-        recon = step.model(micro.clean_inputs, sample_posterior=False)[0]
-    return micro.clean_inputs, recon.astype("float32")
+    model = step.built.model
+    model.eval()
+    with ema_weights(step.ema, model.vae), paddle.no_grad(), half_precision_autocast(model.vae):
+        recon = model(clean, sample_posterior=False)[0]
+    return clean, recon.astype("float32")

@@ -33,11 +33,11 @@ class VAETrainer(Trainer, TrainerCallback):
         schedule = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
         super().__init__(model=run.networks.model, args=args, optimizers=(optimizer, schedule))
         self.run, self.micro_steps = run, 0
-        self.micro = self.report = None  # the last micro-batch's MicroBatch, optimizer step's (scalars, stop)
+        self.report = None  # the last optimizer step's (scalars, stop)
         self.add_callback(self)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.run.after_step(state, self.report, self.micro)
+        self.run.after_step(state, self.report)
 
     def _update(self) -> None:
         self.report = self.run.step.optimizer_step(self.state.global_step)
@@ -50,10 +50,10 @@ class VAETrainer(Trainer, TrainerCallback):
 
     def training_step(self, model, inputs):
         micro_batch = self.micro_steps % self.args.gradient_accumulation_steps
-        self.micro = self.run.micro_step(inputs, self.state.global_step, micro_batch)
+        logs = self.run.micro_step(inputs, self.state.global_step, micro_batch)
         self.micro_steps += 1
         # The Trainer sums this for its console "loss"; a skipped non-finite step must not poison the sum.
-        loss = self.micro.logs["loss/total"] / self.args.gradient_accumulation_steps
+        loss = logs["loss/total"] / self.args.gradient_accumulation_steps
         return paddle.where(paddle.isfinite(loss), loss, paddle.zeros_like(loss))
 
     def _save_checkpoint(self, model, metrics=None) -> str:
