@@ -179,7 +179,7 @@ class ImageStream(RaisesInMainThread):
         if records > 0:
             return message
         known = [part.records for source in self.sources for part in source.parts]
-        held = (f"holds {sum(known)} records in {len(known)} part(s), fewer than" if None not in known
+        held = (f" holds {sum(known)} records in {len(known)} part(s), fewer than" if None not in known
                 else f"'s {len(known)} part(s) hold too few records for")
         return (f"{message}. It got no record at all: the data{held} the {num_shards} shards ({self.world_size} "
                 f"process(es) x {num_shards // self.world_size} DataLoader worker(s) each; every shard needs at least "
