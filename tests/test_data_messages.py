@@ -37,8 +37,8 @@ def test_a_folder_with_fewer_images_than_shards_says_the_numbers_and_what_to_do(
     (tmp_path / "one.png").write_bytes(png(1))
     message = first_sample_error(str(tmp_path), rank=0, world_size=2)  # shard 1 gets the image, shard 0 nothing
     assert "shard 0 of 2 (rank 0)" in message
-    assert ("the data holds 1 records in 1 part(s), fewer than the 2 shards (2 process(es) x 1 DataLoader worker(s) each"
-            in message)
+    assert ("the data holds 1 records in 1 part(s), fewer than the 2 shards (2 process(es) x 1 DataLoader worker(s) "
+            "each") in message
     assert "Use fewer --dataloader_num_workers or processes, or more images." in message
 
 
