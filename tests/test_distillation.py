@@ -223,6 +223,14 @@ def test_distillation_refuses_what_it_cannot_do(teacher_folders, extra, message)
         parse_arguments(distil_flags(teacher_folders["sd_vae"], *extra))
 
 
+def test_a_vae_folder_as_the_students_config_is_read_at_parse_time_and_refused_unless_tiny(teacher_folders):
+    from vae_trainer.argument_parser import parse_arguments
+
+    # --vae_config_file takes a VAE folder too (build_vae reads its config.json): so do the parse-time checks
+    with pytest.raises(ValueError, match="--vae_config_file .*tiny autoencoder .*, and this gives a AutoencoderKL"):
+        parse_arguments(distil_flags(teacher_folders["sd_vae"], "--vae_config_file", teacher_folders["sd_vae"]))
+
+
 def test_distillation_flags_need_a_teacher_and_an_rae_teacher_is_refused(teacher_folders):
     from vae_trainer.argument_parser import parse_arguments
 

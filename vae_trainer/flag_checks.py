@@ -28,6 +28,8 @@ def vae_config(model_args) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
         path = os.path.join(model_args.pretrained_model_name_or_path, model_args.subfolder or "", "config.json")
     elif path is None and model_args.init_from_ckpt:
         path = checkpoint_vae_config(model_args.init_from_ckpt)
+    elif path is not None and os.path.isdir(path):  # a VAE folder as --vae_config_file: its config.json (build_vae's)
+        path = os.path.join(path, "config.json")
     if path is None or not os.path.isfile(path):
         return path, None
     return path, {key: value for key, value in read_json(path).items() if value is not None}
