@@ -57,7 +57,8 @@ class Networks:
     resolution: Optional[int] = None
     vf_model: Any = None  # the frozen foundation model of --vf_model_path (models/dinov2.py), outside `model`
     teacher: Any = None  # distillation's frozen VAE (models/teacher.py), outside `model`
-    clips: bool = False  # --num_frames > 1: batches of one frame and of clips meet in one step over the ranks
+    clips: bool = False  # clips train (--num_frames > 1, --video_image_ratio < 1): batches of one frame and of
+    # clips then meet in one step over the ranks
 
 
 def init_process(training_args) -> None:
