@@ -173,12 +173,8 @@ def test_lpips_at_evaluation_is_rank_0s_decision(as_rank_1, tmp_path, monkeypatc
 
     from vae_trainer import build
 
-    monkeypatch.setattr(build, "TrainingEvaluator", lambda data_args, args, lpips, inception, **kw: lpips)
-    networks = SimpleNamespace(lpips=None, lpips_weights=str(tmp_path / "only_on_rank_0.pdparams"),
-                               model=SimpleNamespace(input_size=None, posterior_std=0.0,
-                                                     family=SimpleNamespace(normalisation=SimpleNamespace(
-                                                         on_training_data=False))),
-                               vf_model=None, teacher=None)
+    monkeypatch.setattr(build, "TrainingEvaluator", lambda data_args, args, networks, lpips, inception: lpips)
+    networks = SimpleNamespace(lpips=None, lpips_weights=str(tmp_path / "only_on_rank_0.pdparams"))
     data_args = SimpleNamespace(inception_weights=None)
     as_rank_1.value = True  # rank 0 has the weights, this rank does not: refused, naming this rank
     with pytest.raises(Exception, match="failed on rank 1") as raised:
