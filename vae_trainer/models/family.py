@@ -46,20 +46,6 @@ class Geometry:
     min_latent_side: int = 1  # the smallest latent side the network takes (reflect padding of 1 needs 2)
 
 
-@dataclass(frozen=True)
-class ImageConvs:
-    """Where the image's channels enter and leave a network (--expand_to_rgba grows them: models/rgba.py): the conv
-    that reads them and the one that writes them; how many of a conv's channels one image channel is (p * p beside a
-    p x p patchify, 4 before a pixel shuffle; an image channel's are contiguous, in channel order); and the config
-    entries of the network grown to RGBA."""
-
-    first: Layer
-    last: Layer
-    rgba_config: Mapping[str, int]
-    first_group: int = 1
-    last_group: int = 1
-
-
 class Deterministic:
     """A deterministic encoder's latent read as a posterior (the reads of ppdiffusers' DiagonalGaussianDistribution):
     its mean, mode and sample are the latent; it has no variance, so no KL term. `raw`: the latent before a
@@ -139,10 +125,11 @@ class Family:
         """Why PyTorch diffusers could not load this network as its class, or None."""
         return None
 
-    def image_convs(self, vae: Layer) -> ImageConvs:
-        """Where the image's channels enter and leave `vae`, where its geometry's `rgba_refusal` is "" (rgba.REFUSALS
-        refuse the others as the flags are parsed)."""
-        raise NotImplementedError
+    def image_convs(self, vae: Layer) -> Any:
+        """Where the image's channels enter and leave `vae` (rgba.ImageConvs), where its geometry's `rgba_refusal`
+        is ""."""
+        refusal = self.geometry(vae.config).rgba_refusal or "where its image channels enter and leave is not known here"
+        raise ValueError(f"--expand_to_rgba: {self.class_name}: {refusal}")
 
 
 def constructor_defaults(family: Family) -> Dict[str, Any]:

@@ -10,10 +10,25 @@ RGB VAE to RGBA".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import paddle
 
-from .families import family_of
-from .family import Layer
+from .family import Family, Layer
+
+@dataclass(frozen=True)
+class ImageConvs:
+    """Where the image's channels enter and leave a network (--expand_to_rgba grows them: models/rgba.py): the conv
+    that reads them and the one that writes them; how many of a conv's channels one image channel is (p * p beside a
+    p x p patchify, 4 before a pixel shuffle; an image channel's are contiguous, in channel order); and the config
+    entries of the network grown to RGBA."""
+
+    first: Layer
+    last: Layer
+    rgba_config: Mapping[str, int]
+    first_group: int = 1
+    last_group: int = 1
 
 
 # Each family that expands decodes the last conv's output as the image on [-1, 1], before any clamp: on zero
@@ -35,10 +50,10 @@ REFUSALS = (
 )
 
 
-def expand_to_rgba(vae: Layer) -> None:
-    """Grow `vae` in place from RGB to RGBA (the module docstring); its config then says 4 image channels, and so
-    does its family's geometry."""
-    convs = family_of(vae).image_convs(vae)
+def expand_to_rgba(vae: Layer, family: Family) -> None:
+    """Grow `vae` (of `family`) in place from RGB to RGBA (the module docstring); its config then says 4 image
+    channels, and so does its family's geometry."""
+    convs = family.image_convs(vae)
     grow_conv(convs.first, extra_inputs=convs.first_group)
     grow_conv(convs.last, extra_outputs=convs.last_group, bias=OPAQUE)
     vae.register_to_config(**convs.rgba_config)

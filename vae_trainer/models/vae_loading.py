@@ -23,7 +23,7 @@ from safetensors import safe_open
 from . import latent_scale, rgba
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
                           list_checkpoints, read_model_state)
-from .families import family_for_config
+from .families import family_for_config, family_of
 from .family import constructor_defaults
 from .families.flux2 import FLUX2
 from .families.kl import KL
@@ -102,7 +102,7 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
     if init_from_ckpt:
         load_vae_weights(vae, init_from_ckpt, ignore_keys)
     if expand_to_rgba:  # after every weight is loaded (a checkpoint's too): it grows the source
-        rgba.expand_to_rgba(vae)
+        rgba.expand_to_rgba(vae, family_of(vae))
     latent_scale.settle(vae, vae_config_file, source, single_file, init_from_ckpt, ignore_keys)
     # Refuse an --ignore_keys prefix that names no weight (a typo such as `decoders.` would load everything).
     weight_names = list(vae.state_dict())

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional, Tuple
 
 from ..autoencoder_dc import AutoencoderDC, DCUpBlock2d
-from ..family import (Deterministic, Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys,
+from ..family import (Deterministic, Family, Geometry, Layer, Tensor, check_config_keys,
                       constructor_defaults, diffusers_tiling, holds_batch_norm)
 from ..latent_normalisation import Scale
+from ..rgba import ImageConvs
 
 # Keys whose default is rarely the architecture's: a config must state them (diffusers would silently default).
 ARCHITECTURE_KEYS = ("latent_channels", "encoder_block_types", "decoder_block_types", "encoder_block_out_channels",

@@ -12,9 +12,9 @@ import numpy as np
 import paddle
 from ppdiffusers import AutoencoderKL
 
-from ..family import (TILE_OVERLAP, Family, Geometry, ImageConvs, Layer, constant_logvar_values, constructor_defaults,
-                      tiling_enabled)
+from ..family import TILE_OVERLAP, Family, Geometry, Layer, constant_logvar_values, constructor_defaults, tiling_enabled
 from ..latent_normalisation import Scale
+from ..rgba import ImageConvs
 
 
 class KLFamily(Family):

@@ -26,9 +26,10 @@ import numpy as np
 
 from ..autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from ..autoencoder_kl_wan import AutoencoderKLWan, DiagonalGaussianDistribution
-from ..family import (Family, Geometry, ImageConvs, Layer, Tensor, check_config_keys, constant_logvar_values,
+from ..family import (Family, Geometry, Layer, Tensor, check_config_keys, constant_logvar_values,
                       constructor_defaults, diffusers_tiling)
 from ..latent_normalisation import PerChannel
+from ..rgba import ImageConvs
 
 
 class CausalVideoFamily(Family):
