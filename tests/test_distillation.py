@@ -263,6 +263,8 @@ def test_a_student_that_cannot_live_in_the_teacher_s_latents_is_refused_before_t
                             ({"scaling_factor": 0.5}, "scaling_factor is 0.5: .*set it to 1.0")):
         with pytest.raises(ValueError, match=message):
             check_student(TINY.build({**fits, **change}, "student"), teacher)
+    with pytest.raises(ValueError, match="the student is a AutoencoderKL"):
+        check_student(teacher.vae, teacher)
     paddle.seed(0)
 
 

@@ -117,8 +117,12 @@ def student_of(teacher: str, subfolder: Optional[str], width: int, depth: int) -
 
 def check_student(student: paddle.nn.Layer, teacher: Teacher) -> None:
     """Refuse, before training, a student (--vae_config_file, --pretrained_model_name_or_path, --init_from_ckpt)
-    that cannot live in `teacher`'s pipeline latents: other latent channels or factor, or a scale other than 1 (a
-    pipeline would divide its latents by it). Another class is refused with the flags (objectives/distillation.py)."""
+    that cannot live in `teacher`'s pipeline latents: another class, latent channels or factor, or a scale other
+    than 1 (a pipeline would divide its latents by it). The class is refused with the flags too where they name a
+    config (objectives/distillation.py); a single file's is known only once built."""
+    family = family_of(student)
+    if family is not TINY:  # the family of a distilled student
+        raise ValueError(f"the student is a {family.class_name}: a distilled student is an {TINY.class_name}")
     mine, theirs = TINY.geometry(student.config), teacher.family.geometry(teacher.vae.config)
     if (mine.latent_channels, mine.factor) != (theirs.latent_channels, theirs.factor):
         raise ValueError(f"the student has {mine.latent_channels} latent channels at factor {mine.factor}, its "
