@@ -26,7 +26,7 @@ from PIL import Image
 from vae_trainer.data import records
 from vae_trainer.data.dataset import ImageStream, build_eval_dataloader, build_train_dataloader
 from vae_trainer.data.filelists import read_sources
-from vae_trainer.data.position import SKIP_REASONS, ShardStart, StreamPosition, merge_file_skips
+from vae_trainer.data.position import SKIP_REASONS, StreamPosition, merge_file_skips
 from vae_trainer.data.sharding import RecordSample
 
 paddle.set_device("cpu")
@@ -650,8 +650,8 @@ def test_position_state_round_trip_and_layout_check(tmp_path):
     assert state["positions"] == {"0": [2, 9], "1": [0, 6]} and state["batches_consumed"] == 2
     assert state["pending"] == {"1": [1, 4]} and state["skipped"] == {"0": {SKIP_REASONS[0]: 3}}
     tracker = StreamPosition.from_state(state)
-    assert tracker.start_of(1) == ShardStart(0, 6, (1, 4))
-    assert tracker.start_of(0) == ShardStart(2, 9, (), {SKIP_REASONS[0]: 3})
+    assert tracker.start_of(1) == (0, 6, {1, 4}, Counter(), {})
+    assert tracker.start_of(0) == (2, 9, set(), Counter({SKIP_REASONS[0]: 3}), {})
     assert tracker.skipped_totals()[SKIP_REASONS[0]] == 3
     file_list = write_filelist(tmp_path / "x.filelist", id_parts(tmp_path, 1, 4))
     saved = StreamPosition(num_workers=2, world_size=1).state_dict()

@@ -108,12 +108,12 @@ def test_the_skip_summary_is_complete_at_the_end_and_names_the_worst_files(tmp_p
     assert state["bad_records"]["0"]["/data/part-00024.gz"] == [12, 0, 3, 6, 9, 12, 15, 18, 21]
     restored = StreamPosition.from_state(state)
     restored.files = list(reversed(position.files))  # another order of the same parts
-    assert restored.start_of(0).counts[5] == 72 and restored.skipped_by_file() == position.skipped_by_file()
-    assert restored.start_of(0).bad[5] == [12, 0, 3, 6, 9, 12, 15, 18, 21]
+    assert restored.start_of(0)[3][5] == 72 and restored.skipped_by_file() == position.skipped_by_file()
+    assert restored.start_of(0)[4][5] == [12, 0, 3, 6, 9, 12, 15, 18, 21]
     # A checkpoint of an earlier version (no bad records) still resumes: its files' bad lines count from then on.
     old = StreamPosition.from_state({name: value for name, value in state.items() if name != "bad_records"})
     old.files = position.files
-    assert old.start_of(0).bad == {} and old.skipped_by_file()["/data/part-00024.gz"] == [72, 0]
+    assert old.start_of(0)[4] == {} and old.skipped_by_file()["/data/part-00024.gz"] == [72, 0]
 
 
 def test_the_skip_summary_of_several_ranks_adds_every_ranks_files(tmp_path, monkeypatch):

@@ -91,10 +91,9 @@ class ImageStream(RaisesInMainThread):
         num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
         self.position.check_workers(num_workers)
         shard = self.rank * num_workers + (worker_id + self.position.batches_consumed) % num_workers
-        num_shards, start = self.world_size * num_workers, self.position.start_of(shard)
+        num_shards = self.world_size * num_workers
         sources = assign(self.sources, self.seed, shard, num_shards, self.shuffle)
-        epoch, resume_at, restore = start.epoch, start.consumed, set(start.pending)
-        self.counts, self.bad_records = start.counts, start.bad
+        epoch, resume_at, restore, self.counts, self.bad_records = self.position.start_of(shard)
         skip = min(restore, default=resume_at)
         waiting: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = defaultdict(list)  # per bucket: (index, crop)
         while True:

@@ -2,8 +2,6 @@
 resume state a rank checkpoints (:class:`StreamPosition`); the layout and the resume rule are in docs/data.md."""
 
 from collections import Counter
-from dataclasses import dataclass, field
-
 import numpy as np
 
 # What reading counts, one slot each in a batch's position: why a training record was skipped (BadImage.reason,
@@ -45,17 +43,6 @@ def merge_file_skips(into: dict[str, list[int]], files: dict[str, list[int]]) ->
         had_skips, had_count, *had = into.get(path, [0, 0])
         into[path] = [had_skips + skips, had_count + count, *sorted({*had, *numbers})[:NUMBERS_KEPT]]
     return into
-
-
-@dataclass
-class ShardStart:
-    """Where one shard starts (the beginning, or a saved position) and the skip counts it goes on from."""
-
-    epoch: int = 0
-    consumed: int = 0
-    pending: tuple[int, ...] = ()
-    counts: Counter = field(default_factory=Counter)  # per reason (str keys) and per part index (int keys)
-    bad: dict[int, list[int]] = field(default_factory=dict)  # per part index: note_bad's distinct bad records
 
 
 class StreamPosition:
@@ -100,8 +87,10 @@ class StreamPosition:
             merge_file_skips(merged, {path: [n, *bad.get(path, [0])] for path, n in files.items()})
         return merged
 
-    def start_of(self, shard: int) -> ShardStart:
-        """Where `shard` starts again; saved skips of a part no longer listed are dropped."""
+    def start_of(self, shard: int) -> tuple[int, int, set[int], Counter, dict[int, list[int]]]:
+        """Where `shard` starts again (the beginning, or a saved position) and the skip counts it goes on from:
+        (epoch, consumed, pending, counts per reason (str keys) and per part index (int keys), note_bad's distinct
+        bad records per part index); saved skips of a part no longer listed are dropped."""
         key = str(shard)
         epoch, consumed = self.positions.get(key, (0, 0))
         indices = {path: index for index, path in enumerate(self.files or [])}
@@ -109,7 +98,7 @@ class StreamPosition:
                        for name, value in saved.get(key, {}).items() if name in indices or name.isdigit()}
                       for saved in (self.skipped_files, self.bad_records))
         counts = Counter({**self.skipped.get(key, {}), **files})
-        return ShardStart(epoch, consumed, tuple(self.pending.get(key, ())), counts, bad)
+        return epoch, consumed, set(self.pending.get(key, ())), counts, bad
 
     def state_dict(self) -> dict:
         """Plain ints, lists and string keys, so the state survives JSON as well as pickle."""
