@@ -30,6 +30,7 @@ class Part:
     path: str
     kind: str
     records: int | None = None
+    size: int | None = None  # bytes of a local part when listed (None: a ``pipe:`` command's; not kept once counted)
 
 
 @dataclass
@@ -94,8 +95,8 @@ def is_filelist_list(file_list: str) -> bool:
     return len(fields) > 1 or fields[0].endswith(FILELIST_SUFFIX)
 
 
-def _part(path: str, named_at: str, videos: bool) -> tuple[Part, int | None]:
-    """The part at `path`, of the kind its name says, and its size: of a local part one stat, raising if it is
+def _part(path: str, named_at: str, videos: bool) -> Part:
+    """The part at `path`, of the kind its name says, with its size: of a local part one stat, raising if it is
     missing; None for a ``pipe:`` command."""
     size = None
     if not path.startswith(PIPE_PREFIX):
@@ -104,25 +105,21 @@ def _part(path: str, named_at: str, videos: bool) -> tuple[Part, int | None]:
             raise FileNotFoundError(f"{path}: {why} (named at {named_at})")
         size = os.path.getsize(path)
     if path.startswith(PIPE_PREFIX) or path.lower().endswith(TAR_SUFFIXES):
-        return Part(path, CLIP_TAR if videos else TAR), size
+        return Part(path, CLIP_TAR if videos else TAR, size=size)
     is_image = Path(path).suffix.lower() in image_suffixes() or videos and path.lower().endswith(VIDEO_SUFFIXES)
-    return (Part(path, IMAGE, 1) if is_image else Part(path, LINES)), size
+    return Part(path, IMAGE, 1, size) if is_image else Part(path, LINES, size=size)
 
 
 def read_filelist(filelist: str, weight: float = 1.0, counts: bool = True, videos: bool = False) -> Source:
     """Read one ``.filelist``; every named local part must exist. `counts`: apply its ``.counts`` file; `videos`: a
     video file is a one-record part, as an image file."""
     filelist = os.path.normpath(os.path.abspath(filelist))
-    parts, sizes = [], []
-    for line_number, text in _entries(filelist):
-        for name in _expand(text) if is_tar_spec(text) else [text]:
-            part, size = _part(_resolve(name, filelist), f"{filelist}:{line_number}", videos)
-            parts.append(part)
-            sizes.append(size)
-    return Source(filelist, weight, _with_counts(filelist, parts, sizes) if counts else parts)
+    parts = [_part(_resolve(name, filelist), f"{filelist}:{line_number}", videos)
+             for line_number, text in _entries(filelist) for name in (_expand(text) if is_tar_spec(text) else [text])]
+    return Source(filelist, weight, _with_counts(filelist, parts) if counts else parts)
 
 
-def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> list[Part]:
+def _with_counts(filelist: str, parts: list[Part]) -> list[Part]:
     """`parts` with their record counts, if ``<filelist>.counts`` covers all of them unchanged."""
     path, counts = filelist + COUNTS_SUFFIX, {}
     for line_number, text in _entries(path) if os.path.isfile(path) else []:
@@ -137,11 +134,11 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
     if not counts:
         return parts
     counted = []
-    for part, size in zip(parts, sizes):
+    for part in parts:
         records, counted_size = counts.get(part.path, (None, None))
-        stale = size is not None and counted_size is not None and size != counted_size
+        stale = part.size is not None and counted_size is not None and part.size != counted_size
         if part.kind != IMAGE and (records is None or stale):
-            why = "is not listed" if records is None else f"has {size} bytes, not {counted_size}"
+            why = "is not listed" if records is None else f"has {part.size} bytes, not {counted_size}"
             logger.warning("%s: %s %s; reading the source without counts (re-run scripts/write_filelist.py "
                            "--count %s)", path, part.path, why, filelist)
             return parts
@@ -152,7 +149,7 @@ def _with_counts(filelist: str, parts: list[Part], sizes: list[int | None]) -> l
 def _source(name: str, weight: float, named_at: str, list_file: str | None, counts: bool, videos: bool) -> Source:
     path = _resolve(name, list_file)
     if is_tar_spec(name):  # (every name a tar's or a command's: tar parts)
-        return Source(path, weight, [_part(shard, named_at, videos)[0] for shard in _expand(path)])
+        return Source(path, weight, [_part(shard, named_at, videos) for shard in _expand(path)])
     if os.path.isdir(path):  # every image (and video) file under it, recursive, hidden ones skipped, by relative path
         suffixes, base = image_suffixes() | (set(VIDEO_SUFFIXES) if videos else set()), Path(path)
         files = sorted((file for file in base.rglob("*")
