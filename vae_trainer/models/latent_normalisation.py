@@ -65,8 +65,8 @@ class Normalisation:
         """What latent_stats.json says was measured, beyond where and how many."""
         statistic = ("the latents (the encoder is deterministic)" if deterministic
                      else "posterior samples, exact expectation from the posterior means and variances")
-        return {"statistic": statistic, **moments(stats), "suggested_scaling_factor": stats.scaling_factor,
-                "suggested_shift_factor": stats.shift_factor}
+        return {"statistic": statistic, "latent_mean": stats.latent_mean, "latent_std": stats.latent_std,
+                "suggested_scaling_factor": stats.scaling_factor, "suggested_shift_factor": stats.shift_factor}
 
     def protocol(self, measured_view: bool) -> Items:
         """(name, text) an evaluation's protocol adds; `measured_view`: the statistics of `view` were measured."""
@@ -103,11 +103,6 @@ class Normalisation:
         return None
 
 
-def moments(stats) -> Dict[str, Any]:
-    """The per-channel statistics of posterior samples that every record lists."""
-    return {"latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
-
-
 class Scale(Normalisation):
     """(z - shift_factor) * scaling_factor (the SD, FLUX.1 and SANA pipelines), or with latents_mean / latents_std in
     the config (z - latents_mean) * scaling_factor / latents_std (StableDiffusionXLPipeline's rule). Measured: the
@@ -132,6 +127,8 @@ class PerChannel(Normalisation):
     formula = ("(z - latents_mean) / latents_std per channel, z the posterior mode (diffusers' Wan / Qwen-Image "
                "pipelines)")
     patch_key = ""  # the config key of the patches the pipelines make of the mode first (FLUX.2's), else ""
+    statistic = ("per channel of the posterior mode, population mean and std over all images and positions (what "
+                 "latents_mean / latents_std hold)")
 
     def view(self, vae: Layer, posterior) -> Optional[Tensor]:
         """The mode, what the pipelines normalise (sample_mode="argmax"); patchified as Flux2Pipeline._patchify_latents
@@ -152,10 +149,10 @@ class PerChannel(Normalisation):
                 f"latents_mean / latents_std of {len(values['latents_mean'])} channels")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": "per channel of the posterior mode, population mean and std over all images and "
-                             "positions (what latents_mean / latents_std hold)",
-                "mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []],
-                **moments(stats)}
+        # A PerChannel lists the modes' mean and std; the kinds derived from it, what their evaluations list (`listed`)
+        modes = {"mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []]}
+        return {"statistic": self.statistic, **(modes if type(self) is PerChannel else self.listed(stats)),
+                "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
 
 class PerPosition(PerChannel):
@@ -201,9 +198,6 @@ class PerPosition(PerChannel):
         return ({"scaling_factor": config.get("scaling_factor"), "latent_normalisation": {
             "latents_mean / latents_std": stated, "normalisation": self.formula}},
             f"scaling_factor {config.get('scaling_factor')}, latents_mean / latents_std {stated}")
-
-    def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": self.statistic, **moments(stats)}
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{type(vae).__name__}: its encode already normalises (latents_mean / latents_std per channel "
@@ -277,9 +271,6 @@ class HeldInWeights(PerChannel):
                  "latent_normalisation": {**held, **config, "normalisation": self.formula}},
                 f"latent normalisation ({self.held} of {len(held[self.mean_name])} "
                 f"{'patchified ' if self.patch_key else ''}channels{eps})")
-
-    def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        return {"statistic": self.statistic, **self.listed(stats), **moments(stats)}
 
     def pipeline(self, vae: Layer) -> Tuple[np.ndarray, np.ndarray]:
         """For NCHW image latents. Patchified, un-patchified: patchified channel c * ph * pw + i * pw + j is channel

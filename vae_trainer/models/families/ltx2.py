@@ -38,12 +38,9 @@ class LTX2Family(CausalVideoFamily):
         """The encoder's factors: the patch, then the stride of each down block that scales; the decoder's: the
         patch, then the stride of each up block that scales."""
         config = {**constructor_defaults(self), **{k: v for k, v in config.items() if v is not None}}
-        down = [STRIDES[kind] for kind, on in zip(config["downsample_type"],
-                                                  _per_block(config["spatio_temporal_scaling"],
-                                                             len(config["layers_per_block"]) - 1)) if on]
-        up = [STRIDES[kind] for kind, on in zip(config["upsample_type"],
-                                                _per_block(config["decoder_spatio_temporal_scaling"],
-                                                           len(config["decoder_layers_per_block"]) - 1)) if on]
+        down, up = ([STRIDES[kind] for kind, on in zip(config[f"{side}sample_type"], _per_block(
+            config[f"{coder}spatio_temporal_scaling"], len(config[f"{coder}layers_per_block"]) - 1)) if on]
+            for side, coder in (("down", ""), ("up", "decoder_")))
         patch = int(config["patch_size"])
         # A reflect-padded conv at the latents' resolution needs sides of 2 (the published decoder's is reflect).
         reflect = "reflect" in (config["encoder_spatial_padding_mode"], config["decoder_spatial_padding_mode"])
