@@ -10,8 +10,7 @@ from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, ge
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES, DataArguments,
-                        LossArguments, ModelArguments, VAETrainingArguments)
+from .arguments import ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
 from .flag_checks import check_sizes, flag_values
@@ -28,7 +27,7 @@ GROUPS = {"data": "data: training images and preprocessing", "model": "model: th
                        "(every other PaddleNLP flag is refused)"}
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
-Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
+Arguments = Tuple[ALL_ARGUMENT_CLASSES]  # (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
 # Every parse-time refusal, each table beside what it guards (the refused PaddleNLP flags' are checked by value in
 # VAETrainingArguments: arguments.INHERITED_REFUSALS).
 REFUSALS = sum((part.REFUSALS for part in (vae_loading, trainable, buckets, reconstruction, clips, equivariance,
