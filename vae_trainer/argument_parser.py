@@ -56,12 +56,11 @@ class VAEArgumentParser(PdArgumentParser):
             if paddlenlp and f.name not in PADDLENLP_FLAGS:  # parsed (to refuse it with a reason), never advertised
                 metadata["help"] = argparse.SUPPRESS
             spec, choices = copy.copy(f), _literal_choices(hints[f.name])
-            spec.type = hints[f.name]
+            spec.type = metadata.pop("parse", hints[f.name])
             if choices is not None:  # PdArgumentParser knows Enums, not Literals: the values' type, and choices
                 metadata["choices"] = list(choices)
                 listed = any(get_origin(a) is list for a in (spec.type, *get_args(spec.type)))
                 spec.type = List[type(choices[0])] if listed else type(choices[0])
-            spec.type = metadata.pop("parse", spec.type)
             spec.metadata = metadata  # (PdArgumentParser copies it into add_argument's keywords)
             self._parse_dataclass_field(self._groups[group], spec)
             action = self._option_string_actions[f"--{f.name}"]
