@@ -10,8 +10,7 @@ from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, ge
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
-from .arguments import (ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES, DataArguments,
-                        LossArguments, ModelArguments, VAETrainingArguments)
+from .arguments import ALIASES, ALL_ARGUMENT_CLASSES, PADDLENLP_FLAGS, RECIPES
 from . import ema, evaluation, optim, precision, train_logging
 from .data import buckets
 from .flag_checks import check_sizes, flag_values
@@ -28,7 +27,7 @@ GROUPS = {"data": "data: training images and preprocessing", "model": "model: th
                        "(every other PaddleNLP flag is refused)"}
 USAGE = ("%(prog)s --file_list FILE (--vae_config_file JSON | --pretrained_model_name_or_path DIR) --max_steps N "
          "[--output_dir DIR] [flags below] | %(prog)s ARGS.json")
-Arguments = Tuple[ModelArguments, DataArguments, LossArguments, VAETrainingArguments]
+Arguments = Tuple[ALL_ARGUMENT_CLASSES]  # (ModelArguments, DataArguments, LossArguments, VAETrainingArguments)
 # Every parse-time refusal, each table beside what it guards (the refused PaddleNLP flags' are checked by value in
 # VAETrainingArguments: arguments.INHERITED_REFUSALS).
 REFUSALS = sum((part.REFUSALS for part in (vae_loading, trainable, buckets, reconstruction, clips, equivariance,
@@ -57,12 +56,11 @@ class VAEArgumentParser(PdArgumentParser):
             if paddlenlp and f.name not in PADDLENLP_FLAGS:  # parsed (to refuse it with a reason), never advertised
                 metadata["help"] = argparse.SUPPRESS
             spec, choices = copy.copy(f), _literal_choices(hints[f.name])
-            spec.type = hints[f.name]
+            spec.type = metadata.pop("parse", hints[f.name])
             if choices is not None:  # PdArgumentParser knows Enums, not Literals: the values' type, and choices
                 metadata["choices"] = list(choices)
                 listed = any(get_origin(a) is list for a in (spec.type, *get_args(spec.type)))
                 spec.type = List[type(choices[0])] if listed else type(choices[0])
-            spec.type = metadata.pop("parse", spec.type)
             spec.metadata = metadata  # (PdArgumentParser copies it into add_argument's keywords)
             self._parse_dataclass_field(self._groups[group], spec)
             action = self._option_string_actions[f"--{f.name}"]

@@ -51,10 +51,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 
 def flag(default: Any, help: str, **metadata: Any) -> Any:
     """A dataclass field that is a flag (`metadata`: e.g. "group", its --help group; "parse", its value's check)."""
-    metadata = {"help": help, **metadata}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+    value = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**value, metadata={"help": help, **metadata})
 
 
 def device_name(value: str) -> str:

@@ -18,14 +18,6 @@ INERT_VALUES: Dict[str, Any] = {"warmup_steps": 0, "warmup_ratio": 0.0, "lecam_w
                                 "disc_replay_size": 0, "latent_distill_weight": 0.0}
 
 
-def _shown(value: Any) -> str:
-    """A flag's value as typed after it."""
-    value = getattr(value, "value", value)  # an Enum
-    if isinstance(value, (list, tuple)):
-        return " ".join(map(str, value))
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "") -> None:
     """Raise one ValueError naming each flag in `given` that one of `rows` refuses with the values of `flags`."""
     family, lines = getattr(flags, "family", None), []
@@ -36,6 +28,8 @@ def refuse(flags: Any, given: Set[str], rows: Rows, header: str = "") -> None:
             if when(flags):
                 reason = why(flags) if callable(why) else why  # a reason the flags' facts word (a family's own)
                 reason = reason.replace(FAMILY, family.class_name if family else "this autoencoder")
-                lines.append(f"--{name} {_shown(getattr(flags, name))}: {reason}")
+                value = getattr(getattr(flags, name), "value", getattr(flags, name))  # as typed after it (an Enum's)
+                shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                lines.append(f"--{name} {shown.lower() if isinstance(value, bool) else shown}: {reason}")
     if lines:
         raise ValueError("\n  ".join([header + ":"] + lines if header else lines))

@@ -61,11 +61,10 @@ def dataloader_workers(argv: Sequence[str]) -> int:
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
     workers = 0
-    for index, item in enumerate(argv):  # the last occurrence wins, as in argparse
+    for item, following in zip(argv, [*argv[1:], ""]):  # the last occurrence wins, as in argparse
         flag, equals, value = item.partition("=")
         if flag.startswith("--") and flag[2:] in WORKER_FLAGS:
-            if not equals:
-                value = argv[index + 1] if index + 1 < len(argv) else ""
+            value = value if equals else following
             workers = int(value) if value.isdigit() else 0
     return workers
 
