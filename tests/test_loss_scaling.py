@@ -108,7 +108,7 @@ def test_scaler_without_autocast_stays_disabled_on_cpu(tmp_path):
     scaler = LossScaler(init_loss_scaling=1024.0)
     assert not scaler.is_enable() and scaler.scale_value == 1.0
     step = make_step(make_model(), tmp_path, scalers=(scaler, LossScaler(1024.0)))
-    assert not step.scales_losses and step.networks[1].scaler.scale_value == 1.0
+    assert not step.networks[0].scaler.is_enable() and step.networks[1].scaler.scale_value == 1.0
 
 
 def _steps(step, model, first, last, overflow_at, nan_at):

@@ -43,7 +43,7 @@ def test_fp16_gets_one_scaler_per_network_and_bf16_none(tmp_path, caplog):
     assert "no autocast" in caplog.text  # the CPU warning
     bf16 = setup_precision(args(tmp_path, bf16=True), model)
     bf16_step = step_of(tmp_path, bf16, bf16=True)
-    assert bf16.dtype == "bfloat16" and not bf16_step.scales_losses and scaler_files(bf16_step) == {}
+    assert bf16.dtype == "bfloat16" and not bf16_step.networks[0].scaler.is_enable() and scaler_files(bf16_step) == {}
     assert setup_precision(args(tmp_path), model).dtype is None
     # O2 is not applied on CPU (no half-precision conv kernels): the weights stay float32.
     setup_precision(args(tmp_path, fp16=True, fp16_opt_level="O2"), model)

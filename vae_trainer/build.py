@@ -128,7 +128,8 @@ def stateful(step: TrainStep) -> Dict[str, Any]:
     files: Dict[str, Any] = {}
     for net in step.networks:
         files.update({f"{net.prefix}optimizer.pdopt": net.optimizer, f"{net.prefix}scheduler.pdparams": net.scheduler})
-    if step.precision.dtype == "float16" or step.scales_losses:  # an fp16 run's scalers, even on CPU (disabled)
+    # an fp16 run's scalers, even on CPU (disabled); enabled ones (fp16 with loss scaling) in any case
+    if step.precision.dtype == "float16" or step.networks[0].scaler.is_enable():
         files.update({f"{net.prefix or 'vae_'}scaler.pdparams": net.scaler for net in step.networks})
     ema = {EMA_NAME: step.ema} if step.ema is not None else {}
     return {**files, "nonfinite_guard.pdparams": step.guard, **ema}

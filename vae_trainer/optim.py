@@ -32,13 +32,10 @@ def build_optimizer(args, model, disc_start: Optional[int] = None):
     discriminator (--disc_learning_rate if set; its schedule covers the steps after disc_start); no decay on biases
     and norms."""
     discriminator = disc_start is not None
-    learning_rate = args.learning_rate
-    if discriminator and args.disc_learning_rate is not None:
-        learning_rate = args.disc_learning_rate
+    rate = args.disc_learning_rate if discriminator and args.disc_learning_rate is not None else args.learning_rate
     if args.scale_lr:  # LDM's rule: x per-device batch x accumulation x processes
-        batch = args.per_device_train_batch_size
-        learning_rate = learning_rate * batch * args.gradient_accumulation_steps * world_size()
-    scheduler = build_scheduler(args, learning_rate, args.max_steps - min(disc_start or 0, args.max_steps))
+        rate = rate * args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
+    scheduler = build_scheduler(args, rate, args.max_steps - min(disc_start or 0, args.max_steps))
     named = [(n, p) for n, p in model.named_parameters() if n.startswith("discriminator.") == discriminator]
     no_decay = {p.name for n, p in named if "bias" in n or "norm" in n}
     return paddle.optimizer.AdamW(

@@ -187,6 +187,7 @@ class TrainStep:
         rates, skip counters, loss scales on the host; gradient norms on the device) and whether to stop: some rank
         was signalled to (distributed.py), agreed by every rank."""
         trained = [net for net in self.networks if global_step >= net.start]
+        scales_losses = self.networks[0].scaler.is_enable()  # fp16: non-finite gradients, finite losses: overflows
         sync_gradients([p for net in trained for p in net.parameters], fill_missing=self.built.clips)  # all-reduce
         for net in trained:
             net.scaler.unscale_(net.optimizer)                                            # unscale
@@ -208,7 +209,7 @@ class TrainStep:
         bad_losses, *bad_grads, overflows, signalled = sum_over_ranks(bad).numpy().tolist()
         take = self.guard.decide(global_step + 1, bad_losses == 0,
                                  {net.name: not bad for net, bad in zip(self.networks, bad_grads)}, int(overflows),
-                                 self.scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
+                                 scales_losses, {net.name: net.scaler.scale_value for net in self.networks})
         for net in trained:
             if take[net.name]:
                 clip_grads(net.parameters, norms[net.name], self.args.max_grad_norm)      # clip
@@ -225,14 +226,9 @@ class TrainStep:
         overflow_steps = {f"train/{net.prefix}overflow_steps": guard.overflow_steps[net.name] for net in self.networks}
         scalars.update({"train/skipped_steps": guard.skipped_steps, **overflow_steps,
                         "train/skipped_gan_terms": guard.skipped_gan_terms})
-        if self.scales_losses:
+        if scales_losses:
             scalars.update({f"train/{net.prefix}loss_scale": net.scaler.scale_value for net in self.networks})
         return scalars, signalled > 0
-
-    @property
-    def scales_losses(self) -> bool:
-        """fp16 with loss scaling: non-finite gradients with finite losses are overflows, not errors."""
-        return self.networks[0].scaler.is_enable()
 
     def schedule(self, global_step: int) -> None:
         """After `optimizer_step` of `global_step`: the learning rate of each network that trained moves on."""
