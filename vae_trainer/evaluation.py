@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -218,10 +218,9 @@ class _Pass:
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.metrics = MetricAccumulator()  # every sum: the metrics, "images", the latents' ("samples"; "view": the
         # normalisation's view, FLUX.2's patchified latents, if any), "spectrum", the CKA's, the Inception features'
-        self.sums: dict[str, np.ndarray] = {}  # all of them summed over ranks, once the pass has run
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> _Pass:
+    def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> EvalResult:
         """`add` each batch (tensors or dicts holding "pixel_values"; as many images as the loader gives), in eval mode
         without gradients, decoded if asked. A rank that fails or gets no image raises on every rank, naming it."""
         what = "evaluating" if reconstruct else "measuring latent statistics"
@@ -244,8 +243,24 @@ class _Pass:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:
             self.vae.train(was_training)
-        self.sums = self.metrics.reduce()  # the pass's one reduction over ranks
-        return self
+        sums = self.metrics.reduce()  # the pass's one reduction over ranks
+        mean, std, *factors = latent_statistics(sums, "samples")
+        result = EvalResult(mean.tolist(), std.tolist(), *factors, int(sums["images"]))
+        if "view.count" in sums:
+            view_mean, view_std, *_ = latent_statistics(sums, "view")
+            result.view_mean, result.view_var = view_mean.tolist(), (view_std**2).tolist()
+            result.listed = self.family.normalisation.listed(result)
+        if not reconstruct:
+            return result
+        result.metrics = self.metrics.means(sums)
+        result.metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(sums["spectrum"])
+        if self.vf_model is not None:
+            result.metrics["vf_alignment_cka"] = linear_cka(sums)
+        if self.inception is not None:
+            result.metrics["rfid"] = frechet_distance(*feature_statistics(sums, "real"),
+                                                      *feature_statistics(sums, "reconstructed"))
+        result.grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
+        return result
 
     def add(self, pixels: paddle.Tensor, reconstruct: bool) -> None:
         """The posterior of `pixels` (resized to --input_size; with --posterior_std its std is that constant) into the
@@ -310,28 +325,6 @@ class _Pass:
             distillation.add_teacher_metrics(self.metrics, self.lpips, self.teacher, pixels, recons,
                                              mode.astype("float32"), taught)
 
-    def latent_stats(self) -> EvalResult:
-        """Of the sums reduced over ranks."""
-        mean, std, *factors = latent_statistics(self.sums, "samples")
-        view_mean = view_var = None
-        if "view.count" in self.sums:
-            view_mean, view_std, *_ = latent_statistics(self.sums, "view")
-            view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
-        result = EvalResult(mean.tolist(), std.tolist(), *factors, int(self.sums["images"]), view_mean, view_var)
-        result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
-        return result
-
-    def result(self) -> EvalResult:
-        metrics = self.metrics.means(self.sums)
-        metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(self.sums["spectrum"])
-        if self.vf_model is not None:
-            metrics["vf_alignment_cka"] = linear_cka(self.sums)
-        if self.inception is not None:
-            metrics["rfid"] = frechet_distance(*feature_statistics(self.sums, "real"),
-                                               *feature_statistics(self.sums, "reconstructed"))
-        grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
-        return replace(self.latent_stats(), metrics=metrics, grid=grid)
-
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
                  inception: paddle.nn.Layer | None = None, sample_posterior: bool = False, seed: int = 0,
@@ -344,13 +337,13 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
     load_fid_inception)."""
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
     evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
-    return evaluation.run(batches, tiling, reconstruct=True).result()
+    return evaluation.run(batches, tiling, reconstruct=True)
 
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], input_size: list[int] | None = None,
                     posterior_std: float = 0.0, tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
-    return _Pass(vae, input_size, posterior_std).run(batches, tiling, reconstruct=False).latent_stats()
+    return _Pass(vae, input_size, posterior_std).run(batches, tiling, reconstruct=False)
 
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
