@@ -372,9 +372,8 @@ def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> Ev
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     """An evaluation's numbers with their protocol: eval_vae.py's metrics.json, a line of eval_metrics.jsonl."""
-    latents = {name: getattr(result, name) for name in ("latent_mean", "latent_std", "scaling_factor", "shift_factor",
-                                                        "num_images")}
-    return {"metrics": result.metrics, "protocol": protocol.describe(), **latents, **result.listed}
+    return {"metrics": result.metrics, "protocol": protocol.describe(), **{name: getattr(result, name) for name in (
+        "latent_mean", "latent_std", "scaling_factor", "shift_factor", "num_images")}, **result.listed}
 
 
 class TrainingEvaluator:
