@@ -381,10 +381,9 @@ class TrainingEvaluator:
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
     def __init__(self, data_args, args, networks, lpips=None, inception=None):
-        self.data_args, self.args, model = data_args, args, networks.model  # build.Networks: evaluated as trained
-        self.input_size, self.posterior_std = model.input_size, model.posterior_std
-        self.stats_on_training_data = model.family.normalisation.on_training_data  # RAE's stat.pt: of the training data
-        self.lpips, self.inception, self.vf_model, self.teacher = lpips, inception, networks.vf_model, networks.teacher
+        self.data_args, self.args, self.networks = data_args, args, networks  # build.Networks: evaluated as trained
+        self.input_size, self.posterior_std = networks.model.input_size, networks.model.posterior_std
+        self.lpips, self.inception = lpips, inception
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
@@ -419,10 +418,10 @@ class TrainingEvaluator:
     def latent_stats_data(self) -> tuple[str, int, int | None]:
         """(images, how many, the seed of their random sample) for the export's latent statistics: the first ones of
         --eval_file_list, else a random sample of --file_list (training data may be sorted: by source, by name)."""
-        training = self.stats_on_training_data or not self.data_args.eval_file_list
-        path = self.data_args.file_list if training else self.data_args.eval_file_list
-        return (path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images,
-                self.args.seed if training else None)
+        data, normalisation = self.data_args, self.networks.model.family.normalisation
+        training = normalisation.on_training_data or not data.eval_file_list  # RAE's stat.pt: of the training data
+        path = data.file_list if training else data.eval_file_list
+        return path, data.latent_stats_num_images or data.eval_num_images, self.args.seed if training else None
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
@@ -432,7 +431,7 @@ class TrainingEvaluator:
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception, input_size=self.input_size,
                                 grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,
-                                tiling=self.tiling, vf_model=self.vf_model, teacher=self.teacher)
+                                tiling=self.tiling, vf_model=self.networks.vf_model, teacher=self.networks.teacher)
 
     def latent_stats(self, vae, ema, step: int, measure: bool = True) -> tuple[EvalResult | None, str | None]:
         """Latent statistics of the weights of `step` (the EMA's if given) and their source: that step's evaluation if
@@ -457,9 +456,9 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
+        teacher = self.networks.teacher
         protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
-                               tiling=self.tiling, teacher=self.teacher.source if self.teacher else "",
-                               **self.clip_frames)
+                               tiling=self.tiling, teacher=teacher.source if teacher else "", **self.clip_frames)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text
