@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -218,10 +218,9 @@ class _Pass:
         self.lpips, self.inception, self.vf_model, self.grid_images = lpips, inception, vf_model, grid_images
         self.metrics = MetricAccumulator()  # every sum: the metrics, "images", the latents' ("samples"; "view": the
         # normalisation's view, FLUX.2's patchified latents, if any), "spectrum", the CKA's, the Inception features'
-        self.sums: dict[str, np.ndarray] = {}  # all of them summed over ranks, once the pass has run
         self.grid: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> _Pass:
+    def run(self, batches: Iterable[Any], tiling: int | None, reconstruct: bool) -> EvalResult:
         """`add` each batch (tensors or dicts holding "pixel_values"; as many images as the loader gives), in eval mode
         without gradients, decoded if asked. A rank that fails or gets no image raises on every rank, naming it."""
         what = "evaluating" if reconstruct else "measuring latent statistics"
@@ -244,8 +243,24 @@ class _Pass:
                     raise ValueError("got no images; use at least as many images as there are ranks")
         finally:
             self.vae.train(was_training)
-        self.sums = self.metrics.reduce()  # the pass's one reduction over ranks
-        return self
+        sums = self.metrics.reduce()  # the pass's one reduction over ranks
+        mean, std, *factors = latent_statistics(sums, "samples")
+        result = EvalResult(mean.tolist(), std.tolist(), *factors, int(sums["images"]))
+        if "view.count" in sums:
+            view_mean, view_std, *_ = latent_statistics(sums, "view")
+            result.view_mean, result.view_var = view_mean.tolist(), (view_std**2).tolist()
+            result.listed = self.family.normalisation.listed(result)
+        if not reconstruct:
+            return result
+        result.metrics = self.metrics.means(sums)
+        result.metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(sums["spectrum"])
+        if self.vf_model is not None:
+            result.metrics["vf_alignment_cka"] = linear_cka(sums)
+        if self.inception is not None:
+            result.metrics["rfid"] = frechet_distance(*feature_statistics(sums, "real"),
+                                                      *feature_statistics(sums, "reconstructed"))
+        result.grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
+        return result
 
     def add(self, pixels: paddle.Tensor, reconstruct: bool) -> None:
         """The posterior of `pixels` (resized to --input_size; with --posterior_std its std is that constant) into the
@@ -310,28 +325,6 @@ class _Pass:
             distillation.add_teacher_metrics(self.metrics, self.lpips, self.teacher, pixels, recons,
                                              mode.astype("float32"), taught)
 
-    def latent_stats(self) -> EvalResult:
-        """Of the sums reduced over ranks."""
-        mean, std, *factors = latent_statistics(self.sums, "samples")
-        view_mean = view_var = None
-        if "view.count" in self.sums:
-            view_mean, view_std, *_ = latent_statistics(self.sums, "view")
-            view_mean, view_var = view_mean.tolist(), (view_std**2).tolist()
-        result = EvalResult(mean.tolist(), std.tolist(), *factors, int(self.sums["images"]), view_mean, view_var)
-        result.listed = self.family.normalisation.listed(result) if view_mean is not None else {}
-        return result
-
-    def result(self) -> EvalResult:
-        metrics = self.metrics.means(self.sums)
-        metrics["latent_high_frequency_share"] = equivariance.high_frequency_share(self.sums["spectrum"])
-        if self.vf_model is not None:
-            metrics["vf_alignment_cka"] = linear_cka(self.sums)
-        if self.inception is not None:
-            metrics["rfid"] = frechet_distance(*feature_statistics(self.sums, "real"),
-                                               *feature_statistics(self.sums, "reconstructed"))
-        grid = make_grid(*(np.concatenate(images) for images in zip(*self.grid)), self.grid_images)
-        return replace(self.latent_stats(), metrics=metrics, grid=grid)
-
 
 def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.Layer | None = None,
                  inception: paddle.nn.Layer | None = None, sample_posterior: bool = False, seed: int = 0,
@@ -344,13 +337,13 @@ def evaluate_vae(vae: paddle.nn.Layer, batches: Iterable[Any], lpips: paddle.nn.
     load_fid_inception)."""
     rng = np.random.default_rng(seed + rank()) if sample_posterior else None
     evaluation = _Pass(vae, input_size, posterior_std, lpips, inception, grid_images, vf_model, rng, teacher)
-    return evaluation.run(batches, tiling, reconstruct=True).result()
+    return evaluation.run(batches, tiling, reconstruct=True)
 
 
 def measure_latents(vae: paddle.nn.Layer, batches: Iterable[Any], input_size: list[int] | None = None,
                     posterior_std: float = 0.0, tiling: int | None = None) -> EvalResult:
     """Latent statistics of `batches` from the encoder alone (what a scaling factor needs); collective."""
-    return _Pass(vae, input_size, posterior_std).run(batches, tiling, reconstruct=False).latent_stats()
+    return _Pass(vae, input_size, posterior_std).run(batches, tiling, reconstruct=False)
 
 
 def measure_latents_of(vae: paddle.nn.Layer, ema, data: str, resolution: int, batch_size: int | None, num_images: int,
@@ -379,9 +372,8 @@ def protocol_of(vae: paddle.nn.Layer, result: EvalResult, **settings: Any) -> Ev
 
 def result_record(result: EvalResult, protocol: EvalProtocol) -> dict:
     """An evaluation's numbers with their protocol: eval_vae.py's metrics.json, a line of eval_metrics.jsonl."""
-    latents = {name: getattr(result, name) for name in ("latent_mean", "latent_std", "scaling_factor", "shift_factor",
-                                                        "num_images")}
-    return {"metrics": result.metrics, "protocol": protocol.describe(), **latents, **result.listed}
+    return {"metrics": result.metrics, "protocol": protocol.describe(), **{name: getattr(result, name) for name in (
+        "latent_mean", "latent_std", "scaling_factor", "shift_factor", "num_images")}, **result.listed}
 
 
 class TrainingEvaluator:
@@ -389,10 +381,9 @@ class TrainingEvaluator:
     --metric_for_best_model, and keeps its last result for the export's latent statistics."""
 
     def __init__(self, data_args, args, networks, lpips=None, inception=None):
-        self.data_args, self.args, model = data_args, args, networks.model  # build.Networks: evaluated as trained
-        self.input_size, self.posterior_std = model.input_size, model.posterior_std
-        self.stats_on_training_data = model.family.normalisation.on_training_data  # RAE's stat.pt: of the training data
-        self.lpips, self.inception, self.vf_model, self.teacher = lpips, inception, networks.vf_model, networks.teacher
+        self.data_args, self.args, self.networks = data_args, args, networks  # build.Networks: evaluated as trained
+        self.input_size, self.posterior_std = networks.model.input_size, networks.model.posterior_std
+        self.lpips, self.inception = lpips, inception
         self.metric = args.metric_for_best_model  # one of HIGHER_IS_BETTER (the flag's choices) or None
         self.batch_size = eval_batch_size(data_args.resolution, getattr(args, "per_device_eval_batch_size", None),
                                           getattr(args, "per_device_train_batch_size", None))
@@ -427,10 +418,10 @@ class TrainingEvaluator:
     def latent_stats_data(self) -> tuple[str, int, int | None]:
         """(images, how many, the seed of their random sample) for the export's latent statistics: the first ones of
         --eval_file_list, else a random sample of --file_list (training data may be sorted: by source, by name)."""
-        training = self.stats_on_training_data or not self.data_args.eval_file_list
-        path = self.data_args.file_list if training else self.data_args.eval_file_list
-        return (path, self.data_args.latent_stats_num_images or self.data_args.eval_num_images,
-                self.args.seed if training else None)
+        data, normalisation = self.data_args, self.networks.model.family.normalisation
+        training = normalisation.on_training_data or not data.eval_file_list  # RAE's stat.pt: of the training data
+        path = data.file_list if training else data.eval_file_list
+        return path, data.latent_stats_num_images or data.eval_num_images, self.args.seed if training else None
 
     def evaluate(self, vae, ema=None) -> EvalResult:
         """Evaluate `vae` (with the EMA weights if given) on --eval_file_list."""
@@ -440,7 +431,7 @@ class TrainingEvaluator:
         with ema_weights(ema, vae):
             return evaluate_vae(vae, loader, lpips=self.lpips, inception=self.inception, input_size=self.input_size,
                                 grid_images=self.args.num_logged_images, posterior_std=self.posterior_std,
-                                tiling=self.tiling, vf_model=self.vf_model, teacher=self.teacher)
+                                tiling=self.tiling, vf_model=self.networks.vf_model, teacher=self.networks.teacher)
 
     def latent_stats(self, vae, ema, step: int, measure: bool = True) -> tuple[EvalResult | None, str | None]:
         """Latent statistics of the weights of `step` (the EMA's if given) and their source: that step's evaluation if
@@ -465,9 +456,9 @@ class TrainingEvaluator:
         monitor.log_scalars(step, scalars)
         monitor.log_grid(step, result.grid, tag="eval/reconstructions")
         trainer_state.log_history.append({"step": step, **scalars})
+        teacher = self.networks.teacher
         protocol = protocol_of(vae, result, resolution=self.data_args.resolution, input_size=self.input_size,
-                               tiling=self.tiling, teacher=self.teacher.source if self.teacher else "",
-                               **self.clip_frames)
+                               tiling=self.tiling, teacher=teacher.source if teacher else "", **self.clip_frames)
         text = protocol.text()
         stated = "" if text == self.logged_protocol else f"\nprotocol (once per run, in {EVAL_METRICS_NAME}):\n{text}"
         self.logged_protocol = text

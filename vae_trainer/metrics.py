@@ -72,8 +72,6 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
                      eps: float = 1e-6) -> float:
     """|mu1 - mu2|^2 + Tr(sigma1 + sigma2 - 2 sqrt(sigma1 sigma2)), as pytorch-fid computes it: `eps` on the
     diagonals when the product is singular, a negligible imaginary part dropped, a large one an error."""
-    mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
-    sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
     diff, covmean = mu1 - mu2, linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         logger.warning("fid: singular product of covariances; adding %s to the diagonals", eps)
