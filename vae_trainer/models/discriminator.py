@@ -178,9 +178,8 @@ class TokenNorm(nn.Layer):
 def _conv1d(channels_in: int, channels_out: int, kernel: int) -> nn.Layer:
     """A spectral-normalised Conv1D with torch's default initialisation, circular padding."""
     bound = 1.0 / math.sqrt(channels_in * kernel)
-    uniform = nn.initializer.Uniform(-bound, bound)
     conv = nn.Conv1D(channels_in, channels_out, kernel, padding=kernel // 2, padding_mode="circular",
-                     weight_attr=uniform, bias_attr=nn.initializer.Uniform(-bound, bound))
+                     weight_attr=nn.initializer.Uniform(-bound, bound), bias_attr=nn.initializer.Uniform(-bound, bound))
     return nn.utils.spectral_norm(conv, dim=0)
 
 

@@ -68,8 +68,7 @@ def vae_objective(x: Tensor, recon: Tensor, posterior_mean: Tensor, posterior_lo
     heads = {"loss/pixel": (pixel_term(frame_x, frame_hat, loss_args), loss_args.pixel_weight)}  # {log: (term, weight)}
     use_lpips = lpips is not None and loss_args.perceptual_weight > 0
     if use_lpips and lpips_rows is not None:
-        rows = paddle.to_tensor(lpips_rows)
-        frame_x, frame_hat = paddle.gather(frame_x, rows), paddle.gather(frame_hat, rows)
+        frame_x, frame_hat = (paddle.gather(batch, paddle.to_tensor(lpips_rows)) for batch in (frame_x, frame_hat))
     perceptual = (lpips(over_grey(frame_x), over_grey(frame_hat)).astype("float32").mean() if use_lpips
                   else paddle.zeros([], "float32"))
     heads["loss/perceptual"] = (perceptual, loss_args.perceptual_weight if use_lpips else 0.0)

@@ -12,8 +12,7 @@ import paddle
 from ..refusals import FAMILY, SINGLE_FRAMES
 
 Tensor = paddle.Tensor
-GROUP_FRAMES = 4  # a causal video VAE codes frame 0 alone, then each latent frame codes a group of 4 frames
-MAX_GROUP_FRAMES = 8  # (of 8 for LTX-2: its temporal factor, `Geometry.frames`)
+MAX_GROUP_FRAMES = 8  # a latent frame codes a group of 4 frames after frame 0, of 8 for LTX-2 (`Geometry.frames`)
 _LPIPS_STREAM = 0x4C504653  # "LPFS": the LPIPS frame subsets' draws, apart from any other use of the seed
 CLIPS_NO_RFID = ("rFID is defined on images and clips are evaluated (--num_frames > 1); rFVD is not provided (it needs "
                  "I3D weights, which nothing here downloads): drop it")
@@ -81,7 +80,7 @@ def flicker(x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
     return change.reshape([change.shape[0], -1]).mean(axis=1)
 
 
-def add_position_psnrs(metrics, frame_psnr: Tensor, clips: int, group: int = GROUP_FRAMES) -> None:
+def add_position_psnrs(metrics, frame_psnr: Tensor, clips: int, group: int) -> None:
     """psnr_position_0..group of the PSNRs [clips * T] of `clips` clips' frames (frame t of clip b at b * T + t) into
     `metrics` (a MetricAccumulator): each frame's place in the causal layout, 0 for frame 0, then 1..group within
     each later group of `group` frames (the VAE's temporal factor)."""
