@@ -127,6 +127,7 @@ class PerChannel(Normalisation):
     formula = ("(z - latents_mean) / latents_std per channel, z the posterior mode (diffusers' Wan / Qwen-Image "
                "pipelines)")
     patch_key = ""  # the config key of the patches the pipelines make of the mode first (FLUX.2's), else ""
+    records_modes = True  # latent_stats.json lists the modes' mean and std (the derived kinds: what `listed` gives)
     statistic = ("per channel of the posterior mode, population mean and std over all images and positions (what "
                  "latents_mean / latents_std hold)")
 
@@ -149,9 +150,8 @@ class PerChannel(Normalisation):
                 f"latents_mean / latents_std of {len(values['latents_mean'])} channels")
 
     def measured_record(self, stats, deterministic: bool) -> Dict[str, Any]:
-        # A PerChannel lists the modes' mean and std; the kinds derived from it, what their evaluations list (`listed`)
         modes = {"mode_mean": stats.view_mean, "mode_std": [float(np.sqrt(v)) for v in stats.view_var or []]}
-        return {"statistic": self.statistic, **(modes if type(self) is PerChannel else self.listed(stats)),
+        return {"statistic": self.statistic, **(modes if self.records_modes else self.listed(stats)),
                 "latent_mean": stats.latent_mean, "latent_std": stats.latent_std}
 
 
@@ -165,6 +165,7 @@ class PerPosition(PerChannel):
     keys = ("scaling_factor", "latents_mean", "latents_std")
     on_training_data = True
     numbers = True
+    records_modes = False
     eps = 1e-5  # stat.pt holds variances; diffusers' conversion stores latents_std = sqrt(var + 1e-5)
     formula = "(tokens - latents_mean) / (latents_std + 1e-5) * scaling_factor, inside encode (diffusers')"
     statistic = ("per channel and position of the encoder's tokens (eval mode: no noise) before the latent "
@@ -224,6 +225,7 @@ class HeldInWeights(PerChannel):
     sqrt(var + batch_norm_eps); its counter: the images measured); LTX-2's `latents_mean` / `latents_std` buffers
     (`LTX2_BUFFERS`) a mean and std, the pipelines' spread std / scaling_factor."""
 
+    records_modes = False
     name = "latent normalisation"  # numbers False, as a PerChannel's: its statistics are measured or kept, never given
 
     def __init__(self, held: str, buffers: Mapping[str, str], formula: str, eps_key: str = "", patch_key: str = "",
