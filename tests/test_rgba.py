@@ -4,6 +4,7 @@ RGBA PSNR / SSIM and alpha PSNR with their protocol; grids on a checkerboard; th
 geometry and the flags it refuses. Qwen-Image 2.1 trained end to end: tests/test_qwenimage21.py."""
 
 import base64
+import functools
 import gzip
 import io
 import logging
@@ -191,6 +192,10 @@ def test_a_four_channel_patchgan_and_a_discriminator_path_of_other_channels(tmp_
     disc = build_discriminator(**rgba_config)
     assert disc.main[0].weight.shape[1] == 4 and disc.in_channels == 4
     assert discriminate(disc, random_rgba(size=32)).shape == [2, 1, 2, 2]
+    # A conditioned scorer (a distillation's: a functools.partial) is read as its layer: it still sees alpha.
+    conditioned = build_discriminator(**rgba_config, condition_channels=2)
+    condition = paddle.zeros([2, 2, 4, 4])
+    assert discriminate(functools.partial(conditioned, condition=condition), random_rgba(size=32)).shape == [2, 1, 2, 2]
     save_discriminator(build_discriminator(**rgb_config), rgb_config, str(tmp_path / "rgb"))  # saved without the key
     with pytest.raises(ValueError, match=r"image channels it sees \(the VAE's: 4 for RGBA\) 3 \(this run: 4\)"):
         init_discriminator_from(disc, rgba_config, str(tmp_path / "rgb"))

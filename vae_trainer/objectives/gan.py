@@ -122,8 +122,9 @@ def last_layer_gradient(recon: Tensor, recon_grad: Tensor, last_layer: Tensor,
 def discriminate(discriminator: paddle.nn.Layer, images: Tensor) -> Tensor:
     """Logits of images or clips: a 2-D discriminator scores a clip's frames, a 3-D one (`takes_clips`) the clip;
     RGBA images as `discriminator_view` shows them."""
-    images = images if getattr(discriminator, "takes_clips", False) else frames(images)
-    return discriminator(discriminator_view(images, getattr(discriminator, "in_channels", 3)))
+    layer = getattr(discriminator, "func", discriminator)  # a conditioned scorer (a functools.partial): its layer's
+    images = images if getattr(layer, "takes_clips", False) else frames(images)
+    return discriminator(discriminator_view(images, getattr(layer, "in_channels", 3)))
 
 
 def discriminator_view(images: Tensor, in_channels: int = 3) -> Tensor:
