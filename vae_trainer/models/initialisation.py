@@ -16,12 +16,10 @@ def init_like_pytorch(model: nn.Layer) -> None:
     not from Paddle's Kaiming-normal convs (about 2.4x wider) and Xavier Linears. Norms keep ones and zeros."""
     for layer in model.sublayers(include_self=True):
         if isinstance(layer, (nn.Conv2D, nn.Linear)):
-            weight = layer.weight
             # Paddle's Linear weight is (in, out); a Conv2D's is (out, in / groups, kh, kw).
-            fan_in = weight.shape[0] if isinstance(layer, nn.Linear) else math.prod(weight.shape[1:])
+            fan_in = layer.weight.shape[0] if isinstance(layer, nn.Linear) else math.prod(layer.weight.shape[1:])
             bound = 1.0 / math.sqrt(fan_in)
             with paddle.no_grad():
-                weight.set_value(paddle.uniform(weight.shape, dtype=weight.dtype, min=-bound, max=bound))
-                if layer.bias is not None:
-                    layer.bias.set_value(paddle.uniform(layer.bias.shape, dtype=layer.bias.dtype, min=-bound,
-                                                        max=bound))
+                for param in (layer.weight, layer.bias):  # in this order: the same draws from the RNG
+                    if param is not None:
+                        param.set_value(paddle.uniform(param.shape, dtype=param.dtype, min=-bound, max=bound))

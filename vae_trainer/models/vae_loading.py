@@ -5,7 +5,6 @@ file), then --init_from_ckpt's weights. Nothing is downloaded; PyTorch files are
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
@@ -22,7 +21,7 @@ from safetensors import safe_open
 
 from . import latent_scale, rgba
 from ..checkpoint import (EXPORT_CONFIG_NAME, TRAINER_STATE_NAME, VAE_CONFIG_NAME, checkpoint_vae_config,
-                          list_checkpoints, read_model_state)
+                          list_checkpoints, read_json, read_model_state)
 from .families import family_for_config, family_of
 from .family import constructor_defaults
 from .families.flux2 import FLUX2
@@ -84,10 +83,8 @@ def build_vae(vae_config_file: Optional[str] = None, pretrained_model_name_or_pa
         assign_weights(vae, _convert_single_file(vae, state), ignore_keys, source)
     elif source:  # in its own architecture or that of vae_config_file
         vae = vae_from_config_file(vae_config_file or source, overrides=overrides)
-        shards = [weights]
-        if weights.endswith(".json"):
-            with open(os.path.join(source, weights)) as handle:
-                shards = sorted(set(json.load(handle)["weight_map"].values()))
+        shards = (sorted(set(read_json(os.path.join(source, weights))["weight_map"].values()))
+                  if weights.endswith(".json") else [weights])
         state = {k: v for shard in shards for k, v in _read_weight_file(vae, os.path.join(source, shard)).items()}
         assign_weights(vae, state, ignore_keys, source)
     elif config:
