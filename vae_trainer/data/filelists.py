@@ -30,7 +30,9 @@ class Part:
     path: str
     kind: str
     records: int | None = None
-    size: int | None = None  # bytes of a local part when listed (None: a ``pipe:`` command's; not kept once counted)
+    # bytes of a local part when listed, for the .counts staleness check (None: a ``pipe:`` command's); not part of
+    # what a part is (its equality, hash and repr)
+    size: int | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

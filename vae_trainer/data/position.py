@@ -2,6 +2,7 @@
 resume state a rank checkpoints (:class:`StreamPosition`); the layout and the resume rule are in docs/data.md."""
 
 from collections import Counter
+
 import numpy as np
 
 # What reading counts, one slot each in a batch's position: why a training record was skipped (BadImage.reason,
