@@ -170,6 +170,17 @@ def test_rotation_keeps_the_newest_and_the_kept_one(tmp_path):
     assert steps_on_disk(tmp_path) == [8, 10]
 
 
+def test_rotation_keeps_the_kept_one_named_through_a_link(tmp_path):
+    # A resumed run's best checkpoint, saved as OUTPUT_DIR spelled through a symlink (e.g. /scratch -> /data/scratch).
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (2, 4, 6, 8):
+        fake_checkpoint(run, step)
+    (tmp_path / "link").symlink_to(run)
+    ckpt.rotate_checkpoints(str(run), 1, keep=ckpt.checkpoint_path(str(tmp_path / "link"), 2))
+    assert steps_on_disk(run) == [2, 8]
+
+
 class _State:
     """Stands in for optimizers and the TrainerState: what save_checkpoint calls on them."""
 

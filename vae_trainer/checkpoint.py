@@ -189,9 +189,9 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], keep: O
     """Keep the newest `save_total_limit` checkpoints, plus the one named by `keep`; delete the others."""
     if not save_total_limit or save_total_limit <= 0:
         return
-    keep = os.path.abspath(keep) if keep else None
+    keep = os.path.realpath(keep) if keep else None  # (the best checkpoint's path may be another spelling of it)
     for _, path in list_checkpoints(output_dir)[:-save_total_limit]:
-        if os.path.abspath(path) != keep:
+        if os.path.realpath(path) != keep:
             delete_folder(path)
             logger.info("deleted old checkpoint %s (--save_total_limit %d)", path, save_total_limit)
 
