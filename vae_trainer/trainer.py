@@ -28,8 +28,8 @@ class VAETrainer(Trainer, TrainerCallback):
         # `clear_grad` (the update freed the gradients); `get_lr` the console's learning rate. Its lr_scheduler:
         # `step` moves both networks' learning rates on.
         step = run.step
-        optimizer = SimpleNamespace(step=lambda: setattr(self, "report", step.optimizer_step(self.state.global_step)),
-                                    clear_grad=lambda set_to_zero=True: None, get_lr=step.networks[0].optimizer.get_lr)
+        optimizer = SimpleNamespace(step=self._update, clear_grad=lambda set_to_zero=True: None,
+                                    get_lr=step.networks[0].optimizer.get_lr)
         schedule = SimpleNamespace(step=lambda: step.schedule(self.state.global_step))
         super().__init__(model=run.networks.model, args=args, optimizers=(optimizer, schedule))
         self.run, self.micro_steps = run, 0
@@ -38,6 +38,9 @@ class VAETrainer(Trainer, TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.run.after_step(state, self.report)
+
+    def _update(self) -> None:
+        self.report = self.run.step.optimizer_step(self.state.global_step)
 
     def _wrap_model(self, model, training=True):
         return model  # no paddle.DataParallel: distributed.py syncs the gradients
