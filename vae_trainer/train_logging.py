@@ -121,8 +121,9 @@ class TrainMonitor:
         """(skips per reason, per file [skips, distinct bad records, *numbers]) summed over ranks: one small gather,
         a collective on several ranks."""
         mine = (self.data_position.skipped_totals(), self.data_position.skipped_by_file())
-        gathered = [mine] if world_size() <= 1 else []
+        gathered = [mine]
         if world_size() > 1:
+            gathered = []
             dist.all_gather_object(gathered, mine)
         totals = {reason: sum(rank_totals[reason] for rank_totals, _ in gathered) for reason in mine[0]}
         return totals, functools.reduce(merge_file_skips, (files for _, files in gathered), {})
